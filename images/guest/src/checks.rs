@@ -1,0 +1,111 @@
+//! The guest's own checks (the virtio ones live in `crate::virtio`).
+
+use crate::bootparams::{BootParams, E820_RAM};
+use crate::cmdline;
+use crate::io::{inb, mmio_read32, mmio_write32, outb};
+use crate::report::{Detail, Reporter};
+
+/// An I/O port no device of the VMM claims.
+const UNCLAIMED_PORT: u16 = 0x0c50;
+/// A guest-physical address above the virtio window where no device lives.
+const UNCLAIMED_MMIO: u64 = 0xe000_1000;
+/// Longest wait for secondary vCPUs.
+const SMP_TIMEOUT_MS: u32 = 5_000;
+
+/// `serial`: the UART took our bytes (reaching this line at all is the proof
+/// the host reads; the detail names the port).
+pub fn serial(r: &mut dyn Reporter) {
+    r.result("serial", true, "com1=0x3f8");
+}
+
+/// `bootparams`: the zero page has the Linux magic values, an e820 map and a
+/// command line.
+pub fn bootparams(r: &mut dyn Reporter, bp: Option<BootParams>) {
+    let Some(bp) = bp else {
+        r.result("bootparams", false, "rsi=0");
+        return;
+    };
+    let mut d = Detail::new();
+    d.str("e820=").dec(bp.e820_len() as u64).str(" cmdline=").dec(bp.cmdline().len() as u64);
+    let ok = bp.boot_flag() == 0xaa55 && bp.header_magic() == 0x5372_6448 && bp.e820_len() > 0;
+    if !ok {
+        d.str(" flag=").hex(u64::from(bp.boot_flag())).str(" header=").hex(u64::from(bp.header_magic()));
+    }
+    r.result("bootparams", ok, d.as_str());
+}
+
+/// `idt`: an exception (#UD) reaches our handler and execution resumes.
+pub fn idt(r: &mut dyn Reporter) {
+    let caught = crate::idt::trigger_expected_ud();
+    r.result("idt", caught, if caught { "ud2 handled" } else { "ud2 not seen" });
+}
+
+/// `mem`: the RAM in the e820 map is really there: write and read back a
+/// pattern at the start and at the last word of every RAM range above 1 MiB.
+pub fn mem(r: &mut dyn Reporter, bp: Option<BootParams>) {
+    let Some(bp) = bp else {
+        r.result("mem", false, "no boot params");
+        return;
+    };
+    let mut d = Detail::new();
+    let mut ok = true;
+    for i in 0..bp.e820_len() {
+        let Some(e) = bp.e820(i) else { continue };
+        if e.kind != E820_RAM || e.addr < 0x10_0000 || e.size < 8 {
+            continue;
+        }
+        // The first page of high RAM holds this program; test the last word
+        // of the range and a word 2 MiB in (if the range is that big).
+        let last = (e.addr + e.size - 4) & !3;
+        let probes = [last, e.addr + (e.size / 2 & !3)];
+        for (n, &addr) in probes.iter().enumerate() {
+            let pattern = 0x5a5a_0000 | (i as u32) << 4 | n as u32;
+            mmio_write32(addr, pattern);
+            if mmio_read32(addr) != pattern {
+                ok = false;
+                d.str("bad@").hex(addr).str(" ");
+            }
+        }
+    }
+    d.str("ram_mib=").dec(bp.ram_bytes() >> 20);
+    r.result("mem", ok, d.as_str());
+}
+
+/// `smp`: every vCPU ran the entry code and checked in.
+pub fn smp(r: &mut dyn Reporter, cmdline: &[u8]) {
+    let expected = cmdline::value(cmdline, "cpus")
+        .and_then(cmdline::parse_u64)
+        .map(|n| n.min(64) as u32)
+        .unwrap_or_else(crate::smp::expected_from_cpuid);
+    let (seen, ids) = crate::smp::wait_for_secondaries(expected, SMP_TIMEOUT_MS);
+    let mut d = Detail::new();
+    d.str("cpus=").dec(u64::from(seen) + 1).str(" expected=").dec(u64::from(expected)).str(" ids=").hex(ids | 1);
+    r.result("smp", seen + 1 == expected, d.as_str());
+}
+
+/// `badio`: ports and MMIO without a device read as all-ones and ignore
+/// writes; the VMM keeps running.
+pub fn badio(r: &mut dyn Reporter) {
+    outb(UNCLAIMED_PORT, 0x55);
+    let port = inb(UNCLAIMED_PORT);
+    mmio_write32(UNCLAIMED_MMIO, 0x1234_5678);
+    let mmio = mmio_read32(UNCLAIMED_MMIO);
+    let mut d = Detail::new();
+    d.str("port=").hex(u64::from(port)).str(" mmio=").hex(u64::from(mmio));
+    r.result("badio", port == 0xff && mmio == 0xffff_ffff, d.as_str());
+}
+
+/// `panic`: a Rust panic in the guest (the panic handler reports it and
+/// exits with code 101).
+pub fn panic(r: &mut dyn Reporter) -> ! {
+    r.result("panic", true, "panicking now");
+    panic!("requested by the panic check");
+}
+
+/// `triplefault`: an exception with no usable IDT shuts the vCPU down.
+pub fn triplefault(r: &mut dyn Reporter) -> ! {
+    r.result("triplefault", true, "faulting now");
+    crate::idt::load_empty();
+    // SAFETY: deliberately faults; with an empty IDT this never returns.
+    unsafe { core::arch::asm!("ud2", options(nostack, noreturn)) }
+}

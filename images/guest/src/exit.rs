@@ -1,0 +1,119 @@
+//! How the guest ends: the exit code goes to the debug-exit port 0xf4, then a
+//! reset through the i8042 controller (for VMMs without port 0xf4).
+
+use crate::io::{halt_forever, inb, outb};
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// Exit codes the guest uses.
+pub const FAILED_CODE: u8 = 1;
+pub const EXCEPTION_CODE: u8 = 2;
+pub const WAIT_TIMEOUT_CODE: u8 = 3;
+pub const PANIC_CODE: u8 = 101;
+
+const EXIT_PORT: u16 = 0xf4;
+const I8042_DATA: u16 = 0x60;
+const I8042_STATUS: u16 = 0x64;
+const I8042_OUTPUT_FULL: u8 = 0x01;
+const I8042_INPUT_FULL: u8 = 0x02;
+const I8042_RESET_CPU: u8 = 0xfe;
+const KEYBOARD_PIN: u32 = 1;
+/// Set-2 scancodes of the Delete key (extended prefix, then 0x71).
+const SCANCODE_EXTENDED: u8 = 0xe0;
+const SCANCODE_DELETE: u8 = 0x71;
+
+/// `exit=` on the command line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExitMode {
+    /// Write the code to port 0xf4, then reset (the default).
+    Poweroff = 0,
+    /// Reset through the i8042 only (the code is not reported).
+    Reset = 1,
+    /// Wait for Ctrl-Alt-Del from the VMM (keyboard IRQ 1), then reset.
+    Halt = 2,
+    /// Like `Halt`, printing a '.' every 10 ms (to see the guest run or stop).
+    Tick = 3,
+}
+
+static MODE: AtomicU8 = AtomicU8::new(ExitMode::Poweroff as u8);
+
+impl ExitMode {
+    pub fn parse(text: &[u8]) -> Option<Self> {
+        match text {
+            b"poweroff" => Some(Self::Poweroff),
+            b"reset" => Some(Self::Reset),
+            b"halt" => Some(Self::Halt),
+            b"tick" => Some(Self::Tick),
+            _ => None,
+        }
+    }
+}
+
+pub fn set_mode(mode: ExitMode) {
+    MODE.store(mode as u8, Ordering::SeqCst);
+}
+
+fn mode() -> ExitMode {
+    match MODE.load(Ordering::SeqCst) {
+        1 => ExitMode::Reset,
+        2 => ExitMode::Halt,
+        3 => ExitMode::Tick,
+        _ => ExitMode::Poweroff,
+    }
+}
+
+/// Ends the run with `code` in the current mode.
+pub fn exit(code: u8) -> ! {
+    // The waiting modes only reach here on a failure, which must end the run.
+    if mode() != ExitMode::Reset {
+        outb(EXIT_PORT, code);
+    }
+    reset()
+}
+
+/// Asks the i8042 to reset the machine; parks the vCPU if nothing happens.
+pub fn reset() -> ! {
+    for _ in 0..10_000 {
+        if inb(I8042_STATUS) & I8042_INPUT_FULL == 0 {
+            break;
+        }
+    }
+    outb(I8042_STATUS, I8042_RESET_CPU);
+    halt_forever()
+}
+
+/// The waiting modes: sleep until Ctrl-Alt-Del arrives or `wait_s` seconds
+/// pass, then end the run (reset on Ctrl-Alt-Del, `WAIT_TIMEOUT_CODE` on
+/// timeout). Other modes return at once.
+pub fn wait_for_shutdown_request(wait_s: u32) {
+    let tick = match mode() {
+        ExitMode::Halt => false,
+        ExitMode::Tick => true,
+        _ => return,
+    };
+    crate::irq::route(KEYBOARD_PIN);
+    crate::serial::write_str("WAITING for Ctrl-Alt-Del\n");
+    let step_ms = 10;
+    let mut previous = 0u8;
+    for _ in 0..wait_s.saturating_mul(1000 / step_ms) {
+        if crate::irq::wait(KEYBOARD_PIN, step_ms) || inb(I8042_STATUS) & I8042_OUTPUT_FULL != 0 {
+            // Drain the controller's buffer, bounded.
+            for _ in 0..32 {
+                if inb(I8042_STATUS) & I8042_OUTPUT_FULL == 0 {
+                    break;
+                }
+                let code = inb(I8042_DATA);
+                if previous == SCANCODE_EXTENDED && code == SCANCODE_DELETE {
+                    crate::serial::write_str("SHUTDOWN requested\n");
+                    reset();
+                }
+                previous = code;
+            }
+        } else if tick {
+            crate::serial::write_byte(b'.');
+        }
+    }
+    crate::serial::write_str("TEST wait FAIL no shutdown request\n");
+    outb(EXIT_PORT, WAIT_TIMEOUT_CODE);
+    reset()
+}

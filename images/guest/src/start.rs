@@ -1,0 +1,120 @@
+//! The entry point and the memory functions the compiler expects.
+//!
+//! Every vCPU enters at `_start` (0x100000) in 64-bit mode. The boot vCPU
+//! (initial APIC id 0) has RSI = boot_params; the VMM starts the others
+//! directly at the same address. Each vCPU picks its own stack from its APIC
+//! id, so the guest does not depend on where the VMM put RSP.
+
+use core::arch::global_asm;
+
+/// Most vCPUs the guest gives a stack to; others park at once.
+pub const MAX_CPUS: u32 = 16;
+/// Bytes of stack per vCPU.
+pub const STACK_SIZE: usize = 16 * 1024;
+
+global_asm!(
+    r#"
+    .section .text.start, "ax"
+    .global _start
+    .code64
+_start:
+    cli
+    cld
+    mov r12, rsi
+    mov eax, 1
+    xor ecx, ecx
+    cpuid
+    shr ebx, 24
+    cmp ebx, {max_cpus}
+    jae 3f
+    mov eax, ebx
+    inc eax
+    imul rax, rax, {stack_size}
+    lea rsp, [rip + guest_stacks]
+    add rsp, rax
+    xor ebp, ebp
+    mov edi, ebx
+    mov rsi, r12
+    test ebx, ebx
+    jnz 2f
+    call bsp_main
+    jmp 3f
+2:
+    call ap_main
+3:
+    cli
+    hlt
+    jmp 3b
+
+    .section .bss.stacks, "aw", @nobits
+    .balign 16
+guest_stacks:
+    .skip {stacks_total}
+    "#,
+    max_cpus = const MAX_CPUS,
+    stack_size = const STACK_SIZE,
+    stacks_total = const STACK_SIZE * MAX_CPUS as usize,
+);
+
+// Written in assembly so the compiler cannot turn their loops back into calls
+// to themselves. `rep movsb`/`rep stosb` are among the instructions the KVM
+// emulator runs fast.
+global_asm!(
+    r#"
+    .section .text.memfuncs, "ax"
+    .global memcpy
+memcpy:
+    mov rax, rdi
+    mov rcx, rdx
+    rep movsb
+    ret
+
+    .global memmove
+memmove:
+    mov rax, rdi
+    cmp rdi, rsi
+    jbe 1f
+    lea r8, [rsi + rdx]
+    cmp rdi, r8
+    jae 1f
+    lea rsi, [rsi + rdx - 1]
+    lea rdi, [rdi + rdx - 1]
+    mov rcx, rdx
+    std
+    rep movsb
+    cld
+    ret
+1:
+    mov rcx, rdx
+    rep movsb
+    ret
+
+    .global memset
+memset:
+    mov r9, rdi
+    mov eax, esi
+    mov rcx, rdx
+    rep stosb
+    mov rax, r9
+    ret
+
+    .global memcmp
+    .global bcmp
+memcmp:
+bcmp:
+    xor eax, eax
+    test rdx, rdx
+    jz 2f
+1:
+    movzx eax, byte ptr [rdi]
+    movzx ecx, byte ptr [rsi]
+    sub eax, ecx
+    jnz 2f
+    inc rdi
+    inc rsi
+    dec rdx
+    jnz 1b
+2:
+    ret
+    "#
+);
