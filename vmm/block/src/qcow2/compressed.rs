@@ -1,0 +1,88 @@
+//! Compressed clusters (read side): raw deflate or zstd, per the header.
+
+use super::header::CompressionType;
+
+/// Decompresses one cluster from `input` into `out` (exactly one cluster).
+/// `input` may carry trailing bytes: the compressed stream is followed by
+/// whatever the rest of its last sector holds.
+pub fn decompress(kind: CompressionType, input: &[u8], out: &mut [u8]) -> Result<(), String> {
+    match kind {
+        CompressionType::Zlib => inflate_raw(input, out),
+        CompressionType::Zstd => zstd_decompress(input, out),
+    }
+}
+
+fn inflate_raw(input: &[u8], out: &mut [u8]) -> Result<(), String> {
+    // QEMU writes raw deflate (no zlib header, window bits -12).
+    let mut d = flate2::Decompress::new(false);
+    let status = d
+        .decompress(input, out, flate2::FlushDecompress::Finish)
+        .map_err(|e| format!("deflate: {e}"))?;
+    let produced = d.total_out() as usize;
+    match status {
+        flate2::Status::StreamEnd if produced == out.len() => Ok(()),
+        // The stream may continue past a full cluster only as garbage.
+        _ if produced == out.len() => Ok(()),
+        _ => Err(format!(
+            "deflate stream gave {produced} bytes, cluster needs {}",
+            out.len()
+        )),
+    }
+}
+
+fn zstd_decompress(input: &[u8], out: &mut [u8]) -> Result<(), String> {
+    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+    let mut dec = Decoder::new().map_err(|e| format!("zstd: {e}"))?;
+    let mut inb = InBuffer::around(input);
+    let mut outb = OutBuffer::around(out);
+    // Bounded: each round either consumes input or produces output.
+    loop {
+        let before = (inb.pos(), outb.pos());
+        let hint = dec
+            .run(&mut inb, &mut outb)
+            .map_err(|e| format!("zstd: {e}"))?;
+        if outb.pos() == outb.capacity() {
+            return Ok(());
+        }
+        if hint == 0 || (inb.pos(), outb.pos()) == before || inb.pos() == input.len() {
+            return Err(format!(
+                "zstd stream gave {} bytes, cluster needs {}",
+                outb.pos(),
+                outb.capacity()
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn inflates_raw_deflate_with_trailing_garbage() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 7) as u8).collect();
+        let mut enc =
+            flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(&data).unwrap();
+        let mut c = enc.finish().unwrap();
+        c.extend_from_slice(&[0xaa; 100]);
+        let mut out = vec![0u8; 4096];
+        decompress(CompressionType::Zlib, &c, &mut out).unwrap();
+        assert_eq!(out, data);
+        let mut short = vec![0u8; 8192];
+        assert!(decompress(CompressionType::Zlib, &c, &mut short).is_err());
+        assert!(decompress(CompressionType::Zlib, &[0xff; 64], &mut out).is_err());
+    }
+
+    #[test]
+    fn zstd_roundtrip() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 13) as u8).collect();
+        let mut c = zstd::bulk::compress(&data, 3).unwrap();
+        c.extend_from_slice(&[0u8; 37]);
+        let mut out = vec![0u8; 4096];
+        decompress(CompressionType::Zstd, &c, &mut out).unwrap();
+        assert_eq!(out, data);
+        assert!(decompress(CompressionType::Zstd, &[1, 2, 3, 4], &mut out).is_err());
+    }
+}

@@ -1,0 +1,870 @@
+//! The qcow2 image format: a sparse, copy-on-write disk with a backing chain.
+//!
+//! Write ordering (crash safety). Data clusters are written to the file at
+//! once; the metadata that points at them (refcounts, L2, L1) changes in
+//! memory and goes to the file in an order where a crash at any point leaves
+//! at worst leaked clusters:
+//!   1. refcount blocks (a cluster is counted before anything uses it),
+//!      then the refcount table, with a barrier between;
+//!   2. L2 tables, barrier, then the L1 entries pointing at new L2 tables;
+//!   3. only then are clusters that lost their last reference freed.
+//! `flush` runs those steps and ends with fdatasync, so every write completed
+//! before a flush survives a crash. A dirty L2 table evicted from the cache is
+//! written only after the refcounts it depends on (step 1 first).
+
+mod allocator;
+pub mod backing;
+pub mod check;
+pub mod compressed;
+pub mod create;
+pub mod header;
+pub mod refcount;
+pub mod tables;
+
+use std::path::{Path, PathBuf};
+
+use crate::host_file::HostFile;
+use crate::{DiskBackend, DiskError, DiskResult};
+use header::Header;
+use tables::{COPIED, Mapping, MetadataCache, ZERO};
+
+pub use create::{CreateOptions, create};
+
+/// Default memory for cached L2 tables (as QEMU's default maximum).
+pub const DEFAULT_L2_CACHE: u64 = 32 << 20;
+/// Default memory for cached refcount blocks.
+pub const DEFAULT_REFCOUNT_CACHE: u64 = 8 << 20;
+/// Largest run of clusters allocated and written with one request.
+const MAX_WRITE_RUN_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Qcow2Options {
+    pub read_only: bool,
+    /// O_DIRECT for data (cache=none).
+    pub direct: bool,
+    pub l2_cache_bytes: u64,
+    pub refcount_cache_bytes: u64,
+    /// Open the backing chain (off only for tools that inspect one file).
+    pub open_backing: bool,
+}
+
+impl Default for Qcow2Options {
+    fn default() -> Self {
+        Qcow2Options {
+            read_only: false,
+            direct: false,
+            l2_cache_bytes: DEFAULT_L2_CACHE,
+            refcount_cache_bytes: DEFAULT_REFCOUNT_CACHE,
+            open_backing: true,
+        }
+    }
+}
+
+pub struct Qcow2Image {
+    file: HostFile,
+    path: PathBuf,
+    header: Header,
+    read_only: bool,
+    cluster_bits: u32,
+    cluster_size: u64,
+    l1: Vec<u64>,
+    /// Range of L1 indexes changed in memory and not yet written.
+    l1_dirty: Option<(usize, usize)>,
+    l2_cache: MetadataCache,
+    reftable: Vec<u64>,
+    reftable_dirty: bool,
+    rc_cache: MetadataCache,
+    rc_order: u32,
+    rc_per_block: u64,
+    /// Host byte ranges whose references are gone in memory; freed once the
+    /// metadata without them is on disk.
+    pending_frees: Vec<(u64, u64)>,
+    /// Lowest cluster index that may be free.
+    free_hint: u64,
+    /// End of the file or of the last allocated cluster, whichever is larger.
+    alloc_end: u64,
+    backing: Option<Box<dyn DiskBackend>>,
+    /// Reused buffer for copy-on-write clusters (no allocation per request).
+    scratch: Vec<u8>,
+    /// The last decompressed cluster, keyed by its L2 entry.
+    decompressed: Option<(u64, Vec<u8>)>,
+    compressed_buf: Vec<u8>,
+    /// Whether the dirty bit is set on disk (lazy refcounts only).
+    dirty_on_disk: bool,
+}
+
+fn corrupt(msg: impl Into<String>) -> DiskError {
+    DiskError::Corrupt(msg.into())
+}
+
+impl Qcow2Image {
+    pub fn open(path: &Path, opts: Qcow2Options) -> DiskResult<Qcow2Image> {
+        let mut chain = Vec::new();
+        Self::open_in_chain(path, opts, &mut chain)
+    }
+
+    pub(crate) fn open_in_chain(
+        path: &Path,
+        opts: Qcow2Options,
+        chain: &mut Vec<PathBuf>,
+    ) -> DiskResult<Qcow2Image> {
+        if chain.is_empty()
+            && let Ok(c) = path.canonicalize()
+        {
+            chain.push(c);
+        }
+        let file = HostFile::open(path, !opts.read_only, opts.direct)?;
+        let header = read_header(&file)?;
+        let file_len = file.len()?;
+        let cs = header.cluster_size();
+        let l1_bytes = header.l1_size as u64 * 8;
+        if header.l1_size > 0 && header.l1_table_offset.saturating_add(l1_bytes) > file_len {
+            return Err(corrupt("L1 table lies past the end of the file"));
+        }
+        let rt_bytes = header.refcount_table_clusters as u64 * cs;
+        if header.refcount_table_offset.saturating_add(rt_bytes) > file_len {
+            return Err(corrupt("refcount table lies past the end of the file"));
+        }
+        if !opts.read_only {
+            if header.is_corrupt() {
+                return Err(DiskError::UnsupportedImage(
+                    "image is marked corrupt; it can only be opened read-only".into(),
+                ));
+            }
+            if header.nb_snapshots > 0 {
+                return Err(DiskError::UnsupportedImage(
+                    "writing to images with internal snapshots".into(),
+                ));
+            }
+            if header.is_dirty() {
+                return Err(DiskError::UnsupportedImage(
+                    "image has the dirty bit set (lazy refcounts after a crash); \
+                     repair it with `qemu-img check -r all` first"
+                        .into(),
+                ));
+            }
+        }
+
+        let mut l1_raw = vec![0u8; l1_bytes as usize];
+        file.read_meta(&mut l1_raw, header.l1_table_offset)?;
+        let l1 = l1_raw
+            .chunks_exact(8)
+            .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        let mut rt_raw = vec![0u8; rt_bytes as usize];
+        file.read_meta(&mut rt_raw, header.refcount_table_offset)?;
+        let reftable = rt_raw
+            .chunks_exact(8)
+            .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+
+        let backing = match (&header.backing_file, opts.open_backing) {
+            (Some(name), true) => Some(backing::open(
+                path,
+                name,
+                header.backing_format.as_deref(),
+                &opts,
+                chain,
+            )?),
+            _ => None,
+        };
+
+        let mut img = Qcow2Image {
+            file,
+            path: path.to_path_buf(),
+            cluster_bits: header.cluster_bits,
+            cluster_size: cs,
+            read_only: opts.read_only,
+            l1,
+            l1_dirty: None,
+            l2_cache: MetadataCache::new(opts.l2_cache_bytes, cs),
+            reftable,
+            reftable_dirty: false,
+            rc_cache: MetadataCache::new(opts.refcount_cache_bytes, cs),
+            rc_order: header.refcount_order,
+            rc_per_block: refcount::entries_per_block(header.cluster_bits, header.refcount_order),
+            pending_frees: Vec::new(),
+            free_hint: 1,
+            alloc_end: file_len.next_multiple_of(cs),
+            backing,
+            scratch: Vec::new(),
+            decompressed: None,
+            compressed_buf: Vec::new(),
+            dirty_on_disk: false,
+            header,
+        };
+        if !img.read_only && img.header.autoclear_features != 0 {
+            // We keep no bitmaps up to date: clearing the autoclear bits tells
+            // other readers the optional data they guard is stale (spec rule).
+            img.header.autoclear_features = 0;
+            img.file
+                .write_meta(&0u64.to_be_bytes(), header::OFF_AUTOCLEAR)?;
+            img.file.sync()?;
+        }
+        Ok(img)
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn cluster_size(&self) -> u64 {
+        self.cluster_size
+    }
+
+    fn l2_entries(&self) -> u64 {
+        self.cluster_size / 8
+    }
+
+    fn cluster_mask(&self) -> u64 {
+        self.cluster_size - 1
+    }
+
+    /// Checks that a host cluster referenced by metadata lies in the file.
+    fn check_host_cluster(&self, host: u64, what: &str) -> DiskResult<()> {
+        if host == 0 || host.saturating_add(self.cluster_size) > self.alloc_end {
+            return Err(corrupt(format!(
+                "{what} at {host:#x} lies outside the image (end {:#x})",
+                self.alloc_end
+            )));
+        }
+        Ok(())
+    }
+
+    /// L2 table offset for an L1 index (0 = none).
+    fn l2_offset(&self, l1_index: u64) -> DiskResult<u64> {
+        let Some(&entry) = self.l1.get(l1_index as usize) else {
+            return Ok(0);
+        };
+        tables::decode_l1(entry, self.cluster_bits).map_err(corrupt)
+    }
+
+    /// Makes sure the L2 table at `off` is cached.
+    fn load_l2(&mut self, off: u64) -> DiskResult<()> {
+        if self.l2_cache.contains(off) {
+            return Ok(());
+        }
+        self.check_host_cluster(off, "L2 table")?;
+        self.make_room_l2()?;
+        let mut data = vec![0u8; self.cluster_size as usize];
+        self.file.read_meta(&mut data, off)?;
+        self.l2_cache.insert(off, data, false);
+        Ok(())
+    }
+
+    fn make_room_l2(&mut self) -> DiskResult<()> {
+        while self.l2_cache.is_full() {
+            let Some((victim, dirty)) = self.l2_cache.victim() else {
+                break;
+            };
+            if dirty {
+                // The table may point at clusters whose refcounts are only
+                // in memory: those go first.
+                self.write_refcounts()?;
+            }
+            if let Some(c) = self.l2_cache.remove(victim)
+                && dirty
+            {
+                self.file.write_meta(&c.data, victim)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Raw L2 entry for a guest cluster (0 when there is no L2 table).
+    fn l2_entry(&mut self, vcluster: u64) -> DiskResult<u64> {
+        let l1_index = vcluster / self.l2_entries();
+        let l2_index = (vcluster % self.l2_entries()) as usize;
+        let off = self.l2_offset(l1_index)?;
+        if off == 0 {
+            return Ok(0);
+        }
+        self.load_l2(off)?;
+        let table = self
+            .l2_cache
+            .get(off)
+            .ok_or_else(|| corrupt("L2 table vanished from the cache"))?;
+        Ok(table.get_u64(l2_index))
+    }
+
+    fn mapping(&mut self, vcluster: u64) -> DiskResult<Mapping> {
+        let entry = self.l2_entry(vcluster)?;
+        let m =
+            tables::decode_l2(entry, self.cluster_bits, self.header.version).map_err(corrupt)?;
+        match m {
+            Mapping::Data { host, .. } | Mapping::Zero { host: Some(host) } => {
+                self.check_host_cluster(host, "data cluster")?
+            }
+            _ => {}
+        }
+        Ok(m)
+    }
+
+    /// Sets the L2 entry of a guest cluster, creating the L2 table if needed.
+    fn set_l2_entry(&mut self, vcluster: u64, entry: u64) -> DiskResult<()> {
+        let l1_index = vcluster / self.l2_entries();
+        let l2_index = (vcluster % self.l2_entries()) as usize;
+        let mut off = self.l2_offset(l1_index)?;
+        if off == 0 {
+            if entry == 0 {
+                return Ok(()); // already unallocated
+            }
+            off = self.alloc_clusters(1)?;
+            self.make_room_l2()?;
+            self.l2_cache
+                .insert(off, vec![0u8; self.cluster_size as usize], true);
+            let i = l1_index as usize;
+            let slot = self
+                .l1
+                .get_mut(i)
+                .ok_or_else(|| corrupt("guest cluster outside the L1 table"))?;
+            *slot = off | COPIED;
+            self.l1_dirty = Some(match self.l1_dirty {
+                Some((a, b)) => (a.min(i), b.max(i)),
+                None => (i, i),
+            });
+        } else {
+            self.load_l2(off)?;
+        }
+        let table = self
+            .l2_cache
+            .get(off)
+            .ok_or_else(|| corrupt("L2 table vanished from the cache"))?;
+        table.set_u64(l2_index, entry);
+        Ok(())
+    }
+
+    /// Reads guest bytes from the backing chain (zeroes past its end or without one).
+    fn read_backing(&mut self, buf: &mut [u8], pos: u64) -> DiskResult<()> {
+        let Some(b) = self.backing.as_mut() else {
+            buf.fill(0);
+            return Ok(());
+        };
+        let bsize = b.size();
+        let avail = bsize.saturating_sub(pos).min(buf.len() as u64) as usize;
+        if avail > 0 {
+            b.read_at(&mut buf[..avail], pos)?;
+        }
+        buf[avail..].fill(0);
+        Ok(())
+    }
+
+    /// Decompresses the cluster behind a compressed L2 entry into the cache
+    /// slot and returns it.
+    fn decompress_cluster(&mut self, offset: u64, sectors: u64) -> DiskResult<&[u8]> {
+        let key = offset | sectors << 56;
+        let fresh = !matches!(&self.decompressed, Some((k, _)) if *k == key);
+        if fresh {
+            let cs = self.cluster_size as usize;
+            let start_sector = offset & !511;
+            let len = (sectors * 512).saturating_sub(offset - start_sector);
+            // Bounded by the entry's field width: at most ~2 clusters.
+            let len = len.min(2 * self.cluster_size + 512) as usize;
+            if offset >= self.alloc_end {
+                return Err(corrupt(format!(
+                    "compressed cluster at {offset:#x} lies past the end of the image"
+                )));
+            }
+            self.compressed_buf.resize(len, 0);
+            self.file.read_meta(&mut self.compressed_buf, offset)?;
+            let mut out = match self.decompressed.take() {
+                Some((_, v)) if v.len() == cs => v,
+                _ => vec![0u8; cs],
+            };
+            compressed::decompress(self.header.compression_type, &self.compressed_buf, &mut out)
+                .map_err(|e| corrupt(format!("compressed cluster at {offset:#x}: {e}")))?;
+            self.decompressed = Some((key, out));
+        }
+        match &self.decompressed {
+            Some((_, v)) => Ok(v),
+            None => Err(corrupt("decompressed cluster vanished")),
+        }
+    }
+
+    /// Fills `out` (one cluster) with the current contents of guest cluster
+    /// `vcluster` when it is not a plain data cluster.
+    fn fill_cluster(&mut self, vcluster: u64, m: Mapping, out: &mut [u8]) -> DiskResult<()> {
+        match m {
+            Mapping::Unallocated => {
+                let pos = vcluster << self.cluster_bits;
+                self.read_backing(out, pos)
+            }
+            Mapping::Zero { .. } => {
+                out.fill(0);
+                Ok(())
+            }
+            Mapping::Compressed { offset, sectors } => {
+                let data = self.decompress_cluster(offset, sectors)?;
+                out.copy_from_slice(data);
+                Ok(())
+            }
+            Mapping::Data { host, .. } => Ok(self.file.read_data(out, host)?),
+        }
+    }
+
+    /// Clusters that need a new host cluster for a write: anything but data.
+    fn needs_alloc(m: Mapping) -> bool {
+        matches!(
+            m,
+            Mapping::Unallocated | Mapping::Zero { host: None } | Mapping::Compressed { .. }
+        )
+    }
+
+    /// Queues the release of what an L2 entry pointed at.
+    fn release(&mut self, m: Mapping) {
+        match m {
+            Mapping::Data { host, .. } | Mapping::Zero { host: Some(host) } => {
+                self.pending_frees.push((host, self.cluster_size))
+            }
+            Mapping::Compressed { offset, sectors } => {
+                let start = offset & !511;
+                self.pending_frees.push((start, sectors * 512));
+            }
+            _ => {}
+        }
+    }
+
+    fn set_dirty_bit_if_lazy(&mut self) -> DiskResult<()> {
+        if self.header.lazy_refcounts() && !self.dirty_on_disk {
+            let flags = self.header.incompatible_features | header::INCOMPAT_DIRTY;
+            self.file
+                .write_meta(&flags.to_be_bytes(), header::OFF_INCOMPAT)?;
+            self.file.sync()?;
+            self.header.incompatible_features = flags;
+            self.dirty_on_disk = true;
+        }
+        Ok(())
+    }
+
+    fn write_inner(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
+        let cs = self.cluster_size;
+        let len = buf.len() as u64;
+        let mut done = 0u64;
+        while done < len {
+            let pos = offset + done;
+            let vc = pos >> self.cluster_bits;
+            let in_off = pos & self.cluster_mask();
+            let n = (cs - in_off).min(len - done);
+            let m = self.mapping(vc)?;
+            match m {
+                Mapping::Data { host, .. } => {
+                    // In place; extend over following clusters contiguous on the host.
+                    let mut n = n;
+                    let mut next_host = host + cs;
+                    while done + n < len {
+                        match self.mapping(vc + ((in_off + n) >> self.cluster_bits))? {
+                            Mapping::Data { host: h, .. } if h == next_host => {
+                                n += cs.min(len - done - n);
+                                next_host += cs;
+                            }
+                            _ => break,
+                        }
+                    }
+                    let chunk = &buf[done as usize..(done + n) as usize];
+                    self.file.write_data(chunk, host + in_off)?;
+                    done += n;
+                }
+                Mapping::Zero { host: Some(host) } => {
+                    // Preallocated zero cluster: write the whole cluster, then
+                    // drop the zero flag.
+                    let mut scratch = std::mem::take(&mut self.scratch);
+                    scratch.clear();
+                    scratch.resize(cs as usize, 0);
+                    scratch[in_off as usize..(in_off + n) as usize]
+                        .copy_from_slice(&buf[done as usize..(done + n) as usize]);
+                    let r = self.file.write_data(&scratch, host);
+                    self.scratch = scratch;
+                    r?;
+                    self.set_l2_entry(vc, host | COPIED)?;
+                    done += n;
+                }
+                _ => {
+                    done += self.write_new_clusters(buf, offset, done, vc, m)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates a run of clusters starting at guest cluster `vc` (mapping
+    /// `first`), writes merged contents in one request, then points the L2
+    /// entries at them. Returns how many bytes of `buf` were consumed.
+    fn write_new_clusters(
+        &mut self,
+        buf: &[u8],
+        offset: u64,
+        done: u64,
+        vc: u64,
+        first: Mapping,
+    ) -> DiskResult<u64> {
+        let cs = self.cluster_size;
+        let len = buf.len() as u64;
+        let end = offset + len;
+        let max_run = (MAX_WRITE_RUN_BYTES / cs).max(1);
+        let last_vc = (end - 1) >> self.cluster_bits;
+        let mut old = Vec::with_capacity(4);
+        old.push(first);
+        while (old.len() as u64) < max_run && vc + (old.len() as u64) <= last_vc {
+            let m = self.mapping(vc + old.len() as u64)?;
+            if !Self::needs_alloc(m) {
+                break;
+            }
+            old.push(m);
+        }
+        let run = old.len() as u64;
+        let host = self.alloc_clusters(run)?;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.resize((run * cs) as usize, 0);
+        let mut result = Ok(());
+        for (i, m) in old.iter().enumerate() {
+            let cstart = (vc + i as u64) << self.cluster_bits;
+            let cend = cstart + cs;
+            let wstart = cstart.max(offset + done);
+            let wend = cend.min(end);
+            let slot = &mut scratch[i * cs as usize..(i + 1) * cs as usize];
+            if wstart > cstart || wend < cend {
+                if let Err(e) = self.fill_cluster(vc + i as u64, *m, slot) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            slot[(wstart - cstart) as usize..(wend - cstart) as usize]
+                .copy_from_slice(&buf[(wstart - offset) as usize..(wend - offset) as usize]);
+        }
+        let result = result.and_then(|()| Ok(self.file.write_data(&scratch, host)?));
+        self.scratch = scratch;
+        if let Err(e) = result {
+            // Nothing points at the run yet: give it back.
+            self.pending_frees.push((host, run * cs));
+            return Err(e);
+        }
+        for (i, m) in old.iter().enumerate() {
+            self.set_l2_entry(vc + i as u64, (host + i as u64 * cs) | COPIED)?;
+            self.release(*m);
+        }
+        let consumed_end = (((vc + run) << self.cluster_bits).min(end)) - (offset + done);
+        Ok(consumed_end)
+    }
+
+    /// Changes whole guest clusters in `[offset, offset+len)` to `zero`
+    /// (reads as zeroes) or unallocated; partial clusters are left to the caller.
+    fn clear_clusters(
+        &mut self,
+        first_vc: u64,
+        count: u64,
+        unmap: bool,
+        zero: bool,
+    ) -> DiskResult<()> {
+        for vc in first_vc..first_vc + count {
+            let m = self.mapping(vc)?;
+            let new = if zero {
+                match m {
+                    Mapping::Data { host, .. } | Mapping::Zero { host: Some(host) } if !unmap => {
+                        host | COPIED | ZERO
+                    }
+                    _ => ZERO,
+                }
+            } else if self.backing.is_some() && self.header.version >= 3 {
+                // Discarding must not reveal the backing file's old data.
+                ZERO
+            } else if self.backing.is_some() {
+                continue; // v2 cannot express it; discard is advisory.
+            } else {
+                0
+            };
+            let keeps_host = new & tables::OFFSET_MASK != 0;
+            if !keeps_host {
+                self.release(m);
+            }
+            let cur = self.l2_entry(vc)?;
+            if cur != new {
+                self.set_l2_entry(vc, new)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whole clusters inside `[offset, offset+len)`; the disk's last partial
+    /// cluster counts as whole when the range reaches the end of the disk.
+    fn whole_clusters(&self, offset: u64, len: u64) -> (u64, u64) {
+        let cs = self.cluster_size;
+        let first = offset.div_ceil(cs);
+        let end = offset + len;
+        let last = if end == self.header.size {
+            end.div_ceil(cs)
+        } else {
+            end / cs
+        };
+        (first, last.saturating_sub(first))
+    }
+
+    /// Writes dirty refcount blocks, then (after a barrier) the refcount table.
+    fn write_refcounts(&mut self) -> DiskResult<()> {
+        let dirty = self.rc_cache.dirty_offsets();
+        for off in &dirty {
+            if let Some(c) = self.rc_cache.get(*off) {
+                c.dirty = false;
+                let data = std::mem::take(&mut c.data);
+                let r = self.file.write_meta(&data, *off);
+                if let Some(c) = self.rc_cache.get(*off) {
+                    c.data = data;
+                }
+                r?;
+            }
+        }
+        if self.reftable_dirty {
+            if !dirty.is_empty() {
+                self.file.sync()?;
+            }
+            let raw: Vec<u8> = self.reftable.iter().flat_map(|e| e.to_be_bytes()).collect();
+            self.file
+                .write_meta(&raw, self.header.refcount_table_offset)?;
+            self.reftable_dirty = false;
+            self.file.sync()?;
+        } else if !dirty.is_empty() {
+            self.file.sync()?;
+        }
+        Ok(())
+    }
+
+    fn write_l2_and_l1(&mut self) -> DiskResult<()> {
+        let dirty = self.l2_cache.dirty_offsets();
+        for off in &dirty {
+            if let Some(c) = self.l2_cache.get(*off) {
+                c.dirty = false;
+                let data = std::mem::take(&mut c.data);
+                let r = self.file.write_meta(&data, *off);
+                if let Some(c) = self.l2_cache.get(*off) {
+                    c.data = data;
+                }
+                r?;
+            }
+        }
+        if let Some((a, b)) = self.l1_dirty {
+            if !dirty.is_empty() {
+                // New L2 tables must be on disk before L1 points at them.
+                self.file.sync()?;
+            }
+            let raw: Vec<u8> = self.l1[a..=b]
+                .iter()
+                .flat_map(|e| e.to_be_bytes())
+                .collect();
+            self.file
+                .write_meta(&raw, self.header.l1_table_offset + a as u64 * 8)?;
+            self.l1_dirty = None;
+        }
+        Ok(())
+    }
+
+    fn flush_inner(&mut self) -> DiskResult<()> {
+        if !self.header.lazy_refcounts() {
+            self.write_refcounts()?;
+        }
+        self.write_l2_and_l1()?;
+        self.file.sync()?;
+        if !self.pending_frees.is_empty() {
+            let frees = std::mem::take(&mut self.pending_frees);
+            for (off, len) in frees {
+                self.free_range(off, len)?;
+            }
+            // Written now (no barrier needed: nothing points at them any more).
+            if !self.header.lazy_refcounts() {
+                self.write_refcounts()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes everything and, with lazy refcounts, clears the dirty bit.
+    fn close_inner(&mut self) -> DiskResult<()> {
+        self.flush_inner()?;
+        if self.dirty_on_disk {
+            self.write_refcounts()?;
+            self.file.sync()?;
+            let flags = self.header.incompatible_features & !header::INCOMPAT_DIRTY;
+            self.file
+                .write_meta(&flags.to_be_bytes(), header::OFF_INCOMPAT)?;
+            self.file.sync()?;
+            self.header.incompatible_features = flags;
+            self.dirty_on_disk = false;
+        }
+        Ok(())
+    }
+
+    /// Flushes all metadata and closes the image, reporting errors that a
+    /// plain drop would have to swallow.
+    pub fn close(mut self) -> DiskResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        let r = self.close_inner();
+        self.read_only = true; // Drop has nothing left to do.
+        r
+    }
+}
+
+impl Drop for Qcow2Image {
+    fn drop(&mut self) {
+        if !self.read_only {
+            // Errors here have no caller; `close` reports them.
+            let _ = self.close_inner();
+        }
+    }
+}
+
+/// Reads and parses the header of an open image file.
+fn read_header(file: &HostFile) -> DiskResult<Header> {
+    let file_len = file.len()?;
+    let mut first = [0u8; 512];
+    file.read_meta(&mut first, 0)?;
+    if file_len < header::V2_HEADER_LEN as u64 {
+        return Err(corrupt("file too short for a qcow2 header"));
+    }
+    let bits = header::peek_cluster_bits(&first).map_err(header_error)?;
+    let want = (1u64 << bits).min(file_len) as usize;
+    let mut cluster0 = vec![0u8; want];
+    file.read_meta(&mut cluster0, 0)?;
+    Header::parse(&cluster0).map_err(header_error)
+}
+
+fn header_error(e: header::HeaderError) -> DiskError {
+    match e {
+        header::HeaderError::Unsupported(m) => DiskError::UnsupportedImage(m),
+        header::HeaderError::Version(v) => {
+            DiskError::UnsupportedImage(format!("qcow2 version {v}"))
+        }
+        other => DiskError::Corrupt(other.to_string()),
+    }
+}
+
+impl DiskBackend for Qcow2Image {
+    fn size(&self) -> u64 {
+        self.header.size
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let cs = self.cluster_size;
+        let len = buf.len() as u64;
+        let mut done = 0u64;
+        while done < len {
+            let pos = offset + done;
+            let vc = pos >> self.cluster_bits;
+            let in_off = pos & self.cluster_mask();
+            let mut n = (cs - in_off).min(len - done);
+            let m = self.mapping(vc)?;
+            let range = done as usize..(done + n) as usize;
+            match m {
+                Mapping::Data { host, .. } => {
+                    let mut next_host = host + cs;
+                    while done + n < len {
+                        match self.mapping(vc + ((in_off + n) >> self.cluster_bits))? {
+                            Mapping::Data { host: h, .. } if h == next_host => {
+                                n += cs.min(len - done - n);
+                                next_host += cs;
+                            }
+                            _ => break,
+                        }
+                    }
+                    let range = done as usize..(done + n) as usize;
+                    self.file.read_data(&mut buf[range], host + in_off)?;
+                }
+                Mapping::Zero { .. } => buf[range].fill(0),
+                Mapping::Unallocated => self.read_backing(&mut buf[range], pos)?,
+                Mapping::Compressed {
+                    offset: co,
+                    sectors,
+                } => {
+                    let data = self.decompress_cluster(co, sectors)?;
+                    let src = &data[in_off as usize..(in_off + n) as usize];
+                    buf[range].copy_from_slice(src);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.set_dirty_bit_if_lazy()?;
+        self.write_inner(buf, offset)
+    }
+
+    fn flush(&mut self) -> DiskResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.flush_inner()
+    }
+
+    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        self.check_range(offset, len)?;
+        let (first, count) = self.whole_clusters(offset, len);
+        if count == 0 {
+            return Ok(()); // partial clusters: discard is advisory
+        }
+        self.set_dirty_bit_if_lazy()?;
+        self.clear_clusters(first, count, true, false)
+    }
+
+    fn write_zeroes(&mut self, offset: u64, len: u64, may_unmap: bool) -> DiskResult<()> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.set_dirty_bit_if_lazy()?;
+        let cs = self.cluster_size;
+        let (first, count) = if self.header.version >= 3 || self.backing.is_none() {
+            self.whole_clusters(offset, len)
+        } else {
+            (0, 0) // v2 with a backing file: only explicit zeroes hide it
+        };
+        let end = offset + len;
+        let (zstart, zend) = if count > 0 {
+            (first * cs, ((first + count) * cs).min(self.header.size))
+        } else {
+            (end, end)
+        };
+        // Head and tail pieces: write real zeroes.
+        let zeros = vec![0u8; (cs as usize).min(len as usize)];
+        let mut pos = offset;
+        while pos < zstart.min(end) {
+            let n = (zstart.min(end) - pos).min(zeros.len() as u64);
+            self.write_inner(&zeros[..n as usize], pos)?;
+            pos += n;
+        }
+        let mut pos = zend.max(offset);
+        while pos < end {
+            let n = (end - pos).min(zeros.len() as u64);
+            self.write_inner(&zeros[..n as usize], pos)?;
+            pos += n;
+        }
+        if count > 0 {
+            let zero_flag = self.header.version >= 3;
+            self.clear_clusters(first, count, may_unmap || !zero_flag, zero_flag)?;
+        }
+        Ok(())
+    }
+}
