@@ -1,0 +1,530 @@
+//! The launcher's DHCPv4 server for the guest (contract §5.2, masquerade binding).
+//!
+//! [`answer`] is the whole protocol as a pure function from a request datagram to the
+//! reply datagram; [`DhcpServer`] only moves bytes between it and a UDP socket bound to
+//! the bridge. Packets come from the guest, so they are untrusted: anything malformed gives
+//! an error (the server logs it and drops the packet), never a panic.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder, Name};
+use ipnet::Ipv4Net;
+
+use crate::resolv::ResolvConf;
+
+/// `infiniteLease = 999*24h`, in seconds.
+pub const INFINITE_LEASE_SECS: u32 = 999 * 24 * 3600;
+/// DNS server when `resolv.conf` names no IPv4 one.
+pub const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
+/// Search domain when `resolv.conf` has none.
+pub const DEFAULT_SEARCH_DOMAIN: &str = "cluster.local";
+/// Replies are padded to the BOOTP minimum; some clients drop shorter ones.
+const BOOTP_MIN_LEN: usize = 300;
+const SERVER_PORT: u16 = 67;
+const CLIENT_PORT: u16 = 68;
+/// An option's payload is at most 255 bytes; KubeVirt refuses longer search lists.
+const MAX_OPTION_LEN: usize = 255;
+
+/// What the guest is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhcpConfig {
+    /// The gateway on the bridge: server identifier and router.
+    pub server_ip: Ipv4Addr,
+    /// The address the guest gets.
+    pub guest_ip: Ipv4Addr,
+    pub subnet_mask: Ipv4Addr,
+    pub dns: Vec<Ipv4Addr>,
+    /// Search domains, already checked to encode within one option.
+    pub search: Vec<Name>,
+    /// Longest search domain (option 15).
+    pub domain_name: Option<String>,
+    pub hostname: Option<String>,
+    pub mtu: u16,
+    pub lease_secs: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DhcpConfigError {
+    #[error("invalid search domain {domain:?}: {reason}")]
+    BadDomain { domain: String, reason: String },
+    #[error("search domains take {0} bytes encoded, more than the 255 of one DHCP option")]
+    SearchTooLong(usize),
+    #[error("guest network {0} has no room for gateway and guest")]
+    NetworkTooSmall(Ipv4Net),
+    #[error("MTU {0} does not fit the 16-bit DHCP option or is below the IPv4 minimum 68")]
+    BadMtu(u32),
+}
+
+impl DhcpConfig {
+    /// KubeVirt's masquerade answer: gateway = network + 1, guest = network + 2, DNS and
+    /// search domains from the pod's `resolv.conf`, MTU of the pod interface.
+    pub fn masquerade(
+        network: Ipv4Net,
+        resolv: &ResolvConf,
+        hostname: Option<String>,
+        mtu: u32,
+    ) -> Result<Self, DhcpConfigError> {
+        if network.prefix_len() > 30 {
+            return Err(DhcpConfigError::NetworkTooSmall(network));
+        }
+        let mtu = u16::try_from(mtu)
+            .ok()
+            .filter(|m| *m >= 68)
+            .ok_or(DhcpConfigError::BadMtu(mtu))?;
+        let base = network.network().to_bits();
+        let dns = if resolv.nameservers_v4.is_empty() {
+            vec![DEFAULT_DNS]
+        } else {
+            resolv.nameservers_v4.clone()
+        };
+        let search_strings = if resolv.search.is_empty() {
+            vec![DEFAULT_SEARCH_DOMAIN.to_string()]
+        } else {
+            resolv.search.clone()
+        };
+        let search = encode_check_search(&search_strings)?;
+        Ok(DhcpConfig {
+            server_ip: Ipv4Addr::from_bits(base.wrapping_add(1)),
+            guest_ip: Ipv4Addr::from_bits(base.wrapping_add(2)),
+            subnet_mask: network.netmask(),
+            dns,
+            search,
+            domain_name: resolv.longest_search_domain().map(str::to_string),
+            hostname: hostname.filter(|h| !h.is_empty()),
+            mtu,
+            lease_secs: INFINITE_LEASE_SECS,
+        })
+    }
+}
+
+fn encode_check_search(domains: &[String]) -> Result<Vec<Name>, DhcpConfigError> {
+    let mut names = Vec::new();
+    let mut encoded_len = 0;
+    for domain in domains {
+        let bad = |reason: String| DhcpConfigError::BadDomain {
+            domain: domain.clone(),
+            reason,
+        };
+        if domain.is_empty()
+            || !domain
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+        {
+            return Err(bad(
+                "only letters, digits, '-', '_' and '.' are allowed".into()
+            ));
+        }
+        let mut name = Name::from_ascii(domain).map_err(|e| bad(e.to_string()))?;
+        name.set_fqdn(true);
+        // Uncompressed RFC 1035 size: each label plus its length byte, plus the root byte.
+        encoded_len += name.iter().map(|label| label.len() + 1).sum::<usize>() + 1;
+        names.push(name);
+    }
+    if encoded_len > MAX_OPTION_LEN {
+        return Err(DhcpConfigError::SearchTooLong(encoded_len));
+    }
+    Ok(names)
+}
+
+/// Why a datagram got no answer.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DhcpError {
+    #[error("not a DHCP message: {0}")]
+    Malformed(String),
+    #[error("not a client request (BOOTREPLY)")]
+    NotARequest,
+    #[error("hardware type/length {0}/{1} is not Ethernet")]
+    NotEthernet(u8, u8),
+    #[error("no DHCP message type option")]
+    NoMessageType,
+    #[error("reply does not encode: {0}")]
+    Encode(String),
+}
+
+/// Answers one DHCP request datagram. `Ok(None)` means the request needs no answer
+/// (a message type the server ignores, or a client that chose another server).
+pub fn answer(request: &[u8], config: &DhcpConfig) -> Result<Option<Vec<u8>>, DhcpError> {
+    let msg = Message::decode(&mut Decoder::new(request))
+        .map_err(|e| DhcpError::Malformed(e.to_string()))?;
+    if msg.opcode() != Opcode::BootRequest {
+        return Err(DhcpError::NotARequest);
+    }
+    if msg.htype() != HType::Eth || msg.hlen() != 6 || msg.chaddr().len() < 6 {
+        return Err(DhcpError::NotEthernet(u8::from(msg.htype()), msg.hlen()));
+    }
+    let Some(DhcpOption::MessageType(kind)) = msg.opts().get(OptionCode::MessageType) else {
+        return Err(DhcpError::NoMessageType);
+    };
+    let reply_type = match kind {
+        MessageType::Discover => MessageType::Offer,
+        MessageType::Request => {
+            if let Some(DhcpOption::ServerIdentifier(server)) =
+                msg.opts().get(OptionCode::ServerIdentifier)
+                && *server != config.server_ip
+            {
+                // The client accepted another server's offer.
+                return Ok(None);
+            }
+            let requested = match msg.opts().get(OptionCode::RequestedIpAddress) {
+                Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+                // Renewing/rebinding clients name their address in ciaddr instead.
+                _ => Some(msg.ciaddr()).filter(|ip| !ip.is_unspecified()),
+            };
+            match requested {
+                Some(ip) if ip != config.guest_ip => MessageType::Nak,
+                _ => MessageType::Ack,
+            }
+        }
+        // Release, decline, inform...: the lease is fixed and infinite, nothing to do.
+        _ => return Ok(None),
+    };
+    encode_reply(&msg, reply_type, config).map(Some)
+}
+
+fn encode_reply(
+    request: &Message,
+    reply_type: MessageType,
+    config: &DhcpConfig,
+) -> Result<Vec<u8>, DhcpError> {
+    let mut reply = Message::default();
+    reply
+        .set_opcode(Opcode::BootReply)
+        .set_htype(HType::Eth)
+        // Message::default() picks a random xid; the client matches on its own.
+        .set_xid(request.xid())
+        .set_flags(request.flags())
+        .set_giaddr(request.giaddr())
+        .set_chaddr(request.chaddr())
+        .set_siaddr(Ipv4Addr::UNSPECIFIED)
+        .set_ciaddr(Ipv4Addr::UNSPECIFIED)
+        .set_yiaddr(Ipv4Addr::UNSPECIFIED);
+    let opts = reply.opts_mut();
+    opts.insert(DhcpOption::MessageType(reply_type));
+    opts.insert(DhcpOption::ServerIdentifier(config.server_ip));
+    if reply_type != MessageType::Nak {
+        reply.set_yiaddr(config.guest_ip);
+        let opts = reply.opts_mut();
+        opts.insert(DhcpOption::SubnetMask(config.subnet_mask));
+        opts.insert(DhcpOption::Router(vec![config.server_ip]));
+        opts.insert(DhcpOption::DomainNameServer(config.dns.clone()));
+        if let Some(hostname) = &config.hostname {
+            opts.insert(DhcpOption::Hostname(hostname.clone()));
+        }
+        if let Some(domain) = &config.domain_name {
+            opts.insert(DhcpOption::DomainName(domain.clone()));
+        }
+        opts.insert(DhcpOption::InterfaceMtu(config.mtu));
+        opts.insert(DhcpOption::DomainSearch(config.search.clone()));
+        opts.insert(DhcpOption::AddressLeaseTime(config.lease_secs));
+    }
+    let mut bytes = Vec::with_capacity(BOOTP_MIN_LEN);
+    reply
+        .encode(&mut Encoder::new(&mut bytes))
+        .map_err(|e| DhcpError::Encode(e.to_string()))?;
+    if bytes.len() < BOOTP_MIN_LEN {
+        bytes.resize(BOOTP_MIN_LEN, 0);
+    }
+    Ok(bytes)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot set up the DHCP socket on {bridge}: {source}")]
+    Socket { bridge: String, source: nix::Error },
+    #[error("DHCP socket I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A DHCPv4 server socket on the bridge (UDP :67, bound to the bridge device).
+pub struct DhcpServer {
+    socket: UdpSocket,
+    config: DhcpConfig,
+}
+
+impl DhcpServer {
+    /// Binds `0.0.0.0:67` on `bridge` with `SO_BINDTODEVICE`, so only the guest's side is
+    /// served. Must be called in the pod's network namespace.
+    pub fn bind(bridge: &str, config: DhcpConfig) -> Result<Self, ServerError> {
+        use nix::sys::socket::{
+            AddressFamily, SockFlag, SockType, SockaddrIn, bind, setsockopt, socket, sockopt,
+        };
+        let err = |source| ServerError::Socket {
+            bridge: bridge.to_string(),
+            source,
+        };
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(err)?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(err)?;
+        setsockopt(&fd, sockopt::Broadcast, &true).map_err(err)?;
+        setsockopt(
+            &fd,
+            sockopt::BindToDevice,
+            &std::ffi::OsString::from(bridge),
+        )
+        .map_err(err)?;
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT)),
+        )
+        .map_err(err)?;
+        // SAFETY: fd is a freshly created, owned UDP socket handed over to UdpSocket.
+        let socket = unsafe { UdpSocket::from_raw_fd(fd.into_raw_fd()) };
+        Ok(DhcpServer { socket, config })
+    }
+
+    /// Serves until `stop` is set (checked every `poll` interval).
+    pub fn serve_until(&self, stop: &AtomicBool, poll: Duration) -> Result<(), ServerError> {
+        self.socket.set_read_timeout(Some(poll))?;
+        while !stop.load(Ordering::Relaxed) {
+            match self.handle_one() {
+                Ok(()) => {}
+                Err(ServerError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram and answers it; bad packets are logged and dropped.
+    pub fn handle_one(&self) -> Result<(), ServerError> {
+        let mut buf = [0u8; 1500];
+        let (len, from) = self.socket.recv_from(&mut buf)?;
+        let Some(request) = buf.get(..len) else {
+            return Ok(());
+        };
+        match answer(request, &self.config) {
+            Ok(Some(reply)) => {
+                // Before the ACK the guest has no address: answer by broadcast, like
+                // KubeVirt's server does for clients without ciaddr.
+                let to = match from {
+                    std::net::SocketAddr::V4(v4) if !v4.ip().is_unspecified() => {
+                        SocketAddrV4::new(*v4.ip(), CLIENT_PORT)
+                    }
+                    _ => SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT),
+                };
+                self.socket.send_to(&reply, to)?;
+            }
+            Ok(None) => tracing::debug!("DHCP request from {from} needs no answer"),
+            Err(e) => tracing::warn!("dropping DHCP packet from {from}: {e}"),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dhcproto::v4::Flags;
+
+    fn config() -> DhcpConfig {
+        let resolv = ResolvConf::parse(
+            "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\n",
+        );
+        DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &resolv,
+            Some("vmi-fedora".into()),
+            1450,
+        )
+        .unwrap()
+    }
+
+    fn request(kind: MessageType, requested: Option<Ipv4Addr>) -> Vec<u8> {
+        let mut msg = Message::default();
+        msg.set_xid(0xdead_beef)
+            .set_chaddr(&[0x52, 0x54, 0, 0x12, 0x34, 0x56])
+            .set_flags(Flags::default().set_broadcast());
+        msg.opts_mut().insert(DhcpOption::MessageType(kind));
+        if let Some(ip) = requested {
+            msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
+        }
+        msg.to_vec().unwrap()
+    }
+
+    fn decode(bytes: &[u8]) -> Message {
+        Message::decode(&mut Decoder::new(bytes)).unwrap()
+    }
+
+    #[test]
+    fn discover_gets_offer_with_contract_options() {
+        let reply = answer(&request(MessageType::Discover, None), &config())
+            .unwrap()
+            .unwrap();
+        assert!(reply.len() >= BOOTP_MIN_LEN);
+        let msg = decode(&reply);
+        assert_eq!(msg.xid(), 0xdead_beef);
+        assert_eq!(msg.opcode(), Opcode::BootReply);
+        assert_eq!(msg.yiaddr(), Ipv4Addr::new(10, 0, 2, 2));
+        assert_eq!(&msg.chaddr()[..6], &[0x52, 0x54, 0, 0x12, 0x34, 0x56]);
+        let o = msg.opts();
+        assert_eq!(
+            o.get(OptionCode::MessageType),
+            Some(&DhcpOption::MessageType(MessageType::Offer))
+        );
+        assert_eq!(
+            o.get(OptionCode::ServerIdentifier),
+            Some(&DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 2, 1)))
+        );
+        assert_eq!(
+            o.get(OptionCode::SubnetMask),
+            Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)))
+        );
+        assert_eq!(
+            o.get(OptionCode::Router),
+            Some(&DhcpOption::Router(vec![Ipv4Addr::new(10, 0, 2, 1)]))
+        );
+        assert_eq!(
+            o.get(OptionCode::DomainNameServer),
+            Some(&DhcpOption::DomainNameServer(vec![Ipv4Addr::new(
+                10, 96, 0, 10
+            )]))
+        );
+        assert_eq!(
+            o.get(OptionCode::Hostname),
+            Some(&DhcpOption::Hostname("vmi-fedora".into()))
+        );
+        assert_eq!(
+            o.get(OptionCode::DomainName),
+            Some(&DhcpOption::DomainName("default.svc.cluster.local".into()))
+        );
+        assert_eq!(
+            o.get(OptionCode::InterfaceMtu),
+            Some(&DhcpOption::InterfaceMtu(1450))
+        );
+        assert_eq!(
+            o.get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(86_313_600))
+        );
+        let Some(DhcpOption::DomainSearch(names)) = o.get(OptionCode::DomainSearch) else {
+            panic!("no domain search option");
+        };
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "default.svc.cluster.local.",
+                "svc.cluster.local.",
+                "cluster.local."
+            ]
+        );
+    }
+
+    #[test]
+    fn request_gets_ack_or_nak() {
+        let ack = decode(
+            &answer(
+                &request(MessageType::Request, Some(Ipv4Addr::new(10, 0, 2, 2))),
+                &config(),
+            )
+            .unwrap()
+            .unwrap(),
+        );
+        assert_eq!(
+            ack.opts().get(OptionCode::MessageType),
+            Some(&DhcpOption::MessageType(MessageType::Ack))
+        );
+        assert_eq!(ack.yiaddr(), Ipv4Addr::new(10, 0, 2, 2));
+        let nak = decode(
+            &answer(
+                &request(MessageType::Request, Some(Ipv4Addr::new(10, 0, 2, 9))),
+                &config(),
+            )
+            .unwrap()
+            .unwrap(),
+        );
+        assert_eq!(
+            nak.opts().get(OptionCode::MessageType),
+            Some(&DhcpOption::MessageType(MessageType::Nak))
+        );
+        assert_eq!(nak.yiaddr(), Ipv4Addr::UNSPECIFIED);
+        assert!(nak.opts().get(OptionCode::AddressLeaseTime).is_none());
+    }
+
+    #[test]
+    fn request_for_another_server_is_ignored() {
+        let mut msg = decode(&request(
+            MessageType::Request,
+            Some(Ipv4Addr::new(10, 0, 2, 2)),
+        ));
+        msg.opts_mut()
+            .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(192, 0, 2, 1)));
+        assert_eq!(answer(&msg.to_vec().unwrap(), &config()), Ok(None));
+    }
+
+    #[test]
+    fn hostile_inputs_are_errors_not_panics() {
+        let cfg = config();
+        assert!(matches!(answer(&[], &cfg), Err(DhcpError::Malformed(_))));
+        assert!(matches!(
+            answer(&[1; 10], &cfg),
+            Err(DhcpError::Malformed(_))
+        ));
+        let mut reply = request(MessageType::Discover, None);
+        reply[0] = 2; // BOOTREPLY
+        assert_eq!(answer(&reply, &cfg), Err(DhcpError::NotARequest));
+        let mut no_type = decode(&request(MessageType::Discover, None));
+        no_type.opts_mut().remove(OptionCode::MessageType);
+        assert_eq!(
+            answer(&no_type.to_vec().unwrap(), &cfg),
+            Err(DhcpError::NoMessageType)
+        );
+        let mut token_ring = request(MessageType::Discover, None);
+        token_ring[1] = 6;
+        assert!(answer(&token_ring, &cfg).is_err());
+        assert_eq!(answer(&request(MessageType::Release, None), &cfg), Ok(None));
+    }
+
+    #[test]
+    fn defaults_and_bad_search_domains() {
+        let cfg = DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &ResolvConf::default(),
+            None,
+            1500,
+        )
+        .unwrap();
+        assert_eq!(cfg.dns, vec![DEFAULT_DNS]);
+        assert_eq!(cfg.search.len(), 1);
+        assert_eq!(cfg.search[0].to_string(), "cluster.local.");
+        assert_eq!(cfg.domain_name, None);
+        let bad = ResolvConf {
+            search: vec!["bad domain!".into()],
+            ..Default::default()
+        };
+        assert!(DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &bad, None, 1500).is_err());
+        let long = ResolvConf {
+            search: (0..20)
+                .map(|i| format!("domain-number-{i}.example.org"))
+                .collect(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &long, None, 1500),
+            Err(DhcpConfigError::SearchTooLong(_))
+        ));
+        assert!(
+            DhcpConfig::masquerade(
+                "10.0.2.0/24".parse().unwrap(),
+                &ResolvConf::default(),
+                None,
+                70000
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! The parts of `resolv.conf` the guest's DHCP answer needs: name servers and search domains.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+/// Name servers and search domains read from a `resolv.conf`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResolvConf {
+    pub nameservers_v4: Vec<Ipv4Addr>,
+    pub nameservers_v6: Vec<Ipv6Addr>,
+    /// Domains of the last `search` line (the resolver uses the last one too).
+    pub search: Vec<String>,
+}
+
+impl ResolvConf {
+    /// Reads and parses a `resolv.conf` file.
+    pub fn read(path: &Path) -> std::io::Result<Self> {
+        Ok(Self::parse(&std::fs::read_to_string(path)?))
+    }
+
+    /// Parses `resolv.conf` text. Lines that do not parse (unknown keywords, bad
+    /// addresses) are skipped like the C resolver skips them.
+    pub fn parse(text: &str) -> Self {
+        let mut conf = ResolvConf::default();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.starts_with('#') || line.starts_with(';') {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("nameserver") => {
+                    // An IPv6 server may carry a zone ("fe80::1%eth0"); the zone is useless to the guest.
+                    let addr = words.next().map(|w| w.split('%').next().unwrap_or(w));
+                    match addr.and_then(|a| a.parse::<IpAddr>().ok()) {
+                        Some(IpAddr::V4(v4)) => conf.nameservers_v4.push(v4),
+                        Some(IpAddr::V6(v6)) => conf.nameservers_v6.push(v6),
+                        None => {}
+                    }
+                }
+                Some("search") => {
+                    conf.search = words
+                        .take_while(|w| !w.starts_with('#') && !w.starts_with(';'))
+                        .map(|w| w.trim_end_matches('.').to_string())
+                        .filter(|w| !w.is_empty())
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        conf
+    }
+
+    /// The longest search domain: KubeVirt sends it as the DHCP domain name (option 15).
+    pub fn longest_search_domain(&self) -> Option<&str> {
+        // max_by_key returns the last of equal maxima; keep the first like a stable pick.
+        let mut best: Option<&str> = None;
+        for domain in &self.search {
+            if best.is_none_or(|b| domain.len() > b.len()) {
+                best = Some(domain);
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kubernetes_resolv_conf() {
+        let conf = ResolvConf::parse(
+            "# generated\nsearch default.svc.cluster.local svc.cluster.local cluster.local\n\
+             nameserver 10.96.0.10\nnameserver fd00::a\nnameserver bogus\noptions ndots:5\n",
+        );
+        assert_eq!(conf.nameservers_v4, vec![Ipv4Addr::new(10, 96, 0, 10)]);
+        assert_eq!(
+            conf.nameservers_v6,
+            vec!["fd00::a".parse::<Ipv6Addr>().unwrap()]
+        );
+        assert_eq!(
+            conf.search,
+            vec![
+                "default.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local"
+            ]
+        );
+        assert_eq!(
+            conf.longest_search_domain(),
+            Some("default.svc.cluster.local")
+        );
+    }
+
+    #[test]
+    fn last_search_line_wins_and_comments_are_ignored() {
+        let conf = ResolvConf::parse(
+            "search a.example\n; comment\nsearch b.example. c.example # trailing\n",
+        );
+        assert_eq!(conf.search, vec!["b.example", "c.example"]);
+    }
+
+    #[test]
+    fn empty_file_has_nothing() {
+        let conf = ResolvConf::parse("");
+        assert!(conf.nameservers_v4.is_empty() && conf.search.is_empty());
+        assert_eq!(conf.longest_search_domain(), None);
+    }
+}
