@@ -1,0 +1,385 @@
+//! virtio-blk: a disk backed by a [`::block::DiskBackend`].
+//!
+//! Requests are parsed and checked in [`request`], then executed here against
+//! the backend on the thread that delivered the notification. Data moves
+//! through a bounded bounce buffer: guest memory is never handed to the
+//! backend as a Rust slice (the guest may change it concurrently).
+
+pub mod request;
+
+use ::block::{DiskBackend, DiskError};
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+    VIRTIO_BLK_S_UNSUPP,
+};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+use vm_memory::{Address, Bytes, GuestMemoryMmap};
+
+use crate::chain::{Buffer, ValidatedChain};
+use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
+use crate::feature_bit;
+use crate::interrupt::DeviceInterrupt;
+use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::queue::DeviceQueue;
+use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
+
+/// Entries in the one request queue.
+pub const QUEUE_SIZE: u16 = 256;
+/// Bounce buffer size: the most bytes copied per backend call.
+const CHUNK: usize = 64 * 1024;
+/// Advertised discard / write-zeroes limits.
+const MAX_SEGMENTS: u32 = 32;
+const MAX_SEGMENT_SECTORS: u32 = u32::MAX >> 9;
+
+/// How the device presents the disk.
+#[derive(Debug, Clone)]
+pub struct BlockOptions {
+    /// Returned by `VIRTIO_BLK_T_GET_ID` (the guest's disk serial), at most
+    /// 20 bytes used.
+    pub serial: String,
+    /// Offer `VIRTIO_BLK_F_DISCARD` (writable disks only).
+    pub discard: bool,
+    /// Offer `VIRTIO_BLK_F_WRITE_ZEROES` (writable disks only).
+    pub write_zeroes: bool,
+}
+
+impl Default for BlockOptions {
+    fn default() -> Self {
+        BlockOptions {
+            serial: String::new(),
+            discard: true,
+            write_zeroes: true,
+        }
+    }
+}
+
+struct Active {
+    mem: GuestMemoryMmap,
+    queue: DeviceQueue,
+    interrupt: DeviceInterrupt,
+}
+
+/// The virtio-blk device.
+pub struct Block {
+    disk: Box<dyn DiskBackend>,
+    serial: [u8; 20],
+    limits: DiskLimits,
+    features: u64,
+    config: Vec<u8>,
+    active: Option<Active>,
+    bounce: Vec<u8>,
+    log: GuestErrorLog,
+}
+
+impl Block {
+    pub fn new(disk: Box<dyn DiskBackend>, options: BlockOptions) -> Block {
+        let read_only = disk.read_only();
+        let limits = DiskLimits {
+            capacity: disk.size() / SECTOR_SIZE,
+            read_only,
+            discard: options.discard && !read_only,
+            write_zeroes: options.write_zeroes && !read_only,
+            max_segments: MAX_SEGMENTS,
+            max_segment_sectors: MAX_SEGMENT_SECTORS,
+        };
+        let mut features = feature_bit(VIRTIO_F_VERSION_1)
+            | feature_bit(VIRTIO_RING_F_INDIRECT_DESC)
+            | feature_bit(VIRTIO_BLK_F_FLUSH)
+            | feature_bit(VIRTIO_BLK_F_SEG_MAX)
+            | feature_bit(VIRTIO_BLK_F_BLK_SIZE);
+        if read_only {
+            features |= feature_bit(VIRTIO_BLK_F_RO);
+        }
+        if limits.discard {
+            features |= feature_bit(VIRTIO_BLK_F_DISCARD);
+        }
+        if limits.write_zeroes {
+            features |= feature_bit(VIRTIO_BLK_F_WRITE_ZEROES);
+        }
+        Block {
+            disk,
+            serial: request::device_id_bytes(&options.serial),
+            config: config_space(&limits),
+            limits,
+            features,
+            active: None,
+            // Zeroed allocation: pages become resident only when used.
+            bounce: vec![0; CHUNK],
+            log: GuestErrorLog::default(),
+        }
+    }
+
+    /// Disk size in sectors, as the guest sees it.
+    pub fn capacity(&self) -> u64 {
+        self.limits.capacity
+    }
+
+    /// Runs one chain; returns the used length (bytes written to the guest).
+    fn handle_chain(&mut self, chain: &ValidatedChain, mem: &GuestMemoryMmap) -> u32 {
+        let req = match request::parse(chain, mem, &self.limits) {
+            Ok(req) => req,
+            Err(refused) => {
+                guest_warn!(self.log, "virtio-blk: request refused: {}", refused.error);
+                return match refused.status {
+                    Some(at) => write_status(mem, at, refused.error.status(), 0),
+                    None => 0,
+                };
+            }
+        };
+        let (status, written) = self.execute(&req, mem);
+        write_status(mem, req.status, status, written)
+    }
+
+    /// Returns the status and the data bytes written into guest memory.
+    fn execute(&mut self, req: &Request, mem: &GuestMemoryMmap) -> (u8, u32) {
+        let result = match &req.kind {
+            RequestKind::Read { sector, data } => self.read(*sector, data, mem),
+            RequestKind::Write { sector, data } => self.write(*sector, data, mem).map(|()| 0),
+            RequestKind::Flush => self.disk.flush().map(|()| 0).map_err(|e| (e, 0)),
+            RequestKind::GetId { data } => Ok(write_buffers(mem, data, &self.serial)),
+            RequestKind::Discard { segments } => {
+                self.for_each_segment(segments, |disk, off, len, _| disk.discard(off, len))
+            }
+            RequestKind::WriteZeroes { segments } => self
+                .for_each_segment(segments, |disk, off, len, unmap| {
+                    disk.write_zeroes(off, len, unmap)
+                }),
+        };
+        match result {
+            Ok(written) => (VIRTIO_BLK_S_OK as u8, written),
+            Err((e, written)) => {
+                tracing::warn!("virtio-blk: disk request failed: {e}");
+                let status = match e {
+                    DiskError::Unsupported(_) => VIRTIO_BLK_S_UNSUPP,
+                    _ => VIRTIO_BLK_S_IOERR,
+                };
+                (status as u8, written)
+            }
+        }
+    }
+
+    /// Disk to guest, chunk by chunk. On error, the bytes already copied.
+    fn read(
+        &mut self,
+        sector: u64,
+        data: &[Buffer],
+        mem: &GuestMemoryMmap,
+    ) -> Result<u32, (DiskError, u32)> {
+        let mut offset = sector * SECTOR_SIZE;
+        let mut written: u32 = 0;
+        for b in data {
+            let mut done: u32 = 0;
+            while done < b.len {
+                let n = ((b.len - done) as usize).min(CHUNK);
+                self.disk
+                    .read_at(&mut self.bounce[..n], offset)
+                    .map_err(|e| (e, written))?;
+                // Inside a buffer the chain check proved does not wrap.
+                let to = b.addr.unchecked_add(u64::from(done));
+                mem.write_slice(&self.bounce[..n], to)
+                    .map_err(|e| (DiskError::Io(std::io::Error::other(e)), written))?;
+                // n <= CHUNK fits in a u32; sums are bounded by the chain's
+                // total length, which virtio-queue keeps within a u32.
+                done += n as u32;
+                written = written.saturating_add(n as u32);
+                offset += n as u64;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Guest to disk, chunk by chunk.
+    fn write(
+        &mut self,
+        sector: u64,
+        data: &[Buffer],
+        mem: &GuestMemoryMmap,
+    ) -> Result<(), (DiskError, u32)> {
+        let mut offset = sector * SECTOR_SIZE;
+        for b in data {
+            let mut done: u32 = 0;
+            while done < b.len {
+                let n = ((b.len - done) as usize).min(CHUNK);
+                // Inside a buffer the chain check proved does not wrap.
+                let from = b.addr.unchecked_add(u64::from(done));
+                mem.read_slice(&mut self.bounce[..n], from)
+                    .map_err(|e| (DiskError::Io(std::io::Error::other(e)), 0))?;
+                self.disk
+                    .write_at(&self.bounce[..n], offset)
+                    .map_err(|e| (e, 0))?;
+                done += n as u32;
+                offset += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn for_each_segment(
+        &mut self,
+        segments: &[Segment],
+        mut op: impl FnMut(&mut dyn DiskBackend, u64, u64, bool) -> Result<(), DiskError>,
+    ) -> Result<u32, (DiskError, u32)> {
+        for s in segments {
+            // Bounds-checked against the capacity in `request`, so the
+            // products cannot overflow.
+            op(
+                self.disk.as_mut(),
+                s.sector * SECTOR_SIZE,
+                u64::from(s.sectors) * SECTOR_SIZE,
+                s.unmap,
+            )
+            .map_err(|e| (e, 0))?;
+        }
+        Ok(0)
+    }
+}
+
+/// Writes the status byte; returns the used length (data plus status).
+fn write_status(
+    mem: &GuestMemoryMmap,
+    at: vm_memory::GuestAddress,
+    status: u8,
+    data_written: u32,
+) -> u32 {
+    match mem.write_obj(status, at) {
+        Ok(()) => data_written.saturating_add(1),
+        // Checked inside guest memory during parsing, so not expected.
+        Err(e) => {
+            tracing::warn!("virtio-blk: cannot write the status byte: {e}");
+            data_written
+        }
+    }
+}
+
+/// Copies `bytes` into consecutive buffers; returns how many were written.
+fn write_buffers(mem: &GuestMemoryMmap, buffers: &[Buffer], bytes: &[u8]) -> u32 {
+    let mut rest = bytes;
+    let mut written = 0u32;
+    for b in buffers {
+        if rest.is_empty() {
+            break;
+        }
+        let n = rest.len().min(b.len as usize);
+        if mem.write_slice(&rest[..n], b.addr).is_err() {
+            break;
+        }
+        rest = &rest[n..];
+        written += n as u32;
+    }
+    written
+}
+
+/// `struct virtio_blk_config` (virtio 1.2 §5.2.4), little endian. Fields we
+/// do not offer stay zero.
+fn config_space(limits: &DiskLimits) -> Vec<u8> {
+    let mut c = vec![0u8; 60];
+    let mut put = |at: usize, bytes: &[u8]| c[at..at + bytes.len()].copy_from_slice(bytes);
+    put(0, &limits.capacity.to_le_bytes());
+    // seg_max: data descriptors per request; header and status take two.
+    put(12, &u32::from(QUEUE_SIZE - 2).to_le_bytes());
+    put(20, &(SECTOR_SIZE as u32).to_le_bytes()); // blk_size
+    if limits.discard {
+        put(36, &limits.max_segment_sectors.to_le_bytes()); // max_discard_sectors
+        put(40, &limits.max_segments.to_le_bytes()); // max_discard_seg
+        put(44, &1u32.to_le_bytes()); // discard_sector_alignment
+    }
+    if limits.write_zeroes {
+        put(48, &limits.max_segment_sectors.to_le_bytes()); // max_write_zeroes_sectors
+        put(52, &limits.max_segments.to_le_bytes()); // max_write_zeroes_seg
+        put(56, &[1]); // write_zeroes_may_unmap
+    }
+    c
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        // Only `writeback` is writable, and only with VIRTIO_BLK_F_CONFIG_WCE,
+        // which is not offered.
+        guest_warn!(
+            self.log,
+            offset,
+            len = data.len(),
+            "virtio-blk: config space is read-only"
+        );
+    }
+
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        let got = ctx.queues.len();
+        let Ok::<[_; 1], _>([queue]) = ctx.queues.try_into() else {
+            return Err(ActivateError::QueueCount { expected: 1, got });
+        };
+        self.active = Some(Active {
+            mem: ctx.mem,
+            queue: DeviceQueue::new(queue),
+            interrupt: ctx.interrupt,
+        });
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.active = None;
+    }
+
+    fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
+        if index != 0 {
+            return Err(DeviceError::NoSuchQueue(index));
+        }
+        let Some(mut active) = self.active.take() else {
+            return Err(DeviceError::NotActivated);
+        };
+        let result = self.drain_queue(&mut active);
+        self.active = Some(active);
+        result
+    }
+}
+
+impl Block {
+    fn drain_queue(&mut self, active: &mut Active) -> Result<(), DeviceError> {
+        let queue_err = |source| DeviceError::Queue { index: 0, source };
+        let mut completed = false;
+        // At most one queue's worth per notification (see DeviceQueue::size).
+        for _ in 0..active.queue.size() {
+            let Some(popped) = active.queue.pop(&active.mem).map_err(queue_err)? else {
+                break;
+            };
+            let used_len = match &popped.chain {
+                Ok(chain) => self.handle_chain(chain, &active.mem),
+                Err(e) => {
+                    guest_warn!(self.log, "virtio-blk: bad descriptor chain: {e}");
+                    0
+                }
+            };
+            active
+                .queue
+                .add_used(&active.mem, popped.head, used_len)
+                .map_err(queue_err)?;
+            completed = true;
+        }
+        if completed && active.queue.wants_interrupt(&active.mem) {
+            active.interrupt.signal_used_queue();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,398 @@
+//! Parsing a virtio-blk request out of a validated descriptor chain.
+//!
+//! A request is `header | data... | status` (virtio 1.2 §5.2.6). The chain
+//! has already been checked as a whole (every buffer inside guest memory,
+//! readable before writable, see [`crate::chain`]); this module checks what a
+//! block request must look like, one error per rule, so that execution only
+//! sees requests that are safe to run against the disk:
+//!
+//! - the last buffer is device-writable and exactly 1 byte: the status;
+//! - the first buffer is device-readable and holds the 16-byte header;
+//! - data buffers point the right way (the device writes only into buffers
+//!   the driver marked writable, reads only from readable ones);
+//! - reads and writes move whole 512-byte sectors, and the sector range,
+//!   computed without overflow, lies inside the disk;
+//! - discard / write-zeroes segments are well formed and inside the disk;
+//! - writes to a read-only disk and unknown request types are refused.
+
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD,
+    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_T_WRITE_ZEROES, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
+};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::chain::{Buffer, ValidatedChain};
+
+/// Bytes per virtio-blk sector, whatever the disk's block size.
+pub const SECTOR_SIZE: u64 = 512;
+const SECTOR_SHIFT: u32 = 9;
+/// `struct virtio_blk_outhdr`: type, ioprio, sector.
+pub const HEADER_SIZE: u32 = 16;
+/// `struct virtio_blk_discard_write_zeroes`: sector, num_sectors, flags.
+pub const SEGMENT_SIZE: u32 = 16;
+
+/// What the device advertises and the request must respect.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskLimits {
+    /// Disk size in 512-byte sectors.
+    pub capacity: u64,
+    pub read_only: bool,
+    /// `VIRTIO_BLK_F_DISCARD` offered.
+    pub discard: bool,
+    /// `VIRTIO_BLK_F_WRITE_ZEROES` offered.
+    pub write_zeroes: bool,
+    /// Most segments in one discard / write-zeroes request.
+    pub max_segments: u32,
+    /// Most sectors in one discard / write-zeroes segment.
+    pub max_segment_sectors: u32,
+}
+
+/// One range of a discard or write-zeroes request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub sector: u64,
+    pub sectors: u32,
+    /// Write-zeroes only: the device may deallocate the range.
+    pub unmap: bool,
+}
+
+/// A request that passed every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Read `data` (device-writable buffers) from `sector` on.
+    Read {
+        sector: u64,
+        data: Vec<Buffer>,
+    },
+    /// Write `data` (device-readable buffers) at `sector`.
+    Write {
+        sector: u64,
+        data: Vec<Buffer>,
+    },
+    Flush,
+    /// Write the device ID string into `data`.
+    GetId {
+        data: Vec<Buffer>,
+    },
+    Discard {
+        segments: Vec<Segment>,
+    },
+    WriteZeroes {
+        segments: Vec<Segment>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub kind: RequestKind,
+    /// Where the one status byte goes.
+    pub status: GuestAddress,
+}
+
+/// Why a request was refused; one variant per rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the last descriptor (status) is not device-writable")]
+    StatusNotWritable,
+    #[error("the status descriptor is {len} bytes, not 1")]
+    StatusLength { len: u32 },
+    #[error("the chain has no header before the status")]
+    MissingHeader,
+    #[error("the header descriptor is device-writable")]
+    HeaderNotReadable,
+    #[error("the header descriptor is {len} bytes, less than {HEADER_SIZE}")]
+    HeaderTooShort { len: u32 },
+    #[error("the header could not be read from guest memory")]
+    HeaderUnreadable,
+    #[error("request type {0} is not supported")]
+    Unsupported(u32),
+    #[error("a {request} request needs data buffers")]
+    MissingData { request: &'static str },
+    #[error("a {request} request carries data buffers")]
+    UnexpectedData { request: &'static str },
+    #[error("a {request} request has a data buffer the device may not write")]
+    DataNotWritable { request: &'static str },
+    #[error("a {request} request has a data buffer the device may not read")]
+    DataNotReadable { request: &'static str },
+    #[error("data length {len} is not a multiple of {SECTOR_SIZE}")]
+    DataLengthNotSectorMultiple { len: u64 },
+    #[error("sector range {sector} + {sectors} overflows")]
+    SectorOverflow { sector: u64, sectors: u64 },
+    #[error("sectors [{sector}, +{sectors}) are outside the disk of {capacity} sectors")]
+    SectorOutOfRange {
+        sector: u64,
+        sectors: u64,
+        capacity: u64,
+    },
+    #[error("the disk is read-only")]
+    ReadOnly,
+    #[error("segment data length {len} is not a multiple of {SEGMENT_SIZE}")]
+    SegmentLength { len: u64 },
+    #[error("{count} segments, more than the advertised {max}")]
+    TooManySegments { count: u64, max: u32 },
+    #[error("segment of {sectors} sectors, more than the advertised {max}")]
+    SegmentTooLarge { sectors: u32, max: u32 },
+    #[error("segment flags {flags:#x} are not valid for this request")]
+    SegmentFlags { flags: u32 },
+    #[error("segment could not be read from guest memory")]
+    SegmentUnreadable,
+}
+
+impl RequestError {
+    /// The virtio-blk status the driver gets for this error.
+    pub fn status(&self) -> u8 {
+        match self {
+            RequestError::Unsupported(_) | RequestError::SegmentFlags { .. } => {
+                VIRTIO_BLK_S_UNSUPP as u8
+            }
+            _ => VIRTIO_BLK_S_IOERR as u8,
+        }
+    }
+}
+
+/// A refused request and where to report it. `status` is `None` when the
+/// chain has no usable status byte: the driver then only gets the chain back
+/// with a used length of 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub error: RequestError,
+    pub status: Option<GuestAddress>,
+}
+
+/// Parses and checks one request.
+pub fn parse(
+    chain: &ValidatedChain,
+    mem: &GuestMemoryMmap,
+    limits: &DiskLimits,
+) -> Result<Request, Refused> {
+    let buffers = chain.buffers();
+    let no_status = |error| Refused {
+        error,
+        status: None,
+    };
+    // A validated chain is never empty.
+    let Some((status_buf, rest)) = buffers.split_last() else {
+        return Err(no_status(RequestError::MissingHeader));
+    };
+    if !status_buf.writable {
+        return Err(no_status(RequestError::StatusNotWritable));
+    }
+    // The status byte ends the request: the last byte of the last buffer.
+    // (Validated chains have no zero-length buffers and no address wrap; the
+    // checked forms keep this panic-free regardless.)
+    let Some(status) = status_buf
+        .addr
+        .checked_add(u64::from(status_buf.len).saturating_sub(1))
+    else {
+        return Err(no_status(RequestError::StatusLength {
+            len: status_buf.len,
+        }));
+    };
+    let refuse = |error| Refused {
+        error,
+        status: Some(status),
+    };
+    if status_buf.len != 1 {
+        return Err(refuse(RequestError::StatusLength {
+            len: status_buf.len,
+        }));
+    }
+    match parse_after_status(rest, mem, limits) {
+        Ok(kind) => Ok(Request { kind, status }),
+        Err(error) => Err(refuse(error)),
+    }
+}
+
+/// Everything before the status byte: header, then data.
+fn parse_after_status(
+    rest: &[Buffer],
+    mem: &GuestMemoryMmap,
+    limits: &DiskLimits,
+) -> Result<RequestKind, RequestError> {
+    let (header_buf, data) = rest.split_first().ok_or(RequestError::MissingHeader)?;
+    if header_buf.writable {
+        return Err(RequestError::HeaderNotReadable);
+    }
+    if header_buf.len < HEADER_SIZE {
+        return Err(RequestError::HeaderTooShort {
+            len: header_buf.len,
+        });
+    }
+    let mut header = [0u8; HEADER_SIZE as usize];
+    mem.read_slice(&mut header, header_buf.addr)
+        .map_err(|_| RequestError::HeaderUnreadable)?;
+    let request_type = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let sector = u64::from_le_bytes([
+        header[8], header[9], header[10], header[11], header[12], header[13], header[14],
+        header[15],
+    ]);
+
+    Ok(match request_type {
+        VIRTIO_BLK_T_IN => {
+            require_data(data, "read", true)?;
+            check_sectors(sector, data, limits)?;
+            RequestKind::Read {
+                sector,
+                data: data.to_vec(),
+            }
+        }
+        VIRTIO_BLK_T_OUT => {
+            require_data(data, "write", false)?;
+            require_writable_disk(limits)?;
+            check_sectors(sector, data, limits)?;
+            RequestKind::Write {
+                sector,
+                data: data.to_vec(),
+            }
+        }
+        VIRTIO_BLK_T_FLUSH => {
+            if !data.is_empty() {
+                return Err(RequestError::UnexpectedData { request: "flush" });
+            }
+            RequestKind::Flush
+        }
+        VIRTIO_BLK_T_GET_ID => {
+            require_data(data, "get-id", true)?;
+            RequestKind::GetId {
+                data: data.to_vec(),
+            }
+        }
+        VIRTIO_BLK_T_DISCARD if limits.discard => {
+            require_data(data, "discard", false)?;
+            require_writable_disk(limits)?;
+            RequestKind::Discard {
+                segments: read_segments(data, mem, limits, false)?,
+            }
+        }
+        VIRTIO_BLK_T_WRITE_ZEROES if limits.write_zeroes => {
+            require_data(data, "write-zeroes", false)?;
+            require_writable_disk(limits)?;
+            RequestKind::WriteZeroes {
+                segments: read_segments(data, mem, limits, true)?,
+            }
+        }
+        other => return Err(RequestError::Unsupported(other)),
+    })
+}
+
+fn require_writable_disk(limits: &DiskLimits) -> Result<(), RequestError> {
+    if limits.read_only {
+        Err(RequestError::ReadOnly)
+    } else {
+        Ok(())
+    }
+}
+
+/// Data buffers exist and all point the way the request needs.
+fn require_data(
+    data: &[Buffer],
+    request: &'static str,
+    device_writes: bool,
+) -> Result<(), RequestError> {
+    if data.is_empty() {
+        return Err(RequestError::MissingData { request });
+    }
+    if data.iter().any(|b| b.writable != device_writes) {
+        return Err(if device_writes {
+            RequestError::DataNotWritable { request }
+        } else {
+            RequestError::DataNotReadable { request }
+        });
+    }
+    Ok(())
+}
+
+/// Whole sectors, no overflow, inside the disk.
+fn check_sectors(sector: u64, data: &[Buffer], limits: &DiskLimits) -> Result<(), RequestError> {
+    let len = ValidatedChain::total_len(data);
+    if !len.is_multiple_of(SECTOR_SIZE) {
+        return Err(RequestError::DataLengthNotSectorMultiple { len });
+    }
+    check_range(sector, len >> SECTOR_SHIFT, limits.capacity)
+}
+
+fn check_range(sector: u64, sectors: u64, capacity: u64) -> Result<(), RequestError> {
+    let end = sector
+        .checked_add(sectors)
+        .ok_or(RequestError::SectorOverflow { sector, sectors })?;
+    if end > capacity {
+        return Err(RequestError::SectorOutOfRange {
+            sector,
+            sectors,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+/// Reads the `virtio_blk_discard_write_zeroes` segments of a request.
+fn read_segments(
+    data: &[Buffer],
+    mem: &GuestMemoryMmap,
+    limits: &DiskLimits,
+    write_zeroes: bool,
+) -> Result<Vec<Segment>, RequestError> {
+    let len = ValidatedChain::total_len(data);
+    if !len.is_multiple_of(u64::from(SEGMENT_SIZE)) {
+        return Err(RequestError::SegmentLength { len });
+    }
+    let count = len / u64::from(SEGMENT_SIZE);
+    if count > u64::from(limits.max_segments) {
+        return Err(RequestError::TooManySegments {
+            count,
+            max: limits.max_segments,
+        });
+    }
+    // At most `max_segments` (small) segments: gather the bytes, then decode.
+    let mut bytes = Vec::with_capacity(len as usize);
+    for b in data {
+        let start = bytes.len();
+        bytes.resize(start + b.len as usize, 0);
+        mem.read_slice(&mut bytes[start..], b.addr)
+            .map_err(|_| RequestError::SegmentUnreadable)?;
+    }
+    let allowed_flags = if write_zeroes {
+        VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP
+    } else {
+        0
+    };
+    let mut segments = Vec::with_capacity(count as usize);
+    for raw in bytes.chunks_exact(SEGMENT_SIZE as usize) {
+        let field = |at: usize, n: usize| -> u64 {
+            raw[at..at + n]
+                .iter()
+                .rev()
+                .fold(0u64, |acc, &b| acc << 8 | u64::from(b))
+        };
+        let sector = field(0, 8);
+        // 4-byte fields always fit in a u32.
+        let sectors = field(8, 4) as u32;
+        let flags = field(12, 4) as u32;
+        if flags & !allowed_flags != 0 {
+            return Err(RequestError::SegmentFlags { flags });
+        }
+        if sectors > limits.max_segment_sectors {
+            return Err(RequestError::SegmentTooLarge {
+                sectors,
+                max: limits.max_segment_sectors,
+            });
+        }
+        check_range(sector, u64::from(sectors), limits.capacity)?;
+        segments.push(Segment {
+            sector,
+            sectors,
+            unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+        });
+    }
+    Ok(segments)
+}
+
+/// The GET_ID answer: up to 20 bytes, zero padded, not NUL terminated when
+/// the ID uses all 20.
+pub fn device_id_bytes(id: &str) -> [u8; VIRTIO_BLK_ID_BYTES as usize] {
+    let mut out = [0u8; VIRTIO_BLK_ID_BYTES as usize];
+    let n = id.len().min(out.len());
+    out[..n].copy_from_slice(&id.as_bytes()[..n]);
+    out
+}

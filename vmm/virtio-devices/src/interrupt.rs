@@ -1,0 +1,102 @@
+//! How a device tells the guest that something happened.
+//!
+//! virtio-mmio has one interrupt line per device and an `InterruptStatus`
+//! register that says why it fired (used buffers, configuration change). The
+//! VMM supplies the line ([`InterruptTrigger`], usually an irqfd); the status
+//! bits live here so that device threads (the net receive thread) and the
+//! transport (which clears them on `InterruptACK`) see the same value.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+
+/// Raises the device's interrupt line in the guest (an irqfd write, for example).
+pub trait InterruptTrigger: Send + Sync {
+    fn trigger(&self) -> std::io::Result<()>;
+}
+
+/// The interrupt status bits of one device plus the line that announces them.
+/// Cheap to clone; all clones share the same status.
+#[derive(Clone)]
+pub struct DeviceInterrupt {
+    status: Arc<AtomicU32>,
+    line: Arc<dyn InterruptTrigger>,
+}
+
+impl DeviceInterrupt {
+    pub fn new(line: Arc<dyn InterruptTrigger>) -> Self {
+        DeviceInterrupt {
+            status: Arc::new(AtomicU32::new(0)),
+            line,
+        }
+    }
+
+    /// The device put buffers in a used ring.
+    pub fn signal_used_queue(&self) {
+        self.raise(VIRTIO_MMIO_INT_VRING);
+    }
+
+    /// The device configuration (or the device status, for
+    /// `DEVICE_NEEDS_RESET`) changed.
+    pub fn signal_config_change(&self) {
+        self.raise(VIRTIO_MMIO_INT_CONFIG);
+    }
+
+    /// Current `InterruptStatus` register value.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    /// `InterruptACK`: clears the acknowledged bits.
+    pub fn acknowledge(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    /// Device reset: no pending causes.
+    pub fn clear(&self) {
+        self.status.store(0, Ordering::SeqCst);
+    }
+
+    fn raise(&self, bit: u32) {
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        if let Err(e) = self.line.trigger() {
+            // Nothing the guest did; the host side of the line is broken. A
+            // polling guest still sees the used ring, so keep running.
+            tracing::error!("virtio: failed to raise the device interrupt: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts how often the line was raised.
+    #[derive(Default)]
+    pub(crate) struct CountingTrigger {
+        pub count: AtomicUsize,
+    }
+
+    impl InterruptTrigger for CountingTrigger {
+        fn trigger(&self) -> std::io::Result<()> {
+            self.count.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn status_bits_are_set_and_acknowledged_separately() {
+        let line = Arc::new(CountingTrigger::default());
+        let irq = DeviceInterrupt::new(line.clone());
+        irq.signal_used_queue();
+        irq.signal_config_change();
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG);
+        assert_eq!(line.count.load(Ordering::SeqCst), 2);
+        irq.acknowledge(VIRTIO_MMIO_INT_VRING);
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_CONFIG);
+        irq.clear();
+        assert_eq!(irq.status(), 0);
+    }
+}
