@@ -29,7 +29,7 @@ mod log_limit;
 pub mod mmio;
 // pub mod net;
 pub mod queue;
-// pub mod rng;
+pub mod rng;
 
 #[cfg(test)]
 mod testing;
