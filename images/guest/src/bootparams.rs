@@ -59,17 +59,26 @@ impl BootParams {
             return None;
         }
         let at = E820_TABLE + index * E820_ENTRY_SIZE;
-        Some(E820Entry { addr: self.read(at), size: self.read(at + 8), kind: self.read(at + 16) })
+        Some(E820Entry {
+            addr: self.read(at),
+            size: self.read(at + 8),
+            kind: self.read(at + 16),
+        })
     }
 
     /// The command line, up to its NUL (empty if the pointer is 0).
     pub fn cmdline(&self) -> &'static [u8] {
-        let ptr = u64::from(self.read::<u32>(CMD_LINE_PTR)) | (u64::from(self.read::<u32>(EXT_CMD_LINE_PTR)) << 32);
+        let ptr = u64::from(self.read::<u32>(CMD_LINE_PTR))
+            | (u64::from(self.read::<u32>(EXT_CMD_LINE_PTR)) << 32);
         if ptr == 0 {
             return &[];
         }
         let declared = self.read::<u32>(CMDLINE_SIZE) as usize;
-        let max = if declared == 0 { 2048 } else { declared.min(CMDLINE_MAX) };
+        let max = if declared == 0 {
+            2048
+        } else {
+            declared.min(CMDLINE_MAX)
+        };
         // SAFETY: the VMM wrote the command line into guest RAM, which is
         // identity mapped; the slice is bounded and only ever read.
         let bytes = unsafe { core::slice::from_raw_parts(ptr as *const u8, max) };

@@ -9,6 +9,8 @@ use crate::report::{Detail, Reporter};
 const UNCLAIMED_PORT: u16 = 0x0c50;
 /// A guest-physical address above the virtio window where no device lives.
 const UNCLAIMED_MMIO: u64 = 0xe000_1000;
+/// The end of the identity map the VMM builds.
+const MAPPED_END: u64 = 1 << 32;
 /// Longest wait for secondary vCPUs.
 const SMP_TIMEOUT_MS: u32 = 5_000;
 
@@ -26,10 +28,16 @@ pub fn bootparams(r: &mut dyn Reporter, bp: Option<BootParams>) {
         return;
     };
     let mut d = Detail::new();
-    d.str("e820=").dec(bp.e820_len() as u64).str(" cmdline=").dec(bp.cmdline().len() as u64);
+    d.str("e820=")
+        .dec(bp.e820_len() as u64)
+        .str(" cmdline=")
+        .dec(bp.cmdline().len() as u64);
     let ok = bp.boot_flag() == 0xaa55 && bp.header_magic() == 0x5372_6448 && bp.e820_len() > 0;
     if !ok {
-        d.str(" flag=").hex(u64::from(bp.boot_flag())).str(" header=").hex(u64::from(bp.header_magic()));
+        d.str(" flag=")
+            .hex(u64::from(bp.boot_flag()))
+            .str(" header=")
+            .hex(u64::from(bp.header_magic()));
     }
     r.result("bootparams", ok, d.as_str());
 }
@@ -37,11 +45,20 @@ pub fn bootparams(r: &mut dyn Reporter, bp: Option<BootParams>) {
 /// `idt`: an exception (#UD) reaches our handler and execution resumes.
 pub fn idt(r: &mut dyn Reporter) {
     let caught = crate::idt::trigger_expected_ud();
-    r.result("idt", caught, if caught { "ud2 handled" } else { "ud2 not seen" });
+    r.result(
+        "idt",
+        caught,
+        if caught {
+            "ud2 handled"
+        } else {
+            "ud2 not seen"
+        },
+    );
 }
 
 /// `mem`: the RAM in the e820 map is really there: write and read back a
-/// pattern at the start and at the last word of every RAM range above 1 MiB.
+/// pattern in the middle and at the last word of every RAM range between
+/// 1 MiB and 4 GiB (the VMM's page tables map only the low 4 GiB).
 pub fn mem(r: &mut dyn Reporter, bp: Option<BootParams>) {
     let Some(bp) = bp else {
         r.result("mem", false, "no boot params");
@@ -54,6 +71,14 @@ pub fn mem(r: &mut dyn Reporter, bp: Option<BootParams>) {
         if e.kind != E820_RAM || e.addr < 0x10_0000 || e.size < 8 {
             continue;
         }
+        let mapped_end = (e.addr + e.size).min(MAPPED_END);
+        if mapped_end <= e.addr + 8 {
+            continue;
+        }
+        let e = crate::bootparams::E820Entry {
+            size: mapped_end - e.addr,
+            ..e
+        };
         // The first page of high RAM holds this program; test the last word
         // of the range and a word 2 MiB in (if the range is that big).
         let last = (e.addr + e.size - 4) & !3;
@@ -79,7 +104,12 @@ pub fn smp(r: &mut dyn Reporter, cmdline: &[u8]) {
         .unwrap_or_else(crate::smp::expected_from_cpuid);
     let (seen, ids) = crate::smp::wait_for_secondaries(expected, SMP_TIMEOUT_MS);
     let mut d = Detail::new();
-    d.str("cpus=").dec(u64::from(seen) + 1).str(" expected=").dec(u64::from(expected)).str(" ids=").hex(ids | 1);
+    d.str("cpus=")
+        .dec(u64::from(seen) + 1)
+        .str(" expected=")
+        .dec(u64::from(expected))
+        .str(" ids=")
+        .hex(ids | 1);
     r.result("smp", seen + 1 == expected, d.as_str());
 }
 
@@ -91,7 +121,10 @@ pub fn badio(r: &mut dyn Reporter) {
     mmio_write32(UNCLAIMED_MMIO, 0x1234_5678);
     let mmio = mmio_read32(UNCLAIMED_MMIO);
     let mut d = Detail::new();
-    d.str("port=").hex(u64::from(port)).str(" mmio=").hex(u64::from(mmio));
+    d.str("port=")
+        .hex(u64::from(port))
+        .str(" mmio=")
+        .hex(u64::from(mmio));
     r.result("badio", port == 0xff && mmio == 0xffff_ffff, d.as_str());
 }
 

@@ -14,7 +14,9 @@
 
 /// The words of the command line.
 pub fn words(cmdline: &[u8]) -> impl Iterator<Item = &[u8]> {
-    cmdline.split(|&b| b == b' ' || b == b'\t' || b == b'\n').filter(|w| !w.is_empty())
+    cmdline
+        .split(|&b| b == b' ' || b == b'\t' || b == b'\n')
+        .filter(|w| !w.is_empty())
 }
 
 /// The value of the last `key=value` word with this key.
@@ -67,7 +69,9 @@ pub fn parse_u64(text: &[u8]) -> Option<u64> {
         };
         value = value.checked_mul(radix)?.checked_add(u64::from(digit))?;
     }
-    value.checked_mul(1u64 << shift).filter(|v| v >> shift == value)
+    value
+        .checked_mul(1u64 << shift)
+        .filter(|v| v >> shift == value)
 }
 
 /// Most virtio-mmio devices the guest keeps track of.
@@ -75,7 +79,10 @@ pub const MAX_VIRTIO_DEVICES: usize = 16;
 
 /// The `virtio_mmio.device=<size>@<base>:<irq>` entries, as (base, irq).
 /// Malformed entries are skipped (and counted in the second value).
-pub fn virtio_devices(cmdline: &[u8], out: &mut [(u64, u32); MAX_VIRTIO_DEVICES]) -> (usize, usize) {
+pub fn virtio_devices(
+    cmdline: &[u8],
+    out: &mut [(u64, u32); MAX_VIRTIO_DEVICES],
+) -> (usize, usize) {
     const KEY: &[u8] = b"virtio_mmio.device=";
     let mut count = 0;
     let mut bad = 0;

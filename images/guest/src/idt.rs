@@ -117,7 +117,10 @@ static PENDING: AtomicU32 = AtomicU32::new(0);
 
 fn gate(handler: u64, cs: u16) -> [u64; 2] {
     // 64-bit interrupt gate, present, DPL 0.
-    let low = (handler & 0xffff) | (u64::from(cs) << 16) | (0x8e << 40) | ((handler >> 16) & 0xffff) << 48;
+    let low = (handler & 0xffff)
+        | (u64::from(cs) << 16)
+        | (0x8e << 40)
+        | ((handler >> 16) & 0xffff) << 48;
     [low, handler >> 32]
 }
 
@@ -135,7 +138,10 @@ pub fn install() {
         let handler = table.get(vector).copied().unwrap_or(other);
         *entry = gate(handler, cs);
     }
-    load(idt.0.as_ptr() as u64, (core::mem::size_of::<Idt>() - 1) as u16);
+    load(
+        idt.0.as_ptr() as u64,
+        (core::mem::size_of::<Idt>() - 1) as u16,
+    );
 }
 
 fn load(base: u64, limit: u16) {
@@ -192,7 +198,13 @@ extern "C" fn guest_trap(frame: &mut TrapFrame) {
     }
     // An exception nobody expected: report it and end the run.
     let mut detail = crate::report::Detail::new();
-    detail.str("vector=").dec(vector).str(" error=").hex(frame.error).str(" rip=").hex(frame.rip);
+    detail
+        .str("vector=")
+        .dec(vector)
+        .str(" error=")
+        .hex(frame.error)
+        .str(" rip=")
+        .hex(frame.rip);
     let mut reporter = crate::report::SerialReporter::default();
     crate::report::Reporter::result(&mut reporter, "exception", false, detail.as_str());
     crate::exit::exit(crate::exit::EXCEPTION_CODE);

@@ -5,14 +5,18 @@ use core::arch::asm;
 /// Writes one byte to an I/O port.
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects visible to Rust.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
+    }
 }
 
 /// Reads one byte from an I/O port.
 pub fn inb(port: u16) -> u8 {
     let value: u8;
     // SAFETY: port I/O has no memory effects visible to Rust.
-    unsafe { asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack, preserves_flags))
+    }
     value
 }
 

@@ -67,7 +67,8 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     let (count, bad) = cmdline::virtio_devices(cmdline, &mut devices);
     if bad > 0 {
         let mut d = report::Detail::new();
-        d.str("malformed virtio_mmio.device entries: ").dec(bad as u64);
+        d.str("malformed virtio_mmio.device entries: ")
+            .dec(bad as u64);
         r.result("virtio-cmdline", false, d.as_str());
     }
     virtio::run_checks(&devices[..count], cmdline, &mut r);
@@ -80,7 +81,11 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     }
 
     let mut d = report::Detail::new();
-    d.str("DONE passed=").dec(u64::from(r.passed)).str(" failed=").dec(u64::from(r.failed)).str("\n");
+    d.str("DONE passed=")
+        .dec(u64::from(r.passed))
+        .str(" failed=")
+        .dec(u64::from(r.failed))
+        .str("\n");
     serial::write(d.as_bytes());
 
     let wait_s = cmdline::value(cmdline, "wait")
@@ -92,7 +97,10 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     let code = if r.failed > 0 {
         exit::FAILED_CODE
     } else {
-        cmdline::value(cmdline, "code").and_then(cmdline::parse_u64).map(|c| c as u8).unwrap_or(0)
+        cmdline::value(cmdline, "code")
+            .and_then(cmdline::parse_u64)
+            .map(|c| c as u8)
+            .unwrap_or(0)
     };
     exit::exit(code)
 }

@@ -58,7 +58,10 @@ impl Default for Detail {
 
 impl Detail {
     pub const fn new() -> Self {
-        Self { buf: [0; 128], len: 0 }
+        Self {
+            buf: [0; 128],
+            len: 0,
+        }
     }
 
     /// Appends text.
@@ -105,7 +108,11 @@ impl Detail {
             let nibble = ((value >> (shift * 4)) & 0xf) as u8;
             if nibble != 0 || started || shift == 0 {
                 started = true;
-                self.bytes(&[if nibble < 10 { b'0' + nibble } else { b'a' + nibble - 10 }]);
+                self.bytes(&[if nibble < 10 {
+                    b'0' + nibble
+                } else {
+                    b'a' + nibble - 10
+                }]);
             }
         }
         self

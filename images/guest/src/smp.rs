@@ -21,7 +21,11 @@ extern "C" fn ap_main(apic_id: u32, _rsi: u64) {
 /// flag is set, else 1.
 pub fn expected_from_cpuid() -> u32 {
     let (_, ebx, _, edx) = crate::io::cpuid(1, 0);
-    if edx & (1 << 28) != 0 { ((ebx >> 16) & 0xff).max(1) } else { 1 }
+    if edx & (1 << 28) != 0 {
+        ((ebx >> 16) & 0xff).max(1)
+    } else {
+        1
+    }
 }
 
 /// Waits up to `timeout_ms` for `expected - 1` secondary vCPUs; returns
@@ -34,5 +38,8 @@ pub fn wait_for_secondaries(expected: u32, timeout_ms: u32) -> (u32, u64) {
         }
         crate::irq::sleep_ms(1);
     }
-    (CHECKED_IN.load(Ordering::SeqCst), SEEN_IDS.load(Ordering::SeqCst))
+    (
+        CHECKED_IN.load(Ordering::SeqCst),
+        SEEN_IDS.load(Ordering::SeqCst),
+    )
 }

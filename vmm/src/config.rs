@@ -1,0 +1,129 @@
+//! What a VM is made of: the library's input, filled by the CLI or the launcher.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::devices::legacy::serial::SerialCapture;
+
+/// Default kernel command line: a Linux guest logs to the 8250 console and
+/// reboots (through the i8042) instead of halting, which ends the VM.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
+pub const DEFAULT_MEMORY_MIB: u64 = 128;
+/// Upper bound on vCPUs: APIC ids must fit the 8-bit xAPIC id field and
+/// CPUID leaf 1's logical-processor count.
+pub const MAX_VCPUS: u8 = 254;
+
+/// Where the kernel image comes from.
+#[derive(Clone, Debug)]
+pub enum KernelSource {
+    Path(PathBuf),
+    /// An image in memory (the embedded test guest, for example).
+    Bytes(Arc<[u8]>),
+}
+
+/// Disk image format. Always given explicitly: a format is never guessed from
+/// the file's contents (a guest could write a qcow2 header into a raw disk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskFormat {
+    Raw,
+    Qcow2,
+}
+
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    pub path: PathBuf,
+    pub format: DiskFormat,
+    pub read_only: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    /// Name of an existing tap device (the VMM does not create it).
+    pub tap: String,
+    /// Guest MAC address; the device offers none when absent.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// Where the guest's serial console goes.
+#[derive(Clone, Debug, Default)]
+pub enum SerialTarget {
+    #[default]
+    Stdout,
+    /// Appended to a file (created if missing).
+    File(PathBuf),
+    /// A unix socket the VMM listens on; console clients attach to it, see
+    /// the recent output and can type into the guest.
+    UnixSocket(PathBuf),
+    /// Kept in memory (tests and `vmm selftest`).
+    Capture(SerialCapture),
+    /// Discarded.
+    Null,
+}
+
+/// A complete VM description.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    pub kernel: KernelSource,
+    pub initrd: Option<PathBuf>,
+    pub cmdline: String,
+    pub memory_mib: u64,
+    pub vcpus: u8,
+    pub disks: Vec<DiskConfig>,
+    pub nets: Vec<NetConfig>,
+    pub rng: bool,
+    pub serial: SerialTarget,
+}
+
+impl VmConfig {
+    /// A VM with defaults (128 MiB, one vCPU, serial on stdout) for this kernel.
+    pub fn new(kernel: KernelSource) -> Self {
+        VmConfig {
+            kernel,
+            initrd: None,
+            cmdline: DEFAULT_CMDLINE.to_string(),
+            memory_mib: DEFAULT_MEMORY_MIB,
+            vcpus: 1,
+            disks: Vec::new(),
+            nets: Vec::new(),
+            rng: false,
+            serial: SerialTarget::default(),
+        }
+    }
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in mac.iter_mut() {
+        let part = parts.next()?;
+        if part.len() != 2 {
+            return None;
+        }
+        *byte = u8::from_str_radix(part, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_addresses_parse_strictly() {
+        assert_eq!(
+            parse_mac("52:54:00:12:34:5f"),
+            Some([0x52, 0x54, 0, 0x12, 0x34, 0x5f])
+        );
+        for bad in [
+            "",
+            "52:54:00:12:34",
+            "52:54:00:12:34:56:78",
+            "5:54:00:12:34:56",
+            "zz:54:00:12:34:56",
+            "525400123456",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad:?}");
+        }
+    }
+}

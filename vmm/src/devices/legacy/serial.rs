@@ -1,0 +1,298 @@
+//! The 8250 UART on COM1 (vm-superio's `Serial`) and where its output goes:
+//! stdout, a file, an in-memory capture, or a unix socket console.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use vm_superio::Serial;
+use vm_superio::serial::NoEvents;
+
+use crate::config::SerialTarget;
+use crate::devices::bus::{BusDevice, lock};
+use crate::devices::irq::IrqLine;
+
+/// Output kept in memory, shared by clones; tests wait on it.
+#[derive(Clone, Default)]
+pub struct SerialCapture {
+    inner: Arc<(Mutex<Vec<u8>>, Condvar)>,
+}
+
+impl std::fmt::Debug for SerialCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SerialCapture({} bytes)", lock(&self.inner.0).len())
+    }
+}
+
+impl SerialCapture {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Everything written so far.
+    pub fn contents(&self) -> Vec<u8> {
+        lock(&self.inner.0).clone()
+    }
+
+    /// Everything written so far, as (lossy) text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.contents()).into_owned()
+    }
+
+    /// Waits until the output contains `needle`; returns whether it does.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut data = lock(&self.inner.0);
+        loop {
+            if data
+                .windows(needle.len().max(1))
+                .any(|w| w == needle.as_bytes())
+            {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            data = self
+                .inner
+                .1
+                .wait_timeout(data, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn append(&self, bytes: &[u8]) {
+        lock(&self.inner.0).extend_from_slice(bytes);
+        self.inner.1.notify_all();
+    }
+}
+
+/// Where serial bytes go.
+pub enum SerialOutput {
+    Stdout(io::Stdout),
+    File(File),
+    Capture(SerialCapture),
+    Socket(Arc<SocketConsole>),
+    Null,
+}
+
+impl Write for SerialOutput {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        crate::timing::mark_first_serial_byte();
+        match self {
+            SerialOutput::Stdout(out) => out.write(buf),
+            SerialOutput::File(file) => file.write(buf),
+            SerialOutput::Capture(capture) => {
+                capture.append(buf);
+                Ok(buf.len())
+            }
+            SerialOutput::Socket(console) => {
+                console.broadcast(buf);
+                Ok(buf.len())
+            }
+            SerialOutput::Null => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            SerialOutput::Stdout(out) => out.flush(),
+            SerialOutput::File(file) => file.flush(),
+            _ => Ok(()),
+        }
+    }
+}
+
+type Uart = Serial<IrqLine, NoEvents, SerialOutput>;
+
+/// COM1 as a bus device.
+pub struct SerialDevice {
+    uart: Uart,
+}
+
+impl SerialDevice {
+    /// Queues bytes typed by a console client; returns how many fit.
+    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+        self.uart.enqueue_raw_bytes(bytes).unwrap_or(0)
+    }
+}
+
+impl BusDevice for SerialDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        // The UART has byte registers; wider accesses see the first one.
+        data.fill(0);
+        if let (Some(first), Ok(offset)) = (data.first_mut(), u8::try_from(offset)) {
+            *first = self.uart.read(offset);
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if let (Some(&value), Ok(offset)) = (data.first(), u8::try_from(offset))
+            && let Err(e) = self.uart.write(offset, value)
+        {
+            // The console sink failed (a full disk, a closed stdout): the
+            // guest must keep running; the byte is lost.
+            tracing::debug!("serial output lost a byte: {e:?}");
+        }
+    }
+}
+
+/// COM1 wired to its target; keeps a socket console alive with it.
+pub struct Console {
+    pub device: Arc<Mutex<SerialDevice>>,
+    socket: Option<Arc<SocketConsole>>,
+}
+
+impl Console {
+    pub fn new(target: &SerialTarget, irq: IrqLine) -> io::Result<Self> {
+        let (output, socket) = match target {
+            SerialTarget::Stdout => (SerialOutput::Stdout(io::stdout()), None),
+            SerialTarget::File(path) => {
+                let file = OpenOptions::new().create(true).append(true).open(path)?;
+                (SerialOutput::File(file), None)
+            }
+            SerialTarget::Capture(capture) => (SerialOutput::Capture(capture.clone()), None),
+            SerialTarget::Null => (SerialOutput::Null, None),
+            SerialTarget::UnixSocket(path) => {
+                let console = SocketConsole::bind(path)?;
+                (SerialOutput::Socket(console.clone()), Some(console))
+            }
+        };
+        let device = Arc::new(Mutex::new(SerialDevice {
+            uart: Serial::new(irq, output),
+        }));
+        if let Some(console) = &socket {
+            console.start(Arc::downgrade(&device))?;
+        }
+        Ok(Console { device, socket })
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        if let Some(socket) = &self.socket {
+            socket.stop();
+        }
+    }
+}
+
+/// Recent output replayed to a client that attaches late.
+const BACKLOG_BYTES: usize = 64 * 1024;
+/// How often the accept loop checks whether it should stop.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// A unix socket console: any number of clients see the output (starting
+/// with the recent backlog) and what they send is typed into the guest.
+pub struct SocketConsole {
+    path: PathBuf,
+    listener: UnixListener,
+    clients: Mutex<Vec<UnixStream>>,
+    backlog: Mutex<VecDeque<u8>>,
+    stopped: AtomicBool,
+}
+
+impl SocketConsole {
+    fn bind(path: &Path) -> io::Result<Arc<Self>> {
+        // A stale socket file from an earlier run would make bind fail.
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let listener = UnixListener::bind(path)?;
+        listener.set_nonblocking(true)?;
+        Ok(Arc::new(SocketConsole {
+            path: path.to_path_buf(),
+            listener,
+            clients: Mutex::new(Vec::new()),
+            backlog: Mutex::new(VecDeque::new()),
+            stopped: AtomicBool::new(false),
+        }))
+    }
+
+    fn start(self: &Arc<Self>, serial: Weak<Mutex<SerialDevice>>) -> io::Result<()> {
+        let console = self.clone();
+        std::thread::Builder::new()
+            .name("serial-accept".into())
+            .spawn(move || console.accept_loop(serial))?;
+        Ok(())
+    }
+
+    fn accept_loop(self: Arc<Self>, serial: Weak<Mutex<SerialDevice>>) {
+        while !self.stopped.load(Ordering::SeqCst) {
+            match self.listener.accept() {
+                Ok((stream, _)) => self.attach(stream, serial.clone()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+                Err(e) => {
+                    tracing::warn!("serial console: accept failed: {e}");
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+            }
+        }
+    }
+
+    fn attach(&self, mut stream: UnixStream, serial: Weak<Mutex<SerialDevice>>) {
+        // Hold the backlog lock while registering so no byte is missed or doubled.
+        let backlog = lock(&self.backlog);
+        let (front, back) = backlog.as_slices();
+        if stream
+            .write_all(front)
+            .and_then(|_| stream.write_all(back))
+            .is_err()
+        {
+            return;
+        }
+        let Ok(reader) = stream.try_clone() else {
+            return;
+        };
+        // A slow client must not stall the vCPU: writes are non-blocking and
+        // a client that cannot keep up is dropped.
+        if stream.set_nonblocking(true).is_err() {
+            return;
+        }
+        lock(&self.clients).push(stream);
+        drop(backlog);
+        let _ = std::thread::Builder::new()
+            .name("serial-input".into())
+            .spawn(move || input_loop(reader, serial));
+    }
+
+    fn broadcast(&self, bytes: &[u8]) {
+        let mut backlog = lock(&self.backlog);
+        backlog.extend(bytes);
+        let excess = backlog.len().saturating_sub(BACKLOG_BYTES);
+        backlog.drain(..excess);
+        lock(&self.clients).retain_mut(|client| client.write_all(bytes).is_ok());
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        for client in lock(&self.clients).drain(..) {
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Types what a client sends into the guest until it disconnects or the VM
+/// is gone. Input beyond the UART's FIFO is dropped, like a real line.
+fn input_loop(mut stream: UnixStream, serial: Weak<Mutex<SerialDevice>>) {
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let Some(device) = serial.upgrade() else {
+                    return;
+                };
+                lock(&device).enqueue_input(&buf[..n]);
+            }
+        }
+    }
+}

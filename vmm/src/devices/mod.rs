@@ -1,0 +1,5 @@
+//! Device models and how the vCPUs reach them.
+
+pub mod bus;
+pub mod irq;
+pub mod legacy;

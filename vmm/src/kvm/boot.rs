@@ -1,0 +1,239 @@
+//! Loading a kernel and writing what the Linux 64-bit boot protocol expects
+//! to find in guest memory: the command line, an optional initrd and the zero
+//! page with the e820 map.
+
+use std::fs::File;
+use std::io::{Cursor, Read, Seek};
+
+use linux_loader::cmdline::Cmdline;
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
+use linux_loader::loader::{BzImage, Elf, KernelLoader, load_cmdline};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    ReadVolatile,
+};
+
+use super::layout::*;
+use super::{Error, Result};
+use crate::config::KernelSource;
+
+const BOOT_FLAG_MAGIC: u16 = 0xaa55;
+const HEADER_MAGIC: u32 = 0x5372_6448; // "HdrS"
+const LOADER_TYPE_UNDEFINED: u8 = 0xff;
+const E820_RAM: u32 = 1;
+const E820_RESERVED: u32 = 2;
+/// bzImage: the 64-bit entry point is 0x200 bytes into the protected-mode kernel.
+const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
+/// `loadflags` bit: the boot loader may use the heap (set by every modern loader).
+const CAN_USE_HEAP: u8 = 0x80;
+const PAGE_SIZE: u64 = 0x1000;
+
+/// Where the kernel starts running.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelEntry {
+    pub entry: GuestAddress,
+    /// First byte after the kernel image (its `.bss` included).
+    pub end: u64,
+}
+
+/// Loads the kernel (an ELF `vmlinux` or a `bzImage`, recognised by the ELF
+/// magic) and fills the zero page, command line and initrd. Returns the
+/// entry point.
+pub fn load(
+    mem: &GuestMemoryMmap,
+    kernel: &KernelSource,
+    cmdline: &Cmdline,
+    initrd: Option<&std::path::Path>,
+) -> Result<KernelEntry> {
+    let (entry, header) = match kernel {
+        KernelSource::Path(path) => {
+            let mut file = File::open(path).map_err(|e| Error::KernelFile(path.clone(), e))?;
+            load_kernel(mem, &mut file)?
+        }
+        KernelSource::Bytes(bytes) => load_kernel(mem, &mut Cursor::new(&bytes[..]))?,
+    };
+
+    let mut params = boot_params::default();
+    if let Some(header) = header {
+        // bzImage: start from the kernel's own setup header.
+        params.hdr = header;
+    }
+    params.hdr.type_of_loader = LOADER_TYPE_UNDEFINED;
+    params.hdr.boot_flag = BOOT_FLAG_MAGIC;
+    params.hdr.header = HEADER_MAGIC;
+    params.hdr.loadflags |= CAN_USE_HEAP;
+    params.hdr.heap_end_ptr = 0xfe00;
+    params.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+    let cmdline_len = cmdline
+        .as_cstring()
+        .map_err(|e| Error::Cmdline(e.to_string()))?
+        .as_bytes_with_nul()
+        .len();
+    params.hdr.cmdline_size = cmdline_len as u32;
+    load_cmdline(mem, GuestAddress(CMDLINE_ADDR), cmdline)
+        .map_err(|e| Error::Cmdline(e.to_string()))?;
+
+    if let Some(path) = initrd {
+        let (addr, size) = load_initrd(mem, path, &params.hdr, entry.end)?;
+        params.hdr.ramdisk_image = addr as u32;
+        params.hdr.ramdisk_size = size as u32;
+    }
+
+    add_e820_map(mem, &mut params)?;
+    LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
+        &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE_ADDR)),
+        mem,
+    )
+    .map_err(|e| Error::BootParams(e.to_string()))?;
+    Ok(entry)
+}
+
+fn load_kernel<F: Read + ReadVolatile + Seek>(
+    mem: &GuestMemoryMmap,
+    image: &mut F,
+) -> Result<(KernelEntry, Option<setup_header>)> {
+    let mut magic = [0u8; 4];
+    image
+        .rewind()
+        .and_then(|_| image.read_exact(&mut magic))
+        .map_err(Error::KernelRead)?;
+    let highmem = Some(GuestAddress(HIMEM_START));
+    if magic == *b"\x7fELF" {
+        let loaded =
+            Elf::load(mem, None, image, highmem).map_err(|e| Error::KernelLoad(e.to_string()))?;
+        check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
+        Ok((
+            KernelEntry {
+                entry: loaded.kernel_load,
+                end: loaded.kernel_end,
+            },
+            None,
+        ))
+    } else {
+        let loaded = BzImage::load(mem, None, image, highmem)
+            .map_err(|e| Error::KernelLoad(e.to_string()))?;
+        check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
+        let entry = loaded
+            .kernel_load
+            .checked_add(BZIMAGE_64BIT_ENTRY_OFFSET)
+            .ok_or(Error::KernelLoad("entry overflows".into()))?;
+        Ok((
+            KernelEntry {
+                entry,
+                end: loaded.kernel_end,
+            },
+            loaded.setup_header,
+        ))
+    }
+}
+
+/// The entry point and the end of the image (bss included) must be in RAM.
+fn check_kernel_fits(mem: &GuestMemoryMmap, entry: u64, end: u64) -> Result<()> {
+    if !mem.address_in_range(GuestAddress(entry)) {
+        return Err(Error::KernelLoad(format!(
+            "entry point {entry:#x} is outside guest memory"
+        )));
+    }
+    let last = end.saturating_sub(1);
+    if !mem.address_in_range(GuestAddress(last)) {
+        return Err(Error::KernelLoad(format!(
+            "the kernel ends at {end:#x}, past the end of guest memory"
+        )));
+    }
+    Ok(())
+}
+
+/// Puts the initrd as high as the kernel allows (`initrd_addr_max`, below the
+/// MMIO hole), page aligned, above the kernel. Returns (address, size).
+fn load_initrd(
+    mem: &GuestMemoryMmap,
+    path: &std::path::Path,
+    hdr: &setup_header,
+    kernel_end: u64,
+) -> Result<(u64, u64)> {
+    let mut file = File::open(path).map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?
+        .len();
+    let lowmem_end = mem
+        .iter()
+        .next()
+        .map(|r| r.start_addr().raw_value() + r.len())
+        .unwrap_or(0);
+    // An ELF kernel has no setup header: assume the protocol's 2.03+ default.
+    let addr_max = if hdr.initrd_addr_max != 0 {
+        u64::from(hdr.initrd_addr_max)
+    } else {
+        0x37ff_ffff
+    };
+    let top = lowmem_end.min(addr_max.saturating_add(1));
+    let start = top.checked_sub(size).map(|s| s & !(PAGE_SIZE - 1));
+    let Some(start) = start.filter(|&s| s >= kernel_end.max(HIMEM_START)) else {
+        return Err(Error::InitrdTooBig(size));
+    };
+    mem.read_exact_volatile_from(GuestAddress(start), &mut file, size as usize)
+        .map_err(|e| Error::InitrdLoad(e.to_string()))?;
+    Ok((start, size))
+}
+
+/// e820: RAM below the EBDA, RAM from 1 MiB to the end of each region, and
+/// the hole reserved.
+fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
+    let mut entries = vec![boot_e820_entry {
+        addr: 0,
+        size: EBDA_START,
+        r#type: E820_RAM,
+    }];
+    for region in mem.iter() {
+        let start = region.start_addr().raw_value().max(HIMEM_START);
+        let end = region.start_addr().raw_value() + region.len();
+        if end > start {
+            entries.push(boot_e820_entry {
+                addr: start,
+                size: end - start,
+                r#type: E820_RAM,
+            });
+        }
+    }
+    entries.push(boot_e820_entry {
+        addr: MMIO_HOLE_START,
+        size: MMIO_HOLE_END - MMIO_HOLE_START,
+        r#type: E820_RESERVED,
+    });
+    if entries.len() > params.e820_table.len() {
+        return Err(Error::BootParams("too many e820 entries".into()));
+    }
+    for (slot, entry) in params.e820_table.iter_mut().zip(&entries) {
+        *slot = *entry;
+    }
+    params.e820_entries = entries.len() as u8;
+    Ok(())
+}
+
+/// Writes the GDT, an empty IDT and identity page tables for the low 4 GiB.
+pub fn write_long_mode_tables(mem: &GuestMemoryMmap) -> Result<()> {
+    let write = |addr: u64, value: u64| {
+        mem.write_obj(value, GuestAddress(addr))
+            .map_err(|e| Error::BootParams(e.to_string()))
+    };
+    for (i, entry) in super::cpu::GDT.iter().enumerate() {
+        write(GDT_ADDR + 8 * i as u64, *entry)?;
+    }
+    write(IDT_ADDR, 0)?;
+    // PML4[0] -> PDPT; PDPT[i] -> PD i; each PD maps 1 GiB with 2 MiB pages.
+    const PRESENT_WRITABLE: u64 = 0x3;
+    const HUGE_PAGE: u64 = 0x80;
+    write(PML4_ADDR, PDPT_ADDR | PRESENT_WRITABLE)?;
+    for pd in 0..PD_COUNT {
+        let pd_addr = PD_ADDR + pd * 0x1000;
+        write(PDPT_ADDR + pd * 8, pd_addr | PRESENT_WRITABLE)?;
+        for i in 0..512u64 {
+            let phys = (pd << 30) | (i << 21);
+            write(pd_addr + i * 8, phys | HUGE_PAGE | PRESENT_WRITABLE)?;
+        }
+    }
+    Ok(())
+}

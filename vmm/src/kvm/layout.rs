@@ -1,0 +1,98 @@
+//! Guest-physical memory layout (the Linux x86-64 boot protocol as
+//! Firecracker lays it out; see docs/kvm-on-these-machines.md).
+
+/// Global descriptor table.
+pub const GDT_ADDR: u64 = 0x500;
+/// An empty interrupt descriptor table (the guest installs its own).
+pub const IDT_ADDR: u64 = 0x520;
+/// The zero page (`struct boot_params`).
+pub const ZERO_PAGE_ADDR: u64 = 0x7000;
+/// Initial stack pointer of the boot vCPU.
+pub const BOOT_STACK_ADDR: u64 = 0x8ff0;
+/// Page tables: PML4, one PDPT and four page directories of 2 MiB pages,
+/// identity-mapping the low 4 GiB (including the MMIO window).
+pub const PML4_ADDR: u64 = 0x9000;
+pub const PDPT_ADDR: u64 = 0xa000;
+pub const PD_ADDR: u64 = 0xb000;
+pub const PD_COUNT: u64 = 4;
+/// Kernel command line and its maximum size (including the NUL).
+pub const CMDLINE_ADDR: u64 = 0x20000;
+pub const CMDLINE_MAX_SIZE: usize = 2048;
+/// Stacks the VMM gives secondary vCPUs it starts directly (vCPU i's stack
+/// ends at AP_STACKS_ADDR + i * AP_STACK_SIZE).
+pub const AP_STACKS_ADDR: u64 = 0x30000;
+pub const AP_STACK_SIZE: u64 = 0x400;
+/// Start of the extended BIOS data area: RAM below it is usable.
+pub const EBDA_START: u64 = 0x9fc00;
+/// Where high memory (and the kernel) starts.
+pub const HIMEM_START: u64 = 0x10_0000;
+/// The MMIO hole below 4 GiB: RAM stops here and continues at 4 GiB.
+pub const MMIO_HOLE_START: u64 = 0xd000_0000;
+pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+/// virtio-mmio devices: one 4 KiB window each from the start of the hole.
+pub const VIRTIO_MMIO_BASE: u64 = MMIO_HOLE_START;
+pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
+/// Most virtio-mmio devices (their IRQs must stay below the IOAPIC's 24 pins).
+pub const VIRTIO_MAX_DEVICES: u32 = 18;
+/// GSI of the first virtio-mmio device (0-4 are timer, keyboard, cascade, COM2, COM1).
+pub const VIRTIO_FIRST_IRQ: u32 = 5;
+/// TSS area KVM needs on Intel (three pages just below the IOAPIC/BIOS area).
+pub const KVM_TSS_ADDR: usize = 0xfffb_d000;
+
+/// The RAM ranges for `mem_bytes` of guest memory: one below the MMIO hole
+/// and, for big guests, the rest from 4 GiB.
+pub fn ram_ranges(mem_bytes: u64) -> Vec<(u64, u64)> {
+    if mem_bytes <= MMIO_HOLE_START {
+        vec![(0, mem_bytes)]
+    } else {
+        vec![
+            (0, MMIO_HOLE_START),
+            (MMIO_HOLE_END, mem_bytes - MMIO_HOLE_START),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_skips_the_mmio_hole() {
+        assert_eq!(ram_ranges(128 << 20), vec![(0, 128 << 20)]);
+        assert_eq!(ram_ranges(MMIO_HOLE_START), vec![(0, MMIO_HOLE_START)]);
+        assert_eq!(
+            ram_ranges(4 << 30),
+            vec![
+                (0, MMIO_HOLE_START),
+                (MMIO_HOLE_END, (4 << 30) - MMIO_HOLE_START)
+            ]
+        );
+    }
+
+    #[test]
+    fn boot_structures_do_not_overlap() {
+        let areas = [
+            (GDT_ADDR, 4 * 8),
+            (IDT_ADDR, 8),
+            (ZERO_PAGE_ADDR, 0x1000),
+            (PML4_ADDR, 0x1000),
+            (PDPT_ADDR, 0x1000),
+            (PD_ADDR, PD_COUNT * 0x1000),
+            (CMDLINE_ADDR, CMDLINE_MAX_SIZE as u64),
+            (
+                AP_STACKS_ADDR,
+                AP_STACK_SIZE * (u64::from(crate::config::MAX_VCPUS) + 1),
+            ),
+        ];
+        for (i, a) in areas.iter().enumerate() {
+            for b in &areas[i + 1..] {
+                assert!(
+                    a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0,
+                    "{a:x?} overlaps {b:x?}"
+                );
+            }
+            assert!(a.0 + a.1 <= EBDA_START);
+        }
+        const { assert!(BOOT_STACK_ADDR < PML4_ADDR && BOOT_STACK_ADDR > ZERO_PAGE_ADDR + 0x1000) };
+    }
+}

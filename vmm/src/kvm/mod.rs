@@ -1,0 +1,72 @@
+//! Everything that talks to `/dev/kvm`: the VM and its memory, x86 boot
+//! set-up, vCPUs and their run loop.
+
+pub mod boot;
+pub mod cpu;
+pub mod kick;
+pub mod layout;
+pub mod memory;
+pub mod vcpu;
+
+use std::path::PathBuf;
+
+use kvm_bindings::{KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
+use kvm_ioctls::{Kvm, VmFd};
+
+/// Why a VM could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("{0} failed: {1}")]
+    Kvm(&'static str, #[source] kvm_ioctls::Error),
+    #[error("{0}: {1}")]
+    Io(&'static str, #[source] std::io::Error),
+    #[error("invalid memory size {0} bytes")]
+    MemorySize(u64),
+    #[error("cannot allocate guest memory: {0}")]
+    Memory(String),
+    #[error("cannot open kernel {0}: {1}")]
+    KernelFile(PathBuf, #[source] std::io::Error),
+    #[error("cannot read the kernel image: {0}")]
+    KernelRead(#[source] std::io::Error),
+    #[error("cannot load the kernel: {0}")]
+    KernelLoad(String),
+    #[error("cannot open initrd {0}: {1}")]
+    InitrdFile(PathBuf, #[source] std::io::Error),
+    #[error("the initrd ({0} bytes) does not fit in guest memory below the kernel's limit")]
+    InitrdTooBig(u64),
+    #[error("cannot load the initrd: {0}")]
+    InitrdLoad(String),
+    #[error("invalid kernel command line: {0}")]
+    Cmdline(String),
+    #[error("cannot write the boot parameters: {0}")]
+    BootParams(String),
+    #[error("KVM set only {set} of {wanted} boot MSRs")]
+    Msrs { set: usize, wanted: usize },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Adds the name of the failed ioctl to a KVM error.
+pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+    move |e| Error::Kvm(what, e)
+}
+
+/// Opens /dev/kvm and creates a VM with the in-kernel irqchip (PIC, IOAPIC,
+/// local APICs) and PIT.
+pub fn create_vm() -> Result<(Kvm, VmFd)> {
+    let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(layout::KVM_TSS_ADDR)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    // The speaker port is left to KVM's dummy so guests probing it do not exit.
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    Ok((kvm, vm))
+}

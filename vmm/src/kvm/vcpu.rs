@@ -1,0 +1,169 @@
+//! A vCPU thread: set up the registers, then run the guest and handle its
+//! exits until the VM ends.
+
+use std::sync::Arc;
+
+use kvm_bindings::CpuId;
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+
+use super::layout::ZERO_PAGE_ADDR;
+use super::{Result, cpu, kvm_err};
+use crate::devices::bus::Bus;
+use crate::lifecycle::{Checkpoint, Control, VmExit};
+
+// KVM_SYSTEM_EVENT_* types.
+const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
+const SYSTEM_EVENT_RESET: u32 = 2;
+const SYSTEM_EVENT_CRASH: u32 = 3;
+
+/// What the vCPUs reach through exits.
+pub struct Buses {
+    pub pio: Bus,
+    pub mmio: Bus,
+}
+
+pub struct Vcpu {
+    index: u8,
+    fd: VcpuFd,
+}
+
+impl Vcpu {
+    /// Creates vCPU `index` and puts it at the kernel entry in long mode. The
+    /// boot vCPU gets RSI = zero page; the others are made runnable at the
+    /// same entry with their own stack (see docs/kvm-on-these-machines.md).
+    pub fn new(
+        vm: &VmFd,
+        supported_cpuid: &CpuId,
+        index: u8,
+        count: u8,
+        entry: u64,
+    ) -> Result<Self> {
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        fd.set_cpuid2(&cpu::vcpu_cpuid(supported_cpuid, index, count))
+            .map_err(kvm_err("KVM_SET_CPUID2"))?;
+        cpu::set_msrs(&fd)?;
+        cpu::set_sregs(&fd)?;
+        cpu::set_fpu(&fd)?;
+        let boot_params = if index == 0 { ZERO_PAGE_ADDR } else { 0 };
+        cpu::set_regs(&fd, entry, cpu::stack_for(index), boot_params)?;
+        cpu::set_lint(&fd)?;
+        if index != 0 {
+            cpu::set_runnable(&fd)?;
+        }
+        Ok(Vcpu { index, fd })
+    }
+
+    pub fn index(&self) -> u8 {
+        self.index
+    }
+
+    /// Runs the guest until the VM ends (or pauses while asked to).
+    pub fn run(mut self, control: &Control, buses: &Arc<Buses>) {
+        super::kick::register_current(&mut self.fd);
+        while control.checkpoint() == Checkpoint::Run {
+            if let Some(exit) = self.run_once(buses) {
+                control.finish(exit);
+            }
+        }
+        super::kick::unregister_current();
+        control.vcpu_stopped();
+    }
+
+    /// One `KVM_RUN`; returns an ending if this exit ends the VM.
+    fn run_once(&mut self, buses: &Buses) -> Option<VmExit> {
+        crate::timing::mark_first_kvm_run();
+        let index = self.index;
+        match self.fd.run() {
+            Ok(VcpuExit::IoIn(port, data)) => buses.pio.read(u64::from(port), data),
+            Ok(VcpuExit::IoOut(port, data)) => buses.pio.write(u64::from(port), data),
+            Ok(VcpuExit::MmioRead(addr, data)) => buses.mmio.read(addr, data),
+            Ok(VcpuExit::MmioWrite(addr, data)) => buses.mmio.write(addr, data),
+            // Only without an in-kernel local APIC; keep going.
+            Ok(VcpuExit::Hlt) => {}
+            Ok(VcpuExit::Shutdown) => {
+                return Some(VmExit::TripleFault {
+                    vcpu: index,
+                    detail: self.describe_state(),
+                });
+            }
+            Ok(VcpuExit::SystemEvent(kind, _)) => {
+                return Some(match kind {
+                    SYSTEM_EVENT_SHUTDOWN => VmExit::PowerOff { code: 0 },
+                    SYSTEM_EVENT_RESET => VmExit::Reset,
+                    SYSTEM_EVENT_CRASH => VmExit::Crash {
+                        vcpu: index,
+                        detail: "KVM reported a guest crash".into(),
+                    },
+                    other => VmExit::Crash {
+                        vcpu: index,
+                        detail: format!("unknown KVM system event {other}"),
+                    },
+                });
+            }
+            Ok(VcpuExit::InternalError) => {
+                let suberror = self.internal_suberror();
+                let detail = format!(
+                    "KVM internal error (suberror {suberror}{}); {}",
+                    suberror_name(suberror),
+                    self.describe_state()
+                );
+                return Some(VmExit::Crash {
+                    vcpu: index,
+                    detail,
+                });
+            }
+            Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                return Some(VmExit::Crash {
+                    vcpu: index,
+                    detail: format!("VM entry failed (reason {reason:#x}, host cpu {cpu})"),
+                });
+            }
+            Ok(other) => {
+                let what = format!("{other:?}");
+                let detail = format!("unexpected exit {what}; {}", self.describe_state());
+                return Some(VmExit::Crash {
+                    vcpu: index,
+                    detail,
+                });
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                // Kicked (pause, stop): the checkpoint decides what next.
+                self.fd.set_kvm_immediate_exit(0);
+            }
+            Err(e) => {
+                return Some(VmExit::InternalError(format!(
+                    "KVM_RUN on vCPU {index}: {e}"
+                )));
+            }
+        }
+        None
+    }
+
+    fn internal_suberror(&mut self) -> u32 {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: KVM filled the `internal` member for KVM_EXIT_INTERNAL_ERROR.
+        unsafe { run.__bindgen_anon_1.internal.suberror }
+    }
+
+    /// RIP and the instruction bytes' address, for crash reports.
+    fn describe_state(&self) -> String {
+        match self.fd.get_regs() {
+            Ok(regs) => format!(
+                "rip={:#x} rsp={:#x} rflags={:#x}",
+                regs.rip, regs.rsp, regs.rflags
+            ),
+            Err(e) => format!("registers unavailable: {e}"),
+        }
+    }
+}
+
+fn suberror_name(suberror: u32) -> &'static str {
+    match suberror {
+        1 => ": instruction emulation failed",
+        2 => ": simultaneous exceptions",
+        3 => ": delivery event",
+        _ => "",
+    }
+}

@@ -1,0 +1,25 @@
+//! A virtual machine monitor on `/dev/kvm`, built from the rust-vmm crates.
+//!
+//! [`Vm::start`] builds a VM from a [`VmConfig`] and runs it on its own
+//! threads; the returned [`VmHandle`] pauses, resumes, asks the guest to shut
+//! down, kills, and reports how the VM ended ([`VmExit`]).
+//!
+//! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `devices` (bus, legacy
+//! devices, virtio wiring), `vm`/`lifecycle` (the API), `cli` (argument
+//! parsing for the `vmm` binary), `test_guest` (the embedded test guest),
+//! `selftest`.
+
+pub mod cli;
+pub mod config;
+pub mod devices;
+pub mod kvm;
+pub mod lifecycle;
+pub mod selftest;
+pub mod test_guest;
+pub mod timing;
+pub mod vm;
+
+pub use config::{DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig};
+pub use devices::legacy::serial::SerialCapture;
+pub use lifecycle::{VmExit, VmState};
+pub use vm::{Vm, VmHandle};

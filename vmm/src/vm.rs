@@ -1,0 +1,316 @@
+//! Building a VM from a [`VmConfig`] and running it on its own threads.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_ioctls::VmFd;
+use linux_loader::cmdline::Cmdline;
+use vm_memory::GuestMemoryMmap;
+
+use crate::config::{MAX_VCPUS, VmConfig};
+use crate::devices::bus::{Bus, lock};
+use crate::devices::irq::IrqLine;
+use crate::devices::legacy::exit_port::ExitPort;
+use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::serial::Console;
+use crate::devices::legacy::{
+    EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, SERIAL_GSI, SERIAL_PORT,
+    SERIAL_PORT_LEN,
+};
+use crate::kvm::vcpu::{Buses, Vcpu};
+use crate::kvm::{self, layout};
+use crate::lifecycle::{Control, VmExit, VmState};
+
+/// Why a VM could not start, or a lifecycle request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Kvm(#[from] kvm::Error),
+    #[error("device set-up failed: {0}")]
+    Device(String),
+    #[error("cannot start a thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the VM has already ended: {0}")]
+    Ended(VmExit),
+    #[error("the vCPUs did not stop within {0:?}")]
+    PauseTimeout(Duration),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// How long `pause` waits for every vCPU to leave the guest.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Entry point of the library: builds and starts VMs.
+pub struct Vm;
+
+impl Vm {
+    /// Builds the VM (memory, kernel, devices, vCPUs) and starts its vCPU
+    /// threads. Configuration and set-up errors are returned here; once this
+    /// returns, how the VM ends is reported by [`VmHandle::wait`].
+    pub fn start(config: VmConfig) -> Result<VmHandle> {
+        validate(&config)?;
+        kvm::kick::install_handler()
+            .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
+        let (kvm_sys, vm) = kvm::create_vm()?;
+        let memory = kvm::memory::create(&vm, config.memory_mib << 20)?;
+        let control = Arc::new(Control::new(usize::from(config.vcpus)));
+
+        let mut pio = Bus::new("port I/O");
+        let mmio = Bus::new("MMIO");
+        let console = Console::new(&config.serial, IrqLine::new(&vm, SERIAL_GSI)?)
+            .map_err(|e| Error::Device(format!("serial console: {e}")))?;
+        let i8042 = Arc::new(Mutex::new(I8042::new(
+            control.clone(),
+            IrqLine::new(&vm, I8042_GSI)?,
+        )));
+        let bus_err = |e: crate::devices::bus::OverlapError| Error::Device(e.to_string());
+        pio.insert(SERIAL_PORT, SERIAL_PORT_LEN, console.device.clone())
+            .map_err(bus_err)?;
+        pio.insert(I8042_PORT, I8042_PORT_LEN, i8042.clone())
+            .map_err(bus_err)?;
+        pio.insert(
+            EXIT_PORT,
+            EXIT_PORT_LEN,
+            Arc::new(Mutex::new(ExitPort::new(control.clone()))),
+        )
+        .map_err(bus_err)?;
+
+        let cmdline = build_cmdline(&config)?;
+        kvm::boot::write_long_mode_tables(&memory)?;
+        let entry = kvm::boot::load(&memory, &config.kernel, &cmdline, config.initrd.as_deref())?;
+
+        let supported = kvm_sys
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm::kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let vcpus = (0..config.vcpus)
+            .map(|i| Vcpu::new(&vm, &supported, i, config.vcpus, entry.entry.0))
+            .collect::<kvm::Result<Vec<_>>>()?;
+
+        let buses = Arc::new(Buses { pio, mmio });
+        let threads = spawn_vcpus(vcpus, &control, &buses)?;
+        Ok(VmHandle {
+            control,
+            i8042,
+            threads: Mutex::new(threads),
+            _resources: Resources {
+                _vm: vm,
+                _memory: memory,
+                _console: console,
+                _buses: buses,
+            },
+        })
+    }
+}
+
+fn validate(config: &VmConfig) -> Result<()> {
+    if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
+        return Err(Error::Config(format!(
+            "vCPU count must be 1..={MAX_VCPUS}, got {}",
+            config.vcpus
+        )));
+    }
+    // Room for the boot structures below 1 MiB and a kernel above it.
+    if config.memory_mib < 2 {
+        return Err(Error::Config(format!(
+            "memory must be at least 2 MiB, got {} MiB",
+            config.memory_mib
+        )));
+    }
+    if config
+        .memory_mib
+        .checked_mul(1 << 20)
+        .is_none_or(|b| usize::try_from(b).is_err())
+    {
+        return Err(Error::Config(format!(
+            "memory size {} MiB is too large",
+            config.memory_mib
+        )));
+    }
+    Ok(())
+}
+
+/// The user's command line plus one `virtio_mmio.device=` entry per device.
+fn build_cmdline(config: &VmConfig) -> Result<Cmdline> {
+    let mut cmdline =
+        Cmdline::new(layout::CMDLINE_MAX_SIZE).map_err(|e| Error::Config(e.to_string()))?;
+    if !config.cmdline.trim().is_empty() {
+        cmdline
+            .insert_str(config.cmdline.trim())
+            .map_err(|e| Error::Config(format!("kernel command line: {e}")))?;
+    }
+    Ok(cmdline)
+}
+
+/// A one-shot gate vCPU threads wait at before entering the guest.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let open = lock(&self.open);
+        drop(
+            self.opened
+                .wait_while(open, |open| !*open)
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+    }
+
+    fn open(&self) {
+        *lock(&self.open) = true;
+        self.opened.notify_all();
+    }
+}
+
+fn spawn_vcpus(
+    vcpus: Vec<Vcpu>,
+    control: &Arc<Control>,
+    buses: &Arc<Buses>,
+) -> Result<Vec<JoinHandle<()>>> {
+    use std::os::unix::thread::JoinHandleExt;
+    // Threads wait until their ids are registered, so no kick can miss them.
+    let gate = Arc::new(Gate::default());
+    let mut threads = Vec::with_capacity(vcpus.len());
+    for vcpu in vcpus {
+        let (control_t, buses_t, gate_t) = (control.clone(), buses.clone(), gate.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("vcpu{}", vcpu.index()))
+            .spawn(move || {
+                gate_t.wait();
+                vcpu.run(&control_t, &buses_t);
+            });
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => {
+                // The threads already started see the ending at their first
+                // checkpoint and stop without entering the guest.
+                control.finish(VmExit::InternalError(format!(
+                    "cannot start vCPU thread: {e}"
+                )));
+                gate.open();
+                for thread in threads {
+                    let _ = thread.join();
+                }
+                return Err(Error::Thread(e));
+            }
+        }
+    }
+    control.set_vcpu_threads(threads.iter().map(|t| t.as_pthread_t()).collect());
+    gate.open();
+    Ok(threads)
+}
+
+/// What must live as long as the VM runs. Field order is drop order: the VM
+/// fd goes before the memory KVM maps.
+struct Resources {
+    _vm: VmFd,
+    _memory: GuestMemoryMmap,
+    _console: Console,
+    _buses: Arc<Buses>,
+}
+
+/// A running VM. Methods may be called from any thread; dropping the
+/// handle kills the VM if it is still running.
+pub struct VmHandle {
+    control: Arc<Control>,
+    i8042: Arc<Mutex<I8042>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    _resources: Resources,
+}
+
+impl VmHandle {
+    pub fn state(&self) -> VmState {
+        self.control.state()
+    }
+
+    /// Stops every vCPU outside the guest. Returns once all are stopped.
+    pub fn pause(&self) -> Result<()> {
+        self.ensure_running()?;
+        self.control.request_pause();
+        if self.control.wait_paused(PAUSE_TIMEOUT) {
+            return Ok(());
+        }
+        match self.control.exit() {
+            Some(exit) => Err(Error::Ended(exit)),
+            None => Err(Error::PauseTimeout(PAUSE_TIMEOUT)),
+        }
+    }
+
+    /// Lets a paused VM run again.
+    pub fn resume(&self) -> Result<()> {
+        self.ensure_running()?;
+        self.control.resume();
+        Ok(())
+    }
+
+    /// Asks the guest to shut down: types Ctrl-Alt-Del on its keyboard
+    /// controller. A Linux guest reboots, which ends the VM with a reset.
+    pub fn request_shutdown(&self) -> Result<()> {
+        self.ensure_running()?;
+        lock(&self.i8042).trigger_ctrl_alt_del();
+        Ok(())
+    }
+
+    /// Stops the VM now. The ending is [`VmExit::Killed`] unless the VM had
+    /// already ended.
+    pub fn kill(&self) {
+        self.control.finish(VmExit::Killed);
+    }
+
+    /// How the VM ended, if it has.
+    pub fn exit(&self) -> Option<VmExit> {
+        self.control.exit()
+    }
+
+    /// Blocks until the VM ends and its vCPU threads are gone.
+    pub fn wait(&self) -> VmExit {
+        let exit = self
+            .control
+            .wait_exit(None)
+            .unwrap_or(VmExit::InternalError("no ending recorded".into()));
+        self.join_threads();
+        crate::timing::mark_vm_exit();
+        exit
+    }
+
+    /// Like [`VmHandle::wait`], giving up after `timeout` (the VM keeps running).
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<VmExit> {
+        let exit = self.control.wait_exit(Some(timeout))?;
+        self.join_threads();
+        crate::timing::mark_vm_exit();
+        Some(exit)
+    }
+
+    fn ensure_running(&self) -> Result<()> {
+        match self.control.exit() {
+            Some(exit) => Err(Error::Ended(exit)),
+            None => Ok(()),
+        }
+    }
+
+    fn join_threads(&self) {
+        let mut threads = lock(&self.threads);
+        if threads.is_empty() {
+            return;
+        }
+        self.control.forget_vcpu_threads();
+        for thread in threads.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("a vCPU thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for VmHandle {
+    fn drop(&mut self) {
+        self.kill();
+        self.join_threads();
+    }
+}
