@@ -1,0 +1,207 @@
+//! The library API a launcher drives: start, pause, resume, graceful
+//! shutdown, kill, and the serial console socket.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use vmm::vm::Error;
+use vmm::{SerialCapture, SerialTarget, Vm, VmConfig, VmExit, VmHandle, VmState, test_guest};
+
+const BOOT: Duration = Duration::from_secs(60);
+
+/// Starts the test guest with this command line, serial captured.
+fn start(cmdline: &str, vcpus: u8) -> (VmHandle, SerialCapture) {
+    common::require_kvm();
+    let capture = SerialCapture::new();
+    let mut config = VmConfig::new(test_guest::kernel());
+    config.cmdline = cmdline.to_string();
+    config.vcpus = vcpus;
+    config.serial = SerialTarget::Capture(capture.clone());
+    let handle = Vm::start(config).expect("start the test guest");
+    (handle, capture)
+}
+
+fn count_dots(capture: &SerialCapture) -> usize {
+    capture.contents().iter().filter(|&&b| b == b'.').count()
+}
+
+/// Waits until the guest printed more dots than `than`.
+fn wait_for_dots(capture: &SerialCapture, than: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if count_dots(capture) > than {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn pause_stops_the_guest_and_resume_continues_it() {
+    let (vm, capture) = start("checks=serial exit=tick wait=120", 2);
+    assert!(
+        capture.wait_for("WAITING for Ctrl-Alt-Del", BOOT),
+        "{}",
+        capture.text()
+    );
+    assert!(
+        wait_for_dots(&capture, 2, BOOT),
+        "the guest does not tick: {}",
+        capture.text()
+    );
+    assert_eq!(vm.state(), VmState::Running);
+
+    vm.pause().expect("pause");
+    assert_eq!(vm.state(), VmState::Paused);
+    let frozen = count_dots(&capture);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(count_dots(&capture), frozen, "the guest ran while paused");
+
+    vm.resume().expect("resume");
+    assert_eq!(vm.state(), VmState::Running);
+    assert!(
+        wait_for_dots(&capture, frozen, BOOT),
+        "the guest did not run again after resume"
+    );
+
+    vm.request_shutdown().expect("shutdown request");
+    assert_eq!(
+        vm.wait_timeout(BOOT),
+        Some(VmExit::Reset),
+        "{}",
+        capture.text()
+    );
+    assert!(capture.text().contains("SHUTDOWN requested"));
+    assert_eq!(vm.state(), VmState::Exited);
+}
+
+#[test]
+fn a_graceful_shutdown_request_ends_a_halted_guest_with_a_reset() {
+    let (vm, capture) = start("checks=smp exit=halt wait=120", 4);
+    assert!(
+        capture.wait_for("WAITING for Ctrl-Alt-Del", BOOT),
+        "{}",
+        capture.text()
+    );
+    vm.request_shutdown().expect("shutdown request");
+    assert_eq!(
+        vm.wait_timeout(BOOT),
+        Some(VmExit::Reset),
+        "{}",
+        capture.text()
+    );
+    assert!(
+        capture.text().contains("TEST smp PASS cpus=4"),
+        "{}",
+        capture.text()
+    );
+}
+
+#[test]
+fn kill_stops_a_guest_that_never_ends() {
+    let (vm, capture) = start("checks=serial exit=halt wait=600", 2);
+    assert!(capture.wait_for("WAITING", BOOT), "{}", capture.text());
+    vm.kill();
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(10)),
+        Some(VmExit::Killed)
+    );
+    assert_eq!(vm.state(), VmState::Exited);
+    assert_eq!(VmExit::Killed.exit_status(), 137);
+}
+
+#[test]
+fn a_paused_guest_can_be_killed() {
+    let (vm, capture) = start("checks=serial exit=halt wait=600", 1);
+    assert!(capture.wait_for("WAITING", BOOT));
+    vm.pause().unwrap();
+    vm.kill();
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(10)),
+        Some(VmExit::Killed)
+    );
+}
+
+#[test]
+fn lifecycle_requests_after_the_end_are_refused() {
+    let (vm, _capture) = start("checks=serial code=3", 1);
+    assert_eq!(vm.wait_timeout(BOOT), Some(VmExit::PowerOff { code: 3 }));
+    assert!(matches!(
+        vm.pause(),
+        Err(Error::Ended(VmExit::PowerOff { code: 3 }))
+    ));
+    assert!(matches!(vm.resume(), Err(Error::Ended(_))));
+    assert!(matches!(vm.request_shutdown(), Err(Error::Ended(_))));
+    // The first ending stays.
+    vm.kill();
+    assert_eq!(vm.exit(), Some(VmExit::PowerOff { code: 3 }));
+}
+
+#[test]
+fn dropping_the_handle_stops_the_vm() {
+    let (vm, capture) = start("checks=serial exit=tick wait=600", 2);
+    assert!(capture.wait_for("WAITING", BOOT));
+    drop(vm);
+    let dots = count_dots(&capture);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        count_dots(&capture),
+        dots,
+        "the guest still runs after the handle was dropped"
+    );
+}
+
+#[test]
+fn a_console_client_reads_serial_output_from_a_unix_socket() {
+    common::require_kvm();
+    let dir = common::tempdir();
+    let socket = dir.path().join("console.sock");
+    let mut config = VmConfig::new(test_guest::kernel());
+    config.cmdline = "checks=serial,idt exit=halt wait=120".into();
+    config.serial = SerialTarget::UnixSocket(socket.clone());
+    let vm = Vm::start(config).expect("start");
+
+    // The client attaches after boot: the backlog replays what it missed.
+    std::thread::sleep(Duration::from_millis(300));
+    let stream = UnixStream::connect(&socket).expect("connect to the console socket");
+    stream.set_read_timeout(Some(BOOT)).unwrap();
+    let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
+    let mut seen = Vec::new();
+    while let Some(Ok(line)) = lines.next() {
+        let done = line.starts_with("WAITING");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l == "TEST serial PASS com1=0x3f8"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().any(|l| l.starts_with("TEST idt PASS")),
+        "{seen:?}"
+    );
+
+    // Input from the client reaches the UART without disturbing the VM.
+    (&stream).write_all(b"hello").unwrap();
+    vm.request_shutdown().unwrap();
+    assert_eq!(vm.wait_timeout(BOOT), Some(VmExit::Reset));
+    let line = lines.next().and_then(Result::ok);
+    assert_eq!(line.as_deref(), Some("SHUTDOWN requested"));
+    drop(vm);
+    assert!(!socket.exists(), "the console socket outlived the VM");
+    // The VMM closed the client's connection (a reset if our input was
+    // still unread on its side).
+    let after = lines.next();
+    let closed = match &after {
+        None => true,
+        Some(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Some(Ok(_)) => false,
+    };
+    assert!(closed, "the console connection stayed open: {after:?}");
+}

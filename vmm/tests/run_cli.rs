@@ -1,0 +1,187 @@
+//! `vmm run` with the embedded test guest, through the real binary.
+
+mod common;
+
+use common::*;
+
+fn boots_with_vcpus(vcpus: &str) {
+    let out = run_guest(&["--vcpus", vcpus, "--cmdline", "exit=poweroff"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    for check in ["serial", "bootparams", "idt", "mem", "smp"] {
+        assert_pass(&out, check);
+    }
+    let text = stdout(&out);
+    assert!(text.starts_with("BOOT test-guest\n"), "{text}");
+    let smp = text.lines().find(|l| l.starts_with("TEST smp")).unwrap();
+    assert!(
+        smp.contains(&format!("cpus={vcpus} expected={vcpus}")),
+        "{smp}"
+    );
+    assert!(text.contains("DONE passed=5 failed=0"), "{text}");
+    assert!(
+        stderr(&out).contains("guest power-off with exit code 0"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn boots_with_one_vcpu() {
+    boots_with_vcpus("1");
+}
+
+#[test]
+fn every_vcpu_checks_in_with_two() {
+    boots_with_vcpus("2");
+}
+
+#[test]
+fn every_vcpu_checks_in_with_four() {
+    boots_with_vcpus("4");
+    // APIC ids 0..3 all seen.
+    let out = run_guest(&["--vcpus", "4", "--cmdline", "checks=smp"]);
+    assert!(stdout(&out).contains("ids=0xf"), "{}", stdout(&out));
+}
+
+#[test]
+fn the_guest_exit_code_becomes_the_process_status() {
+    let out = run_guest(&["--cmdline", "checks=serial code=42"]);
+    assert_eq!(out.status.code(), Some(42), "{}", stderr(&out));
+    assert!(stderr(&out).contains("exit code 42"));
+}
+
+#[test]
+fn a_failed_check_gives_a_non_zero_status() {
+    // The guest expects 3 vCPUs but has 1.
+    let out = run_guest(&["--cmdline", "checks=smp cpus=3"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("TEST smp FAIL cpus=1 expected=3"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn a_reset_through_the_i8042_exits_zero() {
+    let out = run_guest(&["--vcpus", "2", "--cmdline", "exit=reset code=9"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("VM ended: guest reset"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_triple_fault_is_reported_as_a_crash() {
+    let out = run_guest(&["--cmdline", "checks=triplefault"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("triple fault on vCPU 0: rip="),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_guest_panic_is_reported_with_its_code() {
+    let out = run_guest(&["--cmdline", "checks=panic"]);
+    assert_eq!(out.status.code(), Some(101));
+    assert!(
+        stdout(&out).contains("PANIC src/checks.rs:"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn unknown_ports_and_mmio_read_all_ones_and_are_logged() {
+    let out = run_guest(&["--cmdline", "checks=badio"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_pass(&out, "badio");
+    let err = stderr(&out);
+    assert!(
+        err.contains("port I/O write of 1 bytes at 0xc50: no device there"),
+        "{err}"
+    );
+    assert!(
+        err.contains("MMIO write of 4 bytes at 0xe0001000: no device there"),
+        "{err}"
+    );
+}
+
+#[test]
+fn memory_above_the_mmio_hole_is_reported_to_the_guest() {
+    let out = run_guest(&["--memory", "4608", "--cmdline", "checks=mem,bootparams"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("TEST mem PASS ram_mib=4607"),
+        "{}",
+        stdout(&out)
+    );
+    // Low RAM, RAM below the hole, RAM above 4 GiB, the reserved hole.
+    assert!(
+        stdout(&out).contains("TEST bootparams PASS e820=4"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn serial_output_can_go_to_a_file() {
+    let dir = tempdir();
+    let log = dir.path().join("console.log");
+    let out = run_guest(&[
+        "--cmdline",
+        "checks=serial",
+        "--serial",
+        &format!("file:{}", log.display()),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!stdout(&out).contains("TEST"), "output went to stdout too");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("TEST serial PASS"), "{text}");
+}
+
+#[test]
+fn the_embedded_guest_can_be_written_out() {
+    let dir = tempdir();
+    let path = guest_elf(&dir);
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF");
+    assert!(
+        bytes.len() < 256 * 1024,
+        "the guest grew to {} bytes",
+        bytes.len()
+    );
+}
+
+#[test]
+fn the_guest_has_no_sse_instructions() {
+    let dir = tempdir();
+    let path = guest_elf(&dir);
+    let out = std::process::Command::new("objdump")
+        .arg("-d")
+        .arg(&path)
+        .output()
+        .expect("objdump is needed for this test (Debian package binutils)");
+    assert!(out.status.success());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.lines().count() > 100,
+        "objdump listed almost nothing:\n{listing}"
+    );
+    let sse: Vec<&str> = listing.lines().filter(|l| l.contains("xmm")).collect();
+    assert!(
+        sse.is_empty(),
+        "SSE instructions in the guest (the emulator cannot run them):\n{}",
+        sse.join("\n")
+    );
+}
