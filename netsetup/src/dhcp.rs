@@ -148,7 +148,8 @@ pub enum DhcpError {
 /// Answers one DHCP request datagram. `Ok(None)` means the request needs no answer
 /// (a message type the server ignores, or a client that chose another server).
 pub fn answer(request: &[u8], config: &DhcpConfig) -> Result<Option<Vec<u8>>, DhcpError> {
-    let msg = Message::decode(&mut Decoder::new(request))
+    let request = keep_used_options(request)?;
+    let msg = Message::decode(&mut Decoder::new(&request))
         .map_err(|e| DhcpError::Malformed(e.to_string()))?;
     if msg.opcode() != Opcode::BootRequest {
         return Err(DhcpError::NotARequest);
@@ -183,6 +184,64 @@ pub fn answer(request: &[u8], config: &DhcpConfig) -> Result<Option<Vec<u8>>, Dh
         _ => return Ok(None),
     };
     encode_reply(&msg, reply_type, config).map(Some)
+}
+
+/// Fixed BOOTP header before the options: op..file (236 bytes) and the magic cookie.
+const BOOTP_HEADER_LEN: usize = 236;
+const MAGIC_COOKIE: [u8; 4] = [99, 130, 83, 99];
+/// The options the server reads, with their required lengths.
+const USED_OPTIONS: [(u8, usize); 3] = [
+    (53, 1), // message type
+    (50, 4), // requested IP address
+    (54, 4), // server identifier
+];
+
+/// Copies the request with only the options the server reads, each checked for length.
+///
+/// dhcproto's decoders for some options assert their length (in debug builds) or subtract
+/// from it unchecked, which the random-bytes test turned into panics. The server needs
+/// three fixed-size options, so everything else the guest sent is dropped before the crate
+/// decodes it.
+fn keep_used_options(request: &[u8]) -> Result<Vec<u8>, DhcpError> {
+    let malformed = |what: &str| DhcpError::Malformed(what.to_string());
+    let header = request
+        .get(..BOOTP_HEADER_LEN + MAGIC_COOKIE.len())
+        .ok_or_else(|| malformed("shorter than the BOOTP header"))?;
+    if header[BOOTP_HEADER_LEN..] != MAGIC_COOKIE {
+        return Err(malformed("no DHCP magic cookie"));
+    }
+    let mut kept = header.to_vec();
+    let mut seen = [false; USED_OPTIONS.len()];
+    let mut rest = &request[header.len()..];
+    loop {
+        match rest {
+            [] | [255, ..] => break,
+            [0, tail @ ..] => rest = tail,
+            [code, raw_len, tail @ ..] => {
+                let len = usize::from(*raw_len);
+                let value = tail
+                    .get(..len)
+                    .ok_or_else(|| malformed("option runs past the end"))?;
+                if let Some(i) = USED_OPTIONS.iter().position(|(c, _)| c == code) {
+                    if USED_OPTIONS[i].1 != len {
+                        return Err(DhcpError::Malformed(format!(
+                            "option {code} has length {len}, expected {}",
+                            USED_OPTIONS[i].1
+                        )));
+                    }
+                    if !seen[i] {
+                        seen[i] = true;
+                        kept.extend_from_slice(&[*code, *raw_len]);
+                        kept.extend_from_slice(value);
+                    }
+                }
+                rest = &tail[len..];
+            }
+            [_] => return Err(malformed("option without length")),
+        }
+    }
+    kept.push(255);
+    Ok(kept)
 }
 
 fn encode_reply(
@@ -487,6 +546,34 @@ mod tests {
         token_ring[1] = 6;
         assert!(answer(&token_ring, &cfg).is_err());
         assert_eq!(answer(&request(MessageType::Release, None), &cfg), Ok(None));
+    }
+
+    #[test]
+    fn used_options_are_length_checked_and_others_dropped() {
+        let mut bytes = request(MessageType::Discover, None);
+        // Replace the End marker with a client-network-interface option of a wrong length
+        // (dhcproto asserts on it) followed by End: it is dropped, the request answered.
+        let end = bytes.iter().rposition(|b| *b == 255).unwrap();
+        bytes.truncate(end);
+        bytes.extend_from_slice(&[94, 1, 0, 255]);
+        assert!(answer(&bytes, &config()).unwrap().is_some());
+        // A requested-address option of length 3 is malformed.
+        let end = bytes.iter().rposition(|b| *b == 255).unwrap();
+        bytes.truncate(end);
+        bytes.extend_from_slice(&[50, 3, 10, 0, 2, 255]);
+        assert!(matches!(
+            answer(&bytes, &config()),
+            Err(DhcpError::Malformed(_))
+        ));
+        // An option running past the end is malformed.
+        let mut cut = request(MessageType::Discover, None);
+        let end = cut.iter().rposition(|b| *b == 255).unwrap();
+        cut.truncate(end);
+        cut.extend_from_slice(&[12, 40, b'x']);
+        assert!(matches!(
+            answer(&cut, &config()),
+            Err(DhcpError::Malformed(_))
+        ));
     }
 
     #[test]
