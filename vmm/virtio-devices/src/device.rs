@@ -51,7 +51,10 @@ pub struct ActivateContext {
 }
 
 /// A virtio device type (block, net, rng, ...), independent of the transport.
-pub trait VirtioDevice: Send {
+///
+/// `Any` lets the VMM (and tests) reach the concrete device behind a
+/// transport: `(transport.device() as &dyn Any).downcast_ref::<Net>()`.
+pub trait VirtioDevice: Send + std::any::Any {
     /// virtio device ID (`VIRTIO_ID_*`).
     fn device_type(&self) -> u32;
 

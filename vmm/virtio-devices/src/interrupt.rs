@@ -7,7 +7,7 @@
 //! transport (which clears them on `InterruptACK`) see the same value.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 
@@ -21,6 +21,9 @@ pub trait InterruptTrigger: Send + Sync {
 #[derive(Clone)]
 pub struct DeviceInterrupt {
     status: Arc<AtomicU32>,
+    /// Set by a device thread that found its queue unusable; the transport
+    /// turns it into `DEVICE_NEEDS_RESET`.
+    needs_reset: Arc<AtomicBool>,
     line: Arc<dyn InterruptTrigger>,
 }
 
@@ -28,6 +31,7 @@ impl DeviceInterrupt {
     pub fn new(line: Arc<dyn InterruptTrigger>) -> Self {
         DeviceInterrupt {
             status: Arc::new(AtomicU32::new(0)),
+            needs_reset: Arc::new(AtomicBool::new(false)),
             line,
         }
     }
@@ -43,6 +47,19 @@ impl DeviceInterrupt {
         self.raise(VIRTIO_MMIO_INT_CONFIG);
     }
 
+    /// A device running on its own thread cannot go on: the transport will
+    /// report `DEVICE_NEEDS_RESET`, announced by a configuration interrupt.
+    pub fn signal_needs_reset(&self) {
+        self.needs_reset.store(true, Ordering::SeqCst);
+        self.signal_config_change();
+    }
+
+    /// Whether [`signal_needs_reset`](Self::signal_needs_reset) was called
+    /// since the last [`clear`](Self::clear).
+    pub fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::SeqCst)
+    }
+
     /// Current `InterruptStatus` register value.
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
@@ -53,9 +70,10 @@ impl DeviceInterrupt {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
-    /// Device reset: no pending causes.
+    /// Device reset: no pending causes, no pending reset request.
     pub fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);
+        self.needs_reset.store(false, Ordering::SeqCst);
     }
 
     fn raise(&self, bit: u32) {

@@ -27,7 +27,7 @@ pub mod fuzz;
 pub mod interrupt;
 mod log_limit;
 pub mod mmio;
-// pub mod net;
+pub mod net;
 pub mod queue;
 pub mod rng;
 

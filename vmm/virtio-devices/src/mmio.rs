@@ -186,7 +186,8 @@ impl MmioTransport {
     }
 
     /// Current device status register.
-    pub fn status(&self) -> u32 {
+    pub fn status(&mut self) -> u32 {
+        self.collect_device_reset_request();
         self.status
     }
 
@@ -207,6 +208,7 @@ impl MmioTransport {
 
     /// A guest read of `data.len()` bytes at `offset` within the window.
     pub fn read(&mut self, offset: u64, data: &mut [u8]) {
+        self.collect_device_reset_request();
         data.fill(0);
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
             if !config_access_ok(offset, data.len()) {
@@ -281,6 +283,7 @@ impl MmioTransport {
 
     /// A guest write of `data` at `offset` within the window.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.collect_device_reset_request();
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
             if !config_access_ok(offset, data.len()) {
                 guest_warn!(
@@ -341,6 +344,19 @@ impl MmioTransport {
                     "virtio-mmio: write to a read-only, legacy or unknown register"
                 );
             }
+        }
+    }
+
+    /// A device thread asked for a reset (see
+    /// [`DeviceInterrupt::signal_needs_reset`]): stop the device and latch
+    /// `DEVICE_NEEDS_RESET` (the interrupt was already raised).
+    fn collect_device_reset_request(&mut self) {
+        if self.interrupt.needs_reset() && self.status & NEEDS_RESET == 0 {
+            if self.activated {
+                self.device.reset();
+                self.activated = false;
+            }
+            self.status |= NEEDS_RESET;
         }
     }
 
@@ -621,6 +637,7 @@ mod tests {
         notified: Vec<u16>,
         config_writes: Vec<(u64, Vec<u8>)>,
         fail_next_notify: bool,
+        interrupt: Option<DeviceInterrupt>,
     }
 
     struct DummyDevice {
@@ -651,7 +668,9 @@ mod tests {
         }
         fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
             assert_eq!(ctx.queues.len(), 2);
-            self.record.lock().unwrap().activations += 1;
+            let mut r = self.record.lock().unwrap();
+            r.activations += 1;
+            r.interrupt = Some(ctx.interrupt);
             Ok(())
         }
         fn reset(&mut self) {
@@ -972,6 +991,31 @@ mod tests {
         d.bring_up(0, &[&q0, &q1]);
         d.notify(0);
         assert_eq!(rec.lock().unwrap().notified.len(), 2);
+    }
+
+    #[test]
+    fn a_device_thread_can_request_a_reset() {
+        let mem = test_memory();
+        let (mut d, rec) = setup(&mem);
+        let (q0, q1) = two_queues(&mem);
+        d.bring_up(0, &[&q0, &q1]);
+        let irq = rec.lock().unwrap().interrupt.clone().unwrap();
+        let resets = rec.lock().unwrap().resets;
+        irq.signal_needs_reset();
+        assert_eq!(d.interrupts(), 1);
+        assert_ne!(d.status() & NEEDS_RESET, 0);
+        assert_eq!(
+            rec.lock().unwrap().resets,
+            resets + 1,
+            "the device is stopped"
+        );
+        d.notify(0);
+        assert!(rec.lock().unwrap().notified.is_empty());
+        d.set_status(0);
+        assert_eq!(d.status(), 0);
+        d.bring_up(0, &[&q0, &q1]);
+        d.notify(0);
+        assert_eq!(rec.lock().unwrap().notified, vec![0]);
     }
 
     #[test]

@@ -1,0 +1,514 @@
+//! virtio-net on a tap interface, no offloads.
+//!
+//! - Transmit (queue 1) runs on the thread that delivers the notification:
+//!   each chain is checked (device-readable only, a sane length, no offload
+//!   the driver could not have negotiated) and written to the tap as one
+//!   packet.
+//! - Receive (queue 0) runs on a thread of its own, started at activation
+//!   and stopped at reset. It reads a frame from the tap only when it has
+//!   none waiting; when the guest has no receive buffer the frame waits and
+//!   the thread sleeps until the driver notifies the receive queue. Frames
+//!   left in the tap meanwhile are queued (and, past the tap's queue length,
+//!   dropped) by the host kernel. So a full guest queue costs no CPU and
+//!   nothing is corrupted, and delivery resumes as soon as buffers come back
+//!   (Firecracker's CVE-2020-16843 was a receive path that stalled here).
+
+pub mod tap;
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+use vm_memory::{Bytes, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::chain::{Buffer, ValidatedChain};
+use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
+use crate::feature_bit;
+use crate::interrupt::DeviceInterrupt;
+use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::queue::{DeviceQueue, QueueError};
+pub use tap::{Tap, TapError, VNET_HDR_LEN};
+
+pub const RX_QUEUE: u16 = 0;
+pub const TX_QUEUE: u16 = 1;
+pub const QUEUE_SIZE: u16 = 256;
+/// Largest frame moved in either direction: header, 64 KiB of payload,
+/// Ethernet header and a VLAN tag.
+pub const MAX_FRAME: usize = VNET_HDR_LEN + 65535 + 14 + 4;
+/// Smallest: header plus an Ethernet header.
+pub const MIN_FRAME: usize = VNET_HDR_LEN + 14;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error(transparent)]
+    Tap(#[from] TapError),
+}
+
+/// Why a transmit chain was dropped; one variant per rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxError {
+    #[error("transmit chain has device-writable buffers")]
+    WritableBuffer,
+    #[error("frame of {0} bytes (header included) is shorter than {MIN_FRAME}")]
+    TooShort(u64),
+    #[error("frame of {0} bytes (header included) is longer than {MAX_FRAME}")]
+    TooLong(u64),
+    #[error(
+        "header asks for checksum or segmentation offload (flags {flags:#x}, gso {gso:#x}), which was not negotiated"
+    )]
+    OffloadNotNegotiated { flags: u8, gso: u8 },
+    #[error("frame could not be read from guest memory")]
+    Unreadable,
+}
+
+struct TxState {
+    mem: GuestMemoryMmap,
+    queue: DeviceQueue,
+    interrupt: DeviceInterrupt,
+}
+
+/// What the receive thread shares with the device.
+struct RxShared {
+    /// Written by the device on an RX notification, resume and stop.
+    wake: EventFd,
+    stop: AtomicBool,
+    paused: AtomicBool,
+    /// Held while frames are being copied into guest memory, so that `pause`
+    /// can wait for a copy in progress.
+    delivering: Mutex<()>,
+    /// Kernel thread id of the receive thread (for tests measuring its CPU).
+    tid: AtomicI32,
+}
+
+struct RxWorker {
+    shared: Arc<RxShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The virtio-net device.
+pub struct Net {
+    tap: Arc<Tap>,
+    config: [u8; 6],
+    features: u64,
+    tx: Option<TxState>,
+    tx_buf: Vec<u8>,
+    rx: Option<RxWorker>,
+    paused: bool,
+    log: GuestErrorLog,
+}
+
+impl Net {
+    /// Attaches to tap `tap_name` (which must exist, or be creatable by this
+    /// process) and presents `mac` to the guest.
+    pub fn new(tap_name: &str, mac: [u8; 6]) -> Result<Net, NetError> {
+        let tap = Tap::open(tap_name)?;
+        Ok(Net {
+            tap: Arc::new(tap),
+            config: mac,
+            features: feature_bit(VIRTIO_F_VERSION_1)
+                | feature_bit(VIRTIO_NET_F_MAC)
+                | feature_bit(VIRTIO_RING_F_INDIRECT_DESC),
+            tx: None,
+            tx_buf: Vec::new(),
+            rx: None,
+            paused: false,
+            log: GuestErrorLog::default(),
+        })
+    }
+
+    /// Kernel thread id of the running receive thread, if any (0 until it
+    /// has started).
+    pub fn rx_thread_id(&self) -> Option<i32> {
+        self.rx
+            .as_ref()
+            .map(|w| w.shared.tid.load(Ordering::SeqCst))
+    }
+
+    fn stop_rx(&mut self) {
+        if let Some(mut worker) = self.rx.take() {
+            worker.shared.stop.store(true, Ordering::SeqCst);
+            wake(&worker.shared);
+            if let Some(t) = worker.thread.take()
+                && t.join().is_err()
+            {
+                tracing::error!("virtio-net: receive thread panicked");
+            }
+        }
+    }
+
+    fn transmit_queue(&mut self) -> Result<(), DeviceError> {
+        let Some(mut tx) = self.tx.take() else {
+            return Err(DeviceError::NotActivated);
+        };
+        let result = self.drain_tx(&mut tx);
+        self.tx = Some(tx);
+        result
+    }
+
+    fn drain_tx(&mut self, tx: &mut TxState) -> Result<(), DeviceError> {
+        let queue_err = |source| DeviceError::Queue {
+            index: TX_QUEUE,
+            source,
+        };
+        let mut completed = false;
+        for _ in 0..tx.queue.size() {
+            let Some(popped) = tx.queue.pop(&tx.mem).map_err(queue_err)? else {
+                break;
+            };
+            match &popped.chain {
+                Ok(chain) => {
+                    if let Err(e) = self.transmit(chain, &tx.mem) {
+                        guest_warn!(self.log, "virtio-net: transmit dropped: {e}");
+                    }
+                }
+                Err(e) => guest_warn!(self.log, "virtio-net: bad transmit chain: {e}"),
+            }
+            tx.queue
+                .add_used(&tx.mem, popped.head, 0)
+                .map_err(queue_err)?;
+            completed = true;
+        }
+        if completed && tx.queue.wants_interrupt(&tx.mem) {
+            tx.interrupt.signal_used_queue();
+        }
+        Ok(())
+    }
+
+    fn transmit(&mut self, chain: &ValidatedChain, mem: &GuestMemoryMmap) -> Result<(), TxError> {
+        if !chain.writable().is_empty() {
+            return Err(TxError::WritableBuffer);
+        }
+        let total = ValidatedChain::total_len(chain.buffers());
+        if total < MIN_FRAME as u64 {
+            return Err(TxError::TooShort(total));
+        }
+        if total > MAX_FRAME as u64 {
+            return Err(TxError::TooLong(total));
+        }
+        // Bounded by MAX_FRAME just above.
+        self.tx_buf.resize(total as usize, 0);
+        let mut at = 0usize;
+        for b in chain.buffers() {
+            let end = at + b.len as usize;
+            mem.read_slice(&mut self.tx_buf[at..end], b.addr)
+                .map_err(|_| TxError::Unreadable)?;
+            at = end;
+        }
+        // virtio_net_hdr_v1: flags, gso_type. Neither checksum nor
+        // segmentation offload is offered, so both must be 0.
+        let (flags, gso) = (self.tx_buf[0], self.tx_buf[1]);
+        if flags != 0 || gso != 0 {
+            return Err(TxError::OffloadNotNegotiated { flags, gso });
+        }
+        if let Err(e) = self.tap.write_frame(&self.tx_buf) {
+            // The host side (link down, tap gone) is not the guest's fault;
+            // the frame is lost as on a real wire.
+            guest_warn!(
+                self.log,
+                "virtio-net: tap {} write failed: {e}",
+                self.tap.name()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop_rx();
+    }
+}
+
+fn wake(shared: &RxShared) {
+    if let Err(e) = shared.wake.write(1) {
+        tracing::error!("virtio-net: cannot wake the receive thread: {e}");
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        // The MAC is writable only in legacy devices.
+        guest_warn!(
+            self.log,
+            offset,
+            len = data.len(),
+            "virtio-net: config space is read-only"
+        );
+    }
+
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        let got = ctx.queues.len();
+        let Ok::<[_; 2], _>([rx_queue, tx_queue]) = ctx.queues.try_into() else {
+            return Err(ActivateError::QueueCount { expected: 2, got });
+        };
+        self.stop_rx();
+        let shared = Arc::new(RxShared {
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            stop: AtomicBool::new(false),
+            paused: AtomicBool::new(self.paused),
+            delivering: Mutex::new(()),
+            tid: AtomicI32::new(0),
+        });
+        let rx = RxState {
+            mem: ctx.mem.clone(),
+            queue: DeviceQueue::new(rx_queue),
+            interrupt: ctx.interrupt.clone(),
+            used_pending: false,
+            log: GuestErrorLog::default(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("virtio-net-rx".into())
+            .spawn({
+                let tap = self.tap.clone();
+                let shared = shared.clone();
+                move || rx_loop(&tap, rx, &shared)
+            })?;
+        self.rx = Some(RxWorker {
+            shared,
+            thread: Some(thread),
+        });
+        self.tx = Some(TxState {
+            mem: ctx.mem,
+            queue: DeviceQueue::new(tx_queue),
+            interrupt: ctx.interrupt,
+        });
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.stop_rx();
+        self.tx = None;
+    }
+
+    fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
+        match index {
+            RX_QUEUE => {
+                // New receive buffers: let the receive thread retry.
+                let worker = self.rx.as_ref().ok_or(DeviceError::NotActivated)?;
+                wake(&worker.shared);
+                Ok(())
+            }
+            TX_QUEUE => self.transmit_queue(),
+            other => Err(DeviceError::NoSuchQueue(other)),
+        }
+    }
+
+    fn pause(&mut self) {
+        self.paused = true;
+        if let Some(w) = &self.rx {
+            w.shared.paused.store(true, Ordering::SeqCst);
+            // Wait for a copy in progress to finish. A poisoned lock means
+            // the thread died; nothing is in progress then.
+            drop(w.shared.delivering.lock());
+        }
+    }
+
+    fn resume(&mut self) {
+        self.paused = false;
+        if let Some(w) = &self.rx {
+            w.shared.paused.store(false, Ordering::SeqCst);
+            wake(&w.shared);
+        }
+    }
+}
+
+/// The receive side, owned by the receive thread.
+struct RxState {
+    mem: GuestMemoryMmap,
+    queue: DeviceQueue,
+    interrupt: DeviceInterrupt,
+    /// Chains were returned since the last interrupt.
+    used_pending: bool,
+    log: GuestErrorLog,
+}
+
+enum Delivery {
+    Delivered,
+    /// The frame cannot fit the guest's buffer; it is dropped and the buffer
+    /// stays available for the next frame.
+    Dropped,
+    NoBuffer,
+}
+
+impl RxState {
+    fn deliver(&mut self, frame: &mut [u8]) -> Result<Delivery, QueueError> {
+        if frame.len() < VNET_HDR_LEN {
+            return Ok(Delivery::Dropped);
+        }
+        // No offloads negotiated: flags and GSO fields 0, one buffer used.
+        frame[..VNET_HDR_LEN].fill(0);
+        frame[10..12].copy_from_slice(&1u16.to_le_bytes());
+        // Skip over (return) unusable chains, at most a queue's worth.
+        for _ in 0..self.queue.size() {
+            let Some(popped) = self.queue.pop(&self.mem)? else {
+                return Ok(Delivery::NoBuffer);
+            };
+            let chain = match popped.chain {
+                Ok(chain) if chain.readable().is_empty() => chain,
+                Ok(_) => {
+                    guest_warn!(
+                        self.log,
+                        "virtio-net: receive chain has device-readable buffers"
+                    );
+                    self.return_chain(popped.head, 0)?;
+                    continue;
+                }
+                Err(e) => {
+                    guest_warn!(self.log, "virtio-net: bad receive chain: {e}");
+                    self.return_chain(popped.head, 0)?;
+                    continue;
+                }
+            };
+            let capacity = ValidatedChain::total_len(chain.buffers());
+            if capacity < frame.len() as u64 {
+                guest_warn!(
+                    self.log,
+                    "virtio-net: receive buffer of {capacity} bytes cannot hold a {}-byte frame; frame dropped",
+                    frame.len()
+                );
+                self.queue.undo_pop();
+                return Ok(Delivery::Dropped);
+            }
+            let written = write_frame(&self.mem, chain.buffers(), frame);
+            self.return_chain(popped.head, written)?;
+            return Ok(Delivery::Delivered);
+        }
+        Ok(Delivery::NoBuffer)
+    }
+
+    fn return_chain(&mut self, head: u16, len: u32) -> Result<(), QueueError> {
+        self.queue.add_used(&self.mem, head, len)?;
+        self.used_pending = true;
+        Ok(())
+    }
+
+    fn interrupt_if_needed(&mut self) {
+        if self.used_pending && self.queue.wants_interrupt(&self.mem) {
+            self.interrupt.signal_used_queue();
+        }
+        self.used_pending = false;
+    }
+}
+
+/// Copies `frame` across `buffers` (which can hold it); returns the bytes
+/// written.
+fn write_frame(mem: &GuestMemoryMmap, buffers: &[Buffer], frame: &[u8]) -> u32 {
+    let mut rest = frame;
+    let mut written = 0u32;
+    for b in buffers {
+        if rest.is_empty() {
+            break;
+        }
+        let n = rest.len().min(b.len as usize);
+        if mem.write_slice(&rest[..n], b.addr).is_err() {
+            break;
+        }
+        rest = &rest[n..];
+        // n <= MAX_FRAME.
+        written += n as u32;
+    }
+    written
+}
+
+/// The receive thread: frames from the tap into the receive queue.
+fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
+    // SAFETY: gettid has no preconditions.
+    shared
+        .tid
+        .store(unsafe { libc::gettid() }, Ordering::SeqCst);
+    let mut frame = vec![0u8; MAX_FRAME];
+    let mut pending: Option<usize> = None;
+    let mut broken = false;
+    let mut tap_failed = false;
+    while !shared.stop.load(Ordering::SeqCst) {
+        if !broken {
+            let _delivering = shared.delivering.lock();
+            if !shared.paused.load(Ordering::SeqCst) {
+                loop {
+                    if pending.is_none() && !tap_failed {
+                        match tap.read_frame(&mut frame) {
+                            Ok(n) => pending = Some(n),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => {
+                                tracing::error!(
+                                    "virtio-net: tap {} read failed, receive stopped: {e}",
+                                    tap.name()
+                                );
+                                tap_failed = true;
+                            }
+                        }
+                    }
+                    let Some(n) = pending else { break };
+                    match rx.deliver(&mut frame[..n]) {
+                        Ok(Delivery::Delivered | Delivery::Dropped) => pending = None,
+                        Ok(Delivery::NoBuffer) => break,
+                        Err(e) => {
+                            tracing::warn!("virtio-net: receive queue unusable: {e}");
+                            rx.interrupt.signal_needs_reset();
+                            broken = true;
+                            break;
+                        }
+                    }
+                }
+                rx.interrupt_if_needed();
+            }
+        }
+        // Sleep until woken, and watch the tap only when a frame can be
+        // taken: a waiting frame means the guest must free a buffer first.
+        let watch_tap =
+            pending.is_none() && !broken && !tap_failed && !shared.paused.load(Ordering::SeqCst);
+        let mut fds = [
+            libc::pollfd {
+                fd: shared.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: tap.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let nfds = if watch_tap { 2 } else { 1 };
+        // SAFETY: `fds` holds `nfds` valid pollfd entries for the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), nfds, -1) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!("virtio-net: poll failed, receive stopped: {e}");
+                return;
+            }
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            // Drains the counter; WouldBlock only if someone raced us to it.
+            let _ = shared.wake.read();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

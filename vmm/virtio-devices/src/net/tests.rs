@@ -1,0 +1,558 @@
+//! virtio-net against a real tap in a private network namespace: frames the
+//! guest sends are read from the tap with a packet socket, frames injected
+//! through the socket must appear in the guest's receive buffers.
+//!
+//! Needs root (tap devices, namespaces); fails, never skips, without it.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::*;
+use crate::testing::{Desc, GuestDriver, MEM_SIZE, MmioDriver, test_memory};
+
+/// IEEE 802 local experimental ethertype: nothing else on the tap uses it.
+const ETHERTYPE: u16 = 0x88b5;
+const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+const PEER_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xab, 0xcd, 0xef];
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "virtio-net tests need root: they create tap devices in private network namespaces"
+    );
+}
+
+/// Runs `f` on a thread of its own inside a new network namespace (only
+/// that thread moves; the namespace goes away with its last user).
+fn in_new_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    require_root();
+    std::thread::spawn(move || {
+        // SAFETY: unshare affects only the calling thread's namespaces.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        );
+        // No IPv6 autoconfiguration chatter on the tap (router
+        // solicitations would show up as received frames). /proc/sys/net
+        // follows the calling thread's namespace.
+        for knob in ["all", "default"] {
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1");
+        }
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    ifr
+}
+
+/// Creates persistent tap `name` and sets it up.
+fn create_tap(name: &str) {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .expect("open /dev/net/tun");
+    let mut ifr = ifreq(name);
+    ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: valid fd and ifreq for the duration of the calls.
+    unsafe {
+        assert_eq!(
+            libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut ifr),
+            0,
+            "TUNSETIFF"
+        );
+        assert_eq!(
+            libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong),
+            0
+        );
+    }
+    drop(tun);
+    // SAFETY: a plain datagram socket for interface ioctls.
+    let sock = unsafe { OwnedFd::from_raw_fd(libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)) };
+    let mut ifr = ifreq(name);
+    // SAFETY: valid fd and ifreq.
+    unsafe {
+        assert_eq!(
+            libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr),
+            0
+        );
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        assert_eq!(
+            libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr),
+            0
+        );
+    }
+}
+
+/// An AF_PACKET socket on the tap: the far end of the wire.
+struct Wire {
+    fd: OwnedFd,
+}
+
+impl Wire {
+    fn bind(name: &str) -> Wire {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: creating a socket.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        assert!(raw >= 0, "packet socket: {}", io::Error::last_os_error());
+        // SAFETY: raw is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let cname = std::ffi::CString::new(name).unwrap();
+        // SAFETY: valid C string.
+        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        assert_ne!(index, 0, "no interface {name}");
+        // SAFETY: sockaddr_ll is plain old data.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = index as i32;
+        // SAFETY: addr is a valid sockaddr_ll of the given size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "bind: {}", io::Error::last_os_error());
+        Wire { fd }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: sends frame.len() bytes from frame.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "send: {}",
+            io::Error::last_os_error()
+        );
+    }
+
+    /// Next incoming frame with our ethertype, sent by the tap's reader (the
+    /// guest), within `timeout`.
+    fn recv(&self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 70000];
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32 + 1) } <= 0 {
+                continue;
+            }
+            // SAFETY: sockaddr_ll is plain old data.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            // SAFETY: buffers valid for the sizes given.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                    (&mut from as *mut libc::sockaddr_ll).cast(),
+                    &mut from_len,
+                )
+            };
+            if n < 14 || from.sll_pkttype == libc::PACKET_OUTGOING {
+                continue;
+            }
+            let frame = &buf[..n as usize];
+            if frame[12..14] == ETHERTYPE.to_be_bytes() {
+                return Some(frame.to_vec());
+            }
+        }
+    }
+}
+
+fn frame(src: [u8; 6], dst: [u8; 6], payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ETHERTYPE.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+const RX_BUFS: u64 = 0x10_0000;
+const TX_BUFS: u64 = 0x20_0000;
+const RX_BUF_LEN: u32 = 2048;
+
+struct Harness<'a> {
+    mem: &'a GuestMemoryMmap,
+    mmio: MmioDriver,
+    rxq: GuestDriver<'a>,
+    txq: GuestDriver<'a>,
+    wire: Wire,
+    rx_seen: u16,
+    rx_posted: u64,
+}
+
+impl<'a> Harness<'a> {
+    fn new(mem: &'a GuestMemoryMmap, tap: &str) -> Self {
+        create_tap(tap);
+        let net = Net::new(tap, GUEST_MAC).expect("open the tap");
+        let mut mmio = MmioDriver::new(Box::new(net), mem);
+        let rxq = GuestDriver::at(mem, 16, 0x1000);
+        let txq = GuestDriver::at(mem, 16, 0x8000);
+        mmio.bring_up(0, &[&rxq, &txq]);
+        Harness {
+            mem,
+            mmio,
+            rxq,
+            txq,
+            wire: Wire::bind(tap),
+            rx_seen: 0,
+            rx_posted: 0,
+        }
+    }
+
+    /// Posts `n` receive buffers of `len` bytes and notifies.
+    fn post_rx(&mut self, n: usize, len: u32) {
+        for _ in 0..n {
+            let addr = RX_BUFS + (self.rx_posted % 16) * 0x1_0000;
+            self.rxq.add_chain(&[Desc::write(addr, len)]);
+            self.rx_posted += 1;
+        }
+        self.mmio.notify(u32::from(RX_QUEUE));
+    }
+
+    /// Waits for the next used receive buffer; returns (used length, bytes).
+    fn next_rx(&mut self, timeout: Duration) -> Option<(u32, Vec<u8>)> {
+        let deadline = Instant::now() + timeout;
+        while self.rxq.used_idx() == self.rx_seen {
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (id, len) = self.rxq.used_elem(self.rx_seen);
+        self.rx_seen = self.rx_seen.wrapping_add(1);
+        // The descriptor id tells which buffer; read its address back.
+        let mut raw = [0u8; 8];
+        self.mem
+            .read_slice(
+                &mut raw,
+                GuestAddress(self.rxq.desc_table() + u64::from(id) * 16),
+            )
+            .unwrap();
+        let addr = u64::from_le_bytes(raw);
+        let mut bytes = vec![0u8; len as usize];
+        self.mem.read_slice(&mut bytes, GuestAddress(addr)).unwrap();
+        Some((len, bytes))
+    }
+
+    /// Next received frame with our ethertype (header stripped and checked).
+    fn next_frame(&mut self, timeout: Duration) -> Option<Vec<u8>> {
+        loop {
+            let (len, bytes) = self.next_rx(timeout)?;
+            assert!(len as usize >= VNET_HDR_LEN, "used length {len}");
+            let mut hdr = [0u8; VNET_HDR_LEN];
+            hdr[10] = 1; // num_buffers
+            assert_eq!(bytes[..VNET_HDR_LEN], hdr);
+            let f = &bytes[VNET_HDR_LEN..];
+            if f.len() >= 14 && f[12..14] == ETHERTYPE.to_be_bytes() {
+                return Some(f.to_vec());
+            }
+        }
+    }
+
+    /// Sends `descs` on the transmit queue; returns the used length.
+    fn send(&mut self, descs: &[Desc]) -> u32 {
+        let before = self.txq.used_idx();
+        self.txq.add_chain(descs);
+        self.mmio.notify(u32::from(TX_QUEUE));
+        assert_eq!(
+            self.txq.used_idx(),
+            before.wrapping_add(1),
+            "transmit chain returned"
+        );
+        self.txq.used_elem(before).1
+    }
+
+    fn tx_frame(&self, at: u64, f: &[u8], hdr: [u8; VNET_HDR_LEN]) -> u32 {
+        self.mem.write_slice(&hdr, GuestAddress(at)).unwrap();
+        self.mem
+            .write_slice(f, GuestAddress(at + VNET_HDR_LEN as u64))
+            .unwrap();
+        (VNET_HDR_LEN + f.len()) as u32
+    }
+}
+
+#[test]
+fn the_mac_is_in_the_config_space() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-mac");
+        let mut b = [0u8; 8];
+        h.mmio.read_config(0, &mut b);
+        assert_eq!(b[..6], GUEST_MAC);
+        assert_eq!(b[6..], [0, 0]);
+    });
+}
+
+#[test]
+fn a_guest_frame_reaches_the_tap() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-tx");
+        let f = frame(
+            GUEST_MAC,
+            [0xff; 6],
+            b"hello from the guest, over virtio-net",
+        );
+        let total = h.tx_frame(TX_BUFS, &f, [0; VNET_HDR_LEN]);
+        // Header and frame split over two descriptors, mid-frame.
+        let used = h.send(&[
+            Desc::read(TX_BUFS, 20),
+            Desc::read(TX_BUFS + 20, total - 20),
+        ]);
+        assert_eq!(used, 0);
+        assert_eq!(h.wire.recv(Duration::from_secs(2)).as_deref(), Some(&f[..]));
+        assert_eq!(h.mmio.interrupts(), 1);
+    });
+}
+
+#[test]
+fn bad_transmit_chains_are_returned_and_nothing_is_sent() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-txbad");
+        let f = frame(GUEST_MAC, [0xff; 6], b"must not be sent");
+        let total = h.tx_frame(TX_BUFS, &f, [0; VNET_HDR_LEN]);
+        let mut gso = [0u8; VNET_HDR_LEN];
+        gso[1] = 1; // VIRTIO_NET_HDR_GSO_TCPV4
+        h.tx_frame(TX_BUFS + 0x1000, &f, gso);
+        let mut csum = [0u8; VNET_HDR_LEN];
+        csum[0] = 1; // VIRTIO_NET_HDR_F_NEEDS_CSUM
+        h.tx_frame(TX_BUFS + 0x2000, &f, csum);
+        let cases: Vec<Vec<Desc>> = vec![
+            vec![
+                Desc::read(TX_BUFS, 16),
+                Desc::write(TX_BUFS + 16, total - 16),
+            ],
+            vec![Desc::read(TX_BUFS, (MIN_FRAME - 1) as u32)],
+            vec![Desc::read(TX_BUFS, (MAX_FRAME + 1) as u32)],
+            vec![Desc::read(TX_BUFS + 0x1000, total)],
+            vec![Desc::read(TX_BUFS + 0x2000, total)],
+            vec![Desc::read(MEM_SIZE - 10, total)],
+            vec![Desc::read(u64::MAX - 20, total)],
+        ];
+        for c in cases {
+            assert_eq!(h.send(&c), 0, "{c:?}");
+        }
+        assert_eq!(h.wire.recv(Duration::from_millis(300)), None);
+        // A good frame still goes out afterwards.
+        h.send(&[Desc::read(TX_BUFS, total)]);
+        assert_eq!(h.wire.recv(Duration::from_secs(2)).as_deref(), Some(&f[..]));
+    });
+}
+
+#[test]
+fn a_frame_from_the_tap_lands_in_a_guest_buffer() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-rx");
+        h.post_rx(4, RX_BUF_LEN);
+        let f = frame(
+            PEER_MAC,
+            GUEST_MAC,
+            b"hello guest, from the host side of the tap",
+        );
+        h.wire.send(&f);
+        assert_eq!(
+            h.next_frame(Duration::from_secs(2)).as_deref(),
+            Some(&f[..])
+        );
+        assert!(h.mmio.interrupts() >= 1);
+    });
+}
+
+/// CPU time (user + system, in clock ticks) used so far by thread `tid`.
+fn thread_cpu_ticks(tid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // Fields after the parenthesised name; utime and stime are fields 14, 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn frames_wait_without_spinning_while_the_guest_queue_is_full_then_flow_again() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-bp");
+        let tid = {
+            let net: &Net = h.net();
+            net.rx_thread_id().unwrap()
+        };
+        // 40 frames and no receive buffer at all.
+        let frames: Vec<Vec<u8>> = (0..40u8)
+            .map(|i| frame(PEER_MAC, GUEST_MAC, &[i; 64]))
+            .collect();
+        for f in &frames {
+            h.wire.send(f);
+        }
+        let before = thread_cpu_ticks(tid);
+        std::thread::sleep(Duration::from_millis(500));
+        let spent = thread_cpu_ticks(tid) - before;
+        assert!(
+            spent <= 5,
+            "receive thread used {spent} ticks while waiting for buffers"
+        );
+        assert_eq!(h.rxq.used_idx(), 0);
+        // Buffers come back in batches; every frame arrives, in order.
+        let mut got = Vec::new();
+        while got.len() < frames.len() {
+            h.post_rx(8, RX_BUF_LEN);
+            for _ in 0..8 {
+                match h.next_frame(Duration::from_secs(2)) {
+                    Some(f) => got.push(f),
+                    None => break,
+                }
+                if got.len() == frames.len() {
+                    break;
+                }
+            }
+        }
+        assert_eq!(got, frames);
+        assert_eq!(h.mmio.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+    });
+}
+
+#[test]
+fn bad_receive_chains_are_skipped_and_oversized_frames_dropped() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-rxbad");
+        // A device-readable receive buffer, then one too small for the
+        // first frame but right for the second.
+        h.rxq.add_chain(&[Desc::read(RX_BUFS, RX_BUF_LEN)]);
+        h.rxq.add_chain(&[Desc::write(RX_BUFS + 0x1_0000, 30)]);
+        h.mmio.notify(u32::from(RX_QUEUE));
+        let big = frame(PEER_MAC, GUEST_MAC, &[7; 100]);
+        h.wire.send(&big);
+        // The readable chain comes back empty.
+        let (len, _) = h.next_rx(Duration::from_secs(2)).unwrap();
+        assert_eq!(len, 0);
+        let small = frame(PEER_MAC, GUEST_MAC, &[9; 4]);
+        h.wire.send(&small);
+        let (len, bytes) = h.next_rx(Duration::from_secs(2)).unwrap();
+        assert_eq!(len, 30);
+        assert_eq!(bytes[VNET_HDR_LEN..], small[..]);
+        assert_eq!(h.mmio.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+    });
+}
+
+#[test]
+fn pause_holds_frames_until_resume() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-pause");
+        h.post_rx(2, RX_BUF_LEN);
+        h.mmio.transport.pause();
+        let f = frame(PEER_MAC, GUEST_MAC, b"while paused");
+        h.wire.send(&f);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            h.rxq.used_idx(),
+            0,
+            "nothing written to the guest while paused"
+        );
+        h.mmio.transport.resume();
+        assert_eq!(
+            h.next_frame(Duration::from_secs(2)).as_deref(),
+            Some(&f[..])
+        );
+    });
+}
+
+#[test]
+fn reset_stops_the_receive_thread_and_the_device_comes_back() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-reset");
+        let tid = h.net().rx_thread_id().unwrap();
+        assert!(std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
+        h.mmio.set_status(0);
+        assert!(
+            !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists(),
+            "the receive thread is gone after reset"
+        );
+        assert_eq!(h.net().rx_thread_id(), None);
+        h.rxq = GuestDriver::at(&mem, 16, 0x1000);
+        h.txq = GuestDriver::at(&mem, 16, 0x8000);
+        h.rx_seen = 0;
+        h.rx_posted = 0;
+        let (rxq, txq) = (
+            GuestDriver::at(&mem, 16, 0x1000),
+            GuestDriver::at(&mem, 16, 0x8000),
+        );
+        h.mmio.bring_up(0, &[&rxq, &txq]);
+        h.post_rx(2, RX_BUF_LEN);
+        let f = frame(PEER_MAC, GUEST_MAC, b"after reset");
+        h.wire.send(&f);
+        assert_eq!(
+            h.next_frame(Duration::from_secs(2)).as_deref(),
+            Some(&f[..])
+        );
+    });
+}
+
+#[test]
+fn bad_tap_names_and_busy_taps_are_errors() {
+    in_new_netns(|| {
+        for name in ["", "sixteen-chars-xx", "nul\0name"] {
+            assert!(matches!(
+                Net::new(name, GUEST_MAC),
+                Err(NetError::Tap(TapError::BadName(_)))
+            ));
+        }
+        // A single-queue tap already attached elsewhere cannot be opened twice.
+        let first = Net::new("vt-busy", GUEST_MAC).expect("first open");
+        let err = Net::new("vt-busy", GUEST_MAC)
+            .err()
+            .expect("second open must fail");
+        assert!(
+            matches!(
+                err,
+                NetError::Tap(TapError::Ioctl {
+                    op: "TUNSETIFF",
+                    ..
+                })
+            ),
+            "{err}"
+        );
+        drop(first);
+    });
+}
+
+impl Harness<'_> {
+    /// The device behind the transport, for white-box checks.
+    fn net(&self) -> &Net {
+        let dev: &dyn std::any::Any = self.mmio.transport.device();
+        dev.downcast_ref::<Net>()
+            .expect("the harness device is a Net")
+    }
+}
