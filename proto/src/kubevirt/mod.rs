@@ -1,0 +1,67 @@
+//! kubevirt.io/v1 resources, the subset the node side and the thin controller use.
+//!
+//! JSON names follow `staging/src/kubevirt.io/api/core/v1/types.go` (v1.9.0).
+//! Every struct keeps the fields it does not model in `extra`, so that a
+//! read-modify-write never drops what another writer put there.
+
+mod schema;
+pub mod vm;
+pub mod vmi;
+pub mod well_known;
+
+pub use vm::{RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus};
+pub use vmi::*;
+
+/// Fields a type does not model, kept verbatim.
+pub type Extra = std::collections::BTreeMap<String, serde_json::Value>;
+
+/// `Quantity` and `Time` as Kubernetes spells them.
+pub use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// Errors while reading a resource from a manifest or a wire message.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("invalid YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("expected kind {expected}, found {found:?}")]
+    WrongKind {
+        expected: &'static str,
+        found: String,
+    },
+}
+
+/// Parses a VMI given as JSON or YAML (YAML is a superset of JSON, but the
+/// JSON parser gives better messages for JSON input, so it is tried first).
+pub fn parse_vmi(text: &str) -> Result<VirtualMachineInstance, ParseError> {
+    parse_kind(text, "VirtualMachineInstance")
+}
+
+/// Parses a VirtualMachine given as JSON or YAML.
+pub fn parse_vm(text: &str) -> Result<VirtualMachine, ParseError> {
+    parse_kind(text, "VirtualMachine")
+}
+
+fn parse_kind<T: serde::de::DeserializeOwned>(
+    text: &str,
+    expected: &'static str,
+) -> Result<T, ParseError> {
+    let value: serde_json::Value = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text)?
+    } else {
+        serde_yaml::from_str(text)?
+    };
+    // The handler sends VMIs without kind/apiVersion: only a present,
+    // different kind is an error.
+    if let Some(kind) = value.get("kind").and_then(|k| k.as_str())
+        && kind != expected
+    {
+        return Err(ParseError::WrongKind {
+            expected,
+            found: kind.to_string(),
+        });
+    }
+    Ok(serde_json::from_value(value)?)
+}

@@ -1,0 +1,31 @@
+//! Labels, annotations, finalizers and defaults with KubeVirt v1.9.0's exact names.
+
+/// VMI label naming the node that owns the VMI (the handler's watch selector).
+pub const NODE_NAME_LABEL: &str = "kubevirt.io/nodeName";
+/// Pod label holding the VMI UID.
+pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
+/// Pod label `kubevirt.io: virt-launcher`.
+pub const APP_LABEL: &str = "kubevirt.io";
+pub const APP_LABEL_LAUNCHER: &str = "virt-launcher";
+/// Pod label with the (sanitized) VMI name.
+pub const VMI_ID_LABEL: &str = "vmi.kubevirt.io/id";
+/// Deprecated pod label with the sanitized hostname.
+pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
+/// VM/VMI label with the VM name.
+pub const VM_LABEL: &str = "kubevirt.io/vm";
+/// Pod annotation with the VMI name.
+pub const DOMAIN_ANNOTATION: &str = "kubevirt.io/domain";
+/// VMI annotation with the VM generation that produced it.
+pub const VM_GENERATION_ANNOTATION: &str = "kubevirt.io/vm-generation";
+/// Node label set by the handler heartbeat.
+pub const SCHEDULABLE_LABEL: &str = "kubevirt.io/schedulable";
+
+/// Finalizer the API webhook puts on every VMI; removed once its pods are gone.
+pub const FOREGROUND_DELETE_FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
+/// Finalizer of the VM controller on VMs and the VMIs it creates.
+pub const VM_CONTROLLER_FINALIZER: &str = "kubevirt.io/virtualMachineControllerFinalize";
+
+/// Grace period when `terminationGracePeriodSeconds` is not set.
+pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
+/// The launcher's user for non-root VMIs (`qemu` in KubeVirt images).
+pub const NON_ROOT_UID: u32 = 107;

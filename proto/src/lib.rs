@@ -1,0 +1,20 @@
+//! Everything that crosses a process boundary, exactly as KubeVirt v1.9.0 has it.
+//!
+//! - [`grpc`]: the `kubevirt.cmd.v1` / `kubevirt.cmd.info` services the launcher
+//!   serves and the `kubevirt.notify.v1` / `kubevirt.notify.info` services the
+//!   handler serves, generated from `protos/` (wire-identical to v1.9.0).
+//! - [`kubevirt`]: the kubevirt.io/v1 resources (`VirtualMachineInstance`,
+//!   `VirtualMachine`) with the labels, annotations and finalizers around them.
+//! - [`domain`]: the domain object the launcher reports, in KubeVirt's JSON
+//!   (Go field names as keys).
+//! - [`crd`]: CustomResourceDefinitions generated from the types.
+//! - [`wire`]: a canonical listing of the compiled protos, for contract tests.
+//!
+//! Unknown JSON fields are kept everywhere (`extra` maps), so a component that
+//! reads, changes and writes back an object never erases what it does not know.
+
+pub mod crd;
+pub mod domain;
+pub mod grpc;
+pub mod kubevirt;
+pub mod wire;
