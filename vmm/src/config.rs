@@ -21,13 +21,10 @@ pub enum KernelSource {
     Bytes(Arc<[u8]>),
 }
 
-/// Disk image format. Always given explicitly: a format is never guessed from
-/// the file's contents (a guest could write a qcow2 header into a raw disk).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DiskFormat {
-    Raw,
-    Qcow2,
-}
+/// Disk image format (the `block` crate's). Always given explicitly: a
+/// format is never guessed from the file's contents (a guest could write a
+/// qcow2 header into a raw disk).
+pub use block::Format as DiskFormat;
 
 #[derive(Clone, Debug)]
 pub struct DiskConfig {
@@ -40,7 +37,7 @@ pub struct DiskConfig {
 pub struct NetConfig {
     /// Name of an existing tap device (the VMM does not create it).
     pub tap: String,
-    /// Guest MAC address; the device offers none when absent.
+    /// Guest MAC address; when absent, 52:54:00:12:34:(0x56 + device index).
     pub mac: Option<[u8; 6]>,
 }
 

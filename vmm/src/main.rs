@@ -29,6 +29,13 @@ fn main() -> ExitCode {
             vcpus: args.vcpus,
             verbose: args.verbose,
         }),
+        Command::Img(command) => match block::img::run(command) {
+            Ok(status) => status,
+            Err(e) => {
+                eprintln!("vmm img: {e:#}");
+                1
+            }
+        },
     };
     ExitCode::from(u8::try_from(status).unwrap_or(1))
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kvm_ioctls::VmFd;
 use linux_loader::cmdline::Cmdline;
+use virtio_devices::MmioTransport;
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::{MAX_VCPUS, VmConfig};
@@ -60,7 +61,7 @@ impl Vm {
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
 
         let mut pio = Bus::new("port I/O");
-        let mmio = Bus::new("MMIO");
+        let mut mmio = Bus::new("MMIO");
         let console = Console::new(&config.serial, IrqLine::new(&vm, SERIAL_GSI)?)
             .map_err(|e| Error::Device(format!("serial console: {e}")))?;
         let i8042 = Arc::new(Mutex::new(I8042::new(
@@ -79,7 +80,9 @@ impl Vm {
         )
         .map_err(bus_err)?;
 
-        let cmdline = build_cmdline(&config)?;
+        let mut cmdline = build_cmdline(&config)?;
+        let virtio = crate::devices::virtio::attach(&config, &vm, &memory, &mut mmio, &mut cmdline)
+            .map_err(|e| Error::Device(e.to_string()))?;
         kvm::boot::write_long_mode_tables(&memory)?;
         let entry = kvm::boot::load(&memory, &config.kernel, &cmdline, config.initrd.as_deref())?;
 
@@ -95,6 +98,7 @@ impl Vm {
         Ok(VmHandle {
             control,
             i8042,
+            virtio,
             threads: Mutex::new(threads),
             _resources: Resources {
                 _vm: vm,
@@ -220,6 +224,7 @@ struct Resources {
 pub struct VmHandle {
     control: Arc<Control>,
     i8042: Arc<Mutex<I8042>>,
+    virtio: Vec<Arc<Mutex<MmioTransport>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     _resources: Resources,
 }
@@ -229,11 +234,15 @@ impl VmHandle {
         self.control.state()
     }
 
-    /// Stops every vCPU outside the guest. Returns once all are stopped.
+    /// Stops every vCPU outside the guest, then the devices' own threads
+    /// (the net receive thread). Returns once all are stopped.
     pub fn pause(&self) -> Result<()> {
         self.ensure_running()?;
         self.control.request_pause();
         if self.control.wait_paused(PAUSE_TIMEOUT) {
+            for transport in &self.virtio {
+                lock(transport).pause();
+            }
             return Ok(());
         }
         match self.control.exit() {
@@ -245,6 +254,9 @@ impl VmHandle {
     /// Lets a paused VM run again.
     pub fn resume(&self) -> Result<()> {
         self.ensure_running()?;
+        for transport in &self.virtio {
+            lock(transport).resume();
+        }
         self.control.resume();
         Ok(())
     }

@@ -34,6 +34,9 @@ pub enum Command {
     /// Boot the embedded test guest with one of each device and report
     /// PASS/FAIL per check. Exit status 0 only if every check passes.
     Selftest(SelftestArgs),
+    /// Disk image tools (create, info, check, ...) from the `block` crate.
+    #[command(subcommand)]
+    Img(block::img::ImgCommand),
 }
 
 #[derive(Debug, Args)]
@@ -115,11 +118,11 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
         match key {
             "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
             "format" => {
-                format = Some(match value {
-                    "raw" => DiskFormat::Raw,
-                    "qcow2" => DiskFormat::Qcow2,
-                    _ => return Err(format!("unknown disk format {value:?} (raw or qcow2)")),
-                })
+                format = Some(
+                    value
+                        .parse::<DiskFormat>()
+                        .map_err(|_| format!("unknown disk format {value:?} (raw or qcow2)"))?,
+                )
             }
             "readonly" => read_only = on_off(key, value)?,
             _ => return Err(format!("unknown or empty disk option {key:?}")),
