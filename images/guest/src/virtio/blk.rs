@@ -1,0 +1,189 @@
+//! virtio-blk checks: write, interrupt, flush, read back, bounds.
+
+use crate::irq;
+use crate::report::{Detail, Reporter};
+
+use super::Name;
+use super::queue::{Buf, Queue, buffers, fill, read8, write8, write32, write64};
+use super::transport::Device;
+
+/// Sector the check writes (byte offset 512 in the disk file).
+pub const TEST_SECTOR: u64 = 1;
+const SECTOR_SIZE: usize = 512;
+/// First bytes of the pattern, so a host can spot it in a disk image.
+pub const PATTERN_MAGIC: &[u8; 16] = b"virtio-blk-test\n";
+
+const T_IN: u32 = 0;
+const T_OUT: u32 = 1;
+const T_FLUSH: u32 = 4;
+const S_OK: u8 = 0;
+const S_IOERR: u8 = 1;
+/// VIRTIO_BLK_F_RO.
+const F_RO: u32 = 1 << 5;
+/// Longest wait for a request (they complete during the notification).
+const REQUEST_TIMEOUT_MS: u32 = 1000;
+const IRQ_TIMEOUT_MS: u32 = 1000;
+
+/// Byte `i` of the test sector; the host-side test computes the same.
+pub fn pattern(i: usize) -> u8 {
+    if i < PATTERN_MAGIC.len() {
+        PATTERN_MAGIC[i]
+    } else {
+        (i as u8).wrapping_mul(31) ^ 0x5a
+    }
+}
+
+struct Blk<'a> {
+    dev: &'a Device,
+    queue: Queue,
+}
+
+impl Blk<'_> {
+    /// One request: header, optional data buffer, status. Returns the
+    /// status byte, or None if the device never returned the chain.
+    fn request(&mut self, kind: u32, sector: u64, data: Option<Buf>) -> Option<u8> {
+        let hdr = buffers();
+        write32(hdr, kind);
+        write32(hdr + 4, 0);
+        write64(hdr + 8, sector);
+        let status = hdr + 16;
+        write8(status, 0xff);
+        let header = Buf {
+            addr: hdr,
+            len: 16,
+            writable: false,
+        };
+        let st = Buf {
+            addr: status,
+            len: 1,
+            writable: true,
+        };
+        match data {
+            Some(d) => self.queue.add(&[header, d, st]),
+            None => self.queue.add(&[header, st]),
+        };
+        self.dev.notify(0);
+        self.queue.wait_used(REQUEST_TIMEOUT_MS)?;
+        Some(read8(status))
+    }
+}
+
+fn status_detail(d: &mut Detail, status: Option<u8>) {
+    match status {
+        Some(s) => d.str("status=").dec(u64::from(s)),
+        None => d.str("no completion"),
+    };
+}
+
+pub fn check(dev: &Device, irq_pin: u32, index: usize, r: &mut dyn Reporter) {
+    let queue = Queue::new(0);
+    let features = match dev.initialize(F_RO, &[&queue]) {
+        Ok(f) => f,
+        Err(e) => {
+            r.result(Name::new("virtio-blk", index, "init").as_str(), false, e);
+            dev.reset();
+            return;
+        }
+    };
+    let mut blk = Blk { dev, queue };
+    let read_only = features & F_RO != 0;
+    let capacity = u64::from(dev.config32(0)) | u64::from(dev.config32(4)) << 32;
+    let routed = irq::route(irq_pin);
+    irq::take(irq_pin);
+
+    let data = buffers() + SECTOR_SIZE as u64;
+    for i in 0..SECTOR_SIZE {
+        write8(data + i as u64, pattern(i));
+    }
+    let out = Buf {
+        addr: data,
+        len: SECTOR_SIZE as u32,
+        writable: false,
+    };
+    let status = blk.request(T_OUT, TEST_SECTOR, Some(out));
+    let mut d = Detail::new();
+    d.str("sector=").dec(TEST_SECTOR).str(" capacity=").dec(capacity).str(" ");
+    status_detail(&mut d, status);
+    if read_only {
+        r.result(
+            Name::new("virtio-blk", index, "ro").as_str(),
+            status == Some(S_IOERR),
+            d.as_str(),
+        );
+    } else {
+        r.result(
+            Name::new("virtio-blk", index, "write").as_str(),
+            status == Some(S_OK),
+            d.as_str(),
+        );
+    }
+
+    // The completion above raised the device interrupt (if routable).
+    let mut d = Detail::new();
+    let fired = routed && irq::wait(irq_pin, IRQ_TIMEOUT_MS);
+    let int_status = dev.ack_interrupt();
+    d.str("pin=")
+        .dec(u64::from(irq_pin))
+        .str(if routed { " fired=" } else { " unroutable" })
+        .dec(u64::from(fired))
+        .str(" isr=")
+        .dec(u64::from(int_status));
+    r.result(
+        Name::new("virtio-blk", index, "irq").as_str(),
+        fired && int_status & 1 != 0,
+        d.as_str(),
+    );
+
+    let status = blk.request(T_FLUSH, 0, None);
+    let mut d = Detail::new();
+    status_detail(&mut d, status);
+    r.result(
+        Name::new("virtio-blk", index, "flush").as_str(),
+        status == Some(S_OK),
+        d.as_str(),
+    );
+
+    let back = buffers() + 2 * SECTOR_SIZE as u64;
+    fill(back, SECTOR_SIZE, 0);
+    let input = Buf {
+        addr: back,
+        len: SECTOR_SIZE as u32,
+        writable: true,
+    };
+    let status = blk.request(T_IN, TEST_SECTOR, Some(input));
+    let mut mismatch = None;
+    if !read_only {
+        for i in 0..SECTOR_SIZE {
+            if read8(back + i as u64) != pattern(i) {
+                mismatch = Some(i);
+                break;
+            }
+        }
+    }
+    let mut d = Detail::new();
+    status_detail(&mut d, status);
+    if let Some(i) = mismatch {
+        d.str(" mismatch at byte ").dec(i as u64);
+    }
+    r.result(
+        Name::new("virtio-blk", index, "read").as_str(),
+        status == Some(S_OK) && mismatch.is_none(),
+        d.as_str(),
+    );
+
+    // One sector at the capacity: just past the end.
+    input_past_end(&mut blk, capacity, input, index, r);
+    dev.reset();
+}
+
+fn input_past_end(blk: &mut Blk, capacity: u64, input: Buf, index: usize, r: &mut dyn Reporter) {
+    let status = blk.request(T_IN, capacity, Some(input));
+    let mut d = Detail::new();
+    d.str("sector=").dec(capacity).str(" ");
+    status_detail(&mut d, status);
+    r.result(
+        Name::new("virtio-blk", index, "bounds").as_str(),
+        status == Some(S_IOERR) && !blk.dev.needs_reset(),
+        d.as_str(),
+    );
+}

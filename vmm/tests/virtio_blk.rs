@@ -1,0 +1,151 @@
+//! virtio-blk end to end: the test guest writes, flushes, reads back and
+//! probes the bounds of disks attached with `vmm run --disk`; the test then
+//! checks the bytes in the disk files themselves.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Output;
+
+/// The sector the guest writes and its pattern (images/guest/src/virtio/blk.rs).
+const TEST_SECTOR: usize = 1;
+const SECTOR: usize = 512;
+
+fn pattern(i: usize) -> u8 {
+    const MAGIC: &[u8; 16] = b"virtio-blk-test\n";
+    if i < MAGIC.len() {
+        MAGIC[i]
+    } else {
+        (i as u8).wrapping_mul(31) ^ 0x5a
+    }
+}
+
+fn expected_sector() -> Vec<u8> {
+    (0..SECTOR).map(pattern).collect()
+}
+
+fn raw_disk(dir: &tempfile::TempDir, name: &str, size: usize, fill: u8) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, vec![fill; size]).expect("write disk image");
+    path
+}
+
+fn run_blk(kernel: &Path, disks: &[String]) -> Output {
+    let mut args = vec!["--cmdline", "checks=virtio-blk exit=poweroff"];
+    for d in disks {
+        args.push("--disk");
+        args.push(d);
+    }
+    let out = run_kernel(kernel, &args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
+#[test]
+fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let disk = raw_disk(&dir, "disk.raw", 1 << 20, 0x11);
+    let out = run_blk(&kernel, &[format!("path={},format=raw", disk.display())]);
+    for check in [
+        "virtio-blk-write",
+        "virtio-blk-irq",
+        "virtio-blk-flush",
+        "virtio-blk-read",
+        "virtio-blk-bounds",
+    ] {
+        assert_pass(&out, check);
+    }
+    assert!(stdout(&out).contains("capacity=2048"), "{}", stdout(&out));
+    let bytes = std::fs::read(&disk).unwrap();
+    assert_eq!(bytes.len(), 1 << 20, "the disk file keeps its size");
+    let at = TEST_SECTOR * SECTOR;
+    assert_eq!(bytes[at..at + SECTOR], expected_sector()[..]);
+    assert!(bytes[..at].iter().all(|&b| b == 0x11), "sector 0 untouched");
+    assert!(bytes[at + SECTOR..].iter().all(|&b| b == 0x11), "the rest untouched");
+}
+
+#[test]
+fn a_read_only_disk_refuses_the_write_and_keeps_its_bytes() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let disk = raw_disk(&dir, "ro.raw", 64 * 1024, 0x22);
+    let out = run_blk(
+        &kernel,
+        &[format!("path={},format=raw,readonly=on", disk.display())],
+    );
+    for check in [
+        "virtio-blk-ro",
+        "virtio-blk-flush",
+        "virtio-blk-read",
+        "virtio-blk-bounds",
+    ] {
+        assert_pass(&out, check);
+    }
+    assert!(
+        !stdout(&out).contains("TEST virtio-blk-write"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(std::fs::read(&disk).unwrap(), vec![0x22; 64 * 1024]);
+}
+
+#[test]
+fn two_disks_are_driven_separately() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let rw = raw_disk(&dir, "rw.raw", 128 * 1024, 0);
+    let ro = raw_disk(&dir, "ro.raw", 128 * 1024, 0x33);
+    let out = run_blk(
+        &kernel,
+        &[
+            format!("path={},format=raw", rw.display()),
+            format!("path={},format=raw,readonly=on", ro.display()),
+        ],
+    );
+    assert_pass(&out, "virtio-blk-write");
+    assert_pass(&out, "virtio-blk1-ro");
+    assert_pass(&out, "virtio-blk1-irq");
+    assert!(stdout(&out).contains("DONE passed=10 failed=0"), "{}", stdout(&out));
+    let rw_bytes = std::fs::read(&rw).unwrap();
+    assert_eq!(rw_bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
+    assert_eq!(std::fs::read(&ro).unwrap(), vec![0x33; 128 * 1024]);
+}
+
+#[test]
+fn the_guest_writes_its_pattern_into_a_qcow2_image_that_qemu_img_accepts() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let image = dir.path().join("disk.qcow2");
+    let qemu_img = |args: &[&str]| {
+        let out = std::process::Command::new("qemu-img")
+            .args(args)
+            .output()
+            .expect("qemu-img is required for this test (Debian package qemu-utils)");
+        assert!(
+            out.status.success(),
+            "qemu-img {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let image_s = image.to_str().unwrap();
+    qemu_img(&["create", "-q", "-f", "qcow2", image_s, "1M"]);
+    let out = run_blk(&kernel, &[format!("path={image_s},format=qcow2")]);
+    assert_pass(&out, "virtio-blk-write");
+    assert_pass(&out, "virtio-blk-read");
+    qemu_img(&["check", "-q", image_s]);
+    let raw = dir.path().join("converted.raw");
+    let raw_s = raw.to_str().unwrap();
+    qemu_img(&["convert", "-f", "qcow2", "-O", "raw", image_s, raw_s]);
+    let bytes = std::fs::read(&raw).unwrap();
+    assert_eq!(bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
+    assert!(bytes[..SECTOR].iter().all(|&b| b == 0));
+}
