@@ -9,11 +9,9 @@
 //! one transaction makes a second run leave exactly the same state, and a failing batch
 //! changes nothing.
 //!
-//! One difference with `nft`: KubeVirt writes anonymous sets (`tcp dport { 49152, 49153 }`,
-//! `ip saddr { 127.0.0.1, 127.0.0.6 }`). Encoding anonymous sets needs three extra kinds of
-//! netlink objects (set, set elements, lookup); since every such rule ends in a terminal
-//! verdict (`return`, `snat`, `dnat`), one rule per set element has the same effect, so the
-//! encoder expands sets into that many rules.
+//! Sets are encoded the way `nft` does: a match on one value is a plain comparison, a match
+//! on several (`tcp dport { 49152, 49153 }`) an anonymous constant set in the same batch
+//! plus a `lookup` expression, so `nft list ruleset` shows KubeVirt's rules.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -22,7 +20,8 @@ use netlink_bindings::nftables::{
     self, CmpOps, MetaKeys, Nfgenmsg, PayloadBase, PushExprListAttrs, PushRuleAttrs, Registers,
     VerdictCode,
 };
-use netlink_bindings::utils::RequestBuf;
+use netlink_bindings::traits::Pusher;
+use netlink_bindings::utils::{RequestBuf, push_header};
 use netlink_socket2::NetlinkSocket;
 
 /// The table KubeVirt uses in both families.
@@ -51,6 +50,14 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_NAT_SNAT: u32 = 0;
 const NFT_NAT_DNAT: u32 = 1;
 const IFNAMSIZ: usize = 16;
+const NFT_SET_ANONYMOUS: u32 = 0x1;
+const NFT_SET_CONSTANT: u32 = 0x2;
+/// The kernel picks the number (`__set0`, `__set1`...) as `nft` asks it to.
+const ANONYMOUS_SET_NAME: &[u8] = b"__set%d";
+/// nft's data type ids, stored with a set so `nft list` prints its elements properly.
+const NFT_TYPE_IPADDR: u32 = 7;
+const NFT_TYPE_IP6ADDR: u32 = 8;
+const NFT_TYPE_INET_SERVICE: u32 = 13;
 
 /// `ip` (IPv4) or `ip6` (IPv6) nftables family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -390,9 +397,7 @@ pub fn install(rulesets: &[NatRuleset]) -> Result<(), NftError> {
             batch.add_regular_chain(ruleset.family, chain);
         }
         for rule in ruleset.rules() {
-            for expanded in expand_sets(&rule) {
-                batch.add_rule(ruleset.family, &expanded);
-            }
+            batch.add_rule(ruleset.family, &rule);
         }
     }
     batch.commit()
@@ -409,47 +414,14 @@ pub fn remove(families: &[Family]) -> Result<(), NftError> {
     batch.commit()
 }
 
-/// Splits a rule that matches sets into one rule per combination of set elements.
-fn expand_sets(rule: &Rule) -> Vec<Rule> {
-    let mut expanded = vec![Rule {
-        chain: rule.chain,
-        matches: Vec::new(),
-        action: rule.action.clone(),
-    }];
-    for m in &rule.matches {
-        let singles: Vec<Match> = match m {
-            Match::Saddr(fam, addrs) => {
-                addrs.iter().map(|a| Match::Saddr(*fam, vec![*a])).collect()
-            }
-            Match::Daddr(fam, addrs) => {
-                addrs.iter().map(|a| Match::Daddr(*fam, vec![*a])).collect()
-            }
-            Match::Dport(proto, ports) => ports
-                .iter()
-                .map(|p| Match::Dport(*proto, vec![*p]))
-                .collect(),
-            other => vec![other.clone()],
-        };
-        expanded = expanded
-            .into_iter()
-            .flat_map(|partial| {
-                singles.iter().map(move |single| {
-                    let mut next = partial.clone();
-                    next.matches.push(single.clone());
-                    next
-                })
-            })
-            .collect();
-    }
-    expanded
-}
-
 type PushExprs<'a> = PushExprListAttrs<PushRuleAttrs<RequestBuf<'a>>>;
 
 /// One nf_tables transaction being built.
 struct Batch {
     sock: NetlinkSocket,
     chained: nftables::Chained<'static>,
+    /// Batch-local ids of anonymous sets, so rules can refer to sets not yet named.
+    next_set_id: u32,
 }
 
 fn header(family: u8) -> Nfgenmsg {
@@ -484,7 +456,11 @@ impl Batch {
             .op_batch_begin_do(&h)
             .encode()
             .push_genid(genid);
-        Ok(Batch { sock, chained })
+        Ok(Batch {
+            sock,
+            chained,
+            next_set_id: 0,
+        })
     }
 
     fn add_table(&mut self, family: Family) {
@@ -535,8 +511,67 @@ impl Batch {
             .push_name_bytes(name.as_bytes());
     }
 
-    /// Adds a rule whose matches are single values (see [`expand_sets`]).
+    /// Adds an anonymous constant set (`{ a, b }`) and returns its batch-local id.
+    fn add_anonymous_set(&mut self, family: Family, key_type: u32, elements: &[Vec<u8>]) -> u32 {
+        self.next_set_id += 1;
+        let id = self.next_set_id;
+        let key_len = elements.first().map_or(0, Vec::len) as u32;
+        self.chained
+            .request()
+            .set_create()
+            .op_newset_do(&header(family.nfproto()))
+            .encode()
+            .push_table_bytes(NAT_TABLE.as_bytes())
+            .push_name_bytes(ANONYMOUS_SET_NAME)
+            .push_flags(NFT_SET_ANONYMOUS | NFT_SET_CONSTANT)
+            .push_key_type(key_type)
+            .push_key_len(key_len)
+            .push_id(be32_for_ne_pusher(id));
+        let mut list = self
+            .chained
+            .request()
+            .set_create()
+            .op_newsetelem_do(&header(family.nfproto()))
+            .into_encoder()
+            .push_table_bytes(NAT_TABLE.as_bytes())
+            .push_set_bytes(ANONYMOUS_SET_NAME)
+            .push_set_id(be32_for_ne_pusher(id))
+            .nested_elements();
+        for element in elements {
+            list = list
+                .nested_elem()
+                .nested_key()
+                .push_value(element)
+                .end_nested()
+                .end_nested();
+        }
+        list.end_nested();
+        id
+    }
+
     fn add_rule(&mut self, family: Family, rule: &Rule) {
+        // Sets first: the rule's lookup refers to them by their batch-local id.
+        let set_ids: Vec<Option<u32>> = rule
+            .matches
+            .iter()
+            .map(|m| match m {
+                Match::Saddr(_, addrs) | Match::Daddr(_, addrs) if addrs.len() > 1 => {
+                    let key_type = match family {
+                        Family::Ip => NFT_TYPE_IPADDR,
+                        Family::Ip6 => NFT_TYPE_IP6ADDR,
+                    };
+                    let elements: Vec<Vec<u8>> = addrs.iter().map(|a| ip_bytes(*a)).collect();
+                    Some(self.add_anonymous_set(family, key_type, &elements))
+                }
+                Match::Dport(_, ports) if ports.len() > 1 => {
+                    let elements: Vec<Vec<u8>> =
+                        ports.iter().map(|p| p.to_be_bytes().to_vec()).collect();
+                    Some(self.add_anonymous_set(family, NFT_TYPE_INET_SERVICE, &elements))
+                }
+                _ => None,
+            })
+            .collect();
+
         let mut exprs: PushExprs<'_> = self
             .chained
             .request()
@@ -547,40 +582,34 @@ impl Batch {
             .push_table_bytes(NAT_TABLE.as_bytes())
             .push_chain_bytes(rule.chain.as_bytes())
             .nested_expressions();
-        for m in &rule.matches {
+        for (m, set_id) in rule.matches.iter().zip(set_ids) {
+            let (saddr_offset, daddr_offset, addr_len) = family.addr_layout();
             exprs = match m {
                 Match::IifName(name) => match_ifname(exprs, MetaKeys::Iifname, name),
                 Match::OifName(name) => match_ifname(exprs, MetaKeys::Oifname, name),
-                Match::Saddr(fam, addrs) => {
-                    let (saddr_offset, _, len) = fam.addr_layout();
-                    match_payload(
-                        exprs,
-                        PayloadBase::NetworkHeader,
-                        saddr_offset,
-                        len,
-                        &ip_bytes(addrs[0]),
-                    )
-                }
-                Match::Daddr(fam, addrs) => {
-                    let (_, daddr_offset, len) = fam.addr_layout();
-                    match_payload(
-                        exprs,
-                        PayloadBase::NetworkHeader,
-                        daddr_offset,
-                        len,
-                        &ip_bytes(addrs[0]),
-                    )
+                Match::Saddr(_, addrs) | Match::Daddr(_, addrs) => {
+                    let offset = if matches!(m, Match::Saddr(..)) {
+                        saddr_offset
+                    } else {
+                        daddr_offset
+                    };
+                    let exprs = load_payload(exprs, PayloadBase::NetworkHeader, offset, addr_len);
+                    match (set_id, addrs.first()) {
+                        (Some(id), _) => lookup(exprs, id),
+                        (None, Some(addr)) => cmp_eq(exprs, &ip_bytes(*addr)),
+                        // An empty set matches nothing; rules() never builds one.
+                        (None, None) => exprs,
+                    }
                 }
                 Match::Dport(proto, ports) => {
                     let exprs = match_meta(exprs, MetaKeys::L4Proto, &[proto.number()]);
                     // The destination port is bytes 2..4 of both the TCP and the UDP header.
-                    match_payload(
-                        exprs,
-                        PayloadBase::TransportHeader,
-                        2,
-                        2,
-                        &ports[0].to_be_bytes(),
-                    )
+                    let exprs = load_payload(exprs, PayloadBase::TransportHeader, 2, 2);
+                    match (set_id, ports.first()) {
+                        (Some(id), _) => lookup(exprs, id),
+                        (None, Some(port)) => cmp_eq(exprs, &port.to_be_bytes()),
+                        (None, None) => exprs,
+                    }
                 }
             };
         }
@@ -614,7 +643,7 @@ impl Batch {
                     .and_then(|ack| ack.get_msg().ok().map(|m| format!(" ({m:?})")))
                     .unwrap_or_default(),
             };
-            NftError::Batch(format!("{}{detail}", e.as_io_error()))
+            NftError::Batch(format!("{e}{detail}"))
         })
     }
 }
@@ -658,14 +687,8 @@ fn match_ifname<'a>(exprs: PushExprs<'a>, key: MetaKeys, name: &str) -> PushExpr
     match_meta(exprs, key, &padded)
 }
 
-fn match_payload<'a>(
-    exprs: PushExprs<'a>,
-    base: PayloadBase,
-    offset: u32,
-    len: u32,
-    value: &[u8],
-) -> PushExprs<'a> {
-    let exprs = exprs
+fn load_payload(exprs: PushExprs<'_>, base: PayloadBase, offset: u32, len: u32) -> PushExprs<'_> {
+    exprs
         .nested_elem()
         .nested_data_payload()
         .push_dreg(Registers::Reg1 as u32)
@@ -673,8 +696,37 @@ fn match_payload<'a>(
         .push_offset(offset)
         .push_len(len)
         .end_nested()
-        .end_nested();
-    cmp_eq(exprs, value)
+        .end_nested()
+}
+
+/// The kernel reads every set id attribute as big-endian, but netlink-bindings 0.3.5
+/// writes `NFTA_SET_ID` and `NFTA_SET_ELEM_LIST_SET_ID` in native order (its spec lacks the
+/// byte order) while it writes `NFTA_LOOKUP_SET_ID` big-endian. Pre-swapping the value for
+/// the two native-order pushers makes all three carry the same bytes.
+fn be32_for_ne_pusher(value: u32) -> u32 {
+    u32::from_ne_bytes(value.to_be_bytes())
+}
+
+/// Attribute numbers of the `lookup` expression (`enum nft_lookup_attributes`).
+/// netlink-bindings 0.3.5 numbers them wrongly (its `set-id` is 2, `sreg` 3, the kernel's
+/// are 4 and 2), so only the set name goes through the crate and the rest is written here.
+const NFTA_LOOKUP_SREG: u16 = 2;
+const NFTA_LOOKUP_SET_ID: u16 = 4;
+
+fn push_be32_attr(pusher: &mut impl Pusher, kind: u16, value: u32) {
+    let buf = pusher.as_vec_mut();
+    push_header(buf, kind, 4);
+    buf.extend_from_slice(&value.to_be_bytes());
+}
+
+fn lookup(exprs: PushExprs<'_>, set_id: u32) -> PushExprs<'_> {
+    let mut attrs = exprs
+        .nested_elem()
+        .nested_data_lookup()
+        .push_set_bytes(ANONYMOUS_SET_NAME);
+    push_be32_attr(&mut attrs, NFTA_LOOKUP_SREG, Registers::Reg1 as u32);
+    push_be32_attr(&mut attrs, NFTA_LOOKUP_SET_ID, set_id);
+    attrs.end_nested().end_nested()
 }
 
 fn counter(exprs: PushExprs<'_>) -> PushExprs<'_> {
@@ -805,22 +857,6 @@ mod tests {
             "output ip daddr { 127.0.0.1, 10.244.0.7 } counter dnat to 10.0.2.2"
         );
         assert_eq!(rules.len(), 8);
-    }
-
-    #[test]
-    fn sets_expand_to_one_rule_per_element() {
-        let rules = v4_ruleset(vec![], true, true).rules();
-        let reserved = &rules[3];
-        let expanded = expand_sets(reserved);
-        assert_eq!(expanded.len(), ISTIO_RESERVED_PORTS.len());
-        assert!(expanded.iter().all(|r| r.action == Action::Return
-            && r.matches.iter().all(|m| match m {
-                Match::Dport(_, p) => p.len() == 1,
-                Match::Saddr(_, a) | Match::Daddr(_, a) => a.len() == 1,
-                _ => true,
-            })));
-        let snat = expand_sets(&rules[6]);
-        assert_eq!(snat.len(), 2);
     }
 
     #[test]

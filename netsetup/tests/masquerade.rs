@@ -155,6 +155,93 @@ fn setup_builds_contract_names_addresses_and_rules() {
 }
 
 #[test]
+fn istio_and_legacy_migration_rules_use_sets_like_kubevirt() {
+    let topo = Topology::new(true);
+    let mut config = config_for(&topo.pod, vec![]);
+    config.istio = true;
+    config.migration_over_unix = false;
+    masquerade::setup(&config).expect("setup");
+    let rules = topo.pod.nft_ruleset();
+    for expected in [
+        "tcp dport { 49152, 49153 } ip saddr 127.0.0.1 counter packets 0 bytes 0 return",
+        "tcp dport { 49152, 49153 } ip6 saddr ::1 counter packets 0 bytes 0 return",
+        "tcp dport { 15000, 15001, 15004, 15006, 15008, 15009, 15020, 15021, 15053, 15090 } ip saddr 127.0.0.1 counter packets 0 bytes 0 return",
+        "tcp dport 22 counter packets 0 bytes 0 dnat to 10.0.2.2",
+        "ip saddr { 127.0.0.1, 127.0.0.6 } counter packets 0 bytes 0 snat to 10.0.2.1",
+        "ip daddr { 127.0.0.1, 192.168.77.2 } counter packets 0 bytes 0 dnat to 10.0.2.2",
+        "ip6 daddr ::1 counter packets 0 bytes 0 dnat to fd10:0:2::2",
+    ] {
+        assert!(rules.contains(expected), "missing {expected:?} in\n{rules}");
+    }
+    // No catch-all DNAT with Istio.
+    assert!(
+        !rules.contains("KUBEVIRT_PREINBOUND {\n\t\tcounter"),
+        "{rules}"
+    );
+    // Replacing the table also replaces its anonymous sets: a second run is identical.
+    masquerade::setup(&config).expect("second setup");
+    let without_counters = |r: &str| r.replace(|c: char| c.is_ascii_digit(), "");
+    assert_eq!(
+        without_counters(&topo.pod.nft_ruleset()),
+        without_counters(&rules)
+    );
+}
+
+#[test]
+fn ipv6_only_pod_gets_only_ipv6() {
+    let topo = Topology::with_pod_addrs(&[], true);
+    let outcome = masquerade::setup(&config_for(&topo.pod, vec![])).expect("setup");
+    assert!(outcome.ipv4.is_none() && outcome.ipv6.is_some());
+    let addrs = topo.pod.sh("ip -o addr show dev k6t-eth0");
+    assert!(
+        addrs.contains("fd10:0:2::1/120") && !addrs.contains("10.0.2.1"),
+        "{addrs}"
+    );
+    let rules = topo.pod.nft_ruleset();
+    assert!(
+        rules.contains("table ip6 nat") && !rules.contains("table ip nat"),
+        "{rules}"
+    );
+    assert_eq!(topo.pod.sh("cat /proc/sys/net/ipv4/ip_forward"), "0\n");
+}
+
+#[test]
+fn second_run_while_the_vmm_holds_the_tap_succeeds() {
+    let topo = Topology::new(true);
+    let config = config_for(&topo.pod, vec![]);
+    masquerade::setup(&config).expect("setup");
+    let _vmm = Guest::attach(&topo.pod, "tap0");
+    masquerade::setup(&config).expect("setup again with the tap in use");
+}
+
+#[test]
+fn failure_midway_rolls_back_everything() {
+    // A pod MTU the bridge accepts but a tap does not (tap max 65521): setup fails after
+    // creating bridge, addresses and tap, and must undo them.
+    let topo = Topology::new(true);
+    topo.pod.netlink(|h| async move {
+        let eth0 = netsetup::links::link_by_name(&h, "eth0")
+            .await
+            .unwrap()
+            .unwrap();
+        netsetup::links::change_link(
+            &h,
+            eth0.index,
+            netsetup::links::LinkChange {
+                mtu: Some(65535),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    });
+    let before = topo.pod.snapshot();
+    let err = masquerade::setup(&config_for(&topo.pod, vec![])).unwrap_err();
+    assert!(matches!(err, MasqueradeError::Link(_)), "{err}");
+    assert_eq!(topo.pod.snapshot(), before, "failed setup left changes");
+}
+
+#[test]
 fn ipv4_only_pod_gets_no_ipv6_gateway_or_rules() {
     let topo = Topology::new(false);
     let outcome = masquerade::setup(&config_for(&topo.pod, vec![])).expect("setup");
@@ -559,7 +646,9 @@ fn cli_masquerade_and_teardown() {
         "{rules}"
     );
     assert!(
-        rules.contains("tcp dport 49152 ip saddr 127.0.0.1 counter packets 0 bytes 0 return"),
+        rules.contains(
+            "tcp dport { 49152, 49153 } ip saddr 127.0.0.1 counter packets 0 bytes 0 return"
+        ),
         "{rules}"
     );
     let tap = topo.pod.sh("ip -d link show tap0");
