@@ -4,6 +4,7 @@
 //! Every struct keeps the fields it does not model in `extra`, so that a
 //! read-modify-write never drops what another writer put there.
 
+pub mod quantity;
 mod schema;
 pub mod vm;
 pub mod vmi;
