@@ -272,7 +272,7 @@ pub async fn add_address(
         )))
 }
 
-/// Creates a network namespace-independent `InfoKind` name check helper.
+/// Whether `link` is of the given kind (`bridge`, `tun`...).
 pub fn is_kind(link: &LinkState, kind: InfoKind) -> bool {
     link.kind.as_deref() == Some(kind.to_string().as_str())
 }

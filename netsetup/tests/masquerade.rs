@@ -90,6 +90,49 @@ fn connect_from_node(node: &Netns, to: SocketAddr) -> OwnedFd {
     })
 }
 
+/// One DHCP request from the guest (broadcast, retransmitted like a real client) and the
+/// server's reply with the same transaction id.
+fn dhcp_exchange(
+    guest: &Guest,
+    kind: MessageType,
+    requested: Option<Ipv4Addr>,
+    xid: u32,
+) -> Message {
+    let mut msg = Message::default();
+    msg.set_xid(xid).set_chaddr(&GUEST_MAC);
+    msg.opts_mut().insert(DhcpOption::MessageType(kind));
+    if let Some(ip) = requested {
+        msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
+        msg.opts_mut()
+            .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 2, 1)));
+    }
+    let mut frame = Vec::new();
+    PacketBuilder::ethernet2(GUEST_MAC, [0xff; 6])
+        .ipv4([0, 0, 0, 0], [255, 255, 255, 255], 64)
+        .udp(68, 67)
+        .write(&mut frame, &msg.to_vec().unwrap())
+        .unwrap();
+    // Like a real client, retransmit: the bridge port may still be coming up.
+    for _ in 0..10 {
+        guest.send(&frame);
+        let reply = guest.recv_until(WAIT / 10, |frame| {
+            let packet = SlicedPacket::from_ethernet(frame).ok()?;
+            let TransportSlice::Udp(udp) = packet.transport? else {
+                return None;
+            };
+            if udp.destination_port() != 68 {
+                return None;
+            }
+            let reply = Message::decode(&mut Decoder::new(udp.payload())).ok()?;
+            (reply.xid() == xid).then_some(reply)
+        });
+        if let Some(reply) = reply {
+            return reply;
+        }
+    }
+    panic!("no DHCP reply came out of the tap")
+}
+
 #[test]
 fn setup_builds_contract_names_addresses_and_rules() {
     let topo = Topology::new(true);
@@ -288,41 +331,7 @@ fn dhcp_through_the_tap_returns_contract_options() {
         std::thread::spawn(move || server.serve_until(&stop, Duration::from_millis(100)))
     };
 
-    let exchange = |kind: MessageType, requested: Option<Ipv4Addr>, xid: u32| -> Message {
-        let mut msg = Message::default();
-        msg.set_xid(xid).set_chaddr(&GUEST_MAC);
-        msg.opts_mut().insert(DhcpOption::MessageType(kind));
-        if let Some(ip) = requested {
-            msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
-            msg.opts_mut()
-                .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 2, 1)));
-        }
-        let mut frame = Vec::new();
-        PacketBuilder::ethernet2(GUEST_MAC, [0xff; 6])
-            .ipv4([0, 0, 0, 0], [255, 255, 255, 255], 64)
-            .udp(68, 67)
-            .write(&mut frame, &msg.to_vec().unwrap())
-            .unwrap();
-        // Like a real client, retransmit: the bridge port may still be coming up.
-        for _ in 0..10 {
-            guest.send(&frame);
-            let reply = guest.recv_until(WAIT / 10, |frame| {
-                let packet = SlicedPacket::from_ethernet(frame).ok()?;
-                let TransportSlice::Udp(udp) = packet.transport? else {
-                    return None;
-                };
-                if udp.destination_port() != 68 {
-                    return None;
-                }
-                let reply = Message::decode(&mut Decoder::new(udp.payload())).ok()?;
-                (reply.xid() == xid).then_some(reply)
-            });
-            if let Some(reply) = reply {
-                return reply;
-            }
-        }
-        panic!("no DHCP reply came out of the tap")
-    };
+    let exchange = |kind, requested, xid| dhcp_exchange(&guest, kind, requested, xid);
 
     let offer = exchange(MessageType::Discover, None, 0x1234_5678);
     let opts = offer.opts();
@@ -690,4 +699,63 @@ fn cli_masquerade_and_teardown() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+#[test]
+fn cli_dhcp_serves_the_guest() {
+    let topo = Topology::new(true);
+    masquerade::setup(&config_for(&topo.pod, vec![])).expect("setup");
+    let guest = Guest::attach(&topo.pod, "tap0");
+    let resolv =
+        std::env::temp_dir().join(format!("netsetup-test-resolv-{}.conf", std::process::id()));
+    std::fs::write(
+        &resolv,
+        "search example.org\nnameserver 192.0.2.53\nnameserver 192.0.2.54\n",
+    )
+    .unwrap();
+    let server = std::process::Command::new(env!("CARGO_BIN_EXE_netsetup"))
+        .args(["dhcp", "--netns"])
+        .arg(topo.pod.path())
+        .arg("--resolv-conf")
+        .arg(&resolv)
+        .args(["--hostname", "clivm"])
+        .spawn()
+        .expect("start netsetup dhcp");
+    let server = KillOnDrop(server);
+    // The server binds after reading its inputs; the exchange retransmits until it answers.
+    let offer = dhcp_exchange(&guest, MessageType::Discover, None, 0x5151);
+    drop(server);
+    let _ = std::fs::remove_file(&resolv);
+    let opts = offer.opts();
+    assert_eq!(offer.yiaddr(), Ipv4Addr::new(10, 0, 2, 2));
+    assert_eq!(
+        opts.get(OptionCode::DomainNameServer),
+        Some(&DhcpOption::DomainNameServer(vec![
+            Ipv4Addr::new(192, 0, 2, 53),
+            Ipv4Addr::new(192, 0, 2, 54)
+        ]))
+    );
+    assert_eq!(
+        opts.get(OptionCode::Hostname),
+        Some(&DhcpOption::Hostname("clivm".into()))
+    );
+    assert_eq!(
+        opts.get(OptionCode::DomainName),
+        Some(&DhcpOption::DomainName("example.org".into()))
+    );
+    // MTU taken from the bridge, which has the pod's.
+    assert_eq!(
+        opts.get(OptionCode::InterfaceMtu),
+        Some(&DhcpOption::InterfaceMtu(1400))
+    );
+}
+
+/// Stops a child process this test started, also when the test fails half-way.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
