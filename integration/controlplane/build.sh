@@ -55,9 +55,17 @@ cached_binaries_match() {
     for b in kube-apiserver kube-controller-manager etcd; do
         [[ -x "$BIN_DIR/$b" ]] || return 1
     done
-    "$BIN_DIR/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $KUBE_VERSION" || return 1
-    "$BIN_DIR/kube-controller-manager" --version 2>/dev/null | grep -qx "Kubernetes $KUBE_VERSION" || return 1
-    "$BIN_DIR/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${ETCD_VERSION#v}" || return 1
+    # Output captured first: `cmd | grep -q` can kill cmd with SIGPIPE, failing under pipefail.
+    reports "$BIN_DIR/kube-apiserver" "Kubernetes $KUBE_VERSION" || return 1
+    reports "$BIN_DIR/kube-controller-manager" "Kubernetes $KUBE_VERSION" || return 1
+    reports "$BIN_DIR/etcd" "etcd Version: ${ETCD_VERSION#v}" || return 1
+}
+
+# True when `$1 --version` prints the line $2.
+reports() {
+    local out
+    out="$("$1" --version 2>/dev/null)" || return 1
+    grep -qxF "$2" <<<"$out"
 }
 
 if cached_binaries_match; then

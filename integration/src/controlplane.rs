@@ -261,6 +261,16 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Process ids of the running servers (etcd, kube-apiserver, kube-controller-manager).
+    pub fn process_ids(&self) -> Vec<u32> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(ManagedProcess::id)
+            .collect()
+    }
+
     async fn wait_ready(&self, timeout: Duration) -> Result<()> {
         let client = self.client()?;
         let deadline = Instant::now() + timeout;

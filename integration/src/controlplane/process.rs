@@ -69,6 +69,10 @@ impl ManagedProcess {
         })
     }
 
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
