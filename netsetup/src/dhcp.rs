@@ -10,8 +10,8 @@ use std::os::fd::{FromRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode};
-use dhcproto::{Decodable, Decoder, Encodable, Encoder, Name};
+use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode, UnknownOption};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use ipnet::Ipv4Net;
 
 use crate::resolv::ResolvConf;
@@ -38,8 +38,10 @@ pub struct DhcpConfig {
     pub guest_ip: Ipv4Addr,
     pub subnet_mask: Ipv4Addr,
     pub dns: Vec<Ipv4Addr>,
-    /// Search domains, already checked to encode within one option.
-    pub search: Vec<Name>,
+    /// Search domains, in order (option 119).
+    pub search: Vec<String>,
+    /// `search` in RFC 1035 wire format, checked to fit one option.
+    search_wire: Vec<u8>,
     /// Longest search domain (option 15).
     pub domain_name: Option<String>,
     pub hostname: Option<String>,
@@ -61,11 +63,13 @@ pub enum DhcpConfigError {
 
 impl DhcpConfig {
     /// KubeVirt's masquerade answer: gateway = network + 1, guest = network + 2, DNS and
-    /// search domains from the pod's `resolv.conf`, MTU of the pod interface.
+    /// search domains from the pod's `resolv.conf` (with `subdomain.<namespace domain>`
+    /// first when the VMI sets `spec.subdomain`), MTU of the pod interface.
     pub fn masquerade(
         network: Ipv4Net,
         resolv: &ResolvConf,
         hostname: Option<String>,
+        subdomain: Option<&str>,
         mtu: u32,
     ) -> Result<Self, DhcpConfigError> {
         if network.prefix_len() > 30 {
@@ -81,19 +85,32 @@ impl DhcpConfig {
         } else {
             resolv.nameservers_v4.clone()
         };
-        let search_strings = if resolv.search.is_empty() {
+        let mut search = if resolv.search.is_empty() {
             vec![DEFAULT_SEARCH_DOMAIN.to_string()]
         } else {
             resolv.search.clone()
         };
-        let search = encode_check_search(&search_strings)?;
+        if let Some(sub) = subdomain.filter(|s| !s.is_empty()) {
+            // The pod's own namespace domain is the longest `*.svc.*` one.
+            let namespace_domain = search
+                .iter()
+                .filter(|d| d.contains(".svc."))
+                .max_by_key(|d| d.len())
+                .cloned();
+            if let Some(domain) = namespace_domain {
+                search.insert(0, format!("{sub}.{domain}"));
+            }
+        }
+        let search_wire = encode_search(&search)?;
+        let domain_name = search.iter().max_by_key(|d| d.len()).cloned();
         Ok(DhcpConfig {
             server_ip: Ipv4Addr::from_bits(base.wrapping_add(1)),
             guest_ip: Ipv4Addr::from_bits(base.wrapping_add(2)),
             subnet_mask: network.netmask(),
             dns,
             search,
-            domain_name: resolv.longest_search_domain().map(str::to_string),
+            search_wire,
+            domain_name,
             hostname: hostname.filter(|h| !h.is_empty()),
             mtu,
             lease_secs: INFINITE_LEASE_SECS,
@@ -101,33 +118,61 @@ impl DhcpConfig {
     }
 }
 
-fn encode_check_search(domains: &[String]) -> Result<Vec<Name>, DhcpConfigError> {
-    let mut names = Vec::new();
-    let mut encoded_len = 0;
-    for domain in domains {
-        let bad = |reason: String| DhcpConfigError::BadDomain {
-            domain: domain.clone(),
-            reason,
+/// KubeVirt's rule for a search domain: lower-case labels of letters, digits, `-` and `_`
+/// (not ending in `-`), a last label starting with a letter, at most 253 bytes.
+fn check_search_domain(domain: &str) -> Result<(), String> {
+    if domain.is_empty() || domain.len() > 253 {
+        return Err("empty or longer than 253 bytes".into());
+    }
+    let labels: Vec<&str> = domain.split('.').collect();
+    for (i, label) in labels.iter().enumerate() {
+        let bytes = label.as_bytes();
+        let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+            return Err("empty label".into());
         };
-        if domain.is_empty()
-            || !domain
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
-        {
-            return Err(bad(
-                "only letters, digits, '-', '_' and '.' are allowed".into()
+        if bytes.len() > 63 {
+            return Err(format!("label {label:?} is longer than 63 bytes"));
+        }
+        let is_last = i + 1 == labels.len();
+        let first_ok = if is_last {
+            first.is_ascii_lowercase()
+        } else {
+            first.is_ascii_lowercase() || first.is_ascii_digit() || *first == b'_'
+        };
+        let inner_ok = bytes.iter().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || (!is_last && *b == b'_')
+        });
+        let last_ok = last.is_ascii_lowercase() || last.is_ascii_digit() || bytes.len() == 1;
+        if !(first_ok && inner_ok && last_ok) {
+            return Err(format!(
+                "label {label:?} must be lower-case letters, digits, '-' or '_'"
             ));
         }
-        let mut name = Name::from_ascii(domain).map_err(|e| bad(e.to_string()))?;
-        name.set_fqdn(true);
-        // Uncompressed RFC 1035 size: each label plus its length byte, plus the root byte.
-        encoded_len += name.iter().map(|label| label.len() + 1).sum::<usize>() + 1;
-        names.push(name);
     }
-    if encoded_len > MAX_OPTION_LEN {
-        return Err(DhcpConfigError::SearchTooLong(encoded_len));
+    Ok(())
+}
+
+/// Option 119 payload: each domain as RFC 1035 labels, uncompressed, like KubeVirt.
+/// Written here because dhcproto encodes names through hickory with compression pointers,
+/// which not every guest DHCP client follows.
+fn encode_search(domains: &[String]) -> Result<Vec<u8>, DhcpConfigError> {
+    let mut wire = Vec::new();
+    for domain in domains {
+        check_search_domain(domain).map_err(|reason| DhcpConfigError::BadDomain {
+            domain: domain.clone(),
+            reason,
+        })?;
+        for label in domain.split('.') {
+            // check_search_domain bounds each label to 63 bytes.
+            wire.push(label.len() as u8);
+            wire.extend_from_slice(label.as_bytes());
+        }
+        wire.push(0);
     }
-    Ok(names)
+    if wire.len() > MAX_OPTION_LEN {
+        return Err(DhcpConfigError::SearchTooLong(wire.len()));
+    }
+    Ok(wire)
 }
 
 /// Why a datagram got no answer.
@@ -277,7 +322,10 @@ fn encode_reply(
             opts.insert(DhcpOption::DomainName(domain.clone()));
         }
         opts.insert(DhcpOption::InterfaceMtu(config.mtu));
-        opts.insert(DhcpOption::DomainSearch(config.search.clone()));
+        opts.insert(DhcpOption::Unknown(UnknownOption::new(
+            OptionCode::DomainSearch,
+            config.search_wire.clone(),
+        )));
         opts.insert(DhcpOption::AddressLeaseTime(config.lease_secs));
     }
     let mut bytes = Vec::with_capacity(BOOTP_MIN_LEN);
@@ -398,6 +446,7 @@ mod tests {
             "10.0.2.0/24".parse().unwrap(),
             &resolv,
             Some("vmi-fedora".into()),
+            None,
             1450,
         )
         .unwrap()
@@ -577,23 +626,74 @@ mod tests {
     }
 
     #[test]
+    fn subdomain_goes_first_and_search_is_uncompressed_rfc1035() {
+        let resolv =
+            ResolvConf::parse("search ns1.svc.cluster.local svc.cluster.local cluster.local\n");
+        let cfg = DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &resolv,
+            None,
+            Some("mysub"),
+            1500,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.search,
+            [
+                "mysub.ns1.svc.cluster.local",
+                "ns1.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local"
+            ]
+        );
+        assert_eq!(
+            cfg.domain_name.as_deref(),
+            Some("mysub.ns1.svc.cluster.local")
+        );
+        let short = DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &ResolvConf::parse("search a.b\n"),
+            None,
+            None,
+            1500,
+        )
+        .unwrap();
+        assert_eq!(short.search_wire, b"\x01a\x01b\x00");
+        for bad in [
+            "UPPER.case",
+            "trailing-.dash",
+            "a..b",
+            "1.2",
+            "under_score.x_y",
+        ] {
+            assert!(check_search_domain(bad).is_err(), "{bad}");
+        }
+        for good in ["_tcp.example.com", "a-b.c", "x", "0a.example"] {
+            assert!(check_search_domain(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
     fn defaults_and_bad_search_domains() {
         let cfg = DhcpConfig::masquerade(
             "10.0.2.0/24".parse().unwrap(),
             &ResolvConf::default(),
+            None,
             None,
             1500,
         )
         .unwrap();
         assert_eq!(cfg.dns, vec![DEFAULT_DNS]);
         assert_eq!(cfg.search.len(), 1);
-        assert_eq!(cfg.search[0].to_string(), "cluster.local.");
-        assert_eq!(cfg.domain_name, None);
+        assert_eq!(cfg.search, vec!["cluster.local"]);
+        assert_eq!(cfg.domain_name.as_deref(), Some("cluster.local"));
         let bad = ResolvConf {
             search: vec!["bad domain!".into()],
             ..Default::default()
         };
-        assert!(DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &bad, None, 1500).is_err());
+        assert!(
+            DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &bad, None, None, 1500).is_err()
+        );
         let long = ResolvConf {
             search: (0..20)
                 .map(|i| format!("domain-number-{i}.example.org"))
@@ -601,13 +701,14 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &long, None, 1500),
+            DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &long, None, None, 1500),
             Err(DhcpConfigError::SearchTooLong(_))
         ));
         assert!(
             DhcpConfig::masquerade(
                 "10.0.2.0/24".parse().unwrap(),
                 &ResolvConf::default(),
+                None,
                 None,
                 70000
             )

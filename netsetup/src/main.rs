@@ -122,6 +122,9 @@ struct DhcpArgs {
     /// Hostname for the guest (option 12); default: this host's name.
     #[arg(long)]
     hostname: Option<String>,
+    /// The VMI's `spec.subdomain`: adds `SUBDOMAIN.<namespace domain>` to the search list.
+    #[arg(long)]
+    subdomain: Option<String>,
     /// MTU for the guest (option 26); default: the bridge's MTU.
     #[arg(long)]
     mtu: Option<u32>,
@@ -171,7 +174,8 @@ fn serve_dhcp(args: DhcpArgs) -> Result<()> {
         Some(mtu) => mtu,
         None => netns::run_in(&args.namespace.target(), move || bridge_mtu(&bridge))??,
     };
-    let config = DhcpConfig::masquerade(args.cidr, &resolv, hostname, mtu)?;
+    let config =
+        DhcpConfig::masquerade(args.cidr, &resolv, hostname, args.subdomain.as_deref(), mtu)?;
     let bridge = args.bridge.clone();
     netns::run_in(&args.namespace.target(), move || -> Result<()> {
         let server = DhcpServer::bind(&bridge, config)?;

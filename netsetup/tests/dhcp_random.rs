@@ -16,6 +16,7 @@ fn config() -> DhcpConfig {
         "10.0.2.0/24".parse().unwrap(),
         &resolv,
         Some("vm".into()),
+        None,
         1500,
     )
     .unwrap()

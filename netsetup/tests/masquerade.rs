@@ -318,6 +318,7 @@ fn dhcp_through_the_tap_returns_contract_options() {
         masquerade::DEFAULT_IPV4_CIDR,
         &resolv,
         Some("testvmi".into()),
+        None,
         1400,
     )
     .unwrap();

@@ -11,7 +11,7 @@ fn config() -> &'static DhcpConfig {
     static CONFIG: OnceLock<DhcpConfig> = OnceLock::new();
     CONFIG.get_or_init(|| {
         let resolv = ResolvConf::parse("search ns.svc.cluster.local cluster.local\nnameserver 10.96.0.10\n");
-        DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &resolv, Some("vm".into()), 1500)
+        DhcpConfig::masquerade("10.0.2.0/24".parse().unwrap(), &resolv, Some("vm".into()), None, 1500)
             .expect("fixed config is valid")
     })
 }
