@@ -22,135 +22,164 @@ CACHE_ROOT="${KUBEVIRT_RS_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ku
 JOBS="${CONTROLPLANE_BUILD_JOBS:-2}"
 NICE="${CONTROLPLANE_NICE:-19}"
 
-log() { echo "controlplane/build.sh: $*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-[[ "$KUBE_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "KUBE_VERSION must look like v1.Y.Z, got '$KUBE_VERSION'"
-KUBE_MINOR="${BASH_REMATCH[1]}"
-# Kubernetes publishes every staging module k8s.io/<name> with tag v0.Y.Z for release v1.Y.Z.
-STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
-[[ "$ETCD_VERSION" =~ ^v3\.6\.[0-9]+$ ]] || die "ETCD_VERSION must be a v3.6.x tag, got '$ETCD_VERSION'"
-
-command -v go >/dev/null || die "the Go toolchain (go) is not on PATH"
-command -v flock >/dev/null || die "flock (util-linux) is not on PATH"
-
 VERSION_DIR="$CACHE_ROOT/kubernetes-$KUBE_VERSION-etcd-$ETCD_VERSION"
 BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/VERSIONS"
 STAMP_CONTENT="kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION"
 
-# The cache is self-contained (its own module and build caches) so it can be measured and
-# removed as one directory, and so it does not depend on the user's Go settings.
-export GOMODCACHE="$CACHE_ROOT/go/mod"
-export GOCACHE="$CACHE_ROOT/go/build"
-export GOTOOLCHAIN=local        # never download another toolchain; fail clearly instead
-export CGO_ENABLED=0            # upstream builds these three servers without cgo
-export GOFLAGS="-buildvcs=false -mod=mod -p=$JOBS"
-export GOWORK=off
-
-# True when the cached binaries exist and report the wanted versions.
-cached_binaries_match() {
-    [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] || return 1
-    local b
-    for b in kube-apiserver kube-controller-manager etcd; do
-        [[ -x "$BIN_DIR/$b" ]] || return 1
-    done
-    # Output captured first: `cmd | grep -q` can kill cmd with SIGPIPE, failing under pipefail.
-    reports "$BIN_DIR/kube-apiserver" "Kubernetes $KUBE_VERSION" || return 1
-    reports "$BIN_DIR/kube-controller-manager" "Kubernetes $KUBE_VERSION" || return 1
-    reports "$BIN_DIR/etcd" "etcd Version: ${ETCD_VERSION#v}" || return 1
+log() { echo "controlplane/build.sh: $*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
 }
 
-# True when `$1 --version` prints the line $2.
+# True when `$1 --version` prints the line $2. The output is captured first: `cmd | grep -q`
+# can kill cmd with SIGPIPE, which fails the pipeline under pipefail.
 reports() {
     local out
     out="$("$1" --version 2>/dev/null)" || return 1
     grep -qxF "$2" <<<"$out"
 }
 
-if cached_binaries_match; then
-    log "cached: $BIN_DIR ($STAMP_CONTENT)"
-    echo "$BIN_DIR"
-    exit 0
-fi
-
-mkdir -p "$CACHE_ROOT"
-# Several test binaries (or CI and a developer) may ask at once: one builds, the others wait.
-exec 9>"$CACHE_ROOT/.build.lock"
-flock 9
-if cached_binaries_match; then
-    log "cached (built by a concurrent run): $BIN_DIR"
-    echo "$BIN_DIR"
-    exit 0
-fi
+# True when the cached binaries exist and report the wanted versions.
+cached_binaries_match() {
+    [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] || return 1
+    reports "$BIN_DIR/kube-apiserver" "Kubernetes $KUBE_VERSION" || return 1
+    reports "$BIN_DIR/kube-controller-manager" "Kubernetes $KUBE_VERSION" || return 1
+    reports "$BIN_DIR/etcd" "etcd Version: ${ETCD_VERSION#v}" || return 1
+}
 
 gocmd() { nice -n "$NICE" go "$@"; }
 
-rm -rf "$VERSION_DIR"
-mkdir -p "$BIN_DIR"
-BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+check_tools() {
+    # The official Go tarball installs to /usr/local/go without touching PATH.
+    if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+        PATH="/usr/local/go/bin:$PATH"
+    fi
+    command -v go >/dev/null || die "the Go toolchain (go >= 1.26) is not on PATH"
+    # GOTOOLCHAIN=local (below) forbids fetching another toolchain, so check the floor here:
+    # k8s.io/kubernetes v1.36 and etcd v3.6.16 declare `go 1.26.0`.
+    local go_version
+    go_version="$(go env GOVERSION)"
+    [[ "$go_version" =~ ^go1\.([0-9]+) ]] && ((BASH_REMATCH[1] >= 26)) ||
+        die "Go >= 1.26 is needed, found $go_version"
+    command -v flock >/dev/null || die "flock (util-linux) is not on PATH"
+}
 
-# ---- kube-apiserver, kube-controller-manager --------------------------------------------
+go_environment() {
+    # Self-contained module and build caches: measurable and removable as one directory, and
+    # independent of the user's Go settings.
+    export GOMODCACHE="$CACHE_ROOT/go/mod"
+    export GOCACHE="$CACHE_ROOT/go/build"
+    export GOTOOLCHAIN=local # never download another toolchain; fail clearly instead
+    export CGO_ENABLED=0     # upstream builds these three servers without cgo
+    export GOFLAGS="-buildvcs=false -mod=mod -p=$JOBS"
+    export GOWORK=off
+}
+
+# kube-apiserver and kube-controller-manager.
+#
 # k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/apiserver, ...) at v0.0.0
 # and replaces them with ./staging/src/... — replaces that only apply inside that repository.
 # The wrapper module redoes those replaces against the published v0.Y.Z modules. The list is
 # read from the release's own go.mod, so a new release needs no edit here.
-log "kubernetes $KUBE_VERSION: fetching go.mod"
-KUBE_GOMOD="$(gocmd mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
-    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
-[[ -f "$KUBE_GOMOD" ]] || die "go mod download k8s.io/kubernetes@$KUBE_VERSION gave no go.mod"
+build_kubernetes() {
+    [[ "$KUBE_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] ||
+        die "KUBE_VERSION must look like v1.Y.Z, got '$KUBE_VERSION'"
+    local minor="${BASH_REMATCH[1]}"
+    # Kubernetes publishes every staging module k8s.io/<name> as v0.Y.Z for release v1.Y.Z.
+    local staging_version="v0.${KUBE_VERSION#v1.}"
 
-# `go mod edit -print` normalises the file: block form "<old> => <new>" or "replace <old> => <new>".
-mapfile -t STAGING_MODULES < <(gocmd mod edit -print "$KUBE_GOMOD" | awk '
-    $1 == "replace" && $3 == "=>" && $4 ~ /^\.\/staging\// { print $2; next }
-    $2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }')
-[[ " ${STAGING_MODULES[*]} " == *" k8s.io/api "* ]] \
-    || die "no staging replaces found in $KUBE_GOMOD (layout changed?)"
-log "kubernetes $KUBE_VERSION: ${#STAGING_MODULES[@]} staging modules -> $STAGING_VERSION"
+    log "kubernetes $KUBE_VERSION: fetching go.mod"
+    local gomod
+    gomod="$(gocmd mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [[ -f "$gomod" ]] || die "go mod download k8s.io/kubernetes@$KUBE_VERSION gave no go.mod"
 
-KUBE_WRAPPER="$VERSION_DIR/wrapper-kubernetes"
-mkdir -p "$KUBE_WRAPPER"
-(
-    cd "$KUBE_WRAPPER"
-    gocmd mod init kubevirt-rs.invalid/controlplane/kubernetes >/dev/null 2>&1
-    edits=(-require="k8s.io/kubernetes@$KUBE_VERSION")
-    for m in "${STAGING_MODULES[@]}"; do
-        edits+=(-replace="$m=$m@$STAGING_VERSION")
+    # `go mod edit -print` normalises the file: block form "<old> => <new>", or
+    # "replace <old> => <new>".
+    local staging_modules
+    mapfile -t staging_modules < <(gocmd mod edit -print "$gomod" | awk '
+        $1 == "replace" && $3 == "=>" && $4 ~ /^\.\/staging\// { print $2; next }
+        $2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }')
+    [[ " ${staging_modules[*]} " == *" k8s.io/api "* ]] ||
+        die "no staging replaces found in $gomod (layout changed?)"
+    log "kubernetes $KUBE_VERSION: ${#staging_modules[@]} staging modules -> $staging_version"
+
+    local wrapper="$VERSION_DIR/wrapper-kubernetes"
+    mkdir -p "$wrapper"
+    cd "$wrapper"
+    gocmd mod init kubevirt-rs.invalid/controlplane/kubernetes 2>/dev/null
+    local edits=(-require="k8s.io/kubernetes@$KUBE_VERSION") m
+    for m in "${staging_modules[@]}"; do
+        edits+=(-replace="$m=$m@$staging_version")
     done
     gocmd mod edit "${edits[@]}"
     log "kubernetes $KUBE_VERSION: resolving modules"
     gocmd get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" \
         "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBE_VERSION"
-    # Same -X variables as upstream hack/lib/version.sh; the apiserver reports them on /version
-    # and derives its binary/emulation version from them.
-    ldflags="-s -w"
+
+    # The -X variables of upstream's hack/lib/version.sh: the apiserver reports them on
+    # /version and derives its binary (and default emulation) version from them.
+    local ldflags="-s -w" pkg
     for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-        ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KUBE_MINOR"
+        ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
         ldflags+=" -X $pkg.buildDate=$BUILD_DATE -X $pkg.gitTreeState=clean"
     done
     log "kubernetes $KUBE_VERSION: compiling (go build -p $JOBS, nice $NICE)"
     gocmd build -ldflags "$ldflags" -o "$BIN_DIR/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-)
+}
 
-# ---- etcd --------------------------------------------------------------------------------
-# In etcd 3.6 the module go.etcd.io/etcd/server/v3 has the `etcd` main package at its root.
-ETCD_WRAPPER="$VERSION_DIR/wrapper-etcd"
-mkdir -p "$ETCD_WRAPPER"
-(
-    cd "$ETCD_WRAPPER"
-    gocmd mod init kubevirt-rs.invalid/controlplane/etcd >/dev/null 2>&1
+# etcd: in 3.6 the module go.etcd.io/etcd/server/v3 has the `etcd` main package at its root.
+build_etcd() {
+    [[ "$ETCD_VERSION" =~ ^v3\.6\.[0-9]+$ ]] ||
+        die "ETCD_VERSION must be a v3.6.x tag, got '$ETCD_VERSION'"
+    local wrapper="$VERSION_DIR/wrapper-etcd"
+    mkdir -p "$wrapper"
+    cd "$wrapper"
+    gocmd mod init kubevirt-rs.invalid/controlplane/etcd 2>/dev/null
     gocmd mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
     log "etcd $ETCD_VERSION: resolving modules"
     gocmd get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
     # version.Version is a constant in the source; only the commit is a variable, and the
-    # module proxy does not tell us the commit, so say where the build came from instead.
-    ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$ETCD_VERSION"
+    # module proxy does not say which commit a tag is, so name the source instead.
+    local ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$ETCD_VERSION"
     log "etcd $ETCD_VERSION: compiling"
     gocmd build -ldflags "$ldflags" -o "$BIN_DIR/etcd" go.etcd.io/etcd/server/v3
-)
+}
 
-echo "$STAMP_CONTENT" >"$STAMP"
-cached_binaries_match || die "built binaries do not report the expected versions ($STAMP_CONTENT)"
-log "built: $BIN_DIR ($STAMP_CONTENT)"
-echo "$BIN_DIR"
+main() {
+    if cached_binaries_match; then
+        log "cached: $BIN_DIR ($STAMP_CONTENT)"
+        echo "$BIN_DIR"
+        return
+    fi
+    check_tools
+    go_environment
+
+    mkdir -p "$CACHE_ROOT"
+    # Several test binaries (or CI and a developer) may ask at once: one builds, others wait.
+    exec 9>"$CACHE_ROOT/.build.lock"
+    flock 9
+    if cached_binaries_match; then
+        log "cached (built by a concurrent run): $BIN_DIR"
+        echo "$BIN_DIR"
+        return
+    fi
+
+    rm -rf "$VERSION_DIR"
+    mkdir -p "$BIN_DIR"
+    BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    (build_kubernetes)
+    (build_etcd)
+
+    echo "$STAMP_CONTENT" >"$STAMP"
+    cached_binaries_match || die "built binaries do not report the expected versions ($STAMP_CONTENT)"
+    log "built: $BIN_DIR ($STAMP_CONTENT)"
+    echo "$BIN_DIR"
+}
+
+# Everything runs from main, so bash has parsed the whole file before it starts: editing the
+# script during a (long) build cannot change what the running build executes.
+main "$@"
