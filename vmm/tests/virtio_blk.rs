@@ -69,7 +69,10 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
     let at = TEST_SECTOR * SECTOR;
     assert_eq!(bytes[at..at + SECTOR], expected_sector()[..]);
     assert!(bytes[..at].iter().all(|&b| b == 0x11), "sector 0 untouched");
-    assert!(bytes[at + SECTOR..].iter().all(|&b| b == 0x11), "the rest untouched");
+    assert!(
+        bytes[at + SECTOR..].iter().all(|&b| b == 0x11),
+        "the rest untouched"
+    );
 }
 
 #[test]
@@ -113,7 +116,11 @@ fn two_disks_are_driven_separately() {
     assert_pass(&out, "virtio-blk-write");
     assert_pass(&out, "virtio-blk1-ro");
     assert_pass(&out, "virtio-blk1-irq");
-    assert!(stdout(&out).contains("DONE passed=10 failed=0"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("DONE passed=10 failed=0"),
+        "{}",
+        stdout(&out)
+    );
     let rw_bytes = std::fs::read(&rw).unwrap();
     assert_eq!(rw_bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
     assert_eq!(std::fs::read(&ro).unwrap(), vec![0x33; 128 * 1024]);
@@ -148,4 +155,39 @@ fn the_guest_writes_its_pattern_into_a_qcow2_image_that_qemu_img_accepts() {
     let bytes = std::fs::read(&raw).unwrap();
     assert_eq!(bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
     assert!(bytes[..SECTOR].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_misbehaving_driver_gets_its_requests_back_and_the_device_keeps_working() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let disk = raw_disk(&dir, "disk.raw", 64 * 1024, 0x44);
+    let disk_arg = format!("path={},format=raw", disk.display());
+    let out = run_kernel(
+        &kernel,
+        &[
+            "--disk",
+            &disk_arg,
+            "--cmdline",
+            "checks=virtio-blk,virtio-evil exit=poweroff",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_pass(&out, "virtio-blk-evil");
+    let log = stderr(&out);
+    assert!(log.contains("not inside guest memory"), "{log}");
+    assert!(log.contains("status) is not device-writable"), "{log}");
+    assert!(log.contains("queue register written outside"), "{log}");
+    assert!(log.contains("queue the device does not have"), "{log}");
+    // Only the guest's own write reached the disk.
+    let bytes = std::fs::read(&disk).unwrap();
+    assert!(bytes[..SECTOR].iter().all(|&b| b == 0x44));
+    assert_eq!(bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
+    assert!(bytes[2 * SECTOR..].iter().all(|&b| b == 0x44));
 }
