@@ -424,7 +424,10 @@ impl DhcpServer {
                     }
                     _ => SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT),
                 };
-                self.socket.send_to(&reply, to)?;
+                // A failed send (bridge flapping, guest gone) loses one reply, not the server.
+                if let Err(e) = self.socket.send_to(&reply, to) {
+                    tracing::warn!("cannot send DHCP reply to {to}: {e}");
+                }
             }
             Ok(None) => tracing::debug!("DHCP request from {from} needs no answer"),
             Err(e) => tracing::warn!("dropping DHCP packet from {from}: {e}"),

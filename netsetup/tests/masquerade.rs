@@ -760,3 +760,20 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn namespace_by_pid() {
+    let topo = Topology::new(false);
+    // A process living in the pod's namespace, as the launcher would.
+    let child = topo
+        .pod
+        .run(|| std::process::Command::new("sleep").arg("60").spawn())
+        .expect("start a process in the pod namespace");
+    let child = KillOnDrop(child);
+    let mut config = MasqueradeConfig::new(netsetup::netns::NetnsTarget::Pid(child.0.id()));
+    config.ports = vec![tcp(22)];
+    masquerade::setup(&config).expect("setup by pid");
+    assert!(topo.pod.link_names().contains(&"k6t-eth0".to_string()));
+    masquerade::teardown(&config).expect("teardown by pid");
+    assert!(!topo.pod.link_names().contains(&"k6t-eth0".to_string()));
+}

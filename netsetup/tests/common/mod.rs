@@ -119,9 +119,11 @@ impl Netns {
     }
 
     /// What setup changes, in a comparable form: links, addresses, NAT rules, sysctls.
+    /// Carrier and operational state are left out: they follow whether a VMM holds the tap
+    /// and settle asynchronously after the tap's creating descriptor closes.
     pub fn snapshot(&self) -> String {
         self.sh(
-            "ip -o link show | sed -e 's/^[0-9]*: //' -e 's/@if[0-9]*//' -e 's/link-netnsid [0-9]*//' -e 's/state [A-Z]* //'; \
+            "ip -o link show | sed -e 's/^[0-9]*: //' -e 's/@if[0-9]*//' -e 's/link-netnsid [0-9]*//' -e 's/state [A-Z]* //' -e 's/NO-CARRIER,//' -e 's/,LOWER_UP//'; \
              ip -o -d link show | grep -o 'tun type.*group [0-9]*' || true; \
              ip -o addr show | sed -e 's/^[0-9]*: //' -e 's/ tentative//' -e 's/ dadfailed//'; \
              nft list ruleset | sed -e 's/packets [0-9]* bytes [0-9]*//'; \
