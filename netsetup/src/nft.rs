@@ -355,15 +355,13 @@ impl fmt::Display for Rule {
                     fmt_set(addrs, matches!(self.action, Action::Snat(_)))
                 )?,
                 Match::Daddr(fam, addrs) => write!(f, " {fam} daddr {}", fmt_set(addrs, true))?,
-                Match::Dport(proto, ports) => write!(
-                    f,
-                    " {proto} dport {}",
-                    fmt_set(
-                        ports,
-                        self.chain != KUBEVIRT_POSTINBOUND && self.chain != OUTPUT
-                            || ports.len() > 1
-                    )
-                )?,
+                // KubeVirt braces the DNAT port sets and multi-port sets; its per-port
+                // SNAT and output rules name a bare port.
+                Match::Dport(proto, ports) => {
+                    let per_port_rule = self.chain == KUBEVIRT_POSTINBOUND || self.chain == OUTPUT;
+                    let braces = !per_port_rule || ports.len() > 1;
+                    write!(f, " {proto} dport {}", fmt_set(ports, braces))?
+                }
             }
         }
         match &self.action {
