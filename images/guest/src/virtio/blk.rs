@@ -42,6 +42,19 @@ impl Blk<'_> {
     /// One request: header, optional data buffer, status. Returns the
     /// status byte, or None if the device never returned the chain.
     fn request(&mut self, kind: u32, sector: u64, data: Option<Buf>) -> Option<u8> {
+        self.raw_request(kind, sector, data, true)
+            .map(|(status, _)| status)
+    }
+
+    /// Like `request`, with the status buffer's direction chosen by the
+    /// caller; returns the status byte and the used length.
+    fn raw_request(
+        &mut self,
+        kind: u32,
+        sector: u64,
+        data: Option<Buf>,
+        status_writable: bool,
+    ) -> Option<(u8, u32)> {
         let hdr = buffers();
         write32(hdr, kind);
         write32(hdr + 4, 0);
@@ -56,15 +69,15 @@ impl Blk<'_> {
         let st = Buf {
             addr: status,
             len: 1,
-            writable: true,
+            writable: status_writable,
         };
         match data {
             Some(d) => self.queue.add(&[header, d, st]),
             None => self.queue.add(&[header, st]),
         };
         self.dev.notify(0);
-        self.queue.wait_used(REQUEST_TIMEOUT_MS)?;
-        Some(read8(status))
+        let (_, used_len) = self.queue.wait_used(REQUEST_TIMEOUT_MS)?;
+        Some((read8(status), used_len))
     }
 }
 
@@ -75,7 +88,7 @@ fn status_detail(d: &mut Detail, status: Option<u8>) {
     };
 }
 
-pub fn check(dev: &Device, irq_pin: u32, index: usize, r: &mut dyn Reporter) {
+pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn Reporter) {
     let queue = Queue::new(0);
     let features = match dev.initialize(F_RO, &[&queue]) {
         Ok(f) => f,
@@ -102,7 +115,11 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, r: &mut dyn Reporter) {
     };
     let status = blk.request(T_OUT, TEST_SECTOR, Some(out));
     let mut d = Detail::new();
-    d.str("sector=").dec(TEST_SECTOR).str(" capacity=").dec(capacity).str(" ");
+    d.str("sector=")
+        .dec(TEST_SECTOR)
+        .str(" capacity=")
+        .dec(capacity)
+        .str(" ");
     status_detail(&mut d, status);
     if read_only {
         r.result(
@@ -173,7 +190,48 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, r: &mut dyn Reporter) {
 
     // One sector at the capacity: just past the end.
     input_past_end(&mut blk, capacity, input, index, r);
+    if evil {
+        misbehave(&mut blk, input, index, r);
+    }
     dev.reset();
+}
+
+/// Guest misbehaviour the device must survive (`checks=virtio-evil`): a
+/// buffer outside guest memory, a read-only status byte after a writable
+/// data buffer, a queue register written after DRIVER_OK, a notification
+/// for a queue that does not exist. Each bad request must come back
+/// untouched, and the device must still serve a good request afterwards.
+fn misbehave(blk: &mut Blk, input: Buf, index: usize, r: &mut dyn Reporter) {
+    let mut d = Detail::new();
+    let mut ok = true;
+    // Far above any RAM the VMM gives us and inside no device window.
+    let outside = Buf {
+        addr: 0x7f_0000_0000,
+        len: SECTOR_SIZE as u32,
+        writable: true,
+    };
+    let res = blk.raw_request(T_IN, 0, Some(outside), true);
+    d.str("outside=");
+    ok &= verdict(&mut d, res == Some((0xff, 0)));
+    let res = blk.raw_request(T_IN, 0, Some(input), false);
+    d.str(" ro-status=");
+    ok &= verdict(&mut d, res == Some((0xff, 0)));
+    // QueueNum (0x38) after DRIVER_OK must be ignored; queue 7 does not exist.
+    crate::io::mmio_write32(blk.dev.base() + 0x38, 3);
+    blk.dev.notify(7);
+    let res = blk.request(T_IN, 0, Some(input));
+    d.str(" after=");
+    ok &= verdict(&mut d, res == Some(S_OK) && !blk.dev.needs_reset());
+    r.result(
+        Name::new("virtio-blk", index, "evil").as_str(),
+        ok,
+        d.as_str(),
+    );
+}
+
+fn verdict(d: &mut Detail, ok: bool) -> bool {
+    d.str(if ok { "ok" } else { "WRONG" });
+    ok
 }
 
 fn input_past_end(blk: &mut Blk, capacity: u64, input: Buf, index: usize, r: &mut dyn Reporter) {

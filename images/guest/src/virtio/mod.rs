@@ -17,6 +17,11 @@
 //! - rng (`virtio-rng`): 64 bytes, not all equal.
 //!
 //! `checks=` selects device types by those names; without it all run.
+//! `virtio-evil` (only when named) adds `virtio-blk-evil`: requests a
+//! well-behaved driver never sends (a buffer outside guest memory, a
+//! read-only status byte, a queue register written after DRIVER_OK, a
+//! notification for a missing queue) must come back untouched and leave the
+//! device working.
 
 mod blk;
 mod net;
@@ -45,7 +50,8 @@ pub fn run_checks(devices: &[(u64, u32)], cmdline: &[u8], r: &mut dyn Reporter) 
         };
         match id {
             ID_BLOCK if cmdline::check_selected(cmdline, "virtio-blk") => {
-                blk::check(&dev, irq, blk_count, r);
+                let evil = cmdline::check_named(cmdline, "virtio-evil");
+                blk::check(&dev, irq, blk_count, evil, r);
                 blk_count += 1;
             }
             ID_NET if cmdline::check_selected(cmdline, "virtio-net") => {

@@ -63,6 +63,11 @@ impl Device {
         Ok((dev, id))
     }
 
+    /// Base address of the register window.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
     fn read(&self, reg: u64) -> u32 {
         mmio_read32(self.base + reg)
     }
