@@ -10,6 +10,7 @@ use futures::StreamExt;
 use integration::controlplane::{self, ControlPlane, Options};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
@@ -45,7 +46,7 @@ fn vmi_resource() -> ApiResource {
     )
 }
 
-/// A minimal VMI that is also valid for KubeVirt's real schema.
+/// A minimal VMI, valid for the generated CRD's schema.
 fn vmi(name: &str, labels: &[(&str, &str)], finalizers: &[&str]) -> DynamicObject {
     let mut object = DynamicObject::new(name, &vmi_resource()).data(json!({
         "spec": {
@@ -104,6 +105,28 @@ async fn next_seen(events: &mut mpsc::UnboundedReceiver<Seen>) -> Seen {
         .await
         .expect("no watch event within the timeout")
         .expect("the watcher stopped")
+}
+
+#[tokio::test]
+async fn our_crds_are_installed_and_established() {
+    let cp = control_plane().await;
+    let api: Api<CustomResourceDefinition> = Api::all(cp.client().unwrap());
+    let wanted = controlplane::kubevirt_crds().unwrap();
+    assert!(
+        wanted.len() >= 2,
+        "VirtualMachineInstance and VirtualMachine at least"
+    );
+    for crd in wanted {
+        let name = crd.metadata.name.unwrap();
+        let served = api.get(&name).await.unwrap();
+        let established = served
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        assert!(established, "{name} is not Established");
+    }
 }
 
 #[tokio::test]

@@ -17,21 +17,18 @@ pub fn generated_kubevirt_crd_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/deploy/crds")
 }
 
-/// Stand-in VirtualMachineInstance CRD for as long as the generated ones are absent.
-const STANDIN_VMI_CRD: &str = include_str!("../../crds/virtualmachineinstance-standin.yaml");
-
-/// The kubevirt.io CRDs: every `*.yaml`/`*.yml`/`*.json` under
-/// [`generated_kubevirt_crd_dir`] if it has any, else the stand-in VirtualMachineInstance CRD.
+/// The kubevirt.io CRDs the `proto` crate generates: every `*.yaml`/`*.yml`/`*.json` under
+/// [`generated_kubevirt_crd_dir`].
 pub fn kubevirt_crds() -> Result<Vec<CustomResourceDefinition>> {
     let dir = generated_kubevirt_crd_dir();
-    let mut files = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .map(|e| e.map(|e| e.path()))
-            .collect::<std::io::Result<Vec<_>>>()
-            .with_context(|| format!("listing {}", dir.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
-    };
+    let regenerate = "generate them with `cargo run -p proto --bin crdgen -- images/deploy/crds`";
+    let mut files = std::fs::read_dir(&dir)
+        .and_then(|entries| {
+            entries
+                .map(|e| e.map(|e| e.path()))
+                .collect::<std::io::Result<Vec<_>>>()
+        })
+        .with_context(|| format!("listing {} ({regenerate})", dir.display()))?;
     files.retain(|p| {
         matches!(
             p.extension().and_then(|e| e.to_str()),
@@ -40,7 +37,7 @@ pub fn kubevirt_crds() -> Result<Vec<CustomResourceDefinition>> {
     });
     files.sort();
     if files.is_empty() {
-        return parse_crd_manifests(STANDIN_VMI_CRD).context("the stand-in VMI CRD");
+        bail!("no CRD manifests in {} ({regenerate})", dir.display());
     }
     let mut crds = Vec::new();
     for file in files {
@@ -126,16 +123,29 @@ pub async fn install(
 mod tests {
     use super::*;
 
+    fn vmi_manifest() -> String {
+        let path = generated_kubevirt_crd_dir().join("kubevirt.io_virtualmachineinstances.yaml");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
     #[test]
-    fn standin_crd_parses_with_status_subresource() {
-        let crds = parse_crd_manifests(STANDIN_VMI_CRD).unwrap();
-        assert_eq!(crds.len(), 1);
-        let crd = &crds[0];
-        assert_eq!(crd.spec.group, "kubevirt.io");
-        assert_eq!(crd.spec.names.kind, "VirtualMachineInstance");
+    fn kubevirt_crds_have_the_vmi_with_status_subresource() {
+        let crds = kubevirt_crds().unwrap();
+        let vmi = crds
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some("virtualmachineinstances.kubevirt.io"))
+            .expect("the VirtualMachineInstance CRD");
+        assert_eq!(vmi.spec.group, "kubevirt.io");
+        assert_eq!(vmi.spec.scope, "Namespaced");
+        assert_eq!(vmi.spec.names.kind, "VirtualMachineInstance");
+        let v1 = vmi
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.name == "v1")
+            .expect("v1");
         assert!(
-            crd.spec.versions[0]
-                .subresources
+            v1.subresources
                 .as_ref()
                 .and_then(|s| s.status.as_ref())
                 .is_some()
@@ -143,20 +153,11 @@ mod tests {
     }
 
     #[test]
-    fn kubevirt_crds_contain_the_vmi() {
-        let crds = kubevirt_crds().unwrap();
-        assert!(
-            crds.iter()
-                .any(|c| c.metadata.name.as_deref() == Some("virtualmachineinstances.kubevirt.io"))
-        );
-    }
-
-    #[test]
     fn multi_document_yaml_and_json_are_accepted() {
-        let two = format!("---\n{STANDIN_VMI_CRD}\n---\n{STANDIN_VMI_CRD}\n---\n");
+        let vmi = vmi_manifest();
+        let two = format!("---\n{vmi}\n---\n{vmi}\n---\n");
         assert_eq!(parse_crd_manifests(&two).unwrap().len(), 2);
-        let json =
-            serde_json::to_string(&parse_crd_manifests(STANDIN_VMI_CRD).unwrap()[0]).unwrap();
+        let json = serde_json::to_string(&parse_crd_manifests(&vmi).unwrap()[0]).unwrap();
         assert_eq!(parse_crd_manifests(&json).unwrap().len(), 1);
     }
 
@@ -190,7 +191,8 @@ mod tests {
     fn random_bytes_never_panic() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(8);
-        let base = STANDIN_VMI_CRD.as_bytes();
+        let manifest = vmi_manifest();
+        let base = manifest.as_bytes();
         for _ in 0..500 {
             let mut bytes = base.to_vec();
             for _ in 0..rng.random_range(1..8) {
