@@ -108,6 +108,25 @@ async fn next_seen(events: &mut mpsc::UnboundedReceiver<Seen>) -> Seen {
 }
 
 #[tokio::test]
+async fn apiserver_reports_the_stamped_release_version() {
+    let cp = control_plane().await;
+    let info = cp.client().unwrap().apiserver_version().await.unwrap();
+    // Unstamped builds report "v0.0.0-master+$Format:%H$" and empty major/minor.
+    assert_eq!(info.major, "1", "{info:?}");
+    let minor: u32 = info.minor.parse().unwrap_or_else(|_| panic!("{info:?}"));
+    assert!(minor >= 33, "{info:?}");
+    let prefix = format!("v1.{minor}.");
+    let patch = info
+        .git_version
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{info:?}"));
+    assert!(
+        patch.parse::<u32>().is_ok(),
+        "a release, not a dev build: {info:?}"
+    );
+}
+
+#[tokio::test]
 async fn our_crds_are_installed_and_established() {
     let cp = control_plane().await;
     let api: Api<CustomResourceDefinition> = Api::all(cp.client().unwrap());
