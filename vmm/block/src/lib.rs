@@ -5,6 +5,8 @@
 
 use std::io;
 
+#[doc(hidden)]
+pub mod fuzz_support;
 mod host_file;
 pub mod img;
 mod open;

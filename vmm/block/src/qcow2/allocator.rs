@@ -121,29 +121,43 @@ impl Qcow2Image {
     }
 
     /// Allocates `n` contiguous clusters with refcount 1; returns the host offset.
+    ///
+    /// When refcount blocks are missing for the area, they are placed in
+    /// front of it, inside the same free run: `[blocks][n data clusters]`,
+    /// so the data clusters stay contiguous for any `n`.
     pub(super) fn alloc_clusters(&mut self, n: u64) -> DiskResult<u64> {
+        let mut extra = 0u64;
         loop {
-            let start = self.find_free_run(n)?;
+            let start = self.find_free_run(n + extra)?;
+            let end = start + n + extra;
             let first_block = start / self.rc_per_block;
-            let last_block = (start + n - 1) / self.rc_per_block;
-            let mut created = false;
+            let last_block = (end - 1) / self.rc_per_block;
+            if last_block as usize >= self.reftable.len() {
+                self.grow_reftable(last_block + 1)?;
+                continue; // the new table took clusters: search again
+            }
+            let mut missing = Vec::new();
             for b in first_block..=last_block {
                 if self.refcount_block_offset(b)? == 0 {
-                    self.create_refcount_block(b)?;
-                    created = true;
+                    missing.push(b);
                 }
             }
-            if created {
-                continue; // a new block may sit inside the run: search again
+            if missing.len() as u64 > extra {
+                extra = missing.len() as u64;
+                continue;
             }
-            for c in start..start + n {
+            for (j, &b) in missing.iter().enumerate() {
+                self.install_refcount_block(b, start + j as u64)?;
+            }
+            let data = start + missing.len() as u64;
+            for c in start..data + n {
                 self.set_refcount(c, 1)?;
             }
             if start == self.free_hint {
-                self.free_hint = start + n;
+                self.free_hint = data + n;
             }
-            self.alloc_end = self.alloc_end.max((start + n) * self.cluster_size);
-            return Ok(start * self.cluster_size);
+            self.alloc_end = self.alloc_end.max((data + n) * self.cluster_size);
+            return Ok(data * self.cluster_size);
         }
     }
 
@@ -174,35 +188,27 @@ impl Qcow2Image {
         Ok(())
     }
 
-    /// Creates refcount block `index`. It describes itself: it lives in the
-    /// first cluster it covers, which is free because nothing counts it yet.
-    fn create_refcount_block(&mut self, index: u64) -> DiskResult<()> {
-        if index as usize >= self.reftable.len() {
-            self.grow_reftable(index + 1)?;
-            if self.refcount_block_offset(index)? != 0 {
-                return Ok(());
-            }
-        }
-        let cluster = index * self.rc_per_block;
-        if cluster == 0 || self.is_fixed_metadata(cluster) {
+    /// Makes free cluster `cluster` the (empty) refcount block `index`.
+    /// The caller then counts the cluster itself.
+    fn install_refcount_block(&mut self, index: u64, cluster: u64) -> DiskResult<()> {
+        let off = cluster * self.cluster_size;
+        if cluster == 0 || self.is_fixed_metadata(cluster) || off > OFFSET_MASK {
             return Err(corrupt(format!(
-                "refcount block {index} is missing but covers metadata"
+                "cannot place refcount block {index} at cluster {cluster}"
             )));
         }
-        let off = cluster * self.cluster_size;
-        if off > OFFSET_MASK {
-            return Err(corrupt("image file would exceed the largest host offset"));
-        }
-        let mut data = vec![0u8; self.cluster_size as usize];
-        refcount::set(&mut data, self.rc_order, 0, 1);
         self.alloc_end = self.alloc_end.max(off + self.cluster_size);
-        // Make room the usual way, then insert the new block as dirty.
+        // Make room the usual way, then replace the contents by an empty block.
         self.refcount_block(off)?;
         if let Some(c) = self.rc_cache.get(off) {
-            c.data = data;
+            c.data.fill(0);
             c.dirty = true;
         }
-        self.reftable[index as usize] = off;
+        let slot = self
+            .reftable
+            .get_mut(index as usize)
+            .ok_or_else(|| corrupt("refcount table too small"))?;
+        *slot = off;
         self.reftable_dirty = true;
         Ok(())
     }

@@ -183,7 +183,9 @@ impl Qcow2Image {
             let clusters = (entries * 8).div_ceil(cs);
             l1_off = self.alloc_clusters(clusters)?;
             self.write_refcounts()?;
-            let zeros = vec![0u8; (clusters * cs) as usize];
+            // Like QEMU, write the entries only (the rest of the cluster
+            // reads as zeroes past the end of the file).
+            let zeros = vec![0u8; (entries * 8) as usize];
             self.file.write_meta(&zeros, l1_off)?;
             self.file.sync()?;
         }

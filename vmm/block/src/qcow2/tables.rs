@@ -114,7 +114,7 @@ pub struct MetadataCache {
 impl MetadataCache {
     /// `budget_bytes` / `cluster_size` entries, at least 4.
     pub fn new(budget_bytes: u64, cluster_size: u64) -> MetadataCache {
-        let capacity = (budget_bytes / cluster_size).clamp(4, 1 << 16) as usize;
+        let capacity = (budget_bytes / cluster_size).clamp(4, 8192) as usize;
         MetadataCache {
             map: HashMap::with_capacity(capacity.min(1024)),
             capacity,

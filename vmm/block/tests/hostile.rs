@@ -1,0 +1,381 @@
+//! Hostile images: every bad header or table gives a clear error, quickly,
+//! without panics and without large allocations.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use block::qcow2::{CreateOptions, Qcow2Image, Qcow2Options, create};
+use block::{DiskBackend, DiskError, Format};
+use common::*;
+
+fn make(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    create(
+        &p,
+        &CreateOptions {
+            size: Some(8 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    p
+}
+
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+/// Opening must fail, fast, with a message containing `needle`.
+fn open_err(path: &Path, needle: &str) -> DiskError {
+    let start = Instant::now();
+    let r = Qcow2Image::open(
+        path,
+        Qcow2Options {
+            read_only: true,
+            ..Default::default()
+        },
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "open took too long"
+    );
+    let e = match r {
+        Ok(_) => panic!(
+            "{} opened, expected an error about {needle:?}",
+            path.display()
+        ),
+        Err(e) => e,
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains(needle),
+        "error {msg:?} does not mention {needle:?}"
+    );
+    e
+}
+
+#[test]
+fn bad_headers_are_refused_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases: &[(&str, u64, Vec<u8>, &str)] = &[
+        ("magic", 0, vec![0, 0, 0, 0], "magic"),
+        ("version", 4, 4u32.to_be_bytes().to_vec(), "version"),
+        (
+            "huge size",
+            24,
+            (u64::MAX / 2).to_be_bytes().to_vec(),
+            "L1 table",
+        ),
+        ("enormous l1", 36, u32::MAX.to_be_bytes().to_vec(), "32 MiB"),
+        (
+            "l1 past eof",
+            40,
+            (1u64 << 40).to_be_bytes().to_vec(),
+            "past the end",
+        ),
+        (
+            "l1 unaligned",
+            40,
+            0x30200u64.to_be_bytes().to_vec(),
+            "aligned",
+        ),
+        (
+            "reftable past eof",
+            48,
+            (1u64 << 40).to_be_bytes().to_vec(),
+            "past the end",
+        ),
+        (
+            "overlapping tables",
+            40,
+            0x10000u64.to_be_bytes().to_vec(),
+            "overlaps",
+        ),
+        ("l1 over header", 40, 0u64.to_be_bytes().to_vec(), "aligned"),
+        (
+            "huge reftable",
+            56,
+            u32::MAX.to_be_bytes().to_vec(),
+            "8 MiB",
+        ),
+        (
+            "refcount order 7",
+            96,
+            7u32.to_be_bytes().to_vec(),
+            "refcount_order",
+        ),
+        (
+            "cluster bits 8",
+            20,
+            8u32.to_be_bytes().to_vec(),
+            "cluster_bits",
+        ),
+        (
+            "cluster bits 22",
+            20,
+            22u32.to_be_bytes().to_vec(),
+            "cluster_bits",
+        ),
+        (
+            "cluster bits huge",
+            20,
+            200u32.to_be_bytes().to_vec(),
+            "cluster_bits",
+        ),
+        ("encryption", 32, 1u32.to_be_bytes().to_vec(), "encryption"),
+        (
+            "unknown incompatible",
+            72,
+            (1u64 << 33).to_be_bytes().to_vec(),
+            "incompatible feature bit 33",
+        ),
+        (
+            "external data file",
+            72,
+            4u64.to_be_bytes().to_vec(),
+            "external data file",
+        ),
+        (
+            "extended l2",
+            72,
+            16u64.to_be_bytes().to_vec(),
+            "extended L2",
+        ),
+        (
+            "header length",
+            100,
+            8u32.to_be_bytes().to_vec(),
+            "header_length",
+        ),
+        (
+            "backing outside cluster 0",
+            8,
+            0xfff0u64.to_be_bytes().to_vec(),
+            "outside the first cluster",
+        ),
+        (
+            "too many snapshots",
+            60,
+            u32::MAX.to_be_bytes().to_vec(),
+            "snapshots",
+        ),
+    ];
+    for (name, off, bytes, needle) in cases {
+        let p = make(d, &format!("{}.qcow2", name.replace(' ', "_")));
+        if *name == "backing outside cluster 0" {
+            patch(&p, 16, &100u32.to_be_bytes());
+        }
+        patch(&p, *off, bytes);
+        open_err(&p, needle);
+        // Our checker refuses it too, without panicking.
+        let _ = block::qcow2::check::check(&p);
+    }
+    // A file too short to be an image.
+    let short = d.join("short.qcow2");
+    std::fs::write(&short, b"QFI\xfb\0\0\0\x03").unwrap();
+    open_err(&short, "short");
+    // Compression type byte without its feature bit.
+    let p = make(d, "ctype.qcow2");
+    patch(&p, 104, &[1]);
+    open_err(&p, "compression type");
+}
+
+#[test]
+fn backing_problems_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A chain that loops: a -> b -> a.
+    let a = d.join("a.qcow2");
+    let b = d.join("b.qcow2");
+    create(
+        &b,
+        &CreateOptions {
+            size: Some(1 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let with_backing = |name: &str| CreateOptions {
+        size: Some(1 << 20),
+        backing_file: Some(name.to_string()),
+        backing_format: Some(Format::Qcow2),
+        ..Default::default()
+    };
+    create(&a, &with_backing("b.qcow2")).unwrap();
+    create(&b, &with_backing("a.qcow2")).unwrap();
+    open_err(&a, "loops");
+    // An image that is its own backing file.
+    let s = d.join("self.qcow2");
+    create(
+        &s,
+        &CreateOptions {
+            size: Some(1 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    create(&s, &with_backing("self.qcow2")).unwrap();
+    open_err(&s, "loops");
+    // A chain deeper than the limit.
+    let mut prev = d.join("c0.qcow2");
+    create(
+        &prev,
+        &CreateOptions {
+            size: Some(1 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for i in 1..40 {
+        let p = d.join(format!("c{i}.qcow2"));
+        // -u: QEMU does not open the chain either, so it can be deeper than we allow.
+        let name = format!("c{}.qcow2", i - 1);
+        qemu_img(&[
+            "create",
+            "-q",
+            "-u",
+            "-f",
+            "qcow2",
+            "-b",
+            &name,
+            "-F",
+            "qcow2",
+            p.to_str().unwrap(),
+            "1M",
+        ]);
+        prev = p;
+    }
+    open_err(&prev, "deeper");
+    // No recorded backing format: QEMU's images from before -F.
+    let base = d.join("base.raw");
+    std::fs::write(&base, vec![7u8; 1 << 20]).unwrap();
+    let o = d.join("noformat.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.raw",
+        "-F",
+        "raw",
+        o.to_str().unwrap(),
+    ]);
+    // Drop the backing format extension by renaming its type to an unknown one.
+    let data = std::fs::read(&o).unwrap();
+    let pos = data
+        .windows(4)
+        .position(|w| w == [0xe2, 0x79, 0x2a, 0xca])
+        .unwrap();
+    patch(&o, pos as u64, &[0x12, 0x34, 0x56, 0x78]);
+    open_err(&o, "format");
+    // A missing backing file.
+    let m = d.join("missing.qcow2");
+    create(
+        &b,
+        &CreateOptions {
+            size: Some(1 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    create(&m, &with_backing("b.qcow2")).unwrap();
+    std::fs::remove_file(&b).unwrap();
+    open_err(&m, "b.qcow2");
+}
+
+#[test]
+fn bad_tables_give_errors_on_access() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", p.to_str().unwrap(), "8M"]);
+    qemu_io(&[
+        "-f",
+        "qcow2",
+        "-c",
+        "write -P 1 0 64k",
+        "-c",
+        "write -P 2 4M 64k",
+        p.to_str().unwrap(),
+    ]);
+    let h = block::qcow2::check::read_image_header(&p).unwrap();
+    let l1 = h.l1_table_offset;
+    let l1e = {
+        let f = std::fs::File::open(&p).unwrap();
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, l1).unwrap();
+        u64::from_be_bytes(b) & 0x00ff_ffff_ffff_fe00
+    };
+    // L2 entry 0 points far past the end of the file.
+    patch(&p, l1e, &((1u64 << 63) | (1u64 << 45)).to_be_bytes());
+    let mut img = block::open_disk(&p, Format::Qcow2, false).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = img.read_at(&mut buf, 0).unwrap_err();
+    assert!(matches!(e, DiskError::Corrupt(_)), "{e}");
+    let e = img.write_at(&buf, 100).unwrap_err();
+    assert!(matches!(e, DiskError::Corrupt(_)), "{e}");
+    // The other cluster still reads.
+    img.read_at(&mut buf, 4 << 20).unwrap();
+    assert!(buf.iter().all(|&b| b == 2));
+    drop(img);
+    // L2 entry with reserved bits, and a compressed entry with garbage data.
+    patch(&p, l1e, &((1u64 << 63) | 0x50000 | 0x4).to_be_bytes());
+    let mut img = block::open_disk(&p, Format::Qcow2, true).unwrap();
+    assert!(matches!(
+        img.read_at(&mut buf, 0),
+        Err(DiskError::Corrupt(_))
+    ));
+    drop(img);
+    patch(&p, l1e, &((1u64 << 62) | 0x100).to_be_bytes());
+    let mut img = block::open_disk(&p, Format::Qcow2, true).unwrap();
+    let e = img.read_at(&mut buf, 0).unwrap_err();
+    assert!(e.to_string().contains("compressed"), "{e}");
+    drop(img);
+    // L1 entry not aligned.
+    patch(&p, l1, &((1u64 << 63) | 0x10200).to_be_bytes());
+    let mut img = block::open_disk(&p, Format::Qcow2, true).unwrap();
+    assert!(matches!(
+        img.read_at(&mut buf, 0),
+        Err(DiskError::Corrupt(_))
+    ));
+    // Out-of-range requests are refused, not wrapped.
+    assert!(matches!(
+        img.read_at(&mut buf, u64::MAX - 10),
+        Err(DiskError::OutOfRange { .. })
+    ));
+    assert!(matches!(img.write_at(&buf, 0), Err(DiskError::ReadOnly)));
+}
+
+#[test]
+fn read_only_and_state_bits_are_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make(dir.path(), "c.qcow2");
+    // Corrupt bit: readable, not writable.
+    patch(&p, 72, &2u64.to_be_bytes());
+    assert!(block::open_disk(&p, Format::Qcow2, true).is_ok());
+    let e = block::open_disk(&p, Format::Qcow2, false)
+        .err()
+        .expect("corrupt image opened read-write");
+    assert!(e.to_string().contains("corrupt"), "{e}");
+    // Dirty bit (lazy refcounts after a crash): not writable until repaired.
+    patch(&p, 72, &1u64.to_be_bytes());
+    let e = block::open_disk(&p, Format::Qcow2, false)
+        .err()
+        .expect("dirty image opened read-write");
+    assert!(e.to_string().contains("dirty"), "{e}");
+    // Unknown autoclear bits are cleared by a writer, as the spec says.
+    let q = make(dir.path(), "a.qcow2");
+    patch(&q, 88, &(1u64 << 20).to_be_bytes());
+    drop(block::open_disk(&q, Format::Qcow2, false).unwrap());
+    assert_eq!(
+        block::qcow2::check::read_image_header(&q)
+            .unwrap()
+            .autoclear_features,
+        0
+    );
+}
