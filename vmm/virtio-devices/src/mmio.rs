@@ -67,6 +67,8 @@ enum QueueSetupError {
     },
     #[error("queue {0}: descriptor table or rings are not inside guest memory")]
     OutsideMemory(usize),
+    #[error("queue {0}: an available ring at address 0 is not supported")]
+    AvailAtZero(usize),
 }
 
 /// What the driver wrote for one queue, validated only at DRIVER_OK.
@@ -127,6 +129,12 @@ impl QueueConfig {
         queue
             .try_set_used_ring_address(GuestAddress(self.used))
             .map_err(|_| misaligned("used ring", self.used))?;
+        // virtio-queue takes an available ring at 0 for "never configured"
+        // and refuses to use it; say so now rather than at the first
+        // notification.
+        if self.avail == 0 {
+            return Err(QueueSetupError::AvailAtZero(index));
+        }
         queue.set_ready(true);
         // Checks the descriptor table and both rings lie wholly in memory.
         if !queue.is_valid(mem) {
@@ -839,6 +847,7 @@ mod tests {
             (0x1008, 0x2000, 0x3000), // table not 16-aligned
             (0x1000, 0x2001, 0x3000), // avail not 2-aligned
             (0x1000, 0x2000, 0x3002), // used not 4-aligned
+            (0x1000, 0, 0x3000),      // avail at 0: virtio-queue's "unset"
         ];
         for (desc, avail, used) in cases {
             let (status, activations, _) = activation_with_queue0(16, desc, avail, used);
