@@ -8,8 +8,11 @@ use common::*;
 use std::path::Path;
 use std::process::Output;
 
-/// The sector the guest writes and its pattern (images/guest/src/virtio/blk.rs).
+/// The sector the guest writes and its pattern, the sector it clears with
+/// write-zeroes and the one it discards (images/guest/src/virtio/blk.rs).
 const TEST_SECTOR: usize = 1;
+const ZEROES_SECTOR: usize = 2;
+const DISCARD_SECTOR: usize = 3;
 const SECTOR: usize = 512;
 
 fn pattern(i: usize) -> u8 {
@@ -58,6 +61,8 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
         "virtio-blk-write",
         "virtio-blk-irq",
         "virtio-blk-flush",
+        "virtio-blk-zeroes",
+        "virtio-blk-discard",
         "virtio-blk-read",
         "virtio-blk-bounds",
     ] {
@@ -66,11 +71,28 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
     assert!(stdout(&out).contains("capacity=2048"), "{}", stdout(&out));
     let bytes = std::fs::read(&disk).unwrap();
     assert_eq!(bytes.len(), 1 << 20, "the disk file keeps its size");
-    let at = TEST_SECTOR * SECTOR;
-    assert_eq!(bytes[at..at + SECTOR], expected_sector()[..]);
-    assert!(bytes[..at].iter().all(|&b| b == 0x11), "sector 0 untouched");
+    assert_guest_changes(&bytes, 0x11);
+}
+
+/// The guest's pattern in its sector, zeroes in the write-zeroes sector, the
+/// discarded sector either old or zero, everything else still `fill`.
+fn assert_guest_changes(bytes: &[u8], fill: u8) {
+    let sector = |n: usize| &bytes[n * SECTOR..(n + 1) * SECTOR];
+    assert!(sector(0).iter().all(|&b| b == fill), "sector 0 untouched");
+    assert_eq!(sector(TEST_SECTOR), &expected_sector()[..]);
     assert!(
-        bytes[at + SECTOR..].iter().all(|&b| b == 0x11),
+        sector(ZEROES_SECTOR).iter().all(|&b| b == 0),
+        "write-zeroes"
+    );
+    let discarded = sector(DISCARD_SECTOR);
+    assert!(
+        discarded.iter().all(|&b| b == 0) || discarded.iter().all(|&b| b == fill),
+        "a discarded sector reads as zeroes or its old contents"
+    );
+    assert!(
+        bytes[(DISCARD_SECTOR + 1) * SECTOR..]
+            .iter()
+            .all(|&b| b == fill),
         "the rest untouched"
     );
 }
@@ -117,12 +139,11 @@ fn two_disks_are_driven_separately() {
     assert_pass(&out, "virtio-blk1-ro");
     assert_pass(&out, "virtio-blk1-irq");
     assert!(
-        stdout(&out).contains("DONE passed=10 failed=0"),
+        stdout(&out).contains("DONE passed=12 failed=0"),
         "{}",
         stdout(&out)
     );
-    let rw_bytes = std::fs::read(&rw).unwrap();
-    assert_eq!(rw_bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
+    assert_guest_changes(&std::fs::read(&rw).unwrap(), 0);
     assert_eq!(std::fs::read(&ro).unwrap(), vec![0x33; 128 * 1024]);
 }
 
@@ -147,14 +168,14 @@ fn the_guest_writes_its_pattern_into_a_qcow2_image_that_qemu_img_accepts() {
     qemu_img(&["create", "-q", "-f", "qcow2", image_s, "1M"]);
     let out = run_blk(&kernel, &[format!("path={image_s},format=qcow2")]);
     assert_pass(&out, "virtio-blk-write");
+    assert_pass(&out, "virtio-blk-zeroes");
+    assert_pass(&out, "virtio-blk-discard");
     assert_pass(&out, "virtio-blk-read");
     qemu_img(&["check", "-q", image_s]);
     let raw = dir.path().join("converted.raw");
     let raw_s = raw.to_str().unwrap();
     qemu_img(&["convert", "-f", "qcow2", "-O", "raw", image_s, raw_s]);
-    let bytes = std::fs::read(&raw).unwrap();
-    assert_eq!(bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
-    assert!(bytes[..SECTOR].iter().all(|&b| b == 0));
+    assert_guest_changes(&std::fs::read(&raw).unwrap(), 0);
 }
 
 #[test]
@@ -188,9 +209,6 @@ fn a_misbehaving_driver_gets_its_requests_back_and_the_device_keeps_working() {
     );
     assert!(log.contains("queue register written outside"), "{log}");
     assert!(log.contains("queue the device does not have"), "{log}");
-    // Only the guest's own write reached the disk.
-    let bytes = std::fs::read(&disk).unwrap();
-    assert!(bytes[..SECTOR].iter().all(|&b| b == 0x44));
-    assert_eq!(bytes[SECTOR..2 * SECTOR], expected_sector()[..]);
-    assert!(bytes[2 * SECTOR..].iter().all(|&b| b == 0x44));
+    // Only the guest's own well-formed requests reached the disk.
+    assert_guest_changes(&std::fs::read(&disk).unwrap(), 0x44);
 }

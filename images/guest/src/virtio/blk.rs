@@ -16,10 +16,18 @@ pub const PATTERN_MAGIC: &[u8; 16] = b"virtio-blk-test\n";
 const T_IN: u32 = 0;
 const T_OUT: u32 = 1;
 const T_FLUSH: u32 = 4;
+const T_DISCARD: u32 = 11;
+const T_WRITE_ZEROES: u32 = 13;
 const S_OK: u8 = 0;
 const S_IOERR: u8 = 1;
-/// VIRTIO_BLK_F_RO.
+/// VIRTIO_BLK_F_RO, _DISCARD, _WRITE_ZEROES.
 const F_RO: u32 = 1 << 5;
+const F_DISCARD: u32 = 1 << 13;
+const F_WRITE_ZEROES: u32 = 1 << 14;
+/// Sector the write-zeroes check clears (the host test expects zeroes).
+pub const ZEROES_SECTOR: u64 = 2;
+/// Sector the discard check discards (contents afterwards unspecified).
+pub const DISCARD_SECTOR: u64 = 3;
 /// Longest wait for a request (they complete during the notification).
 const REQUEST_TIMEOUT_MS: u32 = 1000;
 const IRQ_TIMEOUT_MS: u32 = 1000;
@@ -90,7 +98,7 @@ fn status_detail(d: &mut Detail, status: Option<u8>) {
 
 pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn Reporter) {
     let queue = Queue::new(0);
-    let features = match dev.initialize(F_RO, &[&queue]) {
+    let features = match dev.initialize(F_RO | F_DISCARD | F_WRITE_ZEROES, &[&queue]) {
         Ok(f) => f,
         Err(e) => {
             r.result(Name::new("virtio-blk", index, "init").as_str(), false, e);
@@ -159,6 +167,13 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn R
         status == Some(S_OK),
         d.as_str(),
     );
+
+    if features & F_WRITE_ZEROES != 0 {
+        segment_request(&mut blk, T_WRITE_ZEROES, ZEROES_SECTOR, index, "zeroes", r);
+    }
+    if features & F_DISCARD != 0 {
+        segment_request(&mut blk, T_DISCARD, DISCARD_SECTOR, index, "discard", r);
+    }
 
     let back = buffers() + 2 * SECTOR_SIZE as u64;
     fill(back, SECTOR_SIZE, 0);
@@ -232,6 +247,36 @@ fn misbehave(blk: &mut Blk, input: Buf, index: usize, r: &mut dyn Reporter) {
 fn verdict(d: &mut Detail, ok: bool) -> bool {
     d.str(if ok { "ok" } else { "WRONG" });
     ok
+}
+
+/// A discard or write-zeroes request for one sector (one
+/// `virtio_blk_discard_write_zeroes` segment, no flags).
+fn segment_request(
+    blk: &mut Blk,
+    kind: u32,
+    sector: u64,
+    index: usize,
+    what: &str,
+    r: &mut dyn Reporter,
+) {
+    let seg = buffers() + 3 * SECTOR_SIZE as u64;
+    write64(seg, sector);
+    write32(seg + 8, 1);
+    write32(seg + 12, 0);
+    let data = Buf {
+        addr: seg,
+        len: 16,
+        writable: false,
+    };
+    let status = blk.request(kind, 0, Some(data));
+    let mut d = Detail::new();
+    d.str("sector=").dec(sector).str(" ");
+    status_detail(&mut d, status);
+    r.result(
+        Name::new("virtio-blk", index, what).as_str(),
+        status == Some(S_OK),
+        d.as_str(),
+    );
 }
 
 fn input_past_end(blk: &mut Blk, capacity: u64, input: Buf, index: usize, r: &mut dyn Reporter) {

@@ -7,9 +7,12 @@
 //! - block (`virtio-blk`): `virtio-blk-write` writes [`blk::pattern`] to
 //!   sector [`blk::TEST_SECTOR`] (a read-only disk must refuse it instead:
 //!   `virtio-blk-ro`), `virtio-blk-irq` (the used-buffer interrupt arrived),
-//!   `virtio-blk-flush`, `virtio-blk-read` (reads the sector back and
-//!   compares), `virtio-blk-bounds` (a read at the capacity must fail with
-//!   IOERR). A second disk's names carry its number: `virtio-blk1-write`.
+//!   `virtio-blk-flush`, `virtio-blk-zeroes` (write-zeroes on sector
+//!   [`blk::ZEROES_SECTOR`]) and `virtio-blk-discard` (sector
+//!   [`blk::DISCARD_SECTOR`]) when the device offers them,
+//!   `virtio-blk-read` (reads the sector back and compares),
+//!   `virtio-blk-bounds` (a read at the capacity must fail with IOERR). A
+//!   second disk's names carry its number: `virtio-blk1-write`.
 //! - net (`virtio-net`): `virtio-net-tx` sends one broadcast frame with
 //!   ethertype 0x88b5 and payload [`net::TX_PAYLOAD`]; `virtio-net-rx` waits
 //!   (`net.rx_ms=`, default 5000) for a frame with that ethertype and prints
