@@ -64,11 +64,18 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
         "virtio-blk-zeroes",
         "virtio-blk-discard",
         "virtio-blk-read",
+        "virtio-blk-id",
         "virtio-blk-bounds",
     ] {
         assert_pass(&out, check);
     }
     assert!(stdout(&out).contains("capacity=2048"), "{}", stdout(&out));
+    let id = stdout(&out)
+        .lines()
+        .find(|l| l.starts_with("TEST virtio-blk-id"))
+        .map(|l| l.split("id=").nth(1).unwrap_or("").to_string())
+        .unwrap();
+    assert!(!id.is_empty(), "the VMM gives every disk a serial");
     let bytes = std::fs::read(&disk).unwrap();
     assert_eq!(bytes.len(), 1 << 20, "the disk file keeps its size");
     assert_guest_changes(&bytes, 0x11);
@@ -139,7 +146,7 @@ fn two_disks_are_driven_separately() {
     assert_pass(&out, "virtio-blk1-ro");
     assert_pass(&out, "virtio-blk1-irq");
     assert!(
-        stdout(&out).contains("DONE passed=12 failed=0"),
+        stdout(&out).contains("DONE passed=14 failed=0"),
         "{}",
         stdout(&out)
     );

@@ -16,6 +16,9 @@ pub const PATTERN_MAGIC: &[u8; 16] = b"virtio-blk-test\n";
 const T_IN: u32 = 0;
 const T_OUT: u32 = 1;
 const T_FLUSH: u32 = 4;
+const T_GET_ID: u32 = 8;
+/// VIRTIO_BLK_ID_BYTES.
+const ID_BYTES: usize = 20;
 const T_DISCARD: u32 = 11;
 const T_WRITE_ZEROES: u32 = 13;
 const S_OK: u8 = 0;
@@ -203,6 +206,8 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn R
         d.as_str(),
     );
 
+    read_id(&mut blk, index, r);
+
     // One sector at the capacity: just past the end.
     input_past_end(&mut blk, capacity, input, index, r);
     if evil {
@@ -274,6 +279,33 @@ fn segment_request(
     status_detail(&mut d, status);
     r.result(
         Name::new("virtio-blk", index, what).as_str(),
+        status == Some(S_OK),
+        d.as_str(),
+    );
+}
+
+/// GET_ID: the device's serial, up to 20 bytes.
+fn read_id(blk: &mut Blk, index: usize, r: &mut dyn Reporter) {
+    let id = buffers() + 3 * SECTOR_SIZE as u64;
+    fill(id, ID_BYTES, 0);
+    let buf = Buf {
+        addr: id,
+        len: ID_BYTES as u32,
+        writable: true,
+    };
+    let status = blk.request(T_GET_ID, 0, Some(buf));
+    let mut d = Detail::new();
+    status_detail(&mut d, status);
+    d.str(" id=");
+    for i in 0..ID_BYTES as u64 {
+        let b = read8(id + i);
+        if b == 0 {
+            break;
+        }
+        d.bytes(&[if (0x21..0x7f).contains(&b) { b } else { b'.' }]);
+    }
+    r.result(
+        Name::new("virtio-blk", index, "id").as_str(),
         status == Some(S_OK),
         d.as_str(),
     );

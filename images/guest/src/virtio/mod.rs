@@ -10,7 +10,8 @@
 //!   `virtio-blk-flush`, `virtio-blk-zeroes` (write-zeroes on sector
 //!   [`blk::ZEROES_SECTOR`]) and `virtio-blk-discard` (sector
 //!   [`blk::DISCARD_SECTOR`]) when the device offers them,
-//!   `virtio-blk-read` (reads the sector back and compares),
+//!   `virtio-blk-read` (reads the sector back and compares), `virtio-blk-id`
+//!   (GET_ID, prints the serial),
 //!   `virtio-blk-bounds` (a read at the capacity must fail with IOERR). A
 //!   second disk's names carry its number: `virtio-blk1-write`.
 //! - net (`virtio-net`): `virtio-net-tx` sends one broadcast frame with
