@@ -439,7 +439,9 @@ fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
     shared
         .tid
         .store(unsafe { libc::gettid() }, Ordering::SeqCst);
-    let mut frame = vec![0u8; MAX_FRAME];
+    // One byte more than the largest frame, so that a longer one (which the
+    // tap would truncate into the buffer) is recognised and dropped.
+    let mut frame = vec![0u8; MAX_FRAME + 1];
     let mut pending: Option<usize> = None;
     let mut broken = false;
     let mut tap_failed = false;
@@ -450,6 +452,13 @@ fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
                 loop {
                     if pending.is_none() && !tap_failed {
                         match tap.read_frame(&mut frame) {
+                            Ok(n) if n > MAX_FRAME => {
+                                tracing::warn!(
+                                    "virtio-net: dropped an oversized frame from tap {}",
+                                    tap.name()
+                                );
+                                continue;
+                            }
                             Ok(n) => pending = Some(n),
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
