@@ -556,3 +556,42 @@ impl Harness<'_> {
             .expect("the harness device is a Net")
     }
 }
+
+#[test]
+fn a_broken_receive_ring_puts_the_device_in_needs_reset() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let mut h = Harness::new(&mem, "vt-broken");
+        // The driver claims 100 new buffers in a 16-entry ring.
+        h.rxq.set_avail_idx(100);
+        h.mmio.notify(u32::from(RX_QUEUE));
+        h.wire
+            .send(&frame(PEER_MAC, GUEST_MAC, b"into a broken ring"));
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while h.mmio.status() & VIRTIO_CONFIG_S_NEEDS_RESET == 0 {
+            assert!(Instant::now() < deadline, "no NEEDS_RESET after a bad ring");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(h.mmio.interrupts() >= 1, "a config interrupt announces it");
+        assert_eq!(h.rxq.used_idx(), 0);
+        // The receive thread is stopped; a reset brings the device back.
+        assert_eq!(h.net().rx_thread_id(), None);
+        h.mmio.set_status(0);
+        let (rxq, txq) = (
+            GuestDriver::at(&mem, 16, 0x1000),
+            GuestDriver::at(&mem, 16, 0x8000),
+        );
+        h.rxq = GuestDriver::at(&mem, 16, 0x1000);
+        h.txq = GuestDriver::at(&mem, 16, 0x8000);
+        h.mmio.bring_up(0, &[&rxq, &txq]);
+        h.rx_seen = 0;
+        h.rx_posted = 0;
+        h.post_rx(1, RX_BUF_LEN);
+        let f = frame(PEER_MAC, GUEST_MAC, b"after the reset");
+        h.wire.send(&f);
+        assert_eq!(
+            h.next_frame(Duration::from_secs(2)).as_deref(),
+            Some(&f[..])
+        );
+    });
+}
