@@ -396,3 +396,316 @@ pub fn device_id_bytes(id: &str) -> [u8; VIRTIO_BLK_ID_BYTES as usize] {
     out[..n].copy_from_slice(&id.as_bytes()[..n]);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Desc, GuestDriver, test_memory};
+    use virtio_queue::QueueT;
+
+    const HDR: u64 = 0x10_0000;
+    const DATA: u64 = 0x11_0000;
+    const STATUS: u64 = 0x12_0000;
+
+    const LIMITS: DiskLimits = DiskLimits {
+        capacity: 100,
+        read_only: false,
+        discard: true,
+        write_zeroes: true,
+        max_segments: 2,
+        max_segment_sectors: 8,
+    };
+
+    /// Parses `descs` after writing a header of `request_type` at `sector`
+    /// and `segments` at DATA.
+    fn parse_with(
+        request_type: u32,
+        sector: u64,
+        segments: &[(u64, u32, u32)],
+        descs: &[Desc],
+        limits: &DiskLimits,
+    ) -> Result<Request, Refused> {
+        let mem = test_memory();
+        let mut h = [0u8; 16];
+        h[..4].copy_from_slice(&request_type.to_le_bytes());
+        h[8..].copy_from_slice(&sector.to_le_bytes());
+        mem.write_slice(&h, GuestAddress(HDR)).unwrap();
+        let mut seg_bytes = Vec::new();
+        for (s, n, f) in segments {
+            seg_bytes.extend_from_slice(&s.to_le_bytes());
+            seg_bytes.extend_from_slice(&n.to_le_bytes());
+            seg_bytes.extend_from_slice(&f.to_le_bytes());
+        }
+        mem.write_slice(&seg_bytes, GuestAddress(DATA)).unwrap();
+        let mut driver = GuestDriver::new(&mem, 16);
+        driver.add_chain(descs);
+        let mut queue = driver.queue();
+        let chain = queue.pop_descriptor_chain(&mem).unwrap();
+        let chain = ValidatedChain::new(chain, &mem).expect("a valid chain");
+        parse(&chain, &mem, limits)
+    }
+
+    fn error(request_type: u32, sector: u64, data: &[Desc]) -> RequestError {
+        let mut descs = vec![Desc::read(HDR, 16)];
+        descs.extend_from_slice(data);
+        descs.push(Desc::write(STATUS, 1));
+        let refused = parse_with(request_type, sector, &[], &descs, &LIMITS).unwrap_err();
+        assert_eq!(refused.status, Some(GuestAddress(STATUS)));
+        refused.error
+    }
+
+    fn segment_error(request_type: u32, segments: &[(u64, u32, u32)]) -> RequestError {
+        let len = (segments.len() * 16).max(16) as u32;
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::read(DATA, len),
+            Desc::write(STATUS, 1),
+        ];
+        parse_with(request_type, 0, segments, &descs, &LIMITS)
+            .unwrap_err()
+            .error
+    }
+
+    #[test]
+    fn well_formed_requests_parse() {
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::write(DATA, 1024),
+            Desc::write(STATUS, 1),
+        ];
+        let req = parse_with(VIRTIO_BLK_T_IN, 98, &[], &descs, &LIMITS).unwrap();
+        assert_eq!(req.status, GuestAddress(STATUS));
+        assert!(matches!(req.kind, RequestKind::Read { sector: 98, ref data } if data.len() == 1));
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::read(DATA, 32),
+            Desc::write(STATUS, 1),
+        ];
+        let req = parse_with(
+            VIRTIO_BLK_T_WRITE_ZEROES,
+            0,
+            &[(1, 2, 1), (90, 8, 0)],
+            &descs,
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(
+            req.kind,
+            RequestKind::WriteZeroes {
+                segments: vec![
+                    Segment {
+                        sector: 1,
+                        sectors: 2,
+                        unmap: true
+                    },
+                    Segment {
+                        sector: 90,
+                        sectors: 8,
+                        unmap: false
+                    },
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn the_status_rules() {
+        let no_status = parse_with(
+            VIRTIO_BLK_T_FLUSH,
+            0,
+            &[],
+            &[Desc::read(HDR, 16), Desc::read(STATUS, 1)],
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(
+            no_status,
+            Refused {
+                error: RequestError::StatusNotWritable,
+                status: None
+            }
+        );
+        let long = parse_with(
+            VIRTIO_BLK_T_FLUSH,
+            0,
+            &[],
+            &[Desc::read(HDR, 16), Desc::write(STATUS, 4)],
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(long.error, RequestError::StatusLength { len: 4 });
+        assert_eq!(long.status, Some(GuestAddress(STATUS + 3)), "the last byte");
+        let alone = parse_with(
+            VIRTIO_BLK_T_FLUSH,
+            0,
+            &[],
+            &[Desc::write(STATUS, 1)],
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(alone.error, RequestError::MissingHeader);
+    }
+
+    #[test]
+    fn the_header_rules() {
+        let status = Desc::write(STATUS, 1);
+        let e = parse_with(
+            VIRTIO_BLK_T_FLUSH,
+            0,
+            &[],
+            &[Desc::write(HDR, 16), status],
+            &LIMITS,
+        );
+        assert_eq!(e.unwrap_err().error, RequestError::HeaderNotReadable);
+        let e = parse_with(
+            VIRTIO_BLK_T_FLUSH,
+            0,
+            &[],
+            &[Desc::read(HDR, 15), status],
+            &LIMITS,
+        );
+        assert_eq!(
+            e.unwrap_err().error,
+            RequestError::HeaderTooShort { len: 15 }
+        );
+    }
+
+    #[test]
+    fn the_data_rules() {
+        assert_eq!(
+            error(VIRTIO_BLK_T_IN, 0, &[]),
+            RequestError::MissingData { request: "read" }
+        );
+        assert_eq!(
+            error(VIRTIO_BLK_T_FLUSH, 0, &[Desc::read(DATA, 512)]),
+            RequestError::UnexpectedData { request: "flush" }
+        );
+        assert_eq!(
+            error(VIRTIO_BLK_T_IN, 0, &[Desc::read(DATA, 512)]),
+            RequestError::DataNotWritable { request: "read" }
+        );
+        assert_eq!(
+            error(VIRTIO_BLK_T_GET_ID, 0, &[Desc::read(DATA, 20)]),
+            RequestError::DataNotWritable { request: "get-id" }
+        );
+        assert_eq!(
+            error(VIRTIO_BLK_T_OUT, 0, &[Desc::write(DATA, 512)]),
+            RequestError::DataNotReadable { request: "write" }
+        );
+        assert_eq!(
+            error(VIRTIO_BLK_T_OUT, 0, &[Desc::read(DATA, 513)]),
+            RequestError::DataLengthNotSectorMultiple { len: 513 }
+        );
+    }
+
+    #[test]
+    fn the_sector_rules() {
+        assert_eq!(
+            error(VIRTIO_BLK_T_IN, 99, &[Desc::write(DATA, 1024)]),
+            RequestError::SectorOutOfRange {
+                sector: 99,
+                sectors: 2,
+                capacity: 100
+            }
+        );
+        assert_eq!(
+            error(VIRTIO_BLK_T_IN, u64::MAX, &[Desc::write(DATA, 1024)]),
+            RequestError::SectorOverflow {
+                sector: u64::MAX,
+                sectors: 2
+            }
+        );
+    }
+
+    #[test]
+    fn the_read_only_rule() {
+        let ro = DiskLimits {
+            read_only: true,
+            ..LIMITS
+        };
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::read(DATA, 512),
+            Desc::write(STATUS, 1),
+        ];
+        for t in [
+            VIRTIO_BLK_T_OUT,
+            VIRTIO_BLK_T_DISCARD,
+            VIRTIO_BLK_T_WRITE_ZEROES,
+        ] {
+            let e = parse_with(t, 0, &[(0, 1, 0)], &descs, &ro)
+                .unwrap_err()
+                .error;
+            assert_eq!(e, RequestError::ReadOnly, "type {t}");
+        }
+    }
+
+    #[test]
+    fn the_type_rules() {
+        assert_eq!(error(2, 0, &[]), RequestError::Unsupported(2));
+        let plain = DiskLimits {
+            discard: false,
+            write_zeroes: false,
+            ..LIMITS
+        };
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::read(DATA, 16),
+            Desc::write(STATUS, 1),
+        ];
+        let e = parse_with(VIRTIO_BLK_T_DISCARD, 0, &[(0, 1, 0)], &descs, &plain).unwrap_err();
+        assert_eq!(e.error, RequestError::Unsupported(VIRTIO_BLK_T_DISCARD));
+        assert_eq!(e.error.status(), VIRTIO_BLK_S_UNSUPP as u8);
+    }
+
+    #[test]
+    fn the_segment_rules() {
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::read(DATA, 20),
+            Desc::write(STATUS, 1),
+        ];
+        let e = parse_with(VIRTIO_BLK_T_DISCARD, 0, &[], &descs, &LIMITS).unwrap_err();
+        assert_eq!(e.error, RequestError::SegmentLength { len: 20 });
+        assert_eq!(
+            segment_error(VIRTIO_BLK_T_DISCARD, &[(0, 1, 0); 3]),
+            RequestError::TooManySegments { count: 3, max: 2 }
+        );
+        assert_eq!(
+            segment_error(VIRTIO_BLK_T_DISCARD, &[(0, 9, 0)]),
+            RequestError::SegmentTooLarge { sectors: 9, max: 8 }
+        );
+        assert_eq!(
+            segment_error(VIRTIO_BLK_T_DISCARD, &[(0, 1, 1)]),
+            RequestError::SegmentFlags { flags: 1 }
+        );
+        assert_eq!(
+            segment_error(VIRTIO_BLK_T_WRITE_ZEROES, &[(0, 1, 4)]),
+            RequestError::SegmentFlags { flags: 4 }
+        );
+        assert_eq!(
+            segment_error(VIRTIO_BLK_T_WRITE_ZEROES, &[(99, 2, 0)]),
+            RequestError::SectorOutOfRange {
+                sector: 99,
+                sectors: 2,
+                capacity: 100
+            }
+        );
+        assert_eq!(
+            segment_error(VIRTIO_BLK_T_DISCARD, &[(u64::MAX, 1, 0)]),
+            RequestError::SectorOverflow {
+                sector: u64::MAX,
+                sectors: 1
+            }
+        );
+    }
+
+    #[test]
+    fn device_ids_are_cut_and_padded() {
+        assert_eq!(&device_id_bytes("abc")[..4], b"abc\0");
+        assert_eq!(
+            &device_id_bytes("0123456789abcdefghijKLMN"),
+            b"0123456789abcdefghij"
+        );
+    }
+}
