@@ -3,7 +3,9 @@
 //! Every vCPU enters at `_start` (0x100000) in 64-bit mode. The boot vCPU
 //! (initial APIC id 0) has RSI = boot_params; the VMM starts the others
 //! directly at the same address. Each vCPU picks its own stack from its APIC
-//! id, so the guest does not depend on where the VMM put RSP.
+//! id, so the guest does not depend on where the VMM put RSP. Packaged as a
+//! bzImage (flat binary at 0x100000), the guest enters at 0x100200 instead,
+//! which jumps here.
 
 use core::arch::global_asm;
 
@@ -45,6 +47,12 @@ _start:
     cli
     hlt
     jmp 3b
+
+    // The 64-bit entry of a bzImage is 0x200 bytes into the protected-mode
+    // kernel: the guest can be packaged as a bzImage too (see the vmm tests).
+    .org 0x200
+bzimage_entry_64:
+    jmp _start
 
     .section .bss.stacks, "aw", @nobits
     .balign 16

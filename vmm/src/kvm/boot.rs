@@ -114,18 +114,18 @@ fn load_kernel<F: Read + ReadVolatile + Seek>(
     } else {
         let loaded = BzImage::load(mem, None, image, highmem)
             .map_err(|e| Error::KernelLoad(e.to_string()))?;
-        check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
+        // The kernel decompresses itself in place and needs `init_size`
+        // bytes from its load address, more than the file holds.
+        let init_size = loaded.setup_header.map_or(0, |h| u64::from(h.init_size));
+        let end = loaded
+            .kernel_end
+            .max(loaded.kernel_load.raw_value().saturating_add(init_size));
+        check_kernel_fits(mem, loaded.kernel_load.raw_value(), end)?;
         let entry = loaded
             .kernel_load
             .checked_add(BZIMAGE_64BIT_ENTRY_OFFSET)
             .ok_or(Error::KernelLoad("entry overflows".into()))?;
-        Ok((
-            KernelEntry {
-                entry,
-                end: loaded.kernel_end,
-            },
-            loaded.setup_header,
-        ))
+        Ok((KernelEntry { entry, end }, loaded.setup_header))
     }
 }
 

@@ -205,3 +205,117 @@ impl BusDevice for I8042 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+    fn device() -> (I8042, Arc<Control>, EventFd) {
+        let control = Arc::new(Control::new(1));
+        let event = EventFd::new(EFD_NONBLOCK).unwrap();
+        let irq = IrqLine::from_eventfd(1, event.try_clone().unwrap());
+        (I8042::new(control.clone(), irq), control, event)
+    }
+
+    fn read(dev: &mut I8042, offset: u64) -> u8 {
+        let mut data = [0u8; 1];
+        dev.read(offset, &mut data);
+        data[0]
+    }
+
+    #[test]
+    fn the_reset_command_ends_the_vm_with_a_reset() {
+        let (mut dev, control, _) = device();
+        dev.write(COMMAND_OFFSET, &[0xfe]);
+        assert_eq!(control.exit(), Some(VmExit::Reset));
+    }
+
+    #[test]
+    fn other_commands_do_not_end_the_vm() {
+        let (mut dev, control, _) = device();
+        for command in 0..=0xfdu8 {
+            dev.write(COMMAND_OFFSET, &[command]);
+            dev.write(DATA_OFFSET, &[0]);
+        }
+        assert_eq!(control.exit(), None);
+    }
+
+    #[test]
+    fn ctrl_alt_del_is_typed_with_an_interrupt() {
+        let (mut dev, _, irq) = device();
+        dev.trigger_ctrl_alt_del();
+        assert!(irq.read().unwrap() > 0, "no interrupt raised");
+        let mut typed = Vec::new();
+        while read(&mut dev, COMMAND_OFFSET) & STATUS_OUTPUT_FULL != 0 {
+            typed.push(read(&mut dev, DATA_OFFSET));
+        }
+        assert_eq!(typed, CTRL_ALT_DEL);
+    }
+
+    #[test]
+    fn the_controller_answers_the_probes_linux_sends() {
+        let (mut dev, _, _) = device();
+        dev.write(COMMAND_OFFSET, &[CMD_SELF_TEST]);
+        assert_eq!(read(&mut dev, DATA_OFFSET), SELF_TEST_OK);
+        dev.write(COMMAND_OFFSET, &[CMD_WRITE_CONFIG]);
+        dev.write(DATA_OFFSET, &[0x45]);
+        dev.write(COMMAND_OFFSET, &[CMD_READ_CONFIG]);
+        assert_eq!(read(&mut dev, DATA_OFFSET), 0x45);
+        dev.write(COMMAND_OFFSET, &[CMD_TEST_KBD]);
+        assert_eq!(read(&mut dev, DATA_OFFSET), PORT_TEST_OK);
+        dev.write(DATA_OFFSET, &[KBD_CMD_RESET]);
+        assert_eq!(
+            (read(&mut dev, DATA_OFFSET), read(&mut dev, DATA_OFFSET)),
+            (KBD_ACK, KBD_RESET_OK)
+        );
+        assert_eq!(read(&mut dev, COMMAND_OFFSET) & STATUS_OUTPUT_FULL, 0);
+    }
+
+    #[test]
+    fn interrupts_follow_the_configuration_byte() {
+        let (mut dev, _, irq) = device();
+        dev.write(COMMAND_OFFSET, &[CMD_WRITE_CONFIG]);
+        dev.write(DATA_OFFSET, &[0]);
+        dev.trigger_ctrl_alt_del();
+        assert!(
+            irq.read().is_err(),
+            "interrupt raised with keyboard interrupts off"
+        );
+    }
+
+    #[test]
+    fn a_guest_that_never_reads_cannot_grow_the_buffer() {
+        let (mut dev, _, _) = device();
+        for _ in 0..1000 {
+            dev.trigger_ctrl_alt_del();
+            dev.write(COMMAND_OFFSET, &[CMD_SELF_TEST]);
+        }
+        assert!(dev.output.len() <= MAX_BUFFERED);
+    }
+
+    #[test]
+    fn random_accesses_never_panic() {
+        let (mut dev, _, _) = device();
+        // A small deterministic generator: the same sequence on every run.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..100_000 {
+            let r = next();
+            let offset = r % 8;
+            let len = 1 + (r >> 8) as usize % 4;
+            let mut data = vec![(r >> 16) as u8; len];
+            if r & (1 << 40) == 0 {
+                dev.read(offset, &mut data);
+            } else {
+                dev.write(offset, &data);
+            }
+            assert!(dev.output.len() <= MAX_BUFFERED);
+        }
+    }
+}
