@@ -131,7 +131,13 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
         compression_type: opts.compression_type,
         backing_file: opts.backing_file.clone(),
         backing_format: opts.backing_format.map(|f| f.name().to_string()),
-        feature_names: header::default_feature_names(),
+        // As QEMU: small clusters leave no room for the 392-byte table
+        // next to a backing file name.
+        feature_names: if cs > 4096 && !opts.compat_v2 {
+            header::default_feature_names()
+        } else {
+            Vec::new()
+        },
         data_file: None,
         other_extensions: Vec::new(),
     };
