@@ -57,6 +57,19 @@ pub enum SerialTarget {
     Null,
 }
 
+/// How secondary vCPUs start. The boot vCPU always starts at the kernel
+/// entry; the MP table lists every vCPU either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ApStart {
+    /// At the kernel entry in long mode, runnable at once, each with its own
+    /// stack (the test guest tells them apart by APIC id).
+    #[default]
+    Direct,
+    /// Waiting for INIT/SIPI from the boot vCPU, as on hardware: what a
+    /// Linux kernel expects.
+    InitSipi,
+}
+
 /// A complete VM description.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -69,6 +82,7 @@ pub struct VmConfig {
     pub nets: Vec<NetConfig>,
     pub rng: bool,
     pub serial: SerialTarget,
+    pub ap_start: ApStart,
 }
 
 impl VmConfig {
@@ -84,6 +98,7 @@ impl VmConfig {
             nets: Vec::new(),
             rng: false,
             serial: SerialTarget::default(),
+            ap_start: ApStart::default(),
         }
     }
 }

@@ -19,7 +19,9 @@ pub mod test_guest;
 pub mod timing;
 pub mod vm;
 
-pub use config::{DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig};
+pub use config::{
+    ApStart, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+};
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};
 pub use vm::{Vm, VmHandle};

@@ -84,13 +84,23 @@ impl Vm {
         let virtio = crate::devices::virtio::attach(&config, &vm, &memory, &mut mmio, &mut cmdline)
             .map_err(|e| Error::Device(e.to_string()))?;
         kvm::boot::write_long_mode_tables(&memory)?;
+        kvm::mptable::write(&memory, config.vcpus)?;
         let entry = kvm::boot::load(&memory, &config.kernel, &cmdline, config.initrd.as_deref())?;
 
         let supported = kvm_sys
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm::kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let vcpus = (0..config.vcpus)
-            .map(|i| Vcpu::new(&vm, &supported, i, config.vcpus, entry.entry.0))
+            .map(|i| {
+                Vcpu::new(
+                    &vm,
+                    &supported,
+                    i,
+                    config.vcpus,
+                    entry.entry.0,
+                    config.ap_start,
+                )
+            })
             .collect::<kvm::Result<Vec<_>>>()?;
 
         let buses = Arc::new(Buses { pio, mmio });

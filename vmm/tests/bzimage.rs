@@ -71,7 +71,7 @@ fn the_guest_boots_from_a_bzimage() {
         stdout(&out),
         stderr(&out)
     );
-    for check in ["serial", "bootparams", "idt", "mem", "smp"] {
+    for check in ["serial", "bootparams", "idt", "mem", "mptable", "smp"] {
         assert_pass(&out, check);
     }
 }

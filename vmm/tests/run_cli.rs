@@ -13,7 +13,7 @@ fn boots_with_vcpus(vcpus: &str) {
         stdout(&out),
         stderr(&out)
     );
-    for check in ["serial", "bootparams", "idt", "mem", "smp"] {
+    for check in ["serial", "bootparams", "idt", "mem", "mptable", "smp"] {
         assert_pass(&out, check);
     }
     let text = stdout(&out);
@@ -23,7 +23,12 @@ fn boots_with_vcpus(vcpus: &str) {
         smp.contains(&format!("cpus={vcpus} expected={vcpus}")),
         "{smp}"
     );
-    assert!(text.contains("DONE passed=5 failed=0"), "{text}");
+    let mptable = text
+        .lines()
+        .find(|l| l.starts_with("TEST mptable"))
+        .unwrap();
+    assert!(mptable.contains(&format!("cpus={vcpus} ")), "{mptable}");
+    assert!(text.contains("DONE passed=6 failed=0"), "{text}");
     assert!(
         stderr(&out).contains("guest power-off with exit code 0"),
         "{}",
@@ -47,6 +52,40 @@ fn every_vcpu_checks_in_with_four() {
     // APIC ids 0..3 all seen.
     let out = run_guest(&["--vcpus", "4", "--cmdline", "checks=smp"]);
     assert!(stdout(&out).contains("ids=0xf"), "{}", stdout(&out));
+}
+
+#[test]
+fn with_init_sipi_secondary_vcpus_wait_to_be_started() {
+    // Linux starts its secondary vCPUs itself; until then they must not run.
+    // The MP table still lists all of them.
+    let out = run_guest(&[
+        "--vcpus",
+        "3",
+        "--ap-start",
+        "init-sipi",
+        "--cmdline",
+        "checks=smp cpus=1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("TEST smp PASS cpus=1 expected=1 ids=0x1"),
+        "{}",
+        stdout(&out)
+    );
+    let out = run_guest(&[
+        "--vcpus",
+        "3",
+        "--ap-start",
+        "init-sipi",
+        "--cmdline",
+        "checks=mptable",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("TEST mptable PASS at=0xf0000 cpus=3"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]

@@ -98,10 +98,7 @@ pub fn mem(r: &mut dyn Reporter, bp: Option<BootParams>) {
 
 /// `smp`: every vCPU ran the entry code and checked in.
 pub fn smp(r: &mut dyn Reporter, cmdline: &[u8]) {
-    let expected = cmdline::value(cmdline, "cpus")
-        .and_then(cmdline::parse_u64)
-        .map(|n| n.min(64) as u32)
-        .unwrap_or_else(crate::smp::expected_from_cpuid);
+    let expected = expected_cpus(cmdline);
     let (seen, ids) = crate::smp::wait_for_secondaries(expected, SMP_TIMEOUT_MS);
     let mut d = Detail::new();
     d.str("cpus=")
@@ -111,6 +108,63 @@ pub fn smp(r: &mut dyn Reporter, cmdline: &[u8]) {
         .str(" ids=")
         .hex(ids | 1);
     r.result("smp", seen + 1 == expected, d.as_str());
+}
+
+/// `mptable`: the Intel MP table a Linux guest uses to find its CPUs: the
+/// floating pointer in the BIOS area, both checksums, and one processor
+/// entry per vCPU (compared with CPUID, or `cpus=`).
+pub fn mptable(r: &mut dyn Reporter, cmdline: &[u8]) {
+    let expected = expected_cpus(cmdline);
+    let Some(floating) = (0xf_0000u64..0x10_0000)
+        .step_by(16)
+        .find(|&a| mmio_read32(a) == u32::from_le_bytes(*b"_MP_"))
+    else {
+        r.result(
+            "mptable",
+            false,
+            "no _MP_ floating pointer in 0xf0000-0xfffff",
+        );
+        return;
+    };
+    let table = u64::from(mmio_read32(floating + 4));
+    let length = u64::from(mmio_read32(table + 4) & 0xffff);
+    let count = (mmio_read32(table + 0x20) >> 16) as u64;
+    let mut d = Detail::new();
+    d.str("at=").hex(floating);
+    let ok_floating = sum_bytes(floating, 16) == 0;
+    let ok_table = mmio_read32(table) == u32::from_le_bytes(*b"PCMP")
+        && length <= 0x1_0000
+        && sum_bytes(table, length) == 0;
+    if !ok_floating || !ok_table {
+        d.str(" bad checksum or signature");
+        r.result("mptable", false, d.as_str());
+        return;
+    }
+    let mut at = table + 44;
+    let mut processors = 0u64;
+    for _ in 0..count {
+        if at >= table + length {
+            break;
+        }
+        let kind = crate::io::mmio_read8(at);
+        if kind == 0 {
+            processors += 1;
+        }
+        at += if kind == 0 { 20 } else { 8 };
+    }
+    d.str(" cpus=").dec(processors).str(" entries=").dec(count);
+    r.result("mptable", processors == u64::from(expected), d.as_str());
+}
+
+fn sum_bytes(addr: u64, len: u64) -> u8 {
+    (0..len).fold(0u8, |s, i| s.wrapping_add(crate::io::mmio_read8(addr + i)))
+}
+
+fn expected_cpus(cmdline: &[u8]) -> u32 {
+    cmdline::value(cmdline, "cpus")
+        .and_then(cmdline::parse_u64)
+        .map(|n| n.min(64) as u32)
+        .unwrap_or_else(crate::smp::expected_from_cpuid)
 }
 
 /// `badio`: ports and MMIO without a device read as all-ones and ignore

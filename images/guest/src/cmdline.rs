@@ -2,13 +2,14 @@
 //!
 //! Options this guest understands (all optional):
 //! - `checks=a,b,c` — run only these checks, in the guest's fixed order.
-//!   Without it the default checks run: `serial,bootparams,idt,mem,smp` and
+//!   Without it the default checks run: `serial,bootparams,idt,mem,mptable,smp` and
 //!   the virtio checks for every device found. Crash-path checks (`badio`,
 //!   `panic`, `triplefault`) run only when named.
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
 //! - `code=N` — exit code written to port 0xf4 when every check passed
 //!   (default 0; any failure gives 1).
-//! - `cpus=N` — vCPUs the `smp` check expects (default: CPUID leaf 1).
+//! - `cpus=N` — vCPUs the `smp` and `mptable` checks expect (default:
+//!   CPUID leaf 1).
 //! - `virtio_mmio.device=<size>@<base>:<irq>` — one per virtio-mmio device,
 //!   as Linux reads them (`4K@0xd0000000:5`).
 

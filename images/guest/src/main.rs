@@ -56,6 +56,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     if cmdline::check_selected(cmdline, "mem") {
         checks::mem(&mut r, bp);
     }
+    if cmdline::check_selected(cmdline, "mptable") {
+        checks::mptable(&mut r, cmdline);
+    }
     if cmdline::check_selected(cmdline, "smp") {
         checks::smp(&mut r, cmdline);
     }

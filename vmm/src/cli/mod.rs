@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig, parse_mac,
+    ApStart, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig, parse_mac,
 };
 
 #[derive(Debug, Parser)]
@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// Add a virtio-rng device.
     #[arg(long)]
     pub rng: bool,
+    /// How secondary vCPUs start: `direct` (at the kernel entry, the test
+    /// guest) or `init-sipi` (waiting for the guest to start them, Linux).
+    #[arg(long, default_value = "direct", value_parser = parse_ap_start)]
+    pub ap_start: ApStart,
     /// Serial console: stdout, file:PATH or unix:PATH.
     #[arg(long, default_value = "stdout", value_parser = parse_serial)]
     pub serial: SerialTarget,
@@ -80,6 +84,7 @@ impl RunArgs {
             nets: self.net,
             rng: self.rng,
             serial: self.serial,
+            ap_start: self.ap_start,
         }
     }
 }
@@ -155,6 +160,14 @@ pub fn parse_net(text: &str) -> Result<NetConfig, String> {
         tap: tap.ok_or("a net device needs tap=NAME")?,
         mac,
     })
+}
+
+pub fn parse_ap_start(text: &str) -> Result<ApStart, String> {
+    match text {
+        "direct" => Ok(ApStart::Direct),
+        "init-sipi" => Ok(ApStart::InitSipi),
+        _ => Err(format!("expected direct or init-sipi, got {text:?}")),
+    }
 }
 
 pub fn parse_serial(text: &str) -> Result<SerialTarget, String> {

@@ -24,6 +24,13 @@ pub const AP_STACKS_ADDR: u64 = 0x30000;
 pub const AP_STACK_SIZE: u64 = 0x400;
 /// Start of the extended BIOS data area: RAM below it is usable.
 pub const EBDA_START: u64 = 0x9fc00;
+/// The MP table (floating pointer, then the configuration table) in the
+/// BIOS area, which the e820 map leaves out of RAM.
+pub const MPTABLE_ADDR: u64 = 0xf_0000;
+pub const MPTABLE_MAX_SIZE: usize = 0x1_0000;
+/// Interrupt controllers (emulated in KVM).
+pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
+pub const LAPIC_ADDR: u64 = 0xfee0_0000;
 /// Where high memory (and the kernel) starts.
 pub const HIMEM_START: u64 = 0x10_0000;
 /// The MMIO hole below 4 GiB: RAM stops here and continues at 4 GiB.

@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod kick;
 pub mod layout;
 pub mod memory;
+pub mod mptable;
 pub mod vcpu;
 
 use std::path::PathBuf;

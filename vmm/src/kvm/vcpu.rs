@@ -8,6 +8,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
 use super::layout::ZERO_PAGE_ADDR;
 use super::{Result, cpu, kvm_err};
+use crate::config::ApStart;
 use crate::devices::bus::Bus;
 use crate::lifecycle::{Checkpoint, Control, VmExit};
 
@@ -28,15 +29,18 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
-    /// Creates vCPU `index` and puts it at the kernel entry in long mode. The
-    /// boot vCPU gets RSI = zero page; the others are made runnable at the
-    /// same entry with their own stack (see docs/kvm-on-these-machines.md).
+    /// Creates vCPU `index`. The boot vCPU is put at the kernel entry in
+    /// long mode with RSI = zero page. Secondary vCPUs either start the same
+    /// way, runnable at once with their own stack ([`ApStart::Direct`], see
+    /// docs/kvm-on-these-machines.md), or keep KVM's reset state and wait for
+    /// INIT/SIPI from the guest ([`ApStart::InitSipi`], for Linux).
     pub fn new(
         vm: &VmFd,
         supported_cpuid: &CpuId,
         index: u8,
         count: u8,
         entry: u64,
+        ap_start: ApStart,
     ) -> Result<Self> {
         let fd = vm
             .create_vcpu(u64::from(index))
@@ -44,12 +48,14 @@ impl Vcpu {
         fd.set_cpuid2(&cpu::vcpu_cpuid(supported_cpuid, index, count))
             .map_err(kvm_err("KVM_SET_CPUID2"))?;
         cpu::set_msrs(&fd)?;
-        cpu::set_sregs(&fd)?;
-        cpu::set_fpu(&fd)?;
-        let boot_params = if index == 0 { ZERO_PAGE_ADDR } else { 0 };
-        cpu::set_regs(&fd, entry, cpu::stack_for(index), boot_params)?;
         cpu::set_lint(&fd)?;
-        if index != 0 {
+        if index == 0 || ap_start == ApStart::Direct {
+            cpu::set_sregs(&fd)?;
+            cpu::set_fpu(&fd)?;
+            let boot_params = if index == 0 { ZERO_PAGE_ADDR } else { 0 };
+            cpu::set_regs(&fd, entry, cpu::stack_for(index), boot_params)?;
+        }
+        if index != 0 && ap_start == ApStart::Direct {
             cpu::set_runnable(&fd)?;
         }
         Ok(Vcpu { index, fd })
