@@ -83,7 +83,7 @@ impl HostFile {
     }
 
     fn aligned(buf_len: usize, offset: u64) -> bool {
-        buf_len % DIRECT_ALIGN == 0 && offset % DIRECT_ALIGN as u64 == 0
+        buf_len.is_multiple_of(DIRECT_ALIGN) && offset.is_multiple_of(DIRECT_ALIGN as u64)
     }
 
     pub fn read_data(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -470,7 +470,7 @@ fn small_clusters_grow_the_refcount_table() {
             .filter(|(j, _)| {
                 (*j as u64) * (3 << 20) % (60 << 20) == (i as u64) * (3 << 20) % (60 << 20)
             })
-            .last()
+            .next_back()
             .unwrap()
             .1;
         assert!(buf == last);

@@ -387,10 +387,12 @@ impl Header {
                 self.l1_size
             )));
         }
-        if self.l1_size > 0 && (self.l1_table_offset == 0 || self.l1_table_offset % cs != 0) {
+        if self.l1_size > 0
+            && (self.l1_table_offset == 0 || !self.l1_table_offset.is_multiple_of(cs))
+        {
             return Err(invalid("L1 table offset is not cluster aligned"));
         }
-        if self.refcount_table_offset == 0 || self.refcount_table_offset % cs != 0 {
+        if self.refcount_table_offset == 0 || !self.refcount_table_offset.is_multiple_of(cs) {
             return Err(invalid("refcount table offset is not cluster aligned"));
         }
         if self.refcount_table_clusters == 0 {
@@ -402,7 +404,7 @@ impl Header {
         if self.nb_snapshots > 65536 {
             return Err(invalid("too many snapshots"));
         }
-        if self.nb_snapshots > 0 && self.snapshots_offset % cs != 0 {
+        if self.nb_snapshots > 0 && !self.snapshots_offset.is_multiple_of(cs) {
             return Err(invalid("snapshot table offset is not cluster aligned"));
         }
         // Tables must not overlap the header cluster or each other.

@@ -8,6 +8,7 @@
 //!      then the refcount table, with a barrier between;
 //!   2. L2 tables, barrier, then the L1 entries pointing at new L2 tables;
 //!   3. only then are clusters that lost their last reference freed.
+//!
 //! `flush` runs those steps and ends with fdatasync, so every write completed
 //! before a flush survives a crash. A dirty L2 table evicted from the cache is
 //! written only after the refcounts it depends on (step 1 first).
@@ -527,11 +528,11 @@ impl Qcow2Image {
             let wstart = cstart.max(offset + done);
             let wend = cend.min(end);
             let slot = &mut scratch[i * cs as usize..(i + 1) * cs as usize];
-            if wstart > cstart || wend < cend {
-                if let Err(e) = self.fill_cluster(vc + i as u64, *m, slot) {
-                    result = Err(e);
-                    break;
-                }
+            if (wstart > cstart || wend < cend)
+                && let Err(e) = self.fill_cluster(vc + i as u64, *m, slot)
+            {
+                result = Err(e);
+                break;
             }
             slot[(wstart - cstart) as usize..(wend - cstart) as usize]
                 .copy_from_slice(&buf[(wstart - offset) as usize..(wend - offset) as usize]);

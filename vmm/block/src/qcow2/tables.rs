@@ -125,10 +125,9 @@ impl MetadataCache {
     pub fn get(&mut self, offset: u64) -> Option<&mut CachedCluster> {
         self.clock += 1;
         let clock = self.clock;
-        self.map.get_mut(&offset).map(|c| {
-            c.last_use = clock;
-            c
-        })
+        let c = self.map.get_mut(&offset)?;
+        c.last_use = clock;
+        Some(c)
     }
 
     pub fn contains(&self, offset: u64) -> bool {

@@ -16,10 +16,8 @@ pub fn qemu_tool(name: &str) -> PathBuf {
 }
 
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    out
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
 /// Runs a command and requires exit code 0.
