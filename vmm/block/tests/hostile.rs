@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use block::qcow2::{CreateOptions, Qcow2Image, Qcow2Options, create};
-use block::{DiskBackend, DiskError, Format};
+use block::{DiskError, Format};
 use common::*;
 
 fn make(dir: &Path, name: &str) -> PathBuf {

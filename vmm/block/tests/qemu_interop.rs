@@ -467,10 +467,9 @@ fn small_clusters_grow_the_refcount_table() {
         let last = data
             .chunks(1 << 20)
             .enumerate()
-            .filter(|(j, _)| {
+            .rfind(|(j, _)| {
                 (*j as u64) * (3 << 20) % (60 << 20) == (i as u64) * (3 << 20) % (60 << 20)
             })
-            .next_back()
             .unwrap()
             .1;
         assert!(buf == last);
