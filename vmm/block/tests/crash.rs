@@ -142,8 +142,8 @@ fn killed_writer_leaves_a_consistent_image_with_all_flushed_writes() {
                 .filter(|w| w.offset <= start && start < w.offset + w.len)
                 .collect();
             let got = &disk[start as usize..(start + BLOCK) as usize];
-            let durable = durable_flush
-                .and_then(|f| covering.iter().filter(|w| w.index < f).next_back().copied());
+            let durable =
+                durable_flush.and_then(|f| covering.iter().rfind(|w| w.index < f).copied());
             let mut allowed: Vec<Vec<u8>> = covering
                 .iter()
                 .filter(|w| durable_flush.is_none_or(|f| w.index > f))
