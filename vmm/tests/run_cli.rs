@@ -89,6 +89,32 @@ fn with_init_sipi_secondary_vcpus_wait_to_be_started() {
 }
 
 #[test]
+fn with_init_sipi_the_guest_starts_its_secondary_vcpus_through_real_mode() {
+    // What Linux does: INIT, SIPI, SIPI; each AP runs a real-mode trampoline
+    // into long mode.
+    let out = run_guest(&[
+        "--vcpus",
+        "4",
+        "--ap-start",
+        "init-sipi",
+        "--cmdline",
+        "smp=sipi checks=smp",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("TEST smp PASS cpus=4 expected=4 ids=0xf"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
 fn the_guest_exit_code_becomes_the_process_status() {
     let out = run_guest(&["--cmdline", "checks=serial code=42"]);
     assert_eq!(out.status.code(), Some(42), "{}", stderr(&out));

@@ -8,6 +8,8 @@
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
 //! - `code=N` — exit code written to port 0xf4 when every check passed
 //!   (default 0; any failure gives 1).
+//! - `smp=sipi` — start the secondary vCPUs with INIT/SIPI (for a VMM that
+//!   leaves them waiting, `vmm run --ap-start init-sipi`).
 //! - `cpus=N` — vCPUs the `smp` and `mptable` checks expect (default:
 //!   CPUID leaf 1).
 //! - `virtio_mmio.device=<size>@<base>:<irq>` — one per virtio-mmio device,

@@ -20,6 +20,7 @@ pub mod report;
 mod serial;
 mod smp;
 mod start;
+mod trampoline;
 pub mod virtio;
 
 use bootparams::BootParams;
@@ -55,6 +56,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     }
     if cmdline::check_selected(cmdline, "mem") {
         checks::mem(&mut r, bp);
+    }
+    if cmdline::value(cmdline, "smp") == Some(b"sipi") {
+        trampoline::start_secondaries();
     }
     if cmdline::check_selected(cmdline, "mptable") {
         checks::mptable(&mut r, cmdline);
