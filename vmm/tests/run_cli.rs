@@ -250,3 +250,58 @@ fn the_guest_has_no_sse_instructions() {
         sse.join("\n")
     );
 }
+
+#[test]
+fn an_initrd_is_loaded_where_the_zero_page_says() {
+    let dir = tempdir();
+    let initrd = dir.path().join("initrd.img");
+    let bytes: Vec<u8> = (0..50_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(&initrd, &bytes).unwrap();
+    let sum = bytes
+        .iter()
+        .fold(0u32, |s, &b| s.wrapping_add(u32::from(b)));
+    let out = run_guest(&[
+        "--initrd",
+        initrd.to_str().unwrap(),
+        "--cmdline",
+        "checks=initrd",
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("TEST initrd PASS"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains(&format!(" size=50000 sum={sum:#x}")),
+        "{line}"
+    );
+    // Page aligned, at the top of the 128 MiB of RAM.
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr=0x"))
+        .unwrap();
+    let addr = u64::from_str_radix(addr, 16).unwrap();
+    assert_eq!(addr % 4096, 0);
+    assert!(
+        addr + 50_000 <= 128 << 20 && addr > (128 << 20) - (1 << 20),
+        "{addr:#x}"
+    );
+}
+
+#[test]
+fn an_initrd_larger_than_memory_is_refused() {
+    let dir = tempdir();
+    let initrd = dir.path().join("big.img");
+    std::fs::File::create(&initrd)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let out = run_guest(&["--memory", "32", "--initrd", initrd.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(126));
+    assert!(
+        stderr(&out).contains("does not fit in guest memory"),
+        "{}",
+        stderr(&out)
+    );
+}

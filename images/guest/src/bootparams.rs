@@ -5,6 +5,8 @@ const EXT_CMD_LINE_PTR: usize = 0x0c8;
 const E820_ENTRIES: usize = 0x1e8;
 const BOOT_FLAG: usize = 0x1fe;
 const HEADER: usize = 0x202;
+const RAMDISK_IMAGE: usize = 0x218;
+const RAMDISK_SIZE: usize = 0x21c;
 const CMD_LINE_PTR: usize = 0x228;
 const CMDLINE_SIZE: usize = 0x238;
 const E820_TABLE: usize = 0x2d0;
@@ -48,6 +50,14 @@ impl BootParams {
     /// "HdrS" as a little-endian u32.
     pub fn header_magic(&self) -> u32 {
         self.read(HEADER)
+    }
+
+    /// The initrd the boot loader placed: (address, size), size 0 if none.
+    pub fn initrd(&self) -> (u64, u64) {
+        (
+            u64::from(self.read::<u32>(RAMDISK_IMAGE)),
+            u64::from(self.read::<u32>(RAMDISK_SIZE)),
+        )
     }
 
     pub fn e820_len(&self) -> usize {

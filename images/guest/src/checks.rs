@@ -42,6 +42,31 @@ pub fn bootparams(r: &mut dyn Reporter, bp: Option<BootParams>) {
     r.result("bootparams", ok, d.as_str());
 }
 
+/// `initrd`: the initrd named in the zero page lies in RAM; the detail
+/// carries its address, size and a byte sum the host can compare.
+pub fn initrd(r: &mut dyn Reporter, bp: Option<BootParams>) {
+    let Some(bp) = bp else {
+        r.result("initrd", false, "no boot params");
+        return;
+    };
+    let (addr, size) = bp.initrd();
+    let mut d = Detail::new();
+    d.str("addr=").hex(addr).str(" size=").dec(size);
+    let in_ram = (0..bp.e820_len()).filter_map(|i| bp.e820(i)).any(|e| {
+        e.kind == E820_RAM && addr >= e.addr && addr.saturating_add(size) <= e.addr + e.size
+    });
+    if size == 0 || !in_ram || addr.saturating_add(size) > MAPPED_END {
+        r.result("initrd", false, d.as_str());
+        return;
+    }
+    // Bounded by the size above and by the 4 GiB identity map.
+    let sum = (0..size).fold(0u32, |s, i| {
+        s.wrapping_add(u32::from(crate::io::mmio_read8(addr + i)))
+    });
+    d.str(" sum=").hex(u64::from(sum));
+    r.result("initrd", true, d.as_str());
+}
+
 /// `idt`: an exception (#UD) reaches our handler and execution resumes.
 pub fn idt(r: &mut dyn Reporter) {
     let caught = crate::idt::trigger_expected_ud();

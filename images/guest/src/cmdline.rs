@@ -3,8 +3,9 @@
 //! Options this guest understands (all optional):
 //! - `checks=a,b,c` — run only these checks, in the guest's fixed order.
 //!   Without it the default checks run: `serial,bootparams,idt,mem,mptable,smp` and
-//!   the virtio checks for every device found. Crash-path checks (`badio`,
-//!   `panic`, `triplefault`) run only when named.
+//!   the virtio checks for every device found. Checks that need
+//!   something extra (`initrd`) or end the run (`badio`, `panic`,
+//!   `triplefault`) run only when named.
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
 //! - `code=N` — exit code written to port 0xf4 when every check passed
 //!   (default 0; any failure gives 1).

@@ -66,6 +66,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     if cmdline::check_selected(cmdline, "smp") {
         checks::smp(&mut r, cmdline);
     }
+    if cmdline::check_named(cmdline, "initrd") {
+        checks::initrd(&mut r, bp);
+    }
     if cmdline::check_named(cmdline, "badio") {
         checks::badio(&mut r);
     }
