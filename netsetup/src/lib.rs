@@ -6,6 +6,37 @@
 //!
 //! No `ip` or `nft` binary is used: links and addresses go through rtnetlink, rules through
 //! nf_tables netlink, and namespaces are entered with `setns` on a dedicated thread.
+//!
+//! Handler side:
+//!
+//! ```no_run
+//! use netsetup::masquerade::{self, MasqueradeConfig};
+//! use netsetup::netns::NetnsTarget;
+//! use netsetup::nft::{L4Proto, Port};
+//!
+//! let mut config = MasqueradeConfig::new(NetnsTarget::Pid(4242)); // the launcher's PID
+//! config.ports = vec![Port { number: 80, protocol: L4Proto::Tcp }];
+//! let outcome = masquerade::setup(&config)?; // idempotent; rolls back on failure
+//! println!("pod IP for status.interfaces: {:?}", outcome.pod_ipv4);
+//! # Ok::<(), netsetup::masquerade::MasqueradeError>(())
+//! ```
+//!
+//! Launcher side (already inside the pod's namespace):
+//!
+//! ```no_run
+//! use std::sync::atomic::AtomicBool;
+//! use std::time::Duration;
+//! use netsetup::dhcp::{DhcpConfig, DhcpServer};
+//! use netsetup::masquerade::DEFAULT_IPV4_CIDR;
+//! use netsetup::resolv::ResolvConf;
+//!
+//! let resolv = ResolvConf::read("/etc/resolv.conf".as_ref())?;
+//! let config = DhcpConfig::masquerade(DEFAULT_IPV4_CIDR, &resolv, Some("myvmi".into()), None, 1450)?;
+//! let server = DhcpServer::bind("k6t-eth0", config)?;
+//! let stop = AtomicBool::new(false);
+//! server.serve_until(&stop, Duration::from_secs(1))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod dhcp;
 pub mod links;

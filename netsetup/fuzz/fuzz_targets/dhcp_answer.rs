@@ -1,4 +1,5 @@
 //! Fuzzes the DHCP server's packet logic with arbitrary datagrams from the guest.
+//! Run from `netsetup/`: `cargo +nightly fuzz run dhcp_answer -- -max_total_time=120`.
 #![no_main]
 
 use std::sync::OnceLock;
