@@ -1,0 +1,567 @@
+//! The node agent: one work queue of VMI keys, fed by VMI changes, domain changes and the
+//! periodic resync; each reconcile reads the facts afresh, asks [`crate::sync`] what to
+//! do, does it, and writes the status the facts imply.
+
+pub mod queue;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use proto::domain::{Domain, LifeCycle};
+use proto::kubevirt::{Phase, VirtualMachineInstance};
+use tokio::sync::{mpsc, watch};
+
+use crate::domains::{CacheChange, DomainCache};
+use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user, socket};
+use crate::metrics::Metrics;
+use crate::podside::{self, PodInterfaceCache};
+use crate::sync::{self, Action, Facts, LauncherState, ShutdownStep};
+use crate::vmis::status::{self, StatusInputs};
+use crate::vmis::{EventKind, StatusWriteError, StatusWriter, VmiStore};
+
+pub use queue::WorkQueue;
+
+/// `--domain-resync-period-seconds` default.
+pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(300);
+/// `--watchdog-timeout` default.
+pub const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node (`--hostname-override`).
+    pub node: String,
+    /// GetDomain on every launcher this often.
+    pub resync_period: Duration,
+    /// A launcher socket that cannot be dialled for this long counts as gone.
+    pub watchdog_timeout: Duration,
+    /// Concurrent reconciles (different keys only).
+    pub workers: usize,
+    /// `/var/run/kubevirt-private` on the handler's side (pod-interface cache).
+    pub private_dir: PathBuf,
+    /// Set up the pod network and device ownership before the first sync. Off only for
+    /// tests that drive a launcher without a pod.
+    pub prepare_pod: bool,
+}
+
+impl AgentConfig {
+    pub fn new(node: &str, private_dir: PathBuf) -> Self {
+        AgentConfig {
+            node: node.to_string(),
+            resync_period: DEFAULT_RESYNC_PERIOD,
+            watchdog_timeout: DEFAULT_WATCHDOG_TIMEOUT,
+            workers: 4,
+            private_dir,
+            prepare_pod: true,
+        }
+    }
+}
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Cmd(#[from] CmdError),
+    #[error(transparent)]
+    PodSide(#[from] podside::PodSideError),
+    #[error("launcher of {0} is not reachable")]
+    NoClient(String),
+    #[error(transparent)]
+    Status(#[from] StatusWriteError),
+}
+
+/// What a reconcile asks of the queue afterwards.
+enum After {
+    Done,
+    Requeue(Duration),
+}
+
+pub struct Agent {
+    config: AgentConfig,
+    store: Arc<dyn VmiStore>,
+    writer: Arc<dyn StatusWriter>,
+    cache: Arc<DomainCache>,
+    launchers: Arc<Launchers>,
+    queue: Arc<WorkQueue>,
+    metrics: Arc<Metrics>,
+    pod_ifaces: PodInterfaceCache,
+    /// When each launcher socket first failed to answer the watchdog.
+    unreachable_since: Mutex<BTreeMap<String, Instant>>,
+}
+
+impl Agent {
+    pub fn new(
+        config: AgentConfig,
+        store: Arc<dyn VmiStore>,
+        writer: Arc<dyn StatusWriter>,
+        cache: Arc<DomainCache>,
+        launchers: Arc<Launchers>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let pod_ifaces = PodInterfaceCache::new(&config.private_dir);
+        Arc::new(Agent {
+            config,
+            store,
+            writer,
+            cache,
+            launchers,
+            queue: WorkQueue::new(),
+            metrics,
+            pod_ifaces,
+            unreachable_since: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    pub fn queue(&self) -> &Arc<WorkQueue> {
+        &self.queue
+    }
+
+    pub fn cache(&self) -> &Arc<DomainCache> {
+        &self.cache
+    }
+
+    pub fn launchers(&self) -> &Arc<Launchers> {
+        &self.launchers
+    }
+
+    /// Runs until `shutdown` turns true: the initial list, the workers, the event
+    /// forwarding, the resync and the watchdog.
+    pub async fn run(
+        self: Arc<Self>,
+        mut cache_changes: mpsc::UnboundedReceiver<CacheChange>,
+        mut vmi_changes: mpsc::UnboundedReceiver<String>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        self.list_domains().await;
+        for key in self.store.keys() {
+            self.queue.add(&key);
+        }
+        let mut workers = Vec::new();
+        for _ in 0..self.config.workers.max(1) {
+            let me = Arc::clone(&self);
+            workers.push(tokio::spawn(async move {
+                while let Some(key) = me.queue.get().await {
+                    me.process(&key).await;
+                    me.queue.done(&key);
+                }
+            }));
+        }
+        let mut resync = tokio::time::interval(self.config.resync_period);
+        resync.tick().await;
+        let watchdog_every = self.config.watchdog_timeout / 3 + Duration::from_secs(1);
+        let mut watchdog = tokio::time::interval(watchdog_every.min(self.config.watchdog_timeout));
+        loop {
+            tokio::select! {
+                change = cache_changes.recv() => match change {
+                    Some(CacheChange::Key(key)) => self.queue.add(&key),
+                    Some(CacheChange::Relist) => self.list_domains().await,
+                    None => break,
+                },
+                key = vmi_changes.recv() => match key {
+                    Some(key) => self.queue.add(&key),
+                    None => break,
+                },
+                _ = resync.tick() => self.resync_domains().await,
+                _ = watchdog.tick() => self.watchdog().await,
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+        self.queue.shut_down();
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+
+    /// The informer's List: ask every known launcher (ghost records) for its domain.
+    pub async fn list_domains(&self) {
+        for record in self.launchers.ghosts().list() {
+            let key = record.key();
+            if !record.socket_file.exists() {
+                self.cache.set(
+                    &key,
+                    Domain::gone(
+                        &record.namespace,
+                        &record.name,
+                        &record.uid,
+                        proto::kubevirt::Time(Timestamp::now()),
+                    ),
+                );
+                continue;
+            }
+            let reply = match self.launchers.client_for_uid(&record.uid).await {
+                Some(client) => client.get_domain().await,
+                None => Err(CmdError::Connect {
+                    path: record.socket_file.clone(),
+                    reason: "cannot connect".into(),
+                }),
+            };
+            match reply {
+                Ok(Some(domain)) => self.cache.set(&key, domain),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "GetDomain failed while listing; state Unknown");
+                    self.metrics.launcher_error("GetDomain");
+                    let mut unknown = Domain::new(&record.namespace, &record.name, &record.uid);
+                    unknown.status.status = LifeCycle::Unknown;
+                    self.cache.set(&key, unknown);
+                }
+            }
+        }
+    }
+
+    /// The periodic resync: GetDomain on every known launcher; `""` is ignored here.
+    pub async fn resync_domains(&self) {
+        for record in self.launchers.ghosts().list() {
+            if let Some(client) = self.launchers.client_for_uid(&record.uid).await {
+                match client.get_domain().await {
+                    Ok(Some(domain)) => self.cache.set(&record.key(), domain),
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.metrics.launcher_error("GetDomain");
+                        tracing::debug!(key = %record.key(), error = %e, "resync GetDomain failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Dials every known launcher socket; one that stays unreachable past the watchdog
+    /// timeout gets the unresponsive marker and a deletion-marked domain.
+    pub async fn watchdog(&self) {
+        for record in self.launchers.ghosts().list() {
+            let socket = record.socket_file.clone();
+            let reachable = tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio::net::UnixStream::connect(&socket),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok());
+            let mut since = self
+                .unreachable_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if reachable {
+                since.remove(&record.uid);
+                continue;
+            }
+            let first = *since.entry(record.uid.clone()).or_insert_with(Instant::now);
+            if first.elapsed() >= self.config.watchdog_timeout {
+                since.remove(&record.uid);
+                drop(since);
+                let marker = socket.with_file_name(socket::UNRESPONSIVE_MARKER);
+                if socket.parent().is_some_and(|p| p.exists()) {
+                    let _ = std::fs::write(&marker, b"");
+                }
+                tracing::warn!(key = %record.key(), uid = %record.uid, "launcher unresponsive (watchdog)");
+                self.cache.set(
+                    &record.key(),
+                    Domain::gone(
+                        &record.namespace,
+                        &record.name,
+                        &record.uid,
+                        proto::kubevirt::Time(Timestamp::now()),
+                    ),
+                );
+            }
+        }
+    }
+
+    /// One reconcile of `key`, with metrics and requeueing.
+    pub async fn process(&self, key: &str) {
+        let started = Instant::now();
+        let result = self.reconcile(key).await;
+        self.metrics.observe_sync(started.elapsed());
+        match result {
+            Ok(After::Done) => self.queue.forget(key),
+            Ok(After::Requeue(after)) => {
+                self.queue.forget(key);
+                self.queue.add_after(key, after);
+            }
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "reconcile failed, retrying with back-off");
+                self.queue.add_rate_limited(key);
+            }
+        }
+    }
+
+    async fn reconcile(&self, key: &str) -> Result<After, ReconcileError> {
+        let vmi = self.store.get(key);
+        let domain = self.cache.get(key);
+        let lookup = match &vmi {
+            Some(v) => Some(self.launchers.lookup(v).await),
+            None => None,
+        };
+        let launcher_state = lookup
+            .as_ref()
+            .map(|l| l.state)
+            .unwrap_or(LauncherState::Unresponsive);
+        let now = Timestamp::now();
+        let facts = Facts {
+            vmi: vmi.as_ref(),
+            domain: domain.as_ref(),
+            launcher: launcher_state,
+            node: &self.config.node,
+            now,
+        };
+        let action = sync::decide(&facts);
+        let phase = sync::calculate_phase(&facts);
+        tracing::info!(
+            %key,
+            uid = vmi.as_ref().and_then(|v| v.metadata.uid.as_deref()).unwrap_or(""),
+            vmi_phase = %vmi.as_ref().map(|v| v.phase()).unwrap_or_default(),
+            domain = ?domain.as_ref().map(|d| (d.status.status, d.status.reason, d.is_gone())),
+            launcher = ?launcher_state,
+            ?action,
+            "decision"
+        );
+
+        let client = lookup.as_ref().and_then(|l| l.client.clone());
+        let pid = lookup.as_ref().and_then(|l| l.pid);
+        let outcome = self
+            .act(key, &action, vmi.as_ref(), domain.as_ref(), client, pid)
+            .await;
+        let (after, sync_error) = match outcome {
+            Ok(after) => (after, None),
+            Err(e) => {
+                if let ReconcileError::Cmd(cmd) = &e {
+                    self.metrics.launcher_error(cmd_name(&action));
+                    tracing::debug!(%key, error = %cmd, "launcher call failed");
+                }
+                (After::Done, Some(e))
+            }
+        };
+
+        let Some(vmi) = vmi else {
+            self.metrics.set_phase(key, None);
+            return sync_error.map_or(Ok(after), Err);
+        };
+        if let Some(err) = &sync_error {
+            self.writer
+                .record_event(&vmi, EventKind::Warning, "SyncFailed", &err.to_string());
+        }
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let inputs = StatusInputs {
+            phase,
+            sync_error: sync_error.as_ref().map(|e| e.to_string()),
+            pod_interfaces: self.pod_ifaces.load(&uid),
+        };
+        let current = vmi.status.clone().unwrap_or_default();
+        if let Some(new_status) = status::compute_status(&vmi, domain.as_ref(), &inputs, now)
+            && status::owned_fields_differ(&current, &new_status)
+        {
+            self.writer.write_status(&vmi, &new_status).await?;
+            let old_phase = vmi.phase();
+            let new_phase = new_status.phase.unwrap_or_default();
+            if old_phase != new_phase {
+                tracing::info!(%key, from = %old_phase, to = %new_phase, "phase changed");
+                match new_phase {
+                    Phase::Running => self.writer.record_event(
+                        &vmi,
+                        EventKind::Normal,
+                        "Started",
+                        "VirtualMachineInstance started.",
+                    ),
+                    Phase::Succeeded => self.writer.record_event(
+                        &vmi,
+                        EventKind::Normal,
+                        "Stopped",
+                        "The VirtualMachineInstance was shut down.",
+                    ),
+                    Phase::Failed => self.writer.record_event(
+                        &vmi,
+                        EventKind::Warning,
+                        "Stopped",
+                        "The VirtualMachineInstance crashed.",
+                    ),
+                    _ => {}
+                }
+            }
+            self.metrics.set_phase(key, Some(new_phase));
+        } else {
+            self.metrics.set_phase(key, Some(vmi.phase()));
+        }
+        sync_error.map_or(Ok(after), Err)
+    }
+
+    async fn act(
+        &self,
+        key: &str,
+        action: &Action,
+        vmi: Option<&VirtualMachineInstance>,
+        domain: Option<&Domain>,
+        client: Option<LauncherClient>,
+        pid: Option<u32>,
+    ) -> Result<After, ReconcileError> {
+        let uid = vmi
+            .and_then(|v| v.metadata.uid.clone())
+            .or_else(|| domain.map(|d| d.spec.metadata.kubevirt.uid.clone()))
+            .unwrap_or_default();
+        match action {
+            Action::Nothing(_) => Ok(After::Done),
+            Action::Requeue { after, .. } => Ok(After::Requeue(*after)),
+            Action::CleanupStale { old_uid } => {
+                if self.launchers.is_unresponsive(old_uid) {
+                    self.cleanup(key, old_uid);
+                    Ok(After::Requeue(Duration::ZERO))
+                } else {
+                    Ok(After::Requeue(Duration::from_secs(1)))
+                }
+            }
+            Action::Update => {
+                let vmi = vmi.expect("Update is only decided for an existing VMI");
+                let client = client.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
+                let starting = vmi.phase() != Phase::Running;
+                if starting && self.config.prepare_pod {
+                    let pid = pid.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
+                    let owner = runtime_user(vmi);
+                    let vmi = vmi.clone();
+                    let cache = self.pod_ifaces.clone();
+                    // netsetup enters the pod's namespace on its own thread and blocks.
+                    tokio::task::spawn_blocking(move || podside::prepare(&vmi, pid, owner, &cache))
+                        .await
+                        .map_err(|e| {
+                            ReconcileError::NoClient(format!("pod preparation task failed: {e}"))
+                        })??;
+                }
+                client.sync_virtual_machine(vmi).await?;
+                if domain.is_none_or(|d| d.is_gone()) {
+                    self.writer.record_event(
+                        vmi,
+                        EventKind::Normal,
+                        "Created",
+                        "VirtualMachineInstance defined.",
+                    );
+                }
+                Ok(After::Done)
+            }
+            Action::Shutdown(step) => {
+                let client = self.client_or_uid(client, &uid).await?;
+                let target = self.vmi_for_command(vmi, key, &uid);
+                ignore_disconnect(client.ping().await)?;
+                match step {
+                    ShutdownStep::Shutdown { recheck } => {
+                        ignore_disconnect(client.send(VmiCommand::Shutdown, &target).await)?;
+                        if let Some(v) = vmi {
+                            self.writer.record_event(
+                                v,
+                                EventKind::Normal,
+                                "ShuttingDown",
+                                "Signaled Graceful Shutdown",
+                            );
+                        }
+                        Ok(After::Requeue(*recheck))
+                    }
+                    ShutdownStep::Wait { recheck } => Ok(After::Requeue(*recheck)),
+                    ShutdownStep::Kill => {
+                        ignore_disconnect(client.send(VmiCommand::Kill, &target).await)?;
+                        if let Some(v) = vmi {
+                            self.writer.record_event(
+                                v,
+                                EventKind::Normal,
+                                "Deleted",
+                                "VirtualMachineInstance stopping",
+                            );
+                        }
+                        Ok(After::Requeue(Duration::from_secs(5)))
+                    }
+                }
+            }
+            Action::ForceDestroy => {
+                let client = self.client_or_uid(client, &uid).await?;
+                let target = self.vmi_for_command(vmi, key, &uid);
+                ignore_disconnect(client.send(VmiCommand::Kill, &target).await)?;
+                Ok(After::Requeue(Duration::from_secs(1)))
+            }
+            Action::Delete => {
+                // A launcher that is already gone has nothing left to delete.
+                if let Ok(client) = self.client_or_uid(client, &uid).await {
+                    let target = self.vmi_for_command(vmi, key, &uid);
+                    ignore_disconnect(client.ping().await)?;
+                    ignore_disconnect(client.send(VmiCommand::Delete, &target).await)?;
+                    if let Some(v) = vmi {
+                        self.writer.record_event(
+                            v,
+                            EventKind::Normal,
+                            "Deleted",
+                            "Signaled Deletion",
+                        );
+                    }
+                }
+                self.cleanup(key, &uid);
+                Ok(After::Done)
+            }
+            Action::Cleanup => {
+                self.cleanup(key, &uid);
+                Ok(After::Done)
+            }
+        }
+    }
+
+    /// Local clean-up after a domain is gone: client, pipe, ghost record, caches.
+    fn cleanup(&self, key: &str, uid: &str) {
+        if uid.is_empty() {
+            self.cache.forget(key);
+            return;
+        }
+        self.launchers.cleanup(uid);
+        self.pod_ifaces.remove(uid);
+        self.cache.forget_uid(key, uid);
+    }
+
+    async fn client_or_uid(
+        &self,
+        client: Option<LauncherClient>,
+        uid: &str,
+    ) -> Result<LauncherClient, ReconcileError> {
+        match client {
+            Some(c) => Ok(c),
+            None => self
+                .launchers
+                .client_for_uid(uid)
+                .await
+                .ok_or_else(|| ReconcileError::NoClient(uid.to_string())),
+        }
+    }
+
+    /// The VMI to send with a command; for a VMI already gone, a minimal one with the
+    /// domain's name and UID (what the launcher needs to find its domain).
+    fn vmi_for_command(
+        &self,
+        vmi: Option<&VirtualMachineInstance>,
+        key: &str,
+        uid: &str,
+    ) -> VirtualMachineInstance {
+        if let Some(v) = vmi {
+            return v.clone();
+        }
+        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        let mut v = VirtualMachineInstance::new(name, Default::default());
+        v.metadata.namespace = Some(namespace.to_string());
+        v.metadata.uid = Some(uid.to_string());
+        v
+    }
+}
+
+fn cmd_name(action: &Action) -> &'static str {
+    match action {
+        Action::Update => "SyncVirtualMachine",
+        Action::Shutdown(ShutdownStep::Kill) | Action::ForceDestroy => "KillVirtualMachine",
+        Action::Shutdown(_) => "ShutdownVirtualMachine",
+        Action::Delete => "DeleteVirtualMachine",
+        _ => "none",
+    }
+}
+
+/// Shutdown, kill and delete ignore a launcher that went away mid-call.
+fn ignore_disconnect(result: Result<(), CmdError>) -> Result<(), CmdError> {
+    match result {
+        Err(e) if e.is_disconnected() => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,76 @@
+//! The notify pipe: a socket the handler places inside each launcher pod
+//! (`<launcher root>/var/run/kubevirt/domain-notify-pipe.sock`) and byte-proxies to its own
+//! notify server, so launchers reach the handler without sharing a directory with it
+//! (KubeVirt's `notify-server/pipe`).
+
+use std::path::{Path, PathBuf};
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+
+/// A listening pipe; dropping it stops accepting and removes the socket file.
+pub struct NotifyPipe {
+    path: PathBuf,
+    task: JoinHandle<()>,
+}
+
+impl NotifyPipe {
+    /// Binds `pipe` (replacing a stale file), gives it to `owner` (the launcher's user, so a
+    /// non-root launcher can connect) and proxies every connection to `target`.
+    pub fn start(pipe: &Path, target: &Path, owner: Option<u32>) -> std::io::Result<Self> {
+        if let Some(parent) = pipe.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        match std::fs::remove_file(pipe) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let listener = UnixListener::bind(pipe)?;
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(pipe, Some(uid), Some(uid))?;
+        }
+        let target = target.to_path_buf();
+        let task = tokio::spawn(async move {
+            loop {
+                let (mut inbound, _) = match listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "notify pipe accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let target = target.clone();
+                tokio::spawn(async move {
+                    match UnixStream::connect(&target).await {
+                        Ok(mut outbound) => {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                        Err(e) => tracing::warn!(
+                            target = %target.display(),
+                            error = %e,
+                            "notify pipe cannot reach the notify server"
+                        ),
+                    }
+                });
+            }
+        });
+        Ok(NotifyPipe {
+            path: pipe.to_path_buf(),
+            task,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for NotifyPipe {
+    fn drop(&mut self) {
+        self.task.abort();
+        // The pod may already be gone, taking the file with it.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

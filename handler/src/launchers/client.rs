@@ -1,0 +1,326 @@
+//! The cmd client: how the handler calls one launcher (contract §1).
+//!
+//! Dials the launcher's unix socket (2 s connect timeout), negotiates the version with
+//! `CmdInfo.Info` on every new connection, then sends commands with KubeVirt's timeouts
+//! and turns replies into errors exactly as `cmd-client/errors.go` does.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use proto::domain::Domain;
+use proto::grpc::cmd::info::CmdInfoRequest;
+use proto::grpc::cmd::info::cmd_info_client::CmdInfoClient;
+use proto::grpc::cmd::v1::cmd_client::CmdClient;
+use proto::grpc::cmd::v1::{
+    self as cmdv1, EmptyRequest, Response, VirtualMachineOptions, Vmi, VmiRequest,
+};
+use proto::kubevirt::VirtualMachineInstance;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status};
+
+/// The cmd versions this handler speaks (`supportedCmdVersions`).
+pub const SUPPORTED_CMD_VERSIONS: &[u32] = &[cmdv1::CMD_VERSION];
+/// `CONNECT_TIMEOUT_SECONDS`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// `shortTimeout`: GetDomain, Ping, Info, ...
+pub const SHORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// `longTimeout`: every VMIRequest command.
+pub const LONG_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A failed command, classified as `handleError` does.
+#[derive(Debug, thiserror::Error)]
+pub enum CmdError {
+    #[error("cannot connect to launcher socket {path}: {reason}")]
+    Connect { path: PathBuf, reason: String },
+    #[error("no compatible version found, launcher supports {server:?}, handler {client:?}")]
+    NoCompatibleVersion { server: Vec<u32>, client: Vec<u32> },
+    /// The connection broke (EOF, reset, cancelled): shutdown/kill/delete ignore these.
+    #[error("launcher disconnected during {command}: {status}")]
+    Disconnected {
+        command: &'static str,
+        status: Status,
+    },
+    /// The launcher does not implement the command.
+    #[error("{status}")]
+    Unimplemented {
+        command: &'static str,
+        status: Status,
+    },
+    /// Any other gRPC error.
+    #[error("unknown error encountered sending command {command}: {status}")]
+    Unknown {
+        command: &'static str,
+        status: Status,
+    },
+    /// OK status, `success == false`.
+    #[error("server error. command {command} failed: {message:?}")]
+    Server {
+        command: &'static str,
+        message: String,
+    },
+    #[error("launcher returned an invalid domain: {0}")]
+    InvalidDomain(serde_json::Error),
+    #[error("cannot encode the VMI: {0}")]
+    EncodeVmi(serde_json::Error),
+}
+
+impl CmdError {
+    /// Whether the launcher went away mid-call (`IsDisconnected`).
+    pub fn is_disconnected(&self) -> bool {
+        matches!(self, CmdError::Disconnected { .. })
+    }
+
+    /// `EFI OVMF rom missing` in a SyncVirtualMachine error fails the VMI.
+    pub fn is_missing_ovmf(&self) -> bool {
+        self.to_string().contains("EFI OVMF rom missing")
+    }
+}
+
+fn status_is_disconnect(status: &Status) -> bool {
+    if status.code() == Code::Cancelled {
+        return true;
+    }
+    // tonic reports a dropped connection as UNAVAILABLE/UNKNOWN with the transport error
+    // as source or message; look for the io kinds KubeVirt lists (EOF, reset).
+    let text = status.to_string().to_ascii_lowercase();
+    [
+        "broken pipe",
+        "connection reset",
+        "unexpected eof",
+        "connection closed",
+        "eof",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+        || matches!(status.code(), Code::Unavailable)
+}
+
+fn classify(command: &'static str, status: Status) -> CmdError {
+    if status.code() == Code::Unimplemented {
+        CmdError::Unimplemented { command, status }
+    } else if status_is_disconnect(&status) {
+        CmdError::Disconnected { command, status }
+    } else {
+        CmdError::Unknown { command, status }
+    }
+}
+
+fn check_response(command: &'static str, response: Option<&Response>) -> Result<(), CmdError> {
+    match response {
+        Some(r) if !r.success => Err(CmdError::Server {
+            command,
+            message: r.message.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The commands that take a VMI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmiCommand {
+    Sync,
+    Shutdown,
+    Kill,
+    Delete,
+    Pause,
+    Unpause,
+}
+
+impl VmiCommand {
+    /// The RPC name, as error messages spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmiCommand::Sync => "SyncVirtualMachine",
+            VmiCommand::Shutdown => "ShutdownVirtualMachine",
+            VmiCommand::Kill => "KillVirtualMachine",
+            VmiCommand::Delete => "DeleteVirtualMachine",
+            VmiCommand::Pause => "PauseVirtualMachine",
+            VmiCommand::Unpause => "UnpauseVirtualMachine",
+        }
+    }
+}
+
+/// A connected, version-negotiated client of one launcher.
+#[derive(Clone, Debug)]
+pub struct LauncherClient {
+    socket: PathBuf,
+    cmd: CmdClient<Channel>,
+    version: u32,
+}
+
+/// Opens a tonic channel over a unix socket (the URI is a placeholder; the connector
+/// ignores it, and `:authority` is `localhost` as in `grpc.WithAuthority`).
+pub async fn unix_channel(path: &Path, timeout: Duration) -> Result<Channel, CmdError> {
+    let connect_error = |reason: String| CmdError::Connect {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let endpoint = Endpoint::try_from("http://localhost")
+        .map_err(|e| connect_error(e.to_string()))?
+        .connect_timeout(timeout);
+    let socket = path.to_path_buf();
+    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
+        let socket = socket.clone();
+        async move {
+            let stream = tokio::net::UnixStream::connect(socket).await?;
+            Ok::<_, std::io::Error>(TokioIo::new(stream))
+        }
+    }));
+    match tokio::time::timeout(timeout, connect).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(e)) => Err(connect_error(format!(
+            "{e}: {:?}",
+            std::error::Error::source(&e)
+        ))),
+        Err(_) => Err(connect_error(format!("timed out after {timeout:?}"))),
+    }
+}
+
+fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// The VMI as the launcher receives it: JSON of the handler's copy.
+fn vmi_request(
+    vmi: &VirtualMachineInstance,
+    options: Option<VirtualMachineOptions>,
+) -> Result<VmiRequest, CmdError> {
+    Ok(VmiRequest {
+        vmi: Some(Vmi {
+            vmi_json: serde_json::to_vec(vmi).map_err(CmdError::EncodeVmi)?,
+        }),
+        options,
+    })
+}
+
+/// The options the handler sends with `SyncVirtualMachine` (contract §1.5 table).
+pub fn sync_options(vmi: &VirtualMachineInstance) -> VirtualMachineOptions {
+    let attachments = vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .filter(|i| i.masquerade.is_some() || i.bridge.is_some())
+        .map(|i| (i.name.clone(), "tap".to_string()))
+        .collect();
+    VirtualMachineOptions {
+        virtual_machine_sm_bios: Some(cmdv1::SmBios {
+            manufacturer: "KubeVirt".into(),
+            product: "None".into(),
+            family: "KubeVirt".into(),
+            ..Default::default()
+        }),
+        mem_balloon_stats_period: 10,
+        topology: Some(cmdv1::Topology::default()),
+        cluster_config: Some(cmdv1::ClusterConfig {
+            bochs_display_for_efi_guests: true,
+            ..Default::default()
+        }),
+        interface_domain_attachment: attachments,
+        ..Default::default()
+    }
+}
+
+impl LauncherClient {
+    /// Dials `socket` and negotiates the cmd version (`CmdInfo.Info`, 5 s).
+    pub async fn connect(socket: &Path) -> Result<Self, CmdError> {
+        let channel = unix_channel(socket, CONNECT_TIMEOUT).await?;
+        let mut info = CmdInfoClient::new(channel.clone());
+        let reply = info
+            .info(with_timeout(CmdInfoRequest {}, SHORT_TIMEOUT))
+            .await
+            .map_err(|status| classify("Info", status))?
+            .into_inner();
+        let version = proto::grpc::highest_compatible_version(
+            &reply.supported_cmd_versions,
+            SUPPORTED_CMD_VERSIONS,
+        )
+        .ok_or_else(|| CmdError::NoCompatibleVersion {
+            server: reply.supported_cmd_versions.clone(),
+            client: SUPPORTED_CMD_VERSIONS.to_vec(),
+        })?;
+        Ok(LauncherClient {
+            socket: socket.to_path_buf(),
+            cmd: CmdClient::new(channel),
+            version,
+        })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    async fn vmi_command(
+        &self,
+        command: VmiCommand,
+        vmi: &VirtualMachineInstance,
+        options: VirtualMachineOptions,
+    ) -> Result<(), CmdError> {
+        let name = command.name();
+        let request = with_timeout(vmi_request(vmi, Some(options))?, LONG_TIMEOUT);
+        let mut cmd = self.cmd.clone();
+        let reply = match command {
+            VmiCommand::Sync => cmd.sync_virtual_machine(request).await,
+            VmiCommand::Shutdown => cmd.shutdown_virtual_machine(request).await,
+            VmiCommand::Kill => cmd.kill_virtual_machine(request).await,
+            VmiCommand::Delete => cmd.delete_virtual_machine(request).await,
+            VmiCommand::Pause => cmd.pause_virtual_machine(request).await,
+            VmiCommand::Unpause => cmd.unpause_virtual_machine(request).await,
+        };
+        let reply = reply.map_err(|status| classify(name, status))?.into_inner();
+        check_response(name, Some(&reply))
+    }
+
+    /// `SyncVirtualMachine` with the options of contract §1.5.
+    pub async fn sync_virtual_machine(&self, vmi: &VirtualMachineInstance) -> Result<(), CmdError> {
+        self.vmi_command(VmiCommand::Sync, vmi, sync_options(vmi))
+            .await
+    }
+
+    /// Any other VMI command; these send empty options.
+    pub async fn send(
+        &self,
+        command: VmiCommand,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<(), CmdError> {
+        self.vmi_command(command, vmi, VirtualMachineOptions::default())
+            .await
+    }
+
+    pub async fn ping(&self) -> Result<(), CmdError> {
+        let reply = self
+            .cmd
+            .clone()
+            .ping(with_timeout(EmptyRequest {}, SHORT_TIMEOUT))
+            .await
+            .map_err(|status| classify("Ping", status))?
+            .into_inner();
+        check_response("Ping", Some(&reply))
+    }
+
+    /// `GetDomain`: `None` when the launcher has no domain (`domain == ""`).
+    pub async fn get_domain(&self) -> Result<Option<Domain>, CmdError> {
+        let reply = self
+            .cmd
+            .clone()
+            .get_domain(with_timeout(EmptyRequest {}, SHORT_TIMEOUT))
+            .await
+            .map_err(|status| classify("GetDomain", status))?
+            .into_inner();
+        check_response("GetDomain", reply.response.as_ref())?;
+        if reply.domain.is_empty() {
+            return Ok(None);
+        }
+        Domain::from_json(&reply.domain)
+            .map(Some)
+            .map_err(CmdError::InvalidDomain)
+    }
+}

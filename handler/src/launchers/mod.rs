@@ -1,0 +1,303 @@
+//! Finding and calling launchers (contract §3.1): socket discovery, the peer PID, one
+//! cached cmd client per VMI UID, ghost records, and the notify pipe in each pod.
+
+pub mod client;
+pub mod ghost;
+pub mod socket;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use proto::kubevirt::{VirtualMachineInstance, well_known};
+
+pub use client::{CmdError, LauncherClient, VmiCommand};
+pub use ghost::{GhostRecord, GhostRecords};
+pub use socket::PodPaths;
+
+use crate::domains::notify::NOTIFY_SOCKET;
+use crate::domains::pipe::NotifyPipe;
+use crate::sync::LauncherState;
+
+/// How long a pod may exist without a launcher socket before the launcher counts as
+/// unresponsive (KubeVirt: 3 minutes).
+pub const SOCKET_APPEAR_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Where things are on this node.
+#[derive(Debug, Clone)]
+pub struct LauncherPaths {
+    /// The kubelet pods directory as the handler sees it (`/pods` in a cluster).
+    pub pods_dir: PathBuf,
+    /// `--kubevirt-share-dir`: holds the handler's notify socket.
+    pub share_dir: PathBuf,
+    /// Ghost records (`<private dir>/ghost-records`).
+    pub ghost_dir: PathBuf,
+}
+
+struct Entry {
+    key: String,
+    socket: PathBuf,
+    client: LauncherClient,
+    pid: u32,
+    _pipe: Option<NotifyPipe>,
+}
+
+/// The launchers of this node's VMIs.
+pub struct Launchers {
+    paths: LauncherPaths,
+    node: String,
+    ghosts: GhostRecords,
+    connected: Mutex<HashMap<String, Entry>>,
+    first_looked: Mutex<HashMap<String, Instant>>,
+}
+
+/// The answer for one VMI: how its launcher is, and a client when it is ready.
+pub struct LauncherLookup {
+    pub state: LauncherState,
+    pub client: Option<LauncherClient>,
+    pub pid: Option<u32>,
+}
+
+impl LauncherLookup {
+    fn not_ready() -> Self {
+        LauncherLookup {
+            state: LauncherState::NotReady,
+            client: None,
+            pid: None,
+        }
+    }
+    fn unresponsive() -> Self {
+        LauncherLookup {
+            state: LauncherState::Unresponsive,
+            client: None,
+            pid: None,
+        }
+    }
+}
+
+fn vmi_key(vmi: &VirtualMachineInstance) -> String {
+    format!(
+        "{}/{}",
+        vmi.metadata.namespace.as_deref().unwrap_or_default(),
+        vmi.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The user owning the launcher's files: `status.runtimeUser` (107 unless root).
+pub fn runtime_user(vmi: &VirtualMachineInstance) -> u32 {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.runtime_user)
+        .and_then(|u| u32::try_from(u).ok())
+        .unwrap_or(well_known::NON_ROOT_UID)
+}
+
+impl Launchers {
+    pub fn new(paths: LauncherPaths, node: &str) -> Self {
+        let ghosts = GhostRecords::new(&paths.ghost_dir);
+        Launchers {
+            paths,
+            node: node.to_string(),
+            ghosts,
+            connected: Mutex::new(HashMap::new()),
+            first_looked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn paths(&self) -> &LauncherPaths {
+        &self.paths
+    }
+
+    pub fn ghosts(&self) -> &GhostRecords {
+        &self.ghosts
+    }
+
+    fn connected(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        // Entries are inserted/removed whole; a poisoned lock leaves a consistent map.
+        self.connected.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The notify server socket launchers' pipes lead to.
+    pub fn notify_socket(&self) -> PathBuf {
+        self.paths.share_dir.join(NOTIFY_SOCKET)
+    }
+
+    /// Connects to `socket` for VMI `key`/`uid`: negotiates, learns the listener's PID,
+    /// records a ghost record and places the notify pipe in the pod.
+    async fn connect(
+        &self,
+        key: &str,
+        uid: &str,
+        socket: &Path,
+        owner: u32,
+    ) -> Result<(LauncherClient, u32), CmdError> {
+        let client = LauncherClient::connect(socket).await?;
+        let pid = socket::peer_pid(socket).map_err(|e| CmdError::Connect {
+            path: socket.to_path_buf(),
+            reason: format!("cannot read the listener's PID: {e}"),
+        })?;
+        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        if let Err(e) = self.ghosts.add(&GhostRecord {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            socket_file: socket.to_path_buf(),
+            uid: uid.to_string(),
+        }) {
+            tracing::warn!(key, error = %e, "cannot write ghost record");
+        }
+        let pipe_path = socket::launcher_root(pid).join(socket::NOTIFY_PIPE_IN_POD);
+        let owner = (owner != 0).then_some(owner);
+        let pipe = match NotifyPipe::start(&pipe_path, &self.notify_socket(), owner) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(key, pipe = %pipe_path.display(), error = %e, "cannot place notify pipe");
+                None
+            }
+        };
+        self.connected().insert(
+            uid.to_string(),
+            Entry {
+                key: key.to_string(),
+                socket: socket.to_path_buf(),
+                client: client.clone(),
+                pid,
+                _pipe: pipe,
+            },
+        );
+        Ok((client, pid))
+    }
+
+    /// The launcher of `vmi` (contract §3.1 `GetLauncherClient` + responsiveness).
+    pub async fn lookup(&self, vmi: &VirtualMachineInstance) -> LauncherLookup {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let key = vmi_key(vmi);
+        let cached = self.connected().get(&uid).map(|e| {
+            (
+                e.client.clone(),
+                e.pid,
+                e.socket.clone(),
+                e.socket.with_file_name(socket::UNRESPONSIVE_MARKER),
+            )
+        });
+        if let Some((client, pid, socket, marker)) = cached {
+            if socket.exists() && !marker.exists() {
+                return LauncherLookup {
+                    state: LauncherState::Ready,
+                    client: Some(client),
+                    pid: Some(pid),
+                };
+            }
+            return LauncherLookup::unresponsive();
+        }
+        match socket::find_socket(vmi, &self.node, &self.paths.pods_dir) {
+            Ok(pod) => {
+                if pod.unresponsive_marker().exists() {
+                    return LauncherLookup::unresponsive();
+                }
+                match self
+                    .connect(&key, &uid, &pod.launcher_socket(), runtime_user(vmi))
+                    .await
+                {
+                    Ok((client, pid)) => LauncherLookup {
+                        state: LauncherState::Ready,
+                        client: Some(client),
+                        pid: Some(pid),
+                    },
+                    Err(e) => {
+                        tracing::info!(%key, error = %e, "launcher socket present but not answering yet");
+                        self.not_ready_or_timed_out(&uid)
+                    }
+                }
+            }
+            Err(socket::FindSocketError::Ambiguous(_)) => LauncherLookup::not_ready(),
+            Err(_) => {
+                let pods = socket::active_pods_on_node(vmi, &self.node);
+                if pods.is_empty() {
+                    return LauncherLookup::not_ready();
+                }
+                let pod_dirs_gone = pods
+                    .iter()
+                    .all(|p| !PodPaths::new(&self.paths.pods_dir, p).pod_dir.exists());
+                if pod_dirs_gone {
+                    return LauncherLookup::unresponsive();
+                }
+                self.not_ready_or_timed_out(&uid)
+            }
+        }
+    }
+
+    fn not_ready_or_timed_out(&self, uid: &str) -> LauncherLookup {
+        let mut looked = self.first_looked.lock().unwrap_or_else(|p| p.into_inner());
+        let first = *looked.entry(uid.to_string()).or_insert_with(Instant::now);
+        if first.elapsed() > SOCKET_APPEAR_TIMEOUT {
+            LauncherLookup::unresponsive()
+        } else {
+            LauncherLookup::not_ready()
+        }
+    }
+
+    /// A client for a launcher known only by UID (stale domains, VMIs already gone),
+    /// through the cache or its ghost record. `None` when it cannot be reached.
+    pub async fn client_for_uid(&self, uid: &str) -> Option<LauncherClient> {
+        if let Some(e) = self.connected().get(uid) {
+            return Some(e.client.clone());
+        }
+        let record = self.ghosts.list().into_iter().find(|r| r.uid == uid)?;
+        if !record.socket_file.exists() {
+            return None;
+        }
+        self.connect(
+            &record.key(),
+            uid,
+            &record.socket_file,
+            well_known::NON_ROOT_UID,
+        )
+        .await
+        .ok()
+        .map(|(c, _)| c)
+    }
+
+    /// Whether the launcher of `uid` is gone for good (socket missing or marked).
+    pub fn is_unresponsive(&self, uid: &str) -> bool {
+        let socket = self
+            .connected()
+            .get(uid)
+            .map(|e| e.socket.clone())
+            .or_else(|| {
+                self.ghosts
+                    .list()
+                    .into_iter()
+                    .find(|r| r.uid == uid)
+                    .map(|r| r.socket_file)
+            });
+        match socket {
+            Some(s) => !s.exists() || s.with_file_name(socket::UNRESPONSIVE_MARKER).exists(),
+            None => true,
+        }
+    }
+
+    /// The launcher's PID, when connected.
+    pub fn pid(&self, uid: &str) -> Option<u32> {
+        self.connected().get(uid).map(|e| e.pid)
+    }
+
+    /// Forgets the launcher of `uid`: client, notify pipe, ghost record.
+    pub fn cleanup(&self, uid: &str) {
+        if let Some(entry) = self.connected().remove(uid) {
+            tracing::debug!(key = %entry.key, uid, "launcher client closed");
+        }
+        self.first_looked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+        if let Err(e) = self.ghosts.remove(uid) {
+            tracing::warn!(uid, error = %e, "cannot remove ghost record");
+        }
+    }
+
+    /// How many launchers are connected.
+    pub fn connected_count(&self) -> usize {
+        self.connected().len()
+    }
+}

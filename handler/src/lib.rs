@@ -1,0 +1,23 @@
+//! virt-handler: the node agent of KubeVirt v1.9.0, rebuilt in Rust.
+//!
+//! It brings the VMIs scheduled to its node to life and keeps their status true, talking
+//! to launchers only over the cmd/notify gRPC contract (never linking the VMM).
+//!
+//! - [`sync`]: the decision table as pure functions (contract §3.3–§3.6).
+//! - [`launchers`]: finding launchers (socket paths, peer PID), the cmd client, ghost records.
+//! - [`domains`]: the domain cache, the notify server and the notify pipes.
+//! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
+//! - [`podside`]: pod network phase 1 (masquerade via `netsetup`) and device ownership.
+//! - [`agent`]: the work queue and the reconcile loop tying it all together.
+//! - [`standalone`]: the same agent without Kubernetes: netns "pods", launcher processes,
+//!   manifests on disk.
+//! - [`metrics`]: the Prometheus endpoint.
+
+pub mod agent;
+pub mod domains;
+pub mod launchers;
+pub mod metrics;
+pub mod podside;
+pub mod standalone;
+pub mod sync;
+pub mod vmis;

@@ -1,0 +1,177 @@
+//! Kubernetes mode: this node's VMIs through a kube-runtime watcher + reflector (label
+//! selector `kubevirt.io/nodeName=<node>`), status written as a JSON merge patch of the
+//! handler's fields to the status subresource, events through the Events API.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use proto::kubevirt::{VirtualMachineInstance, VirtualMachineInstanceStatus, well_known};
+use tokio::sync::mpsc;
+
+use super::status::status_merge_patch;
+use super::{BoxFuture, EventKind, StatusWriteError, StatusWriter, VmiStore, key_of};
+use crate::domains::notify::{K8sEvent, K8sEventSink};
+
+/// The VMIs of one node, kept current by a reflector.
+#[derive(Clone)]
+pub struct KubeVmis {
+    client: Client,
+    reader: Store<VirtualMachineInstance>,
+    recorder: Arc<Recorder>,
+}
+
+/// The label selector of this node's VMIs.
+pub fn node_selector(node: &str) -> String {
+    format!("{}={}", well_known::NODE_NAME_LABEL, node)
+}
+
+impl KubeVmis {
+    /// Starts the watch; every added, changed or deleted VMI's key goes to the returned
+    /// channel. The task ends when the receiver is dropped.
+    pub fn start(
+        client: Client,
+        node: &str,
+    ) -> (
+        Self,
+        mpsc::UnboundedReceiver<String>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let api: Api<VirtualMachineInstance> = Api::all(client.clone());
+        let (reader, writer) = reflector::store();
+        let config = watcher::Config::default().labels(&node_selector(node));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stream = watcher(api, config).default_backoff().reflect(writer);
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let key = match event {
+                    Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) => key_of(&vmi),
+                    Ok(watcher::Event::Delete(vmi)) => key_of(&vmi),
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "VMI watch error (retrying with back-off)");
+                        continue;
+                    }
+                };
+                if tx.send(key).is_err() {
+                    break;
+                }
+            }
+        });
+        let recorder = Arc::new(Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "virt-handler".into(),
+                instance: Some(node.to_string()),
+            },
+        ));
+        (
+            KubeVmis {
+                client,
+                reader,
+                recorder,
+            },
+            rx,
+            task,
+        )
+    }
+
+    /// Waits until the first list is in the store.
+    pub async fn wait_until_ready(&self) {
+        // The writer is only dropped with the watch; an error here means no store.
+        let _ = self.reader.wait_until_ready().await;
+    }
+
+    fn reference(vmi: &VirtualMachineInstance) -> ObjectReference {
+        vmi.object_ref(&())
+    }
+}
+
+impl VmiStore for KubeVmis {
+    fn get(&self, key: &str) -> Option<VirtualMachineInstance> {
+        let (namespace, name) = key.split_once('/')?;
+        self.reader
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|v| (*v).clone())
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.reader.state().iter().map(|v| key_of(v)).collect()
+    }
+}
+
+impl StatusWriter for KubeVmis {
+    fn write_status<'a>(
+        &'a self,
+        vmi: &'a VirtualMachineInstance,
+        status: &'a VirtualMachineInstanceStatus,
+    ) -> BoxFuture<'a, Result<(), StatusWriteError>> {
+        Box::pin(async move {
+            let namespace = vmi.metadata.namespace.as_deref().unwrap_or("default");
+            let name = vmi.metadata.name.as_deref().unwrap_or_default();
+            let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), namespace);
+            let patch = status_merge_patch(vmi.metadata.resource_version.as_deref(), status);
+            match api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 => Err(StatusWriteError::Conflict),
+                Err(kube::Error::Api(e)) if e.code == 404 => Err(StatusWriteError::Gone),
+                Err(e) => Err(StatusWriteError::Other(e.to_string())),
+            }
+        })
+    }
+
+    fn record_event(
+        &self,
+        vmi: &VirtualMachineInstance,
+        kind: EventKind,
+        reason: &str,
+        message: &str,
+    ) {
+        let recorder = Arc::clone(&self.recorder);
+        let reference = Self::reference(vmi);
+        let event = Event {
+            type_: match kind {
+                EventKind::Normal => EventType::Normal,
+                EventKind::Warning => EventType::Warning,
+            },
+            reason: reason.to_string(),
+            note: Some(message.to_string()),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::debug!(error = %e, "cannot record event");
+            }
+        });
+    }
+}
+
+impl K8sEventSink for KubeVmis {
+    fn record(&self, event: &K8sEvent) -> Result<(), String> {
+        let key = format!(
+            "{}/{}",
+            event.involved_object.namespace, event.involved_object.name
+        );
+        let vmi = self
+            .get(&key)
+            .filter(|v| v.metadata.uid.as_deref() == Some(event.involved_object.uid.as_str()))
+            .ok_or_else(|| "VMI not found".to_string())?;
+        let kind = if event.event_type == "Warning" {
+            EventKind::Warning
+        } else {
+            EventKind::Normal
+        };
+        self.record_event(&vmi, kind, &event.reason, &event.message);
+        Ok(())
+    }
+}
