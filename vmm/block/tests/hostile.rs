@@ -362,12 +362,55 @@ fn read_only_and_state_bits_are_honoured() {
         .err()
         .expect("corrupt image opened read-write");
     assert!(e.to_string().contains("corrupt"), "{e}");
-    // Dirty bit (lazy refcounts after a crash): not writable until repaired.
-    patch(&p, 72, &1u64.to_be_bytes());
-    let e = block::open_disk(&p, Format::Qcow2, false)
-        .err()
-        .expect("dirty image opened read-write");
-    assert!(e.to_string().contains("dirty"), "{e}");
+    // Dirty bit (lazy refcounts after a crash): a writer rebuilds the
+    // refcounts from the tables and clears the bit.
+    let d = dir.path().join("dirty.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "lazy_refcounts=on,cluster_size=4k",
+        d.to_str().unwrap(),
+        "8M",
+    ]);
+    qemu_io(&[
+        "-f",
+        "qcow2",
+        "-c",
+        "write -P 9 0 100k",
+        "-c",
+        "write -P 8 5M 1M",
+        d.to_str().unwrap(),
+    ]);
+    // Forget the refcounts of the data, as a crash before the close would.
+    let h = block::qcow2::check::read_image_header(&d).unwrap();
+    let f = std::fs::File::open(&d).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, h.refcount_table_offset).unwrap();
+    let block0 = u64::from_be_bytes(b);
+    patch(&d, block0 + 2 * 8, &[0u8; 4096 - 16]);
+    patch(&d, 72, &1u64.to_be_bytes());
+    let out = run(std::process::Command::new(qemu_tool("qemu-img"))
+        .args(["check", "-f", "qcow2"])
+        .arg(&d));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "the damaged image should have errors"
+    );
+    drop(block::open_disk(&d, Format::Qcow2, false).unwrap());
+    assert!(
+        !block::qcow2::check::read_image_header(&d)
+            .unwrap()
+            .is_dirty()
+    );
+    assert_qemu_check_clean(&d);
+    let mut img = block::open_disk(&d, Format::Qcow2, true).unwrap();
+    let mut buf = vec![0u8; 100 << 10];
+    img.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&x| x == 9));
     // Unknown autoclear bits are cleared by a writer, as the spec says.
     let q = make(dir.path(), "a.qcow2");
     patch(&q, 88, &(1u64 << 20).to_be_bytes());

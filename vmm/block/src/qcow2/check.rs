@@ -96,10 +96,9 @@ impl Walker<'_> {
     }
 }
 
-fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
+fn new_walker<'a>(file: &'a HostFile, header: &Header) -> DiskResult<Walker<'a>> {
     let cs = header.cluster_size();
-    let file_len = file.len()?;
-    let nclusters = file_len.div_ceil(cs);
+    let nclusters = file.len()?.div_ceil(cs);
     if nclusters > MAX_CHECK_CLUSTERS {
         return Err(DiskError::UnsupportedImage(
             "image has too many clusters to check".into(),
@@ -110,7 +109,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
             "checking images with internal snapshots".into(),
         ));
     }
-    let mut w = Walker {
+    Ok(Walker {
         file,
         cs,
         nclusters,
@@ -119,14 +118,18 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
             total_clusters: header.size.div_ceil(cs),
             ..CheckReport::default()
         },
-    };
+    })
+}
+
+/// Counts the references from the header, the L1 table and the L2 tables
+/// (not the refcount structures). Returns (host cluster, copied flag) for
+/// every cluster whose copied flag must match its refcount.
+fn walk_tables(w: &mut Walker<'_>, header: &Header) -> DiskResult<Vec<(u64, bool)>> {
+    let cs = w.cs;
+    let file = w.file;
     w.add(0, cs, "header");
     let l1_bytes = header.l1_size as u64 * 8;
-    let rt_bytes = header.refcount_table_clusters as u64 * cs;
     let l1_ok = w.add(header.l1_table_offset, l1_bytes, "L1 table");
-    let rt_ok = w.add(header.refcount_table_offset, rt_bytes, "refcount table");
-
-    // L1 and L2 tables.
     let mut l1 = Vec::new();
     if l1_ok {
         let mut raw = vec![0u8; l1_bytes as usize];
@@ -135,8 +138,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
             .map(|i| be64_at(&raw, i))
             .collect();
     }
-    // (L2 offset, entry) of every allocated cluster, for the copied-flag pass.
-    let mut copied_checks: Vec<(u64, u64, bool)> = Vec::new();
+    let mut copied_checks = Vec::new();
     let mut last_host = 0u64;
     for (i, &e) in l1.iter().enumerate() {
         let l2_off = match tables::decode_l1(e, header.cluster_bits) {
@@ -152,7 +154,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
         if !w.add(l2_off, cs, "L2 table") {
             continue;
         }
-        copied_checks.push((l2_off, l2_off, e & COPIED != 0));
+        copied_checks.push((l2_off, e & COPIED != 0));
         let l2 = w.read_cluster(l2_off)?;
         for j in 0..(cs / 8) as usize {
             let entry = be64_at(&l2, j);
@@ -168,12 +170,12 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
                     }
                     last_host = host;
                     if w.add(host, cs, "data cluster") {
-                        copied_checks.push((host, host, copied));
+                        copied_checks.push((host, copied));
                     }
                 }
                 Ok(Mapping::Zero { host: Some(host) }) => {
                     if w.add(host, cs, "preallocated zero cluster") {
-                        copied_checks.push((host, host, entry & COPIED != 0));
+                        copied_checks.push((host, entry & COPIED != 0));
                     }
                 }
                 Ok(Mapping::Compressed { offset, sectors }) => {
@@ -185,6 +187,30 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
             }
         }
     }
+    Ok(copied_checks)
+}
+
+/// References to every cluster of the file from everything but the refcount
+/// structures; refuses images whose tables are damaged.
+pub(super) fn count_references(file: &HostFile, header: &Header) -> DiskResult<Vec<u16>> {
+    let mut w = new_walker(file, header)?;
+    walk_tables(&mut w, header)?;
+    if w.report.corruptions > 0 {
+        return Err(DiskError::Corrupt(format!(
+            "cannot rebuild refcounts: {}",
+            w.report.messages.join("; ")
+        )));
+    }
+    Ok(w.refs)
+}
+
+fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
+    let cs = header.cluster_size();
+    let mut w = new_walker(file, header)?;
+    let nclusters = w.nclusters;
+    let copied_checks = walk_tables(&mut w, header)?;
+    let rt_bytes = header.refcount_table_clusters as u64 * cs;
+    let rt_ok = w.add(header.refcount_table_offset, rt_bytes, "refcount table");
 
     // Refcount table and blocks.
     let mut reftable = Vec::new();
@@ -249,7 +275,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
             );
         }
     }
-    for (off, _, copied) in copied_checks {
+    for (off, copied) in copied_checks {
         let s = stored.get((off / cs) as usize).copied().unwrap_or(0);
         if (s == 1) != copied {
             w.report.problem(

@@ -20,6 +20,7 @@ pub mod compressed;
 pub mod create;
 pub mod header;
 pub mod refcount;
+mod repair;
 pub mod tables;
 
 use std::path::{Path, PathBuf};
@@ -137,13 +138,6 @@ impl Qcow2Image {
                     "writing to images with internal snapshots".into(),
                 ));
             }
-            if header.is_dirty() {
-                return Err(DiskError::UnsupportedImage(
-                    "image has the dirty bit set (lazy refcounts after a crash); \
-                     repair it with `qemu-img check -r all` first"
-                        .into(),
-                ));
-            }
         }
 
         let mut l1_raw = vec![0u8; l1_bytes as usize];
@@ -194,6 +188,11 @@ impl Qcow2Image {
             dirty_on_disk: false,
             header,
         };
+        if !img.read_only && img.header.is_dirty() {
+            // Lazy refcounts and no clean close: the refcounts on disk may
+            // be stale; the tables are the truth.
+            img.rebuild_refcounts()?;
+        }
         if !img.read_only && img.header.autoclear_features != 0 {
             // We keep no bitmaps up to date: clearing the autoclear bits tells
             // other readers the optional data they guard is stale (spec rule).
