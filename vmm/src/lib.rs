@@ -12,6 +12,8 @@
 pub mod cli;
 pub mod config;
 pub mod devices;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kvm;
 pub mod lifecycle;
 pub mod selftest;
