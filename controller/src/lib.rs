@@ -1,0 +1,15 @@
+//! virt-controller: the cluster-wide half of KubeVirt v1.9.0's control plane that this project
+//! re-implements — the VirtualMachine controller (run strategies, VMI creation), the
+//! VirtualMachineInstance controller (launcher pod, phases up to the hand-off to a node) and
+//! leader election between replicas.
+//!
+//! Decisions are pure functions ([`vm::decide`], [`vmi::decide`], [`template`]); the
+//! controllers around them only read caches and write what the decisions say.
+
+pub mod leader;
+pub mod quantity;
+pub mod run;
+pub mod template;
+pub mod vm;
+pub mod vmi;
+pub mod writes;

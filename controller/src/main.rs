@@ -1,0 +1,90 @@
+//! `virt-controller`: runs the VM and VMI controllers of whichever replica holds the Lease.
+
+use clap::Parser;
+use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
+use controller::run::{Options, run};
+use controller::template::TemplateConfig;
+use controller::writes::Writes;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "virt-controller",
+    about = "KubeVirt VM and VMI controllers (v1.9.0 behaviour)"
+)]
+struct Args {
+    /// Image of the launcher pods' compute container.
+    #[arg(long)]
+    launcher_image: String,
+    /// Base of the launcher's `--qemu-timeout`, in seconds (a jitter of up to 119 s is added).
+    #[arg(long, default_value_t = 240)]
+    launcher_qemu_timeout: u32,
+    /// Watch only this namespace (default: all).
+    #[arg(long)]
+    watch_namespace: Option<String>,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, default_value = "kubevirt")]
+    leader_namespace: String,
+    #[arg(long, default_value = "virt-controller")]
+    lease_name: String,
+    /// This replica's identity (default: $POD_NAME, else the host name).
+    #[arg(long)]
+    identity: Option<String>,
+    /// Let VMIs run without /dev/kvm (no kvm and vhost-net device requests).
+    #[arg(long)]
+    allow_emulation: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "virt-controller".into());
+    let client = kube::Client::try_default().await?;
+    let options = Options {
+        template: TemplateConfig {
+            launcher_image: args.launcher_image,
+            launcher_qemu_timeout_seconds: args.launcher_qemu_timeout,
+            allow_emulation: args.allow_emulation,
+            ..TemplateConfig::default()
+        },
+        namespace: args.watch_namespace,
+        identity: identity.clone(),
+    };
+    let writes = Arc::new(Writes::default());
+    let work_client = client.clone();
+    let work: LeaderWork = Box::new(move |lost| {
+        Box::pin(run(
+            work_client.clone(),
+            options.clone(),
+            writes.clone(),
+            lost,
+        ))
+    });
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    run_when_leader(
+        client,
+        LeaderOptions {
+            namespace: args.leader_namespace,
+            lease_name: args.lease_name,
+            identity,
+        },
+        work,
+        shutdown,
+    )
+    .await
+}

@@ -1,0 +1,258 @@
+//! Wiring: one shared watch per resource kind, the two controllers on top, until shutdown.
+
+use crate::template::TemplateConfig;
+use crate::vm::Expectations;
+use crate::writes::Writes;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Settings of one controller process.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub template: TemplateConfig,
+    /// Only this namespace (tests), or all namespaces.
+    pub namespace: Option<String>,
+    /// Name for events (`reportingInstance`).
+    pub identity: String,
+}
+
+/// What every reconcile can use.
+pub struct Context {
+    pub client: Client,
+    pub options: Options,
+    pub writes: Arc<Writes>,
+    pub vmis: Store<VirtualMachineInstance>,
+    pub pods: Store<Pod>,
+    pub vms: Store<VirtualMachine>,
+    pub vm_expectations: Expectations,
+    /// Pods created but not yet in the cache, by VMI UID.
+    pub created_pods: Mutex<HashMap<String, (Pod, Instant)>>,
+    /// VMI resource versions written but not yet in the cache, by VMI UID.
+    pub vmi_versions: Mutex<HashMap<String, (String, Instant)>>,
+    recorder: Recorder,
+}
+
+/// How long a write may take to show up in the cache before the controller stops waiting.
+pub const CACHE_WAIT: Duration = Duration::from_secs(30);
+
+impl Context {
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Publishes an event on `object`, counting the write; failures are logged only (an
+    /// event is information, not state).
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.writes.record(crate::writes::Write::Event);
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(reason, error = %e, "publishing an event failed");
+        }
+    }
+
+    /// Whether the cache shows the VMI as of our last write (see `vmi_versions`).
+    pub fn vmi_cache_current(&self, vmi: &VirtualMachineInstance) -> bool {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let mut versions = self.vmi_versions.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((expected, since)) = versions.get(&uid) else {
+            return true;
+        };
+        let cached = vmi.metadata.resource_version.clone().unwrap_or_default();
+        // Resource versions are opaque, but the apiserver's are etcd revisions: a larger one
+        // is newer. Fall back to equality when they do not parse.
+        let current = match (cached.parse::<u64>(), expected.parse::<u64>()) {
+            (Ok(c), Ok(e)) => c >= e,
+            _ => cached == *expected,
+        };
+        if current || since.elapsed() > CACHE_WAIT {
+            versions.remove(&uid);
+            return true;
+        }
+        false
+    }
+
+    pub fn wrote_vmi(&self, written: &VirtualMachineInstance) {
+        if let (Some(uid), Some(rv)) = (&written.metadata.uid, &written.metadata.resource_version) {
+            self.vmi_versions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(uid.clone(), (rv.clone(), Instant::now()));
+        }
+    }
+}
+
+fn api_all<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the VM and VMI controllers until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    options: Options,
+    writes: Arc<Writes>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let watch_config = watcher::Config::default().any_semantic();
+    let (vmi_reader, vmi_writer) = reflector::store_shared::<VirtualMachineInstance>(1024);
+    let (pod_reader, pod_writer) = reflector::store_shared::<Pod>(1024);
+    let (vm_reader, vm_writer) = reflector::store_shared::<VirtualMachine>(1024);
+    let subscribe = "a shared store hands out subscribers";
+    let vmi_for_vmi_controller = vmi_writer.subscribe().expect(subscribe);
+    let vmi_for_vm_controller = vmi_writer.subscribe().expect(subscribe);
+    let pods_for_vmi_controller = pod_writer.subscribe().expect(subscribe);
+    let vms_for_vm_controller = vm_writer.subscribe().expect(subscribe);
+
+    let vmi_watch = watcher(
+        api_all::<VirtualMachineInstance>(&client, &options.namespace),
+        watch_config.clone(),
+    )
+    .default_backoff()
+    .reflect_shared(vmi_writer)
+    .for_each(|_| async {});
+    let pod_watch = watcher(
+        api_all::<Pod>(&client, &options.namespace),
+        watch_config.clone().labels("kubevirt.io=virt-launcher"),
+    )
+    .default_backoff()
+    .reflect_shared(pod_writer)
+    .for_each(|_| async {});
+    let vm_watch = watcher(
+        api_all::<VirtualMachine>(&client, &options.namespace),
+        watch_config,
+    )
+    .default_backoff()
+    .reflect_shared(vm_writer)
+    .for_each(|_| async {});
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "virt-controller".into(),
+            instance: Some(options.identity.clone()),
+        },
+    );
+    let context = Arc::new(Context {
+        client,
+        options,
+        writes,
+        vmis: vmi_reader.clone(),
+        pods: pod_reader,
+        vms: vm_reader.clone(),
+        vm_expectations: Expectations::default(),
+        created_pods: Mutex::default(),
+        vmi_versions: Mutex::default(),
+        recorder,
+    });
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let vmi_controller = crate::vmi::controller::controller(
+        vmi_for_vmi_controller,
+        vmi_reader,
+        pods_for_vmi_controller,
+    )
+    .graceful_shutdown_on(stopped(stop_rx.clone()))
+    .run(
+        crate::vmi::controller::reconcile,
+        crate::vmi::controller::error_policy,
+        context.clone(),
+    );
+    let vm_controller =
+        crate::vm::controller::controller(vms_for_vm_controller, vm_reader, vmi_for_vm_controller)
+            .graceful_shutdown_on(stopped(stop_rx))
+            .run(
+                crate::vm::controller::reconcile,
+                crate::vm::controller::error_policy,
+                context.clone(),
+            );
+
+    let controllers = async {
+        futures::join!(
+            vmi_controller.for_each(|_| async {}),
+            vm_controller.for_each(|_| async {})
+        );
+    };
+    let watches = async {
+        futures::join!(vmi_watch, pod_watch, vm_watch);
+    };
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    tokio::select! {
+        _ = watches => tracing::error!("a watch ended"),
+        _ = async { futures::join!(controllers, shutdown) } => {}
+    }
+}
+
+/// A JSON merge patch turning the object `old` into `new`, top-level keys only: changed keys
+/// get their new value, vanished keys `null` (a merge patch replaces lists wholesale).
+pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    let empty = serde_json::Map::new();
+    let old = old.as_object().unwrap_or(&empty);
+    let new = new.as_object().unwrap_or(&empty);
+    let mut patch = serde_json::Map::new();
+    for (key, value) in new {
+        if old.get(key) != Some(value) {
+            patch.insert(key.clone(), value.clone());
+        }
+    }
+    for key in old.keys() {
+        if !new.contains_key(key) {
+            patch.insert(key.clone(), serde_json::Value::Null);
+        }
+    }
+    serde_json::Value::Object(patch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_diff;
+    use serde_json::json;
+
+    #[test]
+    fn merge_diff_sets_changes_and_nulls_removals() {
+        let old = json!({"a": 1, "b": [1, 2], "c": "x"});
+        let new = json!({"a": 1, "b": [1], "d": true});
+        assert_eq!(
+            merge_diff(&old, &new),
+            json!({"b": [1], "c": null, "d": true})
+        );
+        assert_eq!(merge_diff(&new, &new), json!({}));
+    }
+}

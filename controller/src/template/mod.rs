@@ -1,0 +1,1001 @@
+//! The virt-launcher pod for a VMI, as KubeVirt v1.9.0's template service renders it
+//! (`pkg/virt-controller/services/{template,rendercontainer,rendervolumes,renderresources}.go`).
+//!
+//! Pure functions: the VMI, the cluster settings and what the caller looked up (PVCs, a random
+//! jitter) go in, a `Pod` comes out. Parts of the API this controller does not support (multus
+//! networks, hugepages, GPUs and host devices, sidecars, virtiofs, probes) are refused with
+//! [`TemplateError::Unsupported`] rather than rendered wrongly.
+
+mod overhead;
+mod resources;
+mod volumes;
+
+pub use overhead::{FIXED_OVERHEAD_MIB, memory_overhead};
+pub use volumes::PvcInfo;
+
+use crate::quantity::Qty;
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod,
+    PodReadinessGate, PodSecurityContext, PodSpec, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use overhead::Side;
+use proto::kubevirt::well_known::{
+    APP_LABEL, APP_LABEL_LAUNCHER, CREATED_BY_LABEL, DOMAIN_ANNOTATION, NON_ROOT_UID,
+    VM_NAME_LABEL, VMI_ID_LABEL,
+};
+use proto::kubevirt::{ResourceRequirements, VirtualMachineInstance};
+use std::collections::BTreeMap;
+
+/// Launcher binary inside the launcher image (ours lives at the same path).
+pub const LAUNCHER_MONITOR: &str = "/usr/bin/virt-launcher-monitor";
+/// The compute container's name; KubeVirt keeps it first in the list.
+pub const COMPUTE_CONTAINER: &str = "compute";
+/// Readiness gate the controller flips when the VM is paused or unpaused.
+pub const UNPAUSED_READINESS_GATE: &str = "kubevirt.io/virtual-machine-unpaused";
+/// `--qemu-timeout` jitter range: the flag is `base + rand[0, 120)` seconds.
+pub const QEMU_TIMEOUT_JITTER_RANGE: u32 = 120;
+/// Seconds added to the VMI grace period for the launcher, and again for the pod.
+pub const GRACE_PERIOD_PADDING_SECONDS: i64 = 15;
+/// Ephemeral storage added to every launcher pod's request.
+pub const EPHEMERAL_STORAGE_OVERHEAD: &str = "50M";
+
+const VIRT_PRIVATE_DIR: &str = "/var/run/kubevirt-private";
+const VIRT_IMAGE_VOLUME_DIR: &str = "/var/run/kubevirt-image-volume";
+const CONTAINER_BINARY_DIR: &str = "/container-disk-binary";
+const LAUNCHER_VOLUME: &str = "launcher-volume";
+const OBSOLETE_HOST_MODEL_LABEL: &str = "node-labeller.kubevirt.io/obsolete-host-model";
+const MACHINE_TYPE_LABEL_PREFIX: &str = "machine-type.node.kubevirt.io/";
+const CPU_MODEL_LABEL_PREFIX: &str = "cpu-model.node.kubevirt.io/";
+const CPU_MANAGER_LABEL: &str = "cpumanager";
+const SKIP_BACKUP_HOOKS_ANNOTATION: &str = "kubevirt.io/skip-backup-hooks";
+const LOG_VERBOSITY_LABEL: &str = "logVerbosity";
+const DEBUG_LOGS_LABEL: &str = "debugLogs";
+const DEFAULT_LAUNCHER_LOG_VERBOSITY: u32 = 2;
+/// Verbosity above which libvirt debug logs are switched on.
+const EXT_LOG_VERBOSITY_THRESHOLD: u32 = 5;
+
+/// Why a launcher pod could not be rendered.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TemplateError {
+    #[error("VMI has no {0}")]
+    Missing(&'static str),
+    #[error("invalid VMI field {0}")]
+    Invalid(String),
+    #[error("{0} is not supported by this controller")]
+    Unsupported(String),
+    #[error("didn't find PVC {0}")]
+    PvcNotFound(String),
+}
+
+/// Cluster-wide settings the template depends on (KubeVirt's CR and virt-controller flags),
+/// with v1.9.0's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateConfig {
+    pub launcher_image: String,
+    pub image_pull_policy: String,
+    /// `--launcher-qemu-timeout` of virt-controller, in seconds.
+    pub launcher_qemu_timeout_seconds: u32,
+    pub virt_share_dir: String,
+    pub ephemeral_disk_dir: String,
+    pub container_disk_dir: String,
+    pub hotplug_disk_dir: String,
+    pub ovmf_path: String,
+    pub disk_memory_limit_bytes: u64,
+    pub hypervisor: String,
+    pub allow_emulation: bool,
+    /// Beta feature gates, on unless disabled in the KubeVirt CR.
+    pub image_volume: bool,
+    pub libvirt_hook_server_and_client: bool,
+    pub upgrade_ordinal_ifaces: bool,
+    pub cpu_allocation_ratio: u32,
+    /// Percent; 100 means no overcommit.
+    pub memory_overcommit: u32,
+    pub serial_console_log_disabled: bool,
+    pub virt_launcher_log_verbosity: u32,
+    /// Node selectors from the KubeVirt CR, applied before the VMI's own.
+    pub node_selectors: BTreeMap<String, String>,
+    /// Architecture of the cluster's nodes when the VMI does not say (`amd64`).
+    pub default_architecture: String,
+}
+
+impl Default for TemplateConfig {
+    fn default() -> Self {
+        Self {
+            launcher_image: "virt-launcher".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            launcher_qemu_timeout_seconds: 240,
+            virt_share_dir: "/var/run/kubevirt".into(),
+            ephemeral_disk_dir: "/var/run/kubevirt-ephemeral-disks".into(),
+            container_disk_dir: "/var/run/kubevirt/container-disks".into(),
+            hotplug_disk_dir: "/var/run/kubevirt/hotplug-disks".into(),
+            ovmf_path: "/usr/share/edk2/ovmf".into(),
+            disk_memory_limit_bytes: 2000 * 1024 * 1024,
+            hypervisor: "kvm".into(),
+            allow_emulation: false,
+            image_volume: true,
+            libvirt_hook_server_and_client: true,
+            upgrade_ordinal_ifaces: true,
+            cpu_allocation_ratio: 10,
+            memory_overcommit: 100,
+            serial_console_log_disabled: false,
+            virt_launcher_log_verbosity: DEFAULT_LAUNCHER_LOG_VERBOSITY,
+            node_selectors: BTreeMap::new(),
+            default_architecture: "amd64".into(),
+        }
+    }
+}
+
+/// Inputs that are not part of the VMI: what the caller looked up or drew.
+#[derive(Debug, Clone, Default)]
+pub struct RenderContext {
+    /// PVCs of the VMI's namespace by claim name.
+    pub pvcs: BTreeMap<String, PvcInfo>,
+    /// Added to the base `--qemu-timeout`; KubeVirt draws it from `[0, 120)`.
+    pub qemu_timeout_jitter_seconds: u32,
+}
+
+/// Whether the launcher runs as user 107. The API webhook sets `status.runtimeUser` on every
+/// VMI (107 unless the Root feature gate is on); this deployment has no webhook, so a VMI
+/// without it gets the webhook's default.
+pub fn is_non_root(vmi: &VirtualMachineInstance) -> bool {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.runtime_user)
+        .is_none_or(|uid| uid != 0)
+}
+
+/// Renders the launcher pod of `vmi`.
+pub fn render_launcher_pod(
+    vmi: &VirtualMachineInstance,
+    config: &TemplateConfig,
+    context: &RenderContext,
+) -> Result<Pod, TemplateError> {
+    let name = vmi
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(TemplateError::Missing("name"))?;
+    let namespace = vmi
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(TemplateError::Missing("namespace"))?;
+    let uid = vmi
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or(TemplateError::Missing("uid"))?;
+    refuse_unsupported(vmi)?;
+
+    let non_root = is_non_root(vmi);
+    let user_id: i64 = if non_root { NON_ROOT_UID.into() } else { 0 };
+    let launcher_grace = vmi.grace_period_seconds() + GRACE_PERIOD_PADDING_SECONDS;
+    let pod_grace = launcher_grace + GRACE_PERIOD_PADDING_SECONDS;
+
+    let arch = vmi
+        .spec
+        .architecture
+        .clone()
+        .unwrap_or_else(|| config.default_architecture.clone());
+    let overhead = memory_overhead(vmi, &arch)?;
+    let resources = resources::render(vmi, config, overhead)?;
+    let volumes = volumes::render(vmi, config, context)?;
+
+    let command = launcher_command(vmi, config, context, name, uid, namespace, launcher_grace);
+    let mut env = Vec::new();
+    if non_root {
+        for (key, value) in [
+            ("XDG_CACHE_HOME", VIRT_PRIVATE_DIR),
+            ("XDG_CONFIG_HOME", VIRT_PRIVATE_DIR),
+            ("XDG_RUNTIME_DIR", "/var/run"),
+        ] {
+            env.push(env_var(key, value));
+        }
+    }
+    let labels = vmi.metadata.labels.clone().unwrap_or_default();
+    let mut verbosity = config.virt_launcher_log_verbosity;
+    let label_verbosity = labels.get(LOG_VERBOSITY_LABEL);
+    if label_verbosity.is_some() || verbosity != DEFAULT_LAUNCHER_LOG_VERBOSITY {
+        let text = match label_verbosity {
+            Some(text) => {
+                verbosity = text.parse().map_err(|_| {
+                    TemplateError::Invalid(format!("label {LOG_VERBOSITY_LABEL}={text:?}"))
+                })?;
+                text.clone()
+            }
+            None => verbosity.to_string(),
+        };
+        env.push(env_var("VIRT_LAUNCHER_LOG_VERBOSITY", &text));
+    }
+    let debug_label = labels
+        .get(DEBUG_LOGS_LABEL)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if debug_label || verbosity > EXT_LOG_VERBOSITY_THRESHOLD {
+        env.push(env_var("LIBVIRT_DEBUG_LOGS", "1"));
+    }
+    env.push(EnvVar {
+        name: "POD_NAME".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+
+    let mut capabilities = Capabilities {
+        add: Some(if non_root {
+            vec!["NET_BIND_SERVICE".into()]
+        } else {
+            vec!["NET_BIND_SERVICE".into(), "SYS_NICE".into()]
+        }),
+        drop: None,
+    };
+    if non_root {
+        capabilities.drop = Some(vec!["ALL".into()]);
+    }
+    let compute = Container {
+        name: COMPUTE_CONTAINER.into(),
+        image: Some(config.launcher_image.clone()),
+        image_pull_policy: Some(config.image_pull_policy.clone()),
+        security_context: Some(container_security_context(user_id, Some(capabilities))),
+        command: Some(command),
+        volume_devices: non_empty(volumes.devices),
+        volume_mounts: Some(volumes.mounts),
+        resources: Some(resources),
+        ports: non_empty(container_ports(vmi)),
+        env: Some(env),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+
+    let mut init_containers = Vec::new();
+    if serial_console_log_enabled(vmi, config) {
+        init_containers.push(guest_console_log_container(vmi, config, uid, verbosity)?);
+    }
+    if config.image_volume {
+        for volume in &vmi.spec.volumes {
+            if let Some(disk) = &volume.container_disk
+                && !disk.image.contains("@sha256:")
+            {
+                init_containers.push(image_volume_init_container(
+                    vmi,
+                    &volume.name,
+                    &disk.image,
+                    disk.image_pull_policy.as_deref(),
+                )?);
+            }
+        }
+    } else if volumes.has_container_disks {
+        return Err(TemplateError::Unsupported(
+            "containerDisks without the ImageVolume feature gate".into(),
+        ));
+    }
+
+    let host_name = sanitized_hostname(vmi, name);
+    let mut pod_labels = labels.clone();
+    pod_labels.insert(APP_LABEL.into(), APP_LABEL_LAUNCHER.into());
+    pod_labels.insert(CREATED_BY_LABEL.into(), uid.into());
+    pod_labels.insert(VM_NAME_LABEL.into(), host_name.clone());
+    pod_labels.insert(VMI_ID_LABEL.into(), vmi_id(name));
+
+    let spec = &vmi.spec;
+    let mut affinity: Option<Affinity> = spec
+        .affinity
+        .clone()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| TemplateError::Invalid(format!("spec.affinity: {e}")))?;
+    let cpu_model = spec.domain.cpu.as_ref().and_then(|c| c.model.as_deref());
+    if matches!(cpu_model, None | Some("") | Some("host-model")) {
+        affinity = Some(reject_node_label(affinity, OBSOLETE_HOST_MODEL_LABEL));
+    }
+
+    let service_account_volume = spec
+        .volumes
+        .iter()
+        .find_map(|v| v.service_account.as_ref())
+        .and_then(|sa| sa.get("serviceAccountName"))
+        .and_then(|n| n.as_str())
+        .map(str::to_string);
+    let service_account_name = spec
+        .extra
+        .get("serviceAccountName")
+        .and_then(|n| n.as_str())
+        .map(str::to_string)
+        .or(service_account_volume.clone());
+
+    let pod = Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("virt-launcher-{name}-")),
+            labels: Some(pod_labels),
+            annotations: Some(pod_annotations(vmi, name, namespace)),
+            owner_references: Some(vec![vmi_owner_reference(name, uid)]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            hostname: Some(host_name),
+            subdomain: spec.subdomain.clone(),
+            security_context: Some(pod_security_context(non_root)),
+            termination_grace_period_seconds: Some(pod_grace),
+            restart_policy: Some("Never".into()),
+            containers: vec![compute],
+            init_containers: non_empty(init_containers),
+            node_selector: Some(node_selector(vmi, config)),
+            volumes: Some(volumes.volumes),
+            image_pull_secrets: non_empty(image_pull_secrets(vmi)),
+            dns_config: from_json(&spec.dns_config, "spec.dnsConfig")?,
+            dns_policy: spec.dns_policy.clone(),
+            readiness_gates: Some(vec![PodReadinessGate {
+                condition_type: UNPAUSED_READINESS_GATE.into(),
+            }]),
+            enable_service_links: Some(false),
+            scheduler_name: spec.scheduler_name.clone(),
+            tolerations: from_json(&spec.tolerations, "spec.tolerations")?,
+            topology_spread_constraints: from_json(
+                &spec.extra.get("topologySpreadConstraints").cloned(),
+                "spec.topologySpreadConstraints",
+            )?,
+            priority_class_name: spec.priority_class_name.clone().filter(|p| !p.is_empty()),
+            affinity,
+            service_account_name,
+            automount_service_account_token: Some(service_account_volume.is_some()),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Ok(pod)
+}
+
+/// The compute container's command: the monitor and the launcher flags (v1.9.0 puts them all
+/// in `command`, with no `args`).
+fn launcher_command(
+    vmi: &VirtualMachineInstance,
+    config: &TemplateConfig,
+    context: &RenderContext,
+    name: &str,
+    uid: &str,
+    namespace: &str,
+    launcher_grace: i64,
+) -> Vec<String> {
+    let jitter = context.qemu_timeout_jitter_seconds % QEMU_TIMEOUT_JITTER_RANGE;
+    let timeout = config.launcher_qemu_timeout_seconds + jitter;
+    let mut command: Vec<String> = [
+        LAUNCHER_MONITOR,
+        "--qemu-timeout",
+        &format!("{timeout}s"),
+        "--name",
+        name,
+        "--uid",
+        uid,
+        "--namespace",
+        namespace,
+        "--kubevirt-share-dir",
+        &config.virt_share_dir,
+        "--ephemeral-disk-dir",
+        &config.ephemeral_disk_dir,
+        "--container-disk-dir",
+        &config.container_disk_dir,
+        "--grace-period-seconds",
+        &launcher_grace.to_string(),
+        "--hook-sidecars",
+        "0",
+        "--ovmf-path",
+        &config.ovmf_path,
+        "--disk-memory-limit",
+        &config.disk_memory_limit_bytes.to_string(),
+        "--hypervisor",
+        &config.hypervisor,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if is_non_root(vmi) {
+        command.push("--run-as-nonroot".into());
+    }
+    if config.image_volume {
+        command.push("--image-volume".into());
+    }
+    if config.libvirt_hook_server_and_client {
+        command.push("--libvirt-hook-server-and-client".into());
+    }
+    if config.upgrade_ordinal_ifaces {
+        command.push("--upgrade-ordinal-ifaces".into());
+    }
+    let annotations = vmi.metadata.annotations.clone().unwrap_or_default();
+    if let Some(filters) = annotations.get("kubevirt.io/libvirt-log-filters") {
+        command.push("--libvirt-log-filters".into());
+        command.push(filters.clone());
+    }
+    if config.allow_emulation {
+        command.push("--allow-emulation".into());
+    }
+    if annotations
+        .iter()
+        .any(|(k, v)| k.starts_with("kubevirt.io/keep-launcher-alive-after-failure") && v == "true")
+    {
+        command.push("--keep-after-failure".into());
+    }
+    if annotations.contains_key("kubevirt.io/func-test-virt-launcher-fail-fast") {
+        command.push("--simulate-crash".into());
+    }
+    command
+}
+
+fn refuse_unsupported(vmi: &VirtualMachineInstance) -> Result<(), TemplateError> {
+    let spec = &vmi.spec;
+    let devices = &spec.domain.devices;
+    for key in ["gpus", "hostDevices", "filesystems"] {
+        if devices.extra.get(key).is_some_and(non_empty_json) {
+            return Err(TemplateError::Unsupported(format!(
+                "spec.domain.devices.{key}"
+            )));
+        }
+    }
+    if spec
+        .domain
+        .memory
+        .as_ref()
+        .is_some_and(|m| m.hugepages.is_some())
+    {
+        return Err(TemplateError::Unsupported("hugepages".into()));
+    }
+    if spec.networks.iter().any(|n| n.multus.is_some()) {
+        return Err(TemplateError::Unsupported("multus networks".into()));
+    }
+    if spec.liveness_probe.is_some() || spec.readiness_probe.is_some() {
+        return Err(TemplateError::Unsupported(
+            "liveness and readiness probes".into(),
+        ));
+    }
+    let annotations = vmi.metadata.annotations.clone().unwrap_or_default();
+    if annotations.contains_key("hooks.kubevirt.io/hookSidecars") {
+        return Err(TemplateError::Unsupported("hook sidecars".into()));
+    }
+    for interface in &devices.interfaces {
+        if interface.sriov.is_some()
+            || interface.binding.is_some()
+            || interface.passt_binding.is_some()
+        {
+            return Err(TemplateError::Unsupported(format!(
+                "interface {} binding {}",
+                interface.name,
+                interface.binding_name().unwrap_or("?")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn non_empty_json(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null => false,
+        serde_json::Value::Array(items) => !items.is_empty(),
+        _ => true,
+    }
+}
+
+fn non_empty<T>(items: Vec<T>) -> Option<Vec<T>> {
+    (!items.is_empty()).then_some(items)
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(
+    value: &Option<serde_json::Value>,
+    field: &str,
+) -> Result<Option<T>, TemplateError> {
+    value
+        .clone()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| TemplateError::Invalid(format!("{field}: {e}")))
+}
+
+fn env_var(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+/// Container security context (`rendercontainer.go` `securityContext`).
+fn container_security_context(user_id: i64, capabilities: Option<Capabilities>) -> SecurityContext {
+    let non_root = user_id != 0;
+    SecurityContext {
+        run_as_user: Some(user_id),
+        run_as_non_root: Some(non_root),
+        run_as_group: non_root.then_some(user_id),
+        allow_privilege_escalation: non_root.then_some(false),
+        capabilities,
+        ..Default::default()
+    }
+}
+
+fn pod_security_context(non_root: bool) -> PodSecurityContext {
+    let uid = i64::from(NON_ROOT_UID);
+    PodSecurityContext {
+        fs_group: Some(uid),
+        run_as_user: Some(if non_root { uid } else { 0 }),
+        run_as_group: non_root.then_some(uid),
+        run_as_non_root: non_root.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn support_container_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_user: Some(NON_ROOT_UID.into()),
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_ports(vmi: &VirtualMachineInstance) -> Vec<ContainerPort> {
+    vmi.spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .flat_map(|iface| iface.ports.iter())
+        .map(|port| ContainerPort {
+            container_port: port.port,
+            name: port.name.clone().filter(|n| !n.is_empty()),
+            protocol: Some(port.protocol.clone().unwrap_or_else(|| "TCP".into())),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn serial_console_log_enabled(vmi: &VirtualMachineInstance, config: &TemplateConfig) -> bool {
+    let devices = &vmi.spec.domain.devices;
+    if devices.autoattach_serial_console == Some(false) {
+        return false;
+    }
+    devices
+        .log_serial_console
+        .unwrap_or(!config.serial_console_log_disabled)
+}
+
+/// `guest-console-log`: a native sidecar tailing the serial console log.
+fn guest_console_log_container(
+    vmi: &VirtualMachineInstance,
+    config: &TemplateConfig,
+    uid: &str,
+    verbosity: u32,
+) -> Result<Container, TemplateError> {
+    let guaranteed = is_cpu_dedicated(vmi) || wants_guaranteed_qos(vmi)?;
+    let (request_cpu, request_memory) = if guaranteed {
+        ("15m", "60M")
+    } else {
+        ("5m", "35M")
+    };
+    Ok(Container {
+        name: "guest-console-log".into(),
+        image: Some(config.launcher_image.clone()),
+        image_pull_policy: Some(config.image_pull_policy.clone()),
+        command: Some(vec!["/usr/bin/virt-tail".into()]),
+        args: Some(vec![
+            "--logfile".into(),
+            format!("{VIRT_PRIVATE_DIR}/{uid}/virt-serial0-log"),
+        ]),
+        volume_mounts: Some(vec![k8s_openapi::api::core::v1::VolumeMount {
+            name: "private".into(),
+            mount_path: VIRT_PRIVATE_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        resources: Some(resource_requirements(
+            &[("cpu", request_cpu), ("memory", request_memory)],
+            &[("cpu", "15m"), ("memory", "60M")],
+        )),
+        security_context: Some(support_container_security_context()),
+        restart_policy: Some("Always".into()),
+        env: Some(vec![env_var(
+            "VIRT_LAUNCHER_LOG_VERBOSITY",
+            &verbosity.to_string(),
+        )]),
+        ..Default::default()
+    })
+}
+
+/// With the ImageVolume feature gate, a containerDisk is an image volume; this init container
+/// only makes the kubelet resolve the image's digest.
+fn image_volume_init_container(
+    vmi: &VirtualMachineInstance,
+    volume: &str,
+    image: &str,
+    pull_policy: Option<&str>,
+) -> Result<Container, TemplateError> {
+    let guaranteed = is_cpu_dedicated(vmi) || wants_guaranteed_qos(vmi)?;
+    let (request_cpu, request_memory) = if guaranteed {
+        ("10m", "40M")
+    } else {
+        ("1m", "1M")
+    };
+    Ok(Container {
+        name: format!("volume{volume}"),
+        image: Some(image.into()),
+        image_pull_policy: pull_policy.map(str::to_string),
+        command: Some(vec![format!(
+            "{CONTAINER_BINARY_DIR}/usr/bin/container-disk"
+        )]),
+        args: Some(vec!["--no-op".into()]),
+        resources: Some(resource_requirements(
+            &[
+                ("cpu", request_cpu),
+                ("memory", request_memory),
+                ("ephemeral-storage", EPHEMERAL_STORAGE_OVERHEAD),
+            ],
+            &[("cpu", "10m"), ("memory", "40M")],
+        )),
+        security_context: Some(support_container_security_context()),
+        volume_mounts: Some(vec![k8s_openapi::api::core::v1::VolumeMount {
+            name: LAUNCHER_VOLUME.into(),
+            mount_path: CONTAINER_BINARY_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    })
+}
+
+fn resource_requirements(
+    requests: &[(&str, &str)],
+    limits: &[(&str, &str)],
+) -> k8s_openapi::api::core::v1::ResourceRequirements {
+    let map = |items: &[(&str, &str)]| {
+        items
+            .iter()
+            .map(|(k, v)| (k.to_string(), proto::kubevirt::Quantity(v.to_string())))
+            .collect::<BTreeMap<_, _>>()
+    };
+    k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(map(requests)),
+        limits: Some(map(limits)),
+        ..Default::default()
+    }
+}
+
+/// First DNS label of the VMI name (at most 63 characters), unless `spec.hostname` is set.
+pub fn sanitized_hostname(vmi: &VirtualMachineInstance, name: &str) -> String {
+    if let Some(hostname) = vmi.spec.hostname.as_deref().filter(|h| !h.is_empty()) {
+        return hostname.to_string();
+    }
+    let first = name.split('.').next().unwrap_or(name);
+    first.chars().take(63).collect()
+}
+
+/// `vmi.kubevirt.io/id`: the name, or for names over 63 characters a 54-character prefix,
+/// `-` and the first 8 hex digits of the name's SHA-1.
+pub fn vmi_id(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_string();
+    }
+    let digest = sha1_smol::Sha1::from(name).digest().to_string();
+    // Kubernetes names are ASCII, so byte slicing is on character boundaries; fall back to
+    // the whole name otherwise rather than panic.
+    let prefix = name.get(..54).unwrap_or(name);
+    format!("{prefix}-{}", digest.get(..8).unwrap_or(&digest))
+}
+
+fn pod_annotations(
+    vmi: &VirtualMachineInstance,
+    name: &str,
+    namespace: &str,
+) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::new();
+    annotations.insert(DOMAIN_ANNOTATION.to_string(), name.to_string());
+    let vmi_annotations = vmi.metadata.annotations.clone().unwrap_or_default();
+    for (key, value) in &vmi_annotations {
+        if key.starts_with("kubectl.kubernetes.io")
+            || key.starts_with("kubevirt.io/storage-observed-api-version")
+            || key.starts_with("kubevirt.io/latest-observed-api-version")
+        {
+            continue;
+        }
+        annotations.insert(key.clone(), value.clone());
+    }
+    annotations.insert(
+        "kubectl.kubernetes.io/default-container".into(),
+        COMPUTE_CONTAINER.into(),
+    );
+    annotations.insert("kubevirt.io/migrationTransportUnix".into(), "true".into());
+    annotations.insert(
+        "descheduler.alpha.kubernetes.io/request-evict-only".into(),
+        String::new(),
+    );
+    // Velero backup hooks freeze the guest file systems around a backup.
+    let skip_hooks = vmi_annotations
+        .get(SKIP_BACKUP_HOOKS_ANNOTATION)
+        .is_some_and(|v| matches!(v.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True"));
+    if !skip_hooks {
+        let freezer = |action: &str| {
+            format!(
+                "[\"/usr/bin/virt-freezer\", \"--{action}\", \"--name\", {}, \"--namespace\", {}]",
+                go_quote(name),
+                go_quote(namespace)
+            )
+        };
+        annotations.insert(
+            "pre.hook.backup.velero.io/container".into(),
+            COMPUTE_CONTAINER.into(),
+        );
+        annotations.insert(
+            "pre.hook.backup.velero.io/command".into(),
+            freezer("freeze"),
+        );
+        annotations.insert("pre.hook.backup.velero.io/timeout".into(), "60s".into());
+        annotations.insert(
+            "post.hook.backup.velero.io/container".into(),
+            COMPUTE_CONTAINER.into(),
+        );
+        annotations.insert(
+            "post.hook.backup.velero.io/command".into(),
+            freezer("unfreeze"),
+        );
+    }
+    annotations
+}
+
+/// Go's `%q` for the names Kubernetes allows (DNS labels need no escaping beyond quotes).
+fn go_quote(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| format!("\"{text}\""))
+}
+
+fn vmi_owner_reference(name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "kubevirt.io/v1".into(),
+        kind: "VirtualMachineInstance".into(),
+        name: name.into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn image_pull_secrets(
+    vmi: &VirtualMachineInstance,
+) -> Vec<k8s_openapi::api::core::v1::LocalObjectReference> {
+    let mut names: Vec<String> = Vec::new();
+    let mut push = |name: &str| {
+        if !name.is_empty() && !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    };
+    for volume in &vmi.spec.volumes {
+        if let Some(secret) = volume
+            .container_disk
+            .as_ref()
+            .and_then(|d| d.image_pull_secret.as_deref())
+        {
+            push(secret);
+        }
+    }
+    if let Some(secret) = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .and_then(|k| k.container.as_ref())
+        .and_then(|c| c.image_pull_secret.as_deref())
+    {
+        push(secret);
+    }
+    names
+        .into_iter()
+        .map(|name| k8s_openapi::api::core::v1::LocalObjectReference { name })
+        .collect()
+}
+
+/// `nodeselectorrenderer.go`: schedulable nodes, the architecture, cluster and VMI selectors,
+/// then labels for the machine type, a named CPU model and dedicated CPUs.
+fn node_selector(
+    vmi: &VirtualMachineInstance,
+    config: &TemplateConfig,
+) -> BTreeMap<String, String> {
+    let mut selector = BTreeMap::new();
+    selector.insert(
+        proto::kubevirt::well_known::SCHEDULABLE_LABEL.to_string(),
+        "true".to_string(),
+    );
+    if let Some(arch) = vmi.spec.architecture.as_deref().filter(|a| !a.is_empty()) {
+        selector.insert("kubernetes.io/arch".into(), arch.to_lowercase());
+    }
+    selector.extend(config.node_selectors.clone());
+    selector.extend(vmi.spec.node_selector.clone().unwrap_or_default());
+    if is_cpu_dedicated(vmi) {
+        selector.insert(format!("kubevirt.io/{CPU_MANAGER_LABEL}"), "true".into());
+    }
+    if let Some(model) = vmi
+        .spec
+        .domain
+        .cpu
+        .as_ref()
+        .and_then(|c| c.model.as_deref())
+        && !model.is_empty()
+        && model != "host-model"
+        && model != "host-passthrough"
+    {
+        selector.insert(format!("{CPU_MODEL_LABEL_PREFIX}{model}"), "true".into());
+    }
+    let machine = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.machine.as_ref())
+        .map(|m| m.machine_type.clone())
+        .filter(|t| !t.is_empty())
+        .or_else(|| {
+            vmi.spec
+                .domain
+                .machine
+                .as_ref()
+                .map(|m| m.machine_type.clone())
+                .filter(|t| !t.is_empty())
+        })
+        // The API webhook defaults the machine type to q35 on x86; without a webhook we do.
+        .unwrap_or_else(|| "q35".to_string());
+    selector.insert(
+        format!("{MACHINE_TYPE_LABEL_PREFIX}{machine}"),
+        "true".into(),
+    );
+    selector
+}
+
+/// Adds "`label` must not exist" to every required node-affinity term.
+fn reject_node_label(affinity: Option<Affinity>, label: &str) -> Affinity {
+    let requirement = NodeSelectorRequirement {
+        key: label.into(),
+        operator: "DoesNotExist".into(),
+        values: None,
+    };
+    let term = NodeSelectorTerm {
+        match_expressions: Some(vec![requirement.clone()]),
+        match_fields: None,
+    };
+    let mut affinity = affinity.unwrap_or_default();
+    let node_affinity = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    match node_affinity
+        .required_during_scheduling_ignored_during_execution
+        .as_mut()
+    {
+        Some(required) => {
+            for term in &mut required.node_selector_terms {
+                term.match_expressions
+                    .get_or_insert_with(Vec::new)
+                    .push(requirement.clone());
+            }
+        }
+        None => {
+            node_affinity.required_during_scheduling_ignored_during_execution =
+                Some(NodeSelector {
+                    node_selector_terms: vec![term],
+                });
+        }
+    }
+    affinity
+}
+
+/// vCPUs of the topology: the product of the set fields (`hardware.GetNumberOfVCPUs`).
+fn topology_vcpus(cpu: &proto::kubevirt::Cpu) -> u64 {
+    let mut vcpus = u64::from(cpu.cores.unwrap_or(0));
+    for factor in [cpu.sockets, cpu.threads] {
+        let factor = u64::from(factor.unwrap_or(0));
+        if factor != 0 {
+            vcpus = if vcpus == 0 { factor } else { vcpus * factor };
+        }
+    }
+    vcpus
+}
+
+/// vCPUs for the overhead: the topology, else the CPU limit, else the CPU request.
+fn vcpus_for_overhead(vmi: &VirtualMachineInstance) -> Result<u64, TemplateError> {
+    if let Some(cpu) = &vmi.spec.domain.cpu {
+        return Ok(topology_vcpus(cpu));
+    }
+    let resources = vmi.spec.domain.resources.as_ref();
+    let cpu = match resource_qty(resources, Side::Limits, "cpu")? {
+        Some(limit) => Some(limit),
+        None => resource_qty(resources, Side::Requests, "cpu")?,
+    };
+    Ok(cpu.map_or(0, |q| u64::try_from(q.value()).unwrap_or(u64::MAX)))
+}
+
+/// vCPUs for the CPU request: the topology, 1 without one.
+fn vcpus_for_request(vmi: &VirtualMachineInstance) -> u64 {
+    vmi.spec.domain.cpu.as_ref().map_or(1, topology_vcpus)
+}
+
+fn resource_qty(
+    resources: Option<&ResourceRequirements>,
+    side: Side,
+    name: &str,
+) -> Result<Option<Qty>, TemplateError> {
+    let map = resources.and_then(|r| match side {
+        Side::Requests => r.requests.as_ref(),
+        Side::Limits => r.limits.as_ref(),
+    });
+    map.and_then(|m| m.get(name))
+        .map(|q| {
+            Qty::parse(q).map_err(|e| {
+                TemplateError::Invalid(format!("spec.domain.resources {side:?}.{name}: {e}"))
+            })
+        })
+        .transpose()
+}
+
+pub(crate) fn is_cpu_dedicated(vmi: &VirtualMachineInstance) -> bool {
+    vmi.spec
+        .domain
+        .cpu
+        .as_ref()
+        .is_some_and(|c| c.dedicated_cpu_placement == Some(true))
+}
+
+/// `WantsToHaveQOSGuaranteed`: memory request equal to the limit (or only a limit) and a
+/// non-zero CPU request equal to the CPU limit.
+pub(crate) fn wants_guaranteed_qos(vmi: &VirtualMachineInstance) -> Result<bool, TemplateError> {
+    let resources = vmi.spec.domain.resources.as_ref();
+    let value = |side, name| -> Result<u128, TemplateError> {
+        Ok(resource_qty(resources, side, name)?.map_or(0, |q| q.milli))
+    };
+    let (request_memory, limit_memory) = (
+        value(Side::Requests, "memory")?,
+        value(Side::Limits, "memory")?,
+    );
+    let (request_cpu, limit_cpu) = (value(Side::Requests, "cpu")?, value(Side::Limits, "cpu")?);
+    let memory = (request_memory == 0 && limit_memory != 0)
+        || (request_memory != 0 && request_memory == limit_memory);
+    let cpu = request_cpu != 0 && request_cpu == limit_cpu;
+    Ok(memory && cpu)
+}
+
+fn has_vfio(vmi: &VirtualMachineInstance) -> bool {
+    let devices = &vmi.spec.domain.devices;
+    ["gpus", "hostDevices"]
+        .iter()
+        .any(|key| devices.extra.get(*key).is_some_and(non_empty_json))
+}
+
+fn has_sev(vmi: &VirtualMachineInstance) -> bool {
+    vmi.spec
+        .domain
+        .extra
+        .get("launchSecurity")
+        .and_then(|l| l.as_object())
+        .is_some_and(|l| ["sev", "snp"].iter().any(|k| l.contains_key(*k)))
+}
+
+fn has_tpm(vmi: &VirtualMachineInstance) -> bool {
+    vmi.spec.domain.devices.extra.get("tpm").is_some_and(|tpm| {
+        !tpm.is_null() && tpm.get("enabled") != Some(&serde_json::Value::Bool(false))
+    })
+}
+
+/// Names of the VMI's interfaces that get a virtio NIC (needs `/dev/vhost-net`). With no
+/// interface listed and the pod interface auto-attached, the API webhook (absent here) adds
+/// the default interface, a virtio one.
+fn has_virtio_interface(vmi: &VirtualMachineInstance) -> bool {
+    let devices = &vmi.spec.domain.devices;
+    if devices.interfaces.is_empty() {
+        return devices.autoattach_pod_interface != Some(false);
+    }
+    devices
+        .interfaces
+        .iter()
+        .any(|i| matches!(i.model.as_deref(), None | Some("") | Some("virtio")))
+}
+
+#[cfg(test)]
+mod tests;

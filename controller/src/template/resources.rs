@@ -1,0 +1,182 @@
+//! The compute container's requests and limits (`renderresources.go`), rules in v1.9.0's order:
+//! ephemeral storage, device-plugin resources, memory request, CPU, memory overhead.
+
+use super::{
+    EPHEMERAL_STORAGE_OVERHEAD, TemplateConfig, TemplateError, has_virtio_interface,
+    is_cpu_dedicated, topology_vcpus, vcpus_for_request,
+};
+use crate::quantity::{Format, Qty};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use proto::kubevirt::{Quantity, VirtualMachineInstance};
+use std::collections::BTreeMap;
+
+type Resources = BTreeMap<String, Qty>;
+
+pub(super) fn render(
+    vmi: &VirtualMachineInstance,
+    config: &TemplateConfig,
+    overhead: Qty,
+) -> Result<ResourceRequirements, TemplateError> {
+    let domain = &vmi.spec.domain;
+    let parse_all = |map: Option<&BTreeMap<String, Quantity>>, side: &str| {
+        map.into_iter()
+            .flatten()
+            .map(|(name, q)| {
+                Qty::parse(q).map(|qty| (name.clone(), qty)).map_err(|e| {
+                    TemplateError::Invalid(format!("spec.domain.resources.{side}.{name}: {e}"))
+                })
+            })
+            .collect::<Result<Resources, _>>()
+    };
+    let mut vm_requests = parse_all(
+        domain.resources.as_ref().and_then(|r| r.requests.as_ref()),
+        "requests",
+    )?;
+    let mut vm_limits = parse_all(
+        domain.resources.as_ref().and_then(|r| r.limits.as_ref()),
+        "limits",
+    )?;
+    let mut calculated_requests = Resources::new();
+    let calculated_limits = Resources::new();
+
+    // Ephemeral storage for the launcher's own files.
+    let storage = Qty::parse(&Quantity(EPHEMERAL_STORAGE_OVERHEAD.into()))
+        .map_err(|e| TemplateError::Invalid(e.to_string()))?;
+    let requested = vm_requests
+        .get("ephemeral-storage")
+        .copied()
+        .unwrap_or(Qty::ZERO);
+    vm_requests.insert("ephemeral-storage".into(), requested.add(storage));
+    if let Some(limit) = vm_limits.get_mut("ephemeral-storage") {
+        *limit = limit.add(storage);
+    }
+
+    // Device plugins served by the handler. Extended resources go in limits; the kubelet
+    // copies them to requests.
+    let one = Qty {
+        milli: 1000,
+        format: Format::DecimalSi,
+    };
+    let devices = &domain.devices;
+    if !devices.interfaces.is_empty() || devices.autoattach_pod_interface != Some(false) {
+        vm_limits.insert("devices.kubevirt.io/tun".into(), one);
+    }
+    if has_virtio_interface(vmi) && !config.allow_emulation {
+        vm_limits.insert("devices.kubevirt.io/vhost-net".into(), one);
+    }
+    if !config.allow_emulation {
+        vm_limits.insert(format!("devices.kubevirt.io/{}", config.hypervisor), one);
+    }
+    if devices.autoattach_vsock == Some(true) {
+        vm_limits.insert("devices.kubevirt.io/vhost-vsock".into(), one);
+    }
+
+    // Memory request: the request, else the limit, else the guest memory (over-committed).
+    if let Some(limit) = vm_limits.get("memory").copied()
+        && !limit.is_zero()
+        && vm_requests.get("memory").is_none_or(Qty::is_zero)
+    {
+        vm_requests.insert("memory".into(), limit);
+    }
+    if !vm_requests.contains_key("memory")
+        && let Some(guest) = domain.memory.as_ref().and_then(|m| m.guest.as_ref())
+    {
+        let guest = Qty::parse(guest)
+            .map_err(|e| TemplateError::Invalid(format!("spec.domain.memory.guest: {e}")))?;
+        if guest.value() > 0 {
+            let request = if config.memory_overcommit == 100 {
+                guest
+            } else if config.memory_overcommit == 0 {
+                return Err(TemplateError::Invalid("memory overcommit of 0%".into()));
+            } else {
+                let bytes = guest.value() * 100 / u128::from(config.memory_overcommit);
+                Qty {
+                    milli: bytes * 1000,
+                    format: guest.format,
+                }
+            };
+            vm_requests.insert("memory".into(), request);
+        }
+    }
+
+    let io_threads = domain
+        .extra
+        .get("ioThreads")
+        .and_then(|t| t.get("supplementalPoolThreadCount"))
+        .and_then(|c| c.as_u64())
+        .unwrap_or(0);
+    if is_cpu_dedicated(vmi) {
+        // Dedicated CPUs: whole cores, requests equal to limits, memory limit = request.
+        let vcpus = domain.cpu.as_ref().map_or(0, topology_vcpus);
+        let whole = |n: u64| Qty {
+            milli: u128::from(n) * 1000,
+            format: Format::BinarySi,
+        };
+        if vcpus != 0 {
+            vm_limits.insert("cpu".into(), whole(vcpus + io_threads));
+            vm_requests.insert("cpu".into(), whole(vcpus + io_threads));
+        } else {
+            for map in [&mut vm_limits, &mut vm_requests] {
+                if let Some(cpu) = map.get_mut("cpu") {
+                    *cpu = cpu.add(whole(io_threads));
+                }
+            }
+        }
+        if domain.cpu.as_ref().and_then(|c| c.isolate_emulator_thread) == Some(true) {
+            let limit = vm_limits.get("cpu").copied().unwrap_or(Qty::ZERO);
+            vm_limits.insert("cpu".into(), limit.add(whole(1)));
+            if let Some(request) = vm_requests.get_mut("cpu") {
+                *request = request.add(whole(1));
+            }
+        }
+        if let Some(memory) = vm_requests.get("memory").copied() {
+            vm_limits.insert("memory".into(), memory);
+        }
+    } else {
+        // vCPUs / cpuAllocationRatio, written below one core as milli-units ("100m").
+        let total = vcpus_for_request(vmi) + io_threads;
+        if total != 0 && config.cpu_allocation_ratio > 0 {
+            let milli = u128::from(total) * 1000 / u128::from(config.cpu_allocation_ratio);
+            calculated_requests.insert(
+                "cpu".into(),
+                Qty {
+                    milli,
+                    format: Format::DecimalSi,
+                },
+            );
+        }
+    }
+
+    // The overhead goes on top of the request (unless the guest overhead is overcommitted)
+    // and on any memory limit.
+    let overcommit_overhead = domain
+        .resources
+        .as_ref()
+        .and_then(|r| r.overcommit_guest_overhead)
+        .unwrap_or(false);
+    let request = vm_requests.get("memory").copied().unwrap_or(Qty::ZERO);
+    vm_requests.insert(
+        "memory".into(),
+        if overcommit_overhead {
+            request
+        } else {
+            request.add(overhead)
+        },
+    );
+    if let Some(limit) = vm_limits.get_mut("memory") {
+        *limit = limit.add(overhead);
+    }
+
+    let merge = |calculated: Resources, vm: Resources| {
+        let mut all = calculated;
+        all.extend(vm);
+        all.into_iter()
+            .map(|(k, v)| (k, v.to_quantity()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    Ok(ResourceRequirements {
+        limits: Some(merge(calculated_limits, vm_limits)),
+        requests: Some(merge(calculated_requests, vm_requests)),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,426 @@
+//! The VMI controller's reconcile: read the caches, [`decide`], write what the plan says.
+
+use super::decide::{PodView, VmiPlan, decide};
+use crate::run::{CACHE_WAIT, Context};
+use crate::template::{PvcInfo, RenderContext, render_launcher_pod};
+use crate::writes::Write;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ReflectHandle, Store};
+use kube::{Api, ResourceExt};
+use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, NODE_NAME_LABEL, NON_ROOT_UID};
+use proto::kubevirt::{
+    Condition, Phase, PhaseTransitionTimestamp, VirtualMachineInstance, VolumeStatus,
+};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Render(String),
+    #[error("encoding: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn controller(
+    vmis: ReflectHandle<VirtualMachineInstance>,
+    store: Store<VirtualMachineInstance>,
+    pods: ReflectHandle<Pod>,
+) -> Controller<VirtualMachineInstance> {
+    Controller::for_shared_stream(vmis, store).owns_shared_stream(pods)
+}
+
+pub fn error_policy(vmi: Arc<VirtualMachineInstance>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(vmi = %vmi.name_any(), %error, "re-enqueuing VirtualMachineInstance");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// The pods controlled by `uid`, from the cache plus those created and not yet cached.
+fn controlled_pods(ctx: &Context, namespace: &str, uid: &str) -> Vec<PodView> {
+    let controlled = |pod: &Pod| {
+        pod.metadata.namespace.as_deref() == Some(namespace)
+            && pod
+                .owner_references()
+                .iter()
+                .any(|r| r.controller == Some(true) && r.uid == uid)
+    };
+    let mut pods: Vec<PodView> = ctx
+        .pods
+        .state()
+        .iter()
+        .filter(|p| controlled(p))
+        .map(|p| PodView::from_pod(p))
+        .collect();
+    let mut created = ctx.created_pods.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((pod, since)) = created.get(uid) {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if pods.iter().any(|p| p.name == name) || since.elapsed() > CACHE_WAIT {
+            created.remove(uid);
+        } else {
+            pods.push(PodView::from_pod(pod));
+        }
+    }
+    pods
+}
+
+fn owner_vm_exists(ctx: &Context, vmi: &VirtualMachineInstance) -> bool {
+    let Some(owner) = vmi
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true) && r.kind == "VirtualMachine")
+    else {
+        return false;
+    };
+    let namespace = vmi.namespace().unwrap_or_default();
+    ctx.vms
+        .get(&kube::runtime::reflector::ObjectRef::new(&owner.name).within(&namespace))
+        .is_some_and(|vm| vm.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+}
+
+pub async fn reconcile(
+    vmi: Arc<VirtualMachineInstance>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if !ctx.vmi_cache_current(&vmi) {
+        // Our last write is not in the cache yet; its watch event brings us back.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let namespace = vmi.namespace().unwrap_or_default();
+    let name = vmi.name_any();
+    let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    let pods = controlled_pods(&ctx, &namespace, &uid);
+    let plan = decide(&vmi, &pods, owner_vm_exists(&ctx, &vmi));
+    tracing::debug!(vmi = %name, ?plan, "VMI plan");
+    let api: Api<VirtualMachineInstance> = ctx.api(&namespace);
+    let mut current: VirtualMachineInstance = (*vmi).clone();
+
+    if plan.add_foreground_finalizer {
+        let mut finalizers = current.finalizers().to_vec();
+        finalizers.push(FOREGROUND_DELETE_FINALIZER.to_string());
+        current = patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
+    }
+
+    let mut created_pod = None;
+    if plan.create_pod {
+        match create_pod(&ctx, &current).await {
+            Ok(pod) => created_pod = Some(pod),
+            Err(message) => {
+                // Stay Pending; the event says why, the error policy retries.
+                return Err(Error::Render(message));
+            }
+        }
+    }
+
+    let status_patch = status_patch(&current, &plan, &pods, created_pod.as_ref());
+    if let Some(status) = status_patch {
+        let patch = json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "status": status,
+        });
+        current = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        ctx.writes.record(Write::VmiStatusPatch);
+        ctx.wrote_vmi(&current);
+    }
+    if let Some(failure) = &plan.failure {
+        ctx.event(&current, true, &failure.reason, failure.message.clone())
+            .await;
+    }
+
+    if let Some(node) = &plan.node_name {
+        let mut labels = current.labels().clone();
+        if labels.get(NODE_NAME_LABEL) != Some(node) {
+            labels.insert(NODE_NAME_LABEL.into(), node.clone());
+            current = patch_metadata(&ctx, &api, &current, json!({"labels": labels})).await?;
+        }
+    }
+
+    let pod_api: Api<Pod> = ctx.api(&namespace);
+    for pod in &plan.delete_pods {
+        match pod_api.delete(pod, &DeleteParams::default()).await {
+            Ok(_) => {
+                ctx.writes.record(Write::PodDelete);
+                ctx.event(
+                    &current,
+                    false,
+                    "SuccessfulDelete",
+                    format!("Deleted virtual machine pod {pod}"),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => {
+                ctx.event(
+                    &current,
+                    true,
+                    "FailedDelete",
+                    format!("Failed to delete virtual machine pod {pod}"),
+                )
+                .await;
+                return Err(e.into());
+            }
+        }
+    }
+
+    if !plan.remove_finalizers.is_empty() {
+        let finalizers: Vec<String> = current
+            .finalizers()
+            .iter()
+            .filter(|f| !plan.remove_finalizers.contains(f))
+            .cloned()
+            .collect();
+        patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
+    }
+
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// A merge patch of `metadata` guarded by the resource version (a conflict retries).
+async fn patch_metadata(
+    ctx: &Context,
+    api: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    mut metadata: serde_json::Value,
+) -> Result<VirtualMachineInstance, Error> {
+    metadata["resourceVersion"] = json!(vmi.resource_version());
+    let patched = api
+        .patch(
+            &vmi.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": metadata})),
+        )
+        .await?;
+    ctx.writes.record(Write::VmiPatch);
+    ctx.wrote_vmi(&patched);
+    Ok(patched)
+}
+
+/// Renders and creates the launcher pod; on failure, a readable event on the VMI and the
+/// message as the error.
+async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, String> {
+    let namespace = vmi.namespace().unwrap_or_default();
+    let mut pvcs = BTreeMap::new();
+    let claims = vmi.spec.volumes.iter().filter_map(|v| {
+        v.persistent_volume_claim
+            .as_ref()
+            .or(v
+                .ephemeral
+                .as_ref()
+                .and_then(|e| e.persistent_volume_claim.as_ref()))
+            .map(|c| c.claim_name.clone())
+    });
+    let pvc_api: Api<PersistentVolumeClaim> = ctx.api(&namespace);
+    for claim in claims {
+        match pvc_api.get_opt(&claim).await {
+            Ok(Some(pvc)) => {
+                let block = pvc.spec.and_then(|s| s.volume_mode).as_deref() == Some("Block");
+                pvcs.insert(claim, PvcInfo { block });
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("looking up PVC {claim}: {e}")),
+        }
+    }
+    let render_context = RenderContext {
+        pvcs,
+        qemu_timeout_jitter_seconds: rand::random_range(
+            0..crate::template::QEMU_TIMEOUT_JITTER_RANGE,
+        ),
+    };
+    let pod = match render_launcher_pod(vmi, &ctx.options.template, &render_context) {
+        Ok(pod) => pod,
+        Err(e) => {
+            let message = format!("failed to render launch manifest: {e}");
+            let reason = match e {
+                crate::template::TemplateError::PvcNotFound(_) => "FailedPvcNotFound",
+                _ => "FailedCreate",
+            };
+            ctx.event(vmi, true, reason, message.clone()).await;
+            return Err(message);
+        }
+    };
+    let pod_api: Api<Pod> = ctx.api(&namespace);
+    match pod_api.create(&PostParams::default(), &pod).await {
+        Ok(created) => {
+            ctx.writes.record(Write::PodCreate);
+            let pod_name = created.name_any();
+            if let Some(uid) = &vmi.metadata.uid {
+                ctx.created_pods
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(uid.clone(), (created.clone(), Instant::now()));
+            }
+            ctx.event(
+                vmi,
+                false,
+                "SuccessfulCreate",
+                format!("Created virtual machine pod {pod_name}"),
+            )
+            .await;
+            Ok(created)
+        }
+        Err(kube::Error::Api(status))
+            if status.code == 403 && status.message.contains("violates PodSecurity") =>
+        {
+            let message = format!(
+                "failed to create pod for vmi {namespace}/{}, it needs a privileged namespace to run: {}",
+                vmi.name_any(),
+                status.message
+            );
+            ctx.event(
+                vmi,
+                true,
+                "FailedCreate",
+                format!("failed to render launch manifest: {message}"),
+            )
+            .await;
+            Err(message)
+        }
+        Err(e) => {
+            let message = format!("Error creating pod: {e}");
+            ctx.event(vmi, true, "FailedCreate", message.clone()).await;
+            Err(message)
+        }
+    }
+}
+
+/// The status fields the plan changes, as a merge patch, or `None` when nothing changes.
+fn status_patch(
+    vmi: &VirtualMachineInstance,
+    plan: &VmiPlan,
+    pods: &[PodView],
+    created: Option<&Pod>,
+) -> Option<serde_json::Value> {
+    let old = vmi.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+
+    // The webhook's defaults (no webhook in this deployment).
+    if new.runtime_user.is_none() {
+        new.runtime_user = Some(NON_ROOT_UID.into());
+    }
+    let phase = plan.phase.unwrap_or(vmi.phase());
+    if vmi.phase() == Phase::Unset && phase != Phase::Pending {
+        // Record Pending too: the webhook would have set it at creation.
+        push_transition(&mut new.phase_transition_timestamps, Phase::Pending, &now);
+    }
+    if let Some(phase) = plan.phase {
+        new.phase = Some(phase);
+        push_transition(&mut new.phase_transition_timestamps, phase, &now);
+    }
+
+    // `activePods`: pod UID → node of every controlled pod.
+    let mut active: BTreeMap<String, String> = pods
+        .iter()
+        .filter(|p| !p.uid.is_empty())
+        .map(|p| (p.uid.clone(), p.node_name.clone().unwrap_or_default()))
+        .collect();
+    if let Some(pod) = created
+        && let Some(uid) = &pod.metadata.uid
+    {
+        active.insert(uid.clone(), String::new());
+    }
+    new.active_pods = (!active.is_empty() || old.active_pods.is_some()).then_some(active);
+
+    if let Some(node) = &plan.node_name
+        && plan.phase == Some(Phase::Scheduled)
+    {
+        new.node_name = Some(node.clone());
+        // The volumes the handler fills in; existing entries are kept.
+        let mut volumes = Vec::new();
+        for volume in &vmi.spec.volumes {
+            volumes.push(
+                old.volume_status
+                    .iter()
+                    .find(|s| s.name == volume.name)
+                    .cloned()
+                    .unwrap_or(VolumeStatus {
+                        name: volume.name.clone(),
+                        ..Default::default()
+                    }),
+            );
+        }
+        new.volume_status = volumes;
+        new.migration_transport = Some("Unix".into());
+    }
+
+    set_condition(
+        &mut new.conditions,
+        "PodScheduled",
+        plan.unschedulable
+            .as_ref()
+            .map(|(reason, message)| ("False", reason.as_str(), message.as_str())),
+        &now,
+    );
+    if let Some(failure) = &plan.failure {
+        set_condition(
+            &mut new.conditions,
+            "Ready",
+            Some(("False", failure.reason.as_str(), failure.message.as_str())),
+            &now,
+        );
+    }
+
+    if new == old {
+        return None;
+    }
+    let old_json = serde_json::to_value(&old).ok()?;
+    let new_json = serde_json::to_value(&new).ok()?;
+    Some(crate::run::merge_diff(&old_json, &new_json))
+}
+
+fn push_transition(list: &mut Vec<PhaseTransitionTimestamp>, phase: Phase, now: &Time) {
+    if !list.iter().any(|t| t.phase == phase) {
+        list.push(PhaseTransitionTimestamp {
+            phase,
+            phase_transition_timestamp: now.clone(),
+            extra: Default::default(),
+        });
+    }
+}
+
+/// Sets (`Some((status, reason, message))`) or removes (`None`) a condition.
+fn set_condition(
+    conditions: &mut Vec<Condition>,
+    kind: &str,
+    value: Option<(&str, &str, &str)>,
+    now: &Time,
+) {
+    let existing = conditions.iter().position(|c| c.condition_type == kind);
+    match (value, existing) {
+        (None, Some(index)) => {
+            conditions.remove(index);
+        }
+        (None, None) => {}
+        (Some((status, reason, message)), existing) => {
+            let same = existing.and_then(|i| conditions.get(i)).is_some_and(|c| {
+                c.status == status
+                    && c.reason.as_deref() == Some(reason)
+                    && c.message.as_deref() == Some(message)
+            });
+            if same {
+                return;
+            }
+            let condition = Condition {
+                condition_type: kind.into(),
+                status: status.into(),
+                last_probe_time: None,
+                last_transition_time: Some(now.clone()),
+                reason: Some(reason.into()),
+                message: Some(message.into()),
+                extra: Default::default(),
+            };
+            match existing {
+                Some(index) => conditions[index] = condition,
+                None => conditions.push(condition),
+            }
+        }
+    }
+}

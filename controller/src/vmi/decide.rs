@@ -1,0 +1,510 @@
+//! What the VMI controller does for one VMI, as a pure function of the VMI and its pods
+//! (KubeVirt v1.9.0 `pkg/virt-controller/watch/vmi/lifecycle.go` `sync` + `updateStatus`,
+//! the parts before the hand-off to a node).
+
+use k8s_openapi::api::core::v1::Pod;
+use proto::kubevirt::Phase;
+use proto::kubevirt::VirtualMachineInstance;
+use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, VM_CONTROLLER_FINALIZER};
+
+/// The deprecated spelling of the foreground finalizer, migrated to the qualified one.
+pub const DEPRECATED_FOREGROUND_FINALIZER: &str = "foregroundDeleteVirtualMachine";
+
+/// The facts about a launcher pod the decisions depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    pub node_name: Option<String>,
+    /// `Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`.
+    pub phase: String,
+    pub deleting: bool,
+    /// KubeVirt's `IsPodReady`: running, `compute` running, every other container ready.
+    pub ready: bool,
+    /// The `compute` container has terminated.
+    pub compute_terminated: bool,
+    /// Reason and message of a `PodScheduled=False` condition.
+    pub unschedulable: Option<(String, String)>,
+    /// Why the pod failed, from its status.
+    pub failure: Option<String>,
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl PodView {
+    pub fn from_pod(pod: &Pod) -> Self {
+        let status = pod.status.clone().unwrap_or_default();
+        let phase = status.phase.clone().unwrap_or_default();
+        let statuses = status.container_statuses.clone().unwrap_or_default();
+        let compute = statuses
+            .iter()
+            .find(|c| c.name == crate::template::COMPUTE_CONTAINER);
+        let compute_running = compute
+            .and_then(|c| c.state.as_ref())
+            .is_some_and(|s| s.running.is_some());
+        let compute_terminated = compute
+            .and_then(|c| c.state.as_ref())
+            .is_some_and(|s| s.terminated.is_some());
+        let others_ready = statuses
+            .iter()
+            .filter(|c| c.name != crate::template::COMPUTE_CONTAINER)
+            .all(|c| c.ready);
+        let unschedulable = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            .map(|c| {
+                (
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default(),
+                )
+            });
+        let failure = match (&status.reason, &status.message) {
+            (Some(r), Some(m)) => Some(format!("{r}: {m}")),
+            (Some(r), None) => Some(r.clone()),
+            (None, Some(m)) => Some(m.clone()),
+            (None, None) => None,
+        };
+        PodView {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ready: phase == "Running" && compute_running && others_ready,
+            phase,
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            compute_terminated,
+            unschedulable,
+            failure,
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+
+    fn is_final(&self) -> bool {
+        matches!(self.phase.as_str(), "Succeeded" | "Failed")
+    }
+
+    /// `IsPodDownOrGoingDown`.
+    fn is_down_or_going_down(&self) -> bool {
+        self.is_final() || self.deleting || self.compute_terminated
+    }
+}
+
+/// The writes one reconcile makes, in the order the controller performs them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmiPlan {
+    /// Add `kubevirt.io/foregroundDeleteVirtualMachine` (the webhook's job in KubeVirt; this
+    /// deployment has no webhook) before any pod exists.
+    pub add_foreground_finalizer: bool,
+    /// Create the launcher pod.
+    pub create_pod: bool,
+    /// Delete these pods (by name).
+    pub delete_pods: Vec<String>,
+    /// New phase, if it changes.
+    pub phase: Option<Phase>,
+    /// The node the VMI is handed to: `status.nodeName` and label `kubevirt.io/nodeName`.
+    pub node_name: Option<String>,
+    /// Finalizers to remove.
+    pub remove_finalizers: Vec<String>,
+    /// Why the VMI failed, for its `Ready` condition and an event.
+    pub failure: Option<Failure>,
+    /// `PodScheduled=False` copied from the pod.
+    pub unschedulable: Option<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: String,
+    pub message: String,
+}
+
+/// The pod that counts: the newest one controlled by the VMI.
+pub fn current_pod(pods: &[PodView]) -> Option<&PodView> {
+    pods.iter().max_by_key(|p| p.created)
+}
+
+/// Decides one reconcile. `pods` are the pods controlled by the VMI (including one created but
+/// not cached yet); `owner_vm_exists` says whether the VM that owns the VMI is still there.
+pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: bool) -> VmiPlan {
+    let mut plan = VmiPlan::default();
+    let deleting = vmi.metadata.deletion_timestamp.is_some();
+    let finalizers = vmi.metadata.finalizers.clone().unwrap_or_default();
+    let has = |f: &str| finalizers.iter().any(|x| x == f);
+    let phase = vmi.phase();
+    let pod = current_pod(pods);
+
+    if deleting || phase.is_final() {
+        // A deleted VMI loses its pods; a finished one too, so that its finalizer can go
+        // (a pod that has not finished yet is being deleted already or is deleted now).
+        plan.delete_pods = pods
+            .iter()
+            .filter(|p| !p.deleting || p.is_final())
+            .map(|p| p.name.clone())
+            .collect();
+    }
+
+    match phase {
+        Phase::Unset | Phase::Pending => {
+            if pod.is_some() {
+                plan.phase = Some(Phase::Scheduling);
+            } else if deleting {
+                plan.phase = Some(Phase::Failed);
+                plan.failure = Some(Failure {
+                    reason: "PodNotExists".into(),
+                    message: "the VMI was deleted before its launcher pod was created".into(),
+                });
+            } else {
+                if !has(FOREGROUND_DELETE_FINALIZER) {
+                    plan.add_foreground_finalizer = true;
+                }
+                plan.create_pod = true;
+                // KubeVirt sees the pod it just created and moves on in the same reconcile.
+                plan.phase = Some(Phase::Scheduling);
+            }
+        }
+        Phase::Scheduling => match pod {
+            None => {
+                plan.phase = Some(Phase::Failed);
+                plan.failure = Some(Failure {
+                    reason: "PodNotExists".into(),
+                    message: "the launcher pod disappeared before the VMI was scheduled".into(),
+                });
+            }
+            Some(pod) => {
+                plan.unschedulable = pod.unschedulable.clone();
+                if pod.ready && !deleting {
+                    if let Some(node) = pod.node_name.clone().filter(|n| !n.is_empty()) {
+                        plan.phase = Some(Phase::Scheduled);
+                        plan.node_name = Some(node);
+                    }
+                } else if pod.is_down_or_going_down() {
+                    plan.phase = Some(Phase::Failed);
+                    let detail = pod.failure.clone().unwrap_or_else(|| {
+                        if pod.deleting {
+                            "it is being deleted".into()
+                        } else {
+                            format!("its phase is {}", pod.phase)
+                        }
+                    });
+                    plan.failure = Some(Failure {
+                        reason: "PodFailed".into(),
+                        message: format!(
+                            "launcher pod {} went down before the VMI was handed to a node: {detail}",
+                            pod.name
+                        ),
+                    });
+                }
+            }
+        },
+        Phase::Scheduled | Phase::Running => {
+            if pod.is_none() {
+                plan.phase = Some(Phase::Failed);
+                plan.failure = Some(Failure {
+                    reason: "PodNotExists".into(),
+                    message: format!("the launcher pod disappeared while the VMI was {phase}"),
+                });
+            } else if phase == Phase::Scheduled && !deleting {
+                // Repair a hand-off whose label write was lost.
+                let label = vmi
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(proto::kubevirt::well_known::NODE_NAME_LABEL));
+                let node = vmi.status.as_ref().and_then(|s| s.node_name.clone());
+                if let Some(node) = node
+                    && label != Some(&node)
+                {
+                    plan.node_name = Some(node);
+                }
+            }
+        }
+        Phase::Succeeded | Phase::Failed => {
+            if pods.is_empty() {
+                for finalizer in [FOREGROUND_DELETE_FINALIZER, DEPRECATED_FOREGROUND_FINALIZER] {
+                    if has(finalizer) {
+                        plan.remove_finalizers.push(finalizer.to_string());
+                    }
+                }
+            }
+            if !owner_vm_exists && has(VM_CONTROLLER_FINALIZER) {
+                plan.remove_finalizers
+                    .push(VM_CONTROLLER_FINALIZER.to_string());
+            }
+        }
+        Phase::WaitingForSync | Phase::Unknown => {}
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(phase: &str, deleting: bool, finalizers: &[&str]) -> VirtualMachineInstance {
+        let mut v: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "v", "namespace": "n", "uid": "u", "finalizers": finalizers},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"phase": phase},
+        }))
+        .expect("valid VMI");
+        if deleting {
+            v.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ));
+        }
+        v
+    }
+
+    fn pod(phase: &str, ready: bool, node: Option<&str>) -> PodView {
+        PodView {
+            name: "virt-launcher-v-abcde".into(),
+            uid: "p".into(),
+            node_name: node.map(str::to_string),
+            phase: phase.into(),
+            ready,
+            ..Default::default()
+        }
+    }
+
+    const FG: &str = FOREGROUND_DELETE_FINALIZER;
+
+    #[test]
+    fn phase_transitions() {
+        struct Row {
+            name: &'static str,
+            phase: &'static str,
+            deleting: bool,
+            pods: Vec<PodView>,
+            want_phase: Option<Phase>,
+            want_create: bool,
+            want_node: Option<&'static str>,
+        }
+        let rows = vec![
+            Row {
+                name: "new VMI gets a pod",
+                phase: "",
+                deleting: false,
+                pods: vec![],
+                want_phase: Some(Phase::Scheduling),
+                want_create: true,
+                want_node: None,
+            },
+            Row {
+                name: "pending VMI gets a pod",
+                phase: "Pending",
+                deleting: false,
+                pods: vec![],
+                want_phase: Some(Phase::Scheduling),
+                want_create: true,
+                want_node: None,
+            },
+            Row {
+                name: "pending VMI with a pod is scheduling",
+                phase: "Pending",
+                deleting: false,
+                pods: vec![pod("Pending", false, None)],
+                want_phase: Some(Phase::Scheduling),
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "deleted before a pod",
+                phase: "Pending",
+                deleting: true,
+                pods: vec![],
+                want_phase: Some(Phase::Failed),
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "pod not ready yet",
+                phase: "Scheduling",
+                deleting: false,
+                pods: vec![pod("Pending", false, Some("n1"))],
+                want_phase: None,
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "ready pod hands off",
+                phase: "Scheduling",
+                deleting: false,
+                pods: vec![pod("Running", true, Some("n1"))],
+                want_phase: Some(Phase::Scheduled),
+                want_create: false,
+                want_node: Some("n1"),
+            },
+            Row {
+                name: "no hand-off while deleting",
+                phase: "Scheduling",
+                deleting: true,
+                pods: vec![pod("Running", true, Some("n1"))],
+                want_phase: None,
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "failed pod fails the VMI",
+                phase: "Scheduling",
+                deleting: false,
+                pods: vec![pod("Failed", false, Some("n1"))],
+                want_phase: Some(Phase::Failed),
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "vanished pod fails the VMI",
+                phase: "Scheduling",
+                deleting: false,
+                pods: vec![],
+                want_phase: Some(Phase::Failed),
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "scheduled keeps going",
+                phase: "Scheduled",
+                deleting: false,
+                pods: vec![pod("Running", true, Some("n1"))],
+                want_phase: None,
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "scheduled without pod fails",
+                phase: "Scheduled",
+                deleting: false,
+                pods: vec![],
+                want_phase: Some(Phase::Failed),
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "running without pod fails",
+                phase: "Running",
+                deleting: false,
+                pods: vec![],
+                want_phase: Some(Phase::Failed),
+                want_create: false,
+                want_node: None,
+            },
+            Row {
+                name: "final stays final",
+                phase: "Succeeded",
+                deleting: false,
+                pods: vec![],
+                want_phase: None,
+                want_create: false,
+                want_node: None,
+            },
+        ];
+        for row in rows {
+            let plan = decide(&vmi(row.phase, row.deleting, &[FG]), &row.pods, true);
+            assert_eq!(plan.phase, row.want_phase, "{}", row.name);
+            assert_eq!(plan.create_pod, row.want_create, "{}", row.name);
+            assert_eq!(plan.node_name.as_deref(), row.want_node, "{}", row.name);
+            assert_eq!(
+                plan.failure.is_some(),
+                row.want_phase == Some(Phase::Failed),
+                "{}",
+                row.name
+            );
+        }
+    }
+
+    #[test]
+    fn finalizer_added_before_the_pod() {
+        let plan = decide(&vmi("", false, &[]), &[], true);
+        assert!(plan.add_foreground_finalizer && plan.create_pod);
+        let plan = decide(&vmi("", false, &[FG]), &[], true);
+        assert!(!plan.add_foreground_finalizer);
+    }
+
+    #[test]
+    fn deleted_vmi_deletes_its_pods_then_loses_the_finalizer() {
+        let plan = decide(
+            &vmi("Running", true, &[FG]),
+            &[pod("Running", true, Some("n1"))],
+            true,
+        );
+        assert_eq!(plan.delete_pods, vec!["virt-launcher-v-abcde".to_string()]);
+        assert!(plan.remove_finalizers.is_empty());
+        // A pod already being deleted is not deleted again.
+        let mut going = pod("Running", true, Some("n1"));
+        going.deleting = true;
+        let plan = decide(&vmi("Running", true, &[FG]), &[going], true);
+        assert!(plan.delete_pods.is_empty());
+        // Final and no pods: the finalizers go.
+        let plan = decide(
+            &vmi(
+                "Failed",
+                true,
+                &[FG, DEPRECATED_FOREGROUND_FINALIZER, VM_CONTROLLER_FINALIZER],
+            ),
+            &[],
+            true,
+        );
+        assert_eq!(
+            plan.remove_finalizers,
+            vec![FG.to_string(), DEPRECATED_FOREGROUND_FINALIZER.to_string()]
+        );
+        let plan = decide(
+            &vmi("Failed", true, &[FG, VM_CONTROLLER_FINALIZER]),
+            &[],
+            false,
+        );
+        assert_eq!(
+            plan.remove_finalizers,
+            vec![FG.to_string(), VM_CONTROLLER_FINALIZER.to_string()]
+        );
+    }
+
+    #[test]
+    fn finished_vmi_deletes_its_pod() {
+        let plan = decide(
+            &vmi("Succeeded", false, &[FG]),
+            &[pod("Succeeded", false, Some("n1"))],
+            true,
+        );
+        assert_eq!(plan.delete_pods.len(), 1);
+        assert!(plan.remove_finalizers.is_empty());
+    }
+
+    #[test]
+    fn failure_reason_names_the_pod() {
+        let mut failed = pod("Failed", false, Some("n1"));
+        failed.failure = Some("Evicted: out of memory".into());
+        let plan = decide(&vmi("Scheduling", false, &[FG]), &[failed], true);
+        let failure = plan.failure.expect("a failure");
+        assert_eq!(failure.reason, "PodFailed");
+        assert!(
+            failure.message.contains("virt-launcher-v-abcde")
+                && failure.message.contains("Evicted"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn lost_label_is_repaired() {
+        let mut v = vmi("Scheduled", false, &[FG]);
+        v.status.as_mut().unwrap().node_name = Some("n1".into());
+        let plan = decide(&v, &[pod("Running", true, Some("n1"))], true);
+        assert_eq!(plan.node_name.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn newest_pod_counts() {
+        let mut old = pod("Failed", false, Some("n1"));
+        old.created = Some(
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
+        );
+        old.name = "old".into();
+        let mut new = pod("Running", true, Some("n2"));
+        new.created = Some(k8s_openapi::jiff::Timestamp::now());
+        let plan = decide(&vmi("Scheduling", false, &[FG]), &[old, new], true);
+        assert_eq!(plan.node_name.as_deref(), Some("n2"));
+    }
+}
