@@ -66,14 +66,27 @@ impl Vcpu {
     }
 
     /// Runs the guest until the VM ends (or pauses while asked to).
+    ///
+    /// A panic in a device model (a bug, whatever the guest did) ends the VM
+    /// with an internal error instead of leaving `wait` hanging.
     pub fn run(mut self, control: &Control, buses: &Arc<Buses>) {
-        super::kick::register_current(&mut self.fd);
-        while control.checkpoint() == Checkpoint::Run {
-            if let Some(exit) = self.run_once(buses) {
-                control.finish(exit);
+        let index = self.index;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::kick::register_current(&mut self.fd);
+            // Unregisters before `self` (and its kvm_run mapping) goes away,
+            // also when unwinding.
+            let _registered = KickRegistration;
+            while control.checkpoint() == Checkpoint::Run {
+                if let Some(exit) = self.run_once(buses) {
+                    control.finish(exit);
+                }
             }
+        }));
+        if outcome.is_err() {
+            control.finish(VmExit::InternalError(format!(
+                "vCPU {index} thread panicked"
+            )));
         }
-        super::kick::unregister_current();
         control.vcpu_stopped();
     }
 
@@ -162,6 +175,15 @@ impl Vcpu {
             ),
             Err(e) => format!("registers unavailable: {e}"),
         }
+    }
+}
+
+/// Clears this thread's kick target when dropped.
+struct KickRegistration;
+
+impl Drop for KickRegistration {
+    fn drop(&mut self) {
+        super::kick::unregister_current();
     }
 }
 
