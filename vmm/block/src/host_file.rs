@@ -123,6 +123,11 @@ impl HostFile {
         )
     }
 
+    /// Reserves host blocks for a range, extending the file if needed.
+    pub fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.fallocate(0, offset, len)
+    }
+
     /// Makes a range read as zeroes without writing them, where the host supports it.
     pub fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len)

@@ -38,6 +38,11 @@ pub const DEFAULT_L2_CACHE: u64 = 32 << 20;
 pub const DEFAULT_REFCOUNT_CACHE: u64 = 8 << 20;
 /// Largest run of clusters allocated and written with one request.
 const MAX_WRITE_RUN_BYTES: u64 = 4 << 20;
+/// The file grows in steps of this much when guest writes need new clusters:
+/// writes then land in already allocated host blocks instead of extending
+/// the file each time (much cheaper with O_DIRECT). The tail stays free
+/// (refcount 0) and is used first after a reopen.
+const PREALLOC_STEP: u64 = 8 << 20;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Qcow2Options {
@@ -93,6 +98,8 @@ pub struct Qcow2Image {
     compressed_buf: Vec<u8>,
     /// Whether the dirty bit is set on disk (lazy refcounts only).
     dirty_on_disk: bool,
+    /// End of the host space already reserved with fallocate.
+    prealloc_end: u64,
 }
 
 fn corrupt(msg: impl Into<String>) -> DiskError {
@@ -186,6 +193,7 @@ impl Qcow2Image {
             decompressed: None,
             compressed_buf: Vec::new(),
             dirty_on_disk: false,
+            prealloc_end: file_len,
             header,
         };
         if !img.read_only && img.header.is_dirty() {
@@ -517,6 +525,7 @@ impl Qcow2Image {
         }
         let run = old.len() as u64;
         let host = self.alloc_clusters(run)?;
+        self.preallocate(host + run * cs);
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         scratch.resize((run * cs) as usize, 0);
@@ -549,6 +558,21 @@ impl Qcow2Image {
         }
         let consumed_end = (((vc + run) << self.cluster_bits).min(end)) - (offset + done);
         Ok(consumed_end)
+    }
+
+    /// Extends the file ahead of `end` (best effort: without it, writes
+    /// simply extend the file themselves).
+    fn preallocate(&mut self, end: u64) {
+        if end <= self.prealloc_end {
+            return;
+        }
+        let start = self.prealloc_end;
+        let len = (end - start).max(PREALLOC_STEP);
+        if self.file.allocate(start, len).is_ok() {
+            self.prealloc_end = start + len;
+        } else {
+            self.prealloc_end = end;
+        }
     }
 
     /// Changes whole guest clusters in `[offset, offset+len)` to `zero`
@@ -778,8 +802,28 @@ impl DiskBackend for Qcow2Image {
                     let range = done as usize..(done + n) as usize;
                     self.file.read_data(&mut buf[range], host + in_off)?;
                 }
-                Mapping::Zero { .. } => buf[range].fill(0),
-                Mapping::Unallocated => self.read_backing(&mut buf[range], pos)?,
+                Mapping::Zero { .. } | Mapping::Unallocated => {
+                    // One request for the whole run of clusters of the same kind.
+                    let zero = matches!(m, Mapping::Zero { .. });
+                    while done + n < len {
+                        let next = self.mapping(vc + ((in_off + n) >> self.cluster_bits))?;
+                        let same = match next {
+                            Mapping::Zero { .. } => zero,
+                            Mapping::Unallocated => !zero,
+                            _ => false,
+                        };
+                        if !same {
+                            break;
+                        }
+                        n += cs.min(len - done - n);
+                    }
+                    let range = done as usize..(done + n) as usize;
+                    if zero {
+                        buf[range].fill(0);
+                    } else {
+                        self.read_backing(&mut buf[range], pos)?;
+                    }
+                }
                 Mapping::Compressed {
                     offset: co,
                     sectors,

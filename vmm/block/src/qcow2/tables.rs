@@ -7,6 +7,34 @@
 //! them).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hasher for cluster-aligned host offsets. The keys are not attacker
+/// chosen in a way that matters (they are bounded by the file size and the
+/// cache is small), so a multiplicative hash is enough and much cheaper
+/// than SipHash on the per-request lookup path.
+#[derive(Default)]
+pub struct OffsetHasher(u64);
+
+impl Hasher for OffsetHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        // Fold the high half down so the table index bits see all of it.
+        let x = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 32);
+    }
+}
+
+type OffsetMap<V> = HashMap<u64, V, BuildHasherDefault<OffsetHasher>>;
 
 /// Bits 9..=55 of an L1/L2 entry hold a host offset.
 pub const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
@@ -106,7 +134,7 @@ impl CachedCluster {
 
 /// A bounded map from host offset to a cached metadata cluster.
 pub struct MetadataCache {
-    map: HashMap<u64, CachedCluster>,
+    map: OffsetMap<CachedCluster>,
     capacity: usize,
     clock: u64,
 }
@@ -116,7 +144,7 @@ impl MetadataCache {
     pub fn new(budget_bytes: u64, cluster_size: u64) -> MetadataCache {
         let capacity = (budget_bytes / cluster_size).clamp(4, 8192) as usize;
         MetadataCache {
-            map: HashMap::with_capacity(capacity.min(1024)),
+            map: OffsetMap::with_capacity_and_hasher(capacity.min(1024), Default::default()),
             capacity,
             clock: 0,
         }
