@@ -1,0 +1,37 @@
+//! `virt-launcher`: runs one VMI's VM and serves KubeVirt's cmd API.
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let flags = launcher::flags::Flags::parse();
+    let default_level = if flags.verbosity >= 4 {
+        "debug"
+    } else {
+        "info"
+    };
+    let filter = std::env::var("VIRT_LAUNCHER_LOG_VERBOSITY")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map(|v| if v >= 4 { "debug" } else { "info" })
+        .unwrap_or(default_level);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("virt-launcher: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let code = runtime.block_on(launcher::run::run(flags));
+    std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
+}

@@ -1,0 +1,470 @@
+//! Where each volume's bytes are, and making them exist (contract §4.4).
+//!
+//! [`plan`] is pure: it maps a VMI volume to the file the VM will use (and
+//! its backing file, for overlays). [`materialize`] creates what the plan
+//! needs: qcow2 overlays over read-only bases, empty disks, the cloud-init
+//! ISO. It never touches a base image: container disks are only read.
+
+pub mod cloudinit;
+
+use crate::paths::Paths;
+use block::Format;
+use proto::kubevirt::{VirtualMachineInstance, Volume, quantity};
+use std::path::{Path, PathBuf};
+
+/// One volume, resolved to files.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiskPlan {
+    pub volume: String,
+    /// The file (or block device) the VM opens.
+    pub path: PathBuf,
+    pub format: Format,
+    /// `file` or `block` (domain `Disk.Type`).
+    pub kind: &'static str,
+    /// For overlays: the read-only base and its format.
+    pub backing: Option<(PathBuf, Format)>,
+    pub action: Action,
+}
+
+/// What [`materialize`] has to do for a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// The file exists already (PVC, host disk, block device).
+    UseAsIs,
+    /// A host disk of type `DiskOrCreate`: create a sparse raw file of this size if missing.
+    CreateRawIfMissing(u64),
+    /// A qcow2 overlay over `backing`, created if missing (kept across restarts).
+    Overlay { base_source: BaseSource },
+    /// An empty qcow2 image of this many bytes.
+    EmptyQcow2(u64),
+    /// The NoCloud ISO for this cloud-init volume.
+    NoCloudIso,
+}
+
+/// Where the read-only base of an overlay comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BaseSource {
+    /// A container disk: with image volumes (KubeVirt's default) the pod
+    /// mounts the image at `disk_<i>`, and `container-disks/disk_<i>.img` is
+    /// made a link to the disk inside it.
+    ContainerDisk {
+        image_volume: PathBuf,
+        path_in_image: Option<String>,
+    },
+    /// An ephemeral PVC: the base is the PVC's raw image.
+    Existing,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("{field}: {reason}")]
+    Unsupported { field: String, reason: String },
+    #[error("{field}: {source}")]
+    BadQuantity {
+        field: String,
+        source: quantity::QuantityError,
+    },
+    #[error("container disk {volume}: {reason}")]
+    ContainerDisk { volume: String, reason: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Image {
+        path: PathBuf,
+        source: block::DiskError,
+    },
+    #[error("cloud-init volume {volume}: {source}")]
+    CloudInit {
+        volume: String,
+        source: cloudinit::CloudInitError,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
+    move |source| DiskError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Resolves volume number `index` of the VMI.
+pub fn plan(
+    paths: &Paths,
+    vmi: &VirtualMachineInstance,
+    index: usize,
+) -> Result<DiskPlan, DiskError> {
+    let volume: &Volume = &vmi.spec.volumes[index];
+    let field = format!("spec.volumes[{index}]");
+    let name = volume.name.clone();
+    let plan = |path: PathBuf, format: Format, kind, backing, action| DiskPlan {
+        volume: name.clone(),
+        path,
+        format,
+        kind,
+        backing,
+        action,
+    };
+    if let Some(cd) = &volume.container_disk {
+        return Ok(plan(
+            paths.overlay(&volume.name),
+            Format::Qcow2,
+            "file",
+            // The base's format is read from the image when it is linked in.
+            Some((paths.container_disk_base(index), Format::Raw)),
+            Action::Overlay {
+                base_source: BaseSource::ContainerDisk {
+                    image_volume: paths.image_volume(index),
+                    path_in_image: cd.path.clone(),
+                },
+            },
+        ));
+    }
+    if let Some(eph) = &volume.ephemeral {
+        if eph.persistent_volume_claim.is_none() {
+            return Err(DiskError::Unsupported {
+                field: format!("{field}.ephemeral"),
+                reason: "needs persistentVolumeClaim".into(),
+            });
+        }
+        return Ok(plan(
+            paths.overlay(&volume.name),
+            Format::Qcow2,
+            "file",
+            Some((
+                paths.vmi_disks_dir(&volume.name).join("disk.img"),
+                Format::Raw,
+            )),
+            Action::Overlay {
+                base_source: BaseSource::Existing,
+            },
+        ));
+    }
+    if volume.persistent_volume_claim.is_some() || volume.data_volume.is_some() {
+        // Filesystem PVCs normally arrive rewritten as hostDisk; a block PVC
+        // is a device at /dev/<volume>.
+        let dev = PathBuf::from("/dev").join(&volume.name);
+        let (path, kind) = if dev.exists() {
+            (dev, "block")
+        } else {
+            (paths.vmi_disks_dir(&volume.name).join("disk.img"), "file")
+        };
+        return Ok(plan(path, Format::Raw, kind, None, Action::UseAsIs));
+    }
+    if let Some(host) = &volume.host_disk {
+        let base = Path::new(&host.path)
+            .file_name()
+            .map(PathBuf::from)
+            .ok_or_else(|| DiskError::Unsupported {
+                field: format!("{field}.hostDisk.path"),
+                reason: format!("{:?} has no file name", host.path),
+            })?;
+        let path = paths.vmi_disks_dir(&volume.name).join(base);
+        let action = match host.disk_type.as_str() {
+            "Disk" => Action::UseAsIs,
+            "DiskOrCreate" => {
+                let capacity = host
+                    .capacity
+                    .as_ref()
+                    .ok_or_else(|| DiskError::Unsupported {
+                        field: format!("{field}.hostDisk.capacity"),
+                        reason: "required for type DiskOrCreate".into(),
+                    })?;
+                let bytes =
+                    quantity::to_bytes(capacity).map_err(|source| DiskError::BadQuantity {
+                        field: format!("{field}.hostDisk.capacity"),
+                        source,
+                    })?;
+                Action::CreateRawIfMissing(bytes & !((1 << 20) - 1))
+            }
+            other => {
+                return Err(DiskError::Unsupported {
+                    field: format!("{field}.hostDisk.type"),
+                    reason: format!("{other:?} is not Disk or DiskOrCreate"),
+                });
+            }
+        };
+        return Ok(plan(path, Format::Raw, "file", None, action));
+    }
+    if let Some(empty) = &volume.empty_disk {
+        let bytes =
+            quantity::to_bytes(&empty.capacity).map_err(|source| DiskError::BadQuantity {
+                field: format!("{field}.emptyDisk.capacity"),
+                source,
+            })?;
+        // KubeVirt rounds the capacity down to whole MiB.
+        return Ok(plan(
+            paths.empty_disk(&volume.name),
+            Format::Qcow2,
+            "file",
+            None,
+            Action::EmptyQcow2(bytes & !((1 << 20) - 1)),
+        ));
+    }
+    if volume.cloud_init_no_cloud.is_some() {
+        let ns = vmi.metadata.namespace.clone().unwrap_or_default();
+        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+        return Ok(plan(
+            paths.nocloud_iso(&ns, &vmi_name),
+            Format::Raw,
+            "file",
+            None,
+            Action::NoCloudIso,
+        ));
+    }
+    let kind = [
+        (
+            "cloudInitConfigDrive",
+            volume.cloud_init_config_drive.is_some(),
+        ),
+        ("configMap", volume.config_map.is_some()),
+        ("secret", volume.secret.is_some()),
+        ("serviceAccount", volume.service_account.is_some()),
+        ("downwardAPI", volume.downward_api.is_some()),
+    ]
+    .into_iter()
+    .find(|(_, present)| *present)
+    .map(|(k, _)| k.to_string())
+    .or_else(|| volume.extra.keys().next().cloned())
+    .unwrap_or_else(|| "(no source)".into());
+    Err(DiskError::Unsupported {
+        field: format!("{field}.{kind}"),
+        reason: "this volume type is not supported by this launcher".into(),
+    })
+}
+
+/// Creates what `plan` needs. Idempotent: an existing overlay, empty disk or
+/// ISO is kept (the VM may have written to it before a launcher restart).
+/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs).
+pub fn materialize(
+    plan: &DiskPlan,
+    vmi: &VirtualMachineInstance,
+    paths: &Paths,
+    owner: Option<(u32, u32)>,
+) -> Result<(), DiskError> {
+    if let Some(dir) = plan.path.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    match &plan.action {
+        Action::UseAsIs => {
+            std::fs::metadata(&plan.path).map_err(io_err(&plan.path))?;
+        }
+        Action::CreateRawIfMissing(size) => {
+            if !plan.path.exists() {
+                let file = std::fs::File::create(&plan.path).map_err(io_err(&plan.path))?;
+                file.set_len(*size).map_err(io_err(&plan.path))?;
+            }
+        }
+        Action::Overlay { base_source } => {
+            let (base, _) = plan.backing.as_ref().expect("overlay plans have a backing");
+            if let BaseSource::ContainerDisk {
+                image_volume,
+                path_in_image,
+            } = base_source
+            {
+                link_container_disk(&plan.volume, image_volume, path_in_image.as_deref(), base)?;
+            }
+            if !plan.path.exists() {
+                let base_format = detect_base_format(base)?;
+                let opts = block::qcow2::create::CreateOptions {
+                    backing_file: Some(base.to_string_lossy().into_owned()),
+                    backing_format: Some(base_format),
+                    ..Default::default()
+                };
+                block::qcow2::create::create(&plan.path, &opts).map_err(|source| {
+                    DiskError::Image {
+                        path: plan.path.clone(),
+                        source,
+                    }
+                })?;
+                set_mode(&plan.path, 0o640)?;
+            }
+        }
+        Action::EmptyQcow2(size) => {
+            if !plan.path.exists() {
+                let opts = block::qcow2::create::CreateOptions {
+                    size: Some(*size),
+                    ..Default::default()
+                };
+                block::qcow2::create::create(&plan.path, &opts).map_err(|source| {
+                    DiskError::Image {
+                        path: plan.path.clone(),
+                        source,
+                    }
+                })?;
+            }
+        }
+        Action::NoCloudIso => {
+            let volume = vmi
+                .spec
+                .volumes
+                .iter()
+                .find(|v| v.name == plan.volume)
+                .and_then(|v| v.cloud_init_no_cloud.as_ref())
+                .expect("NoCloudIso plans come from a cloudInitNoCloud volume");
+            let cloud_err = |source| DiskError::CloudInit {
+                volume: plan.volume.clone(),
+                source,
+            };
+            let data = cloudinit::nocloud_data(vmi, &plan.volume, volume, &paths.secrets_dir())
+                .map_err(cloud_err)?;
+            cloudinit::write_nocloud_iso(&data, &plan.path).map_err(cloud_err)?;
+        }
+    }
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::lchown(&plan.path, Some(uid), Some(gid)).map_err(io_err(&plan.path))?;
+    }
+    Ok(())
+}
+
+/// The base image's format, read from its first bytes. A container disk's
+/// format is a property of the image (KubeVirt asks `qemu-img info`); only
+/// raw and qcow2 are accepted.
+fn detect_base_format(base: &Path) -> Result<Format, DiskError> {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    let mut file = std::fs::File::open(base).map_err(io_err(base))?;
+    let n = file.read(&mut magic).map_err(io_err(base))?;
+    Ok(if n == 4 && &magic == b"QFI\xfb" {
+        Format::Qcow2
+    } else {
+        Format::Raw
+    })
+}
+
+/// Makes `container-disks/disk_<i>.img` point at the disk inside the image
+/// volume: `path` if the VMI names one, else the single file under `disk/`.
+/// The target must stay inside the image volume.
+fn link_container_disk(
+    volume: &str,
+    image_volume: &Path,
+    path_in_image: Option<&str>,
+    link: &Path,
+) -> Result<(), DiskError> {
+    let err = |reason: String| DiskError::ContainerDisk {
+        volume: volume.to_string(),
+        reason,
+    };
+    let target = match path_in_image {
+        Some(p) => {
+            let relative = Path::new(p.trim_start_matches('/'));
+            if relative
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(err(format!("path {p:?} must stay inside the image")));
+            }
+            image_volume.join(relative)
+        }
+        None => {
+            let dir = image_volume.join("disk");
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map_err(|e| err(format!("{}: {e}", dir.display())))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file())
+                .collect();
+            if files.len() != 1 {
+                return Err(err(format!(
+                    "{} must hold exactly one disk image, found {}",
+                    dir.display(),
+                    files.len()
+                )));
+            }
+            files.remove(0)
+        }
+    };
+    let canonical = target
+        .canonicalize()
+        .map_err(|e| err(format!("{}: {e}", target.display())))?;
+    let root = image_volume
+        .canonicalize()
+        .map_err(|e| err(format!("{}: {e}", image_volume.display())))?;
+    if !canonical.starts_with(&root) {
+        return Err(err(format!(
+            "{} leads outside the image volume",
+            target.display()
+        )));
+    }
+    if let Some(dir) = link.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    match std::fs::read_link(link) {
+        Ok(existing) if existing == canonical => return Ok(()),
+        Ok(_) => std::fs::remove_file(link).map_err(io_err(link))?,
+        Err(_) if link.exists() => return Ok(()), // a bind-mounted file (image volumes off)
+        Err(_) => {}
+    }
+    std::os::unix::fs::symlink(&canonical, link).map_err(io_err(link))
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), DiskError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(path))
+}
+
+/// Kernel-boot artifacts resolved inside the kernel-boot image mount.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelBoot {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub args: String,
+}
+
+/// Resolves `firmware.kernelBoot.container.{kernelPath,initrdPath}` inside
+/// the kernel-boot mount without escaping it. Returns `None` without kernel boot.
+pub fn kernel_boot(
+    paths: &Paths,
+    vmi: &VirtualMachineInstance,
+) -> Result<Option<KernelBoot>, DiskError> {
+    let Some(kb) = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+    else {
+        return Ok(None);
+    };
+    let field = "spec.domain.firmware.kernelBoot";
+    let Some(container) = &kb.container else {
+        return Err(DiskError::Unsupported {
+            field: format!("{field}.container"),
+            reason: "kernel boot needs a container with the kernel".into(),
+        });
+    };
+    let resolve = |p: &str, what: &str| -> Result<PathBuf, DiskError> {
+        let relative = Path::new(p.trim_start_matches('/'));
+        if p.is_empty()
+            || relative
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(DiskError::Unsupported {
+                field: format!("{field}.container.{what}"),
+                reason: format!("{p:?} must be a path inside the image"),
+            });
+        }
+        Ok(paths.kernel_boot_dir.join(relative))
+    };
+    let kernel = match &container.kernel_path {
+        Some(p) => resolve(p, "kernelPath")?,
+        None => {
+            return Err(DiskError::Unsupported {
+                field: format!("{field}.container.kernelPath"),
+                reason: "required: this launcher has no firmware to boot a disk".into(),
+            });
+        }
+    };
+    let initrd = container
+        .initrd_path
+        .as_deref()
+        .map(|p| resolve(p, "initrdPath"))
+        .transpose()?;
+    Ok(Some(KernelBoot {
+        kernel,
+        initrd,
+        args: kb.kernel_args.clone().unwrap_or_default(),
+    }))
+}

@@ -1,0 +1,207 @@
+//! virt-launcher's command line: KubeVirt v1.9.0's flags (contract §4.1)
+//! with its defaults, plus path flags so everything can be moved.
+
+use crate::paths::Paths;
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "virt-launcher",
+    about = "Runs one VMI's VM and serves KubeVirt's cmd API",
+    // As with Go flags, a repeated flag takes its last value.
+    args_override_self = true
+)]
+pub struct Flags {
+    /// Exit if no domain is defined within this time (Go duration: 240s, 3m).
+    #[arg(long, default_value = "3m", value_parser = parse_go_duration)]
+    pub qemu_timeout: Duration,
+    #[arg(long, default_value = "")]
+    pub name: String,
+    #[arg(long, default_value = "")]
+    pub uid: String,
+    #[arg(long, default_value = "")]
+    pub namespace: String,
+    /// Seconds between a stop signal and killing the VM.
+    #[arg(long, default_value_t = 30)]
+    pub grace_period_seconds: i64,
+    #[arg(long, default_value = "/var/run/kubevirt")]
+    pub kubevirt_share_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/kubevirt-ephemeral-disks")]
+    pub ephemeral_disk_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/kubevirt/container-disks")]
+    pub container_disk_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/kubevirt/hotplug-disks/")]
+    pub hotplug_disk_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/kubevirt-private")]
+    pub private_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/kubevirt-image-volume")]
+    pub image_volume_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/kubevirt-kernel-boot")]
+    pub kernel_boot_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/libvirt")]
+    pub libvirt_runtime_dir: PathBuf,
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub run_as_nonroot: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub image_volume: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub allow_emulation: bool,
+    // Flags KubeVirt's controller passes that this launcher accepts and has
+    // no use for (they configure libvirt, QEMU or hook sidecars).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub allow_cross_arch_emulation: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub libvirt_hook_server_and_client: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub upgrade_ordinal_ifaces: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub vgpu_dedicated_hook: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub vm_stats_collector: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub firmware_auto_selection: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub simulate_crash: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub keep_after_failure: bool,
+    #[arg(long, default_value_t = 0)]
+    pub hook_sidecars: u32,
+    #[arg(long, default_value_t = 2_097_152_000)]
+    pub disk_memory_limit: u64,
+    #[arg(long, default_value = "/usr/share/edk2/ovmf")]
+    pub ovmf_path: PathBuf,
+    #[arg(long, default_value = "kvm")]
+    pub hypervisor: String,
+    #[arg(long, default_value = "")]
+    pub libvirt_log_filters: String,
+    #[arg(long, value_parser = parse_go_duration)]
+    pub qemu_agent_sys_interval: Option<Duration>,
+    #[arg(long, value_parser = parse_go_duration)]
+    pub qemu_agent_file_interval: Option<Duration>,
+    #[arg(long, value_parser = parse_go_duration)]
+    pub qemu_agent_user_interval: Option<Duration>,
+    #[arg(long, value_parser = parse_go_duration)]
+    pub qemu_agent_version_interval: Option<Duration>,
+    #[arg(long, value_parser = parse_go_duration)]
+    pub qemu_fsfreeze_status_interval: Option<Duration>,
+    /// glog verbosity, as KubeVirt's `-v`.
+    #[arg(short = 'v', long = "v", default_value_t = 2)]
+    pub verbosity: u32,
+}
+
+impl Flags {
+    pub fn paths(&self) -> Paths {
+        Paths {
+            share_dir: self.kubevirt_share_dir.clone(),
+            ephemeral_disk_dir: self.ephemeral_disk_dir.clone(),
+            container_disk_dir: self.container_disk_dir.clone(),
+            private_dir: self.private_dir.clone(),
+            image_volume_dir: self.image_volume_dir.clone(),
+            kernel_boot_dir: self.kernel_boot_dir.clone(),
+            libvirt_runtime_dir: self.libvirt_runtime_dir.clone(),
+            resolv_conf: self.resolv_conf.clone(),
+        }
+    }
+}
+
+/// Parses a Go `time.Duration` string: a sequence of numbers with units
+/// `h`, `m`, `s`, `ms`, `us`, `ns` (`240s`, `3m`, `1h30m`, `1.5s`).
+pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {text:?} (examples: 240s, 3m, 1h30m)");
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut rest = text;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        if num_len == 0 {
+            return Err(bad());
+        }
+        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(bad()),
+        };
+        total += value * seconds;
+        rest = &rest[unit_len..];
+    }
+    if !total.is_finite() || total > 1e12 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("240s"), Ok(Duration::from_secs(240)));
+        assert_eq!(parse_go_duration("3m"), Ok(Duration::from_secs(180)));
+        assert_eq!(parse_go_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_go_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "s", "10", "10x", "-3s", "1e9h"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn accepts_the_flags_kubevirt_renders() {
+        let flags = Flags::try_parse_from([
+            "virt-launcher",
+            "--qemu-timeout",
+            "287s",
+            "--name",
+            "vmi-a",
+            "--uid",
+            "u-1",
+            "--namespace",
+            "default",
+            "--kubevirt-share-dir",
+            "/var/run/kubevirt",
+            "--ephemeral-disk-dir",
+            "/var/run/kubevirt-ephemeral-disks",
+            "--container-disk-dir",
+            "/var/run/kubevirt/container-disks",
+            "--grace-period-seconds",
+            "45",
+            "--hook-sidecars",
+            "0",
+            "--ovmf-path",
+            "/usr/share/OVMF",
+            "--disk-memory-limit",
+            "2097152000",
+            "--run-as-nonroot",
+            "--image-volume",
+            "--libvirt-hook-server-and-client",
+            "--upgrade-ordinal-ifaces",
+        ])
+        .unwrap();
+        assert_eq!(flags.qemu_timeout, Duration::from_secs(287));
+        assert_eq!(flags.grace_period_seconds, 45);
+        assert!(flags.run_as_nonroot && flags.image_volume);
+        let flags = Flags::try_parse_from(["virt-launcher", "--run-as-nonroot=false"]).unwrap();
+        assert!(!flags.run_as_nonroot);
+    }
+}

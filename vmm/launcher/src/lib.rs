@@ -1,0 +1,29 @@
+//! virt-launcher without libvirt or QEMU.
+//!
+//! The process in a VMI pod's compute container. It answers KubeVirt's
+//! handler on the `kubevirt.cmd.v1` contract ([`server`]), turns the VMI into
+//! a domain ([`converter`]), prepares the disks ([`disks`]) and the pod side
+//! of the network ([`network`]), runs the VM with the `vmm` crate
+//! ([`manager`]), and reports every change of the domain to the handler
+//! ([`notify`]). [`monitor`] is the container's PID 1 (virt-launcher-monitor).
+//!
+//! The VMM runs inside the launcher process: there is no separate emulator
+//! process, so "the VMM is gone" is simply "the VM has ended".
+
+pub mod converter;
+pub mod disks;
+pub mod flags;
+pub mod manager;
+pub mod monitor;
+pub mod network;
+pub mod notify;
+pub mod paths;
+pub mod run;
+pub mod server;
+pub mod signals;
+pub mod to_vm;
+
+/// Current time as Kubernetes writes it.
+pub fn now() -> proto::kubevirt::Time {
+    proto::kubevirt::Time(k8s_openapi::jiff::Timestamp::now())
+}

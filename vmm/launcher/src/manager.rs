@@ -1,0 +1,479 @@
+//! The domain manager: the one domain this launcher runs, its VM, and the
+//! events that tell the handler about every change.
+//!
+//! Every lifecycle request goes through here and is serialized by one lock.
+//! State changes are published as domain events in the order they happen.
+
+use crate::converter::{self, Context};
+use crate::disks;
+use crate::network::{self, DhcpHandle};
+use crate::paths::Paths;
+use crate::to_vm;
+use proto::domain::{Domain, GracePeriodMetadata, LifeCycle, StateChangeReason};
+use proto::grpc::cmd::v1::VirtualMachineOptions;
+use proto::kubevirt::{Phase, VirtualMachineInstance};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use vmm::{Vm, VmConfig, VmExit, VmHandle, VmState};
+
+/// A domain event for the handler (`DomainEventRequest`).
+#[derive(Clone, Debug)]
+pub struct DomainEvent {
+    /// `ADDED` or `MODIFIED` (the Go launcher never sends `DELETED`).
+    pub event_type: &'static str,
+    pub domain: Domain,
+}
+
+/// Where the launcher is in its life, for the main loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// No domain yet (waiting for SyncVirtualMachine, within --qemu-timeout).
+    Waiting,
+    /// A domain is defined (running, paused or stopped).
+    Defined,
+    /// The domain was deleted: the launcher may exit.
+    Deleted,
+}
+
+/// Options that do not come from the VMI.
+#[derive(Clone, Debug, Default)]
+pub struct ManagerOptions {
+    pub paths: Paths,
+    /// Where to read the pod's interfaces (`/sys/class/net`).
+    pub sys_class_net: PathBuf,
+    /// Start the DHCP server for masquerade interfaces (off in tests without a bridge).
+    pub serve_dhcp: bool,
+}
+
+pub struct Manager {
+    options: ManagerOptions,
+    state: Mutex<State>,
+    events: mpsc::UnboundedSender<DomainEvent>,
+    stage: watch::Sender<Stage>,
+}
+
+#[derive(Default)]
+struct State {
+    domain: Option<Domain>,
+    vm: Option<Arc<VmHandle>>,
+    config: Option<VmConfig>,
+    /// Bumped at every VM start: the exit watcher of an older VM is ignored.
+    generation: u64,
+    paused_by_user: bool,
+    shutdown_requested: bool,
+    killed: bool,
+    dhcp: Option<DhcpHandle>,
+}
+
+/// A failed request, with the message the handler will show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure(pub String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Failure>;
+
+fn fail<T>(msg: impl Into<String>) -> Result<T> {
+    Err(Failure(msg.into()))
+}
+
+impl Manager {
+    pub fn new(
+        options: ManagerOptions,
+    ) -> (
+        Arc<Self>,
+        mpsc::UnboundedReceiver<DomainEvent>,
+        watch::Receiver<Stage>,
+    ) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (stage, stage_rx) = watch::channel(Stage::Waiting);
+        let manager = Arc::new(Manager {
+            options,
+            state: Mutex::new(State::default()),
+            events,
+            stage,
+        });
+        (manager, rx, stage_rx)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn emit(&self, event_type: &'static str, domain: &Domain) {
+        let _ = self.events.send(DomainEvent {
+            event_type,
+            domain: domain.clone(),
+        });
+    }
+
+    /// The domain as `GetDomain` reports it (`None` when there is none).
+    pub fn domain(&self) -> Option<Domain> {
+        self.lock().domain.clone()
+    }
+
+    /// `SyncVirtualMachine`: defines and starts the domain the first time;
+    /// afterwards idempotent. Never restarts a running VM and never unpauses
+    /// a VM the user paused.
+    pub fn sync(
+        self: &Arc<Self>,
+        vmi: &VirtualMachineInstance,
+        options: Option<&VirtualMachineOptions>,
+    ) -> Result<()> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let mut state = self.lock();
+        if let Some(domain) = &state.domain {
+            if domain.spec.metadata.kubevirt.uid != uid {
+                return fail(format!(
+                    "this launcher runs the domain of VMI UID {}, not {uid}",
+                    domain.spec.metadata.kubevirt.uid
+                ));
+            }
+            // A VM paused by something other than the user is resumed.
+            if let Some(vm) = &state.vm
+                && vm.state() == VmState::Paused
+                && !state.paused_by_user
+            {
+                vm.resume()?;
+                self.set_status(&mut state, LifeCycle::Running, StateChangeReason::Unknown);
+            }
+            return Ok(());
+        }
+        let phase = vmi.phase();
+        if phase == Phase::Running || phase.is_final() {
+            return fail(format!(
+                "no domain is defined and the VMI is {phase}: not starting a new VM"
+            ));
+        }
+
+        let paths = &self.options.paths;
+        let mut ctx = Context {
+            paths: paths.clone(),
+            pod_interface: network::pod_interface(&self.options.sys_class_net),
+            interface_attachment: options
+                .map(|o| o.interface_domain_attachment.clone().into_iter().collect())
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut plans = Vec::new();
+        for index in 0..vmi.spec.volumes.len() {
+            let plan = disks::plan(paths, vmi, index)?;
+            ctx.disks.insert(plan.volume.clone(), plan.clone());
+            plans.push(plan);
+        }
+        ctx.kernel_boot = disks::kernel_boot(paths, vmi)?;
+        let mut domain = converter::convert(vmi, &ctx)?;
+        let config = to_vm::vm_config(&domain)?;
+
+        // Side effects only once the VMI is known to be runnable.
+        for plan in &plans {
+            disks::materialize(plan, vmi, paths, None)?;
+        }
+        let private = paths.vmi_private_dir(&uid);
+        std::fs::create_dir_all(&private)
+            .map_err(|e| Failure(format!("{}: {e}", private.display())))?;
+        let dhcp = if self.options.serve_dhcp {
+            network::start_dhcp(vmi, paths, &ctx.pod_interface)?
+        } else {
+            None
+        };
+
+        let vm = Arc::new(Vm::start(config.clone())?);
+        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
+        if paused {
+            vm.pause()?;
+        }
+        domain.status.status = if paused {
+            LifeCycle::Paused
+        } else {
+            LifeCycle::Running
+        };
+        domain.status.reason = if paused {
+            StateChangeReason::User
+        } else {
+            StateChangeReason::Unknown
+        };
+        state.generation += 1;
+        state.paused_by_user = paused;
+        state.shutdown_requested = false;
+        state.killed = false;
+        state.dhcp = dhcp;
+        state.config = Some(config);
+        state.vm = Some(vm.clone());
+        tracing::info!(domain = %domain.spec.name, "domain defined and started");
+        self.emit("ADDED", &domain);
+        state.domain = Some(domain);
+        self.watch_exit(vm, state.generation);
+        drop(state);
+        self.stage.send_replace(Stage::Defined);
+        Ok(())
+    }
+
+    /// Waits for the VM to end on its own thread and records how it ended.
+    fn watch_exit(self: &Arc<Self>, vm: Arc<VmHandle>, generation: u64) {
+        let manager = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("vm-exit".into())
+            .spawn(move || {
+                let exit = vm.wait();
+                if let Some(manager) = manager.upgrade() {
+                    manager.on_exit(generation, exit);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot watch the VM's exit: {e}");
+        }
+    }
+
+    fn on_exit(self: &Arc<Self>, generation: u64, exit: VmExit) {
+        let mut state = self.lock();
+        if state.generation != generation || state.domain.is_none() {
+            return;
+        }
+        tracing::info!("VM ended: {exit}");
+        // A guest reboot restarts the VM, unless a shutdown was asked for.
+        if exit == VmExit::Reset
+            && !state.shutdown_requested
+            && !state.killed
+            && let Some(config) = state.config.clone()
+        {
+            match Vm::start(config) {
+                Ok(vm) => {
+                    let vm = Arc::new(vm);
+                    state.generation += 1;
+                    state.vm = Some(vm.clone());
+                    self.watch_exit(vm, state.generation);
+                    return;
+                }
+                Err(e) => tracing::error!("cannot restart the VM after a guest reboot: {e}"),
+            }
+        }
+        let (status, reason) = match exit {
+            VmExit::Reset | VmExit::PowerOff { .. } => {
+                (LifeCycle::Shutoff, StateChangeReason::Shutdown)
+            }
+            VmExit::Killed => (LifeCycle::Shutoff, StateChangeReason::Destroyed),
+            VmExit::TripleFault { .. } | VmExit::Crash { .. } => {
+                (LifeCycle::Shutoff, StateChangeReason::Crashed)
+            }
+            VmExit::InternalError(_) => (LifeCycle::Shutoff, StateChangeReason::Failed),
+        };
+        state.dhcp = None;
+        self.set_status(&mut state, status, reason);
+    }
+
+    fn set_status(&self, state: &mut State, status: LifeCycle, reason: StateChangeReason) {
+        if let Some(domain) = state.domain.as_mut() {
+            domain.status.status = status;
+            domain.status.reason = reason;
+            let domain = domain.clone();
+            self.emit("MODIFIED", &domain);
+        }
+    }
+
+    fn running_vm(state: &State) -> Result<Arc<VmHandle>> {
+        match (&state.domain, &state.vm) {
+            (Some(_), Some(vm)) if vm.exit().is_none() => Ok(vm.clone()),
+            (Some(_), _) => fail("the VM is not running"),
+            (None, _) => fail("no domain is defined"),
+        }
+    }
+
+    pub fn pause(&self) -> Result<()> {
+        let mut state = self.lock();
+        let vm = Self::running_vm(&state)?;
+        vm.pause()?;
+        state.paused_by_user = true;
+        self.set_status(&mut state, LifeCycle::Paused, StateChangeReason::User);
+        Ok(())
+    }
+
+    pub fn unpause(&self) -> Result<()> {
+        let mut state = self.lock();
+        let vm = Self::running_vm(&state)?;
+        vm.resume()?;
+        state.paused_by_user = false;
+        self.set_status(&mut state, LifeCycle::Running, StateChangeReason::Unknown);
+        Ok(())
+    }
+
+    /// Graceful shutdown: records when it was first asked (the handler's
+    /// grace timer reads it) and presses Ctrl-Alt-Del. Repeats are harmless.
+    pub fn shutdown(&self) -> Result<()> {
+        let mut state = self.lock();
+        let Some(domain) = state.domain.as_mut() else {
+            return Ok(());
+        };
+        let grace = domain
+            .spec
+            .metadata
+            .kubevirt
+            .grace_period
+            .get_or_insert_with(GracePeriodMetadata::default);
+        let first = grace.deletion_timestamp.is_none();
+        if first {
+            grace.deletion_timestamp = Some(crate::now());
+        }
+        let Ok(vm) = Self::running_vm(&state) else {
+            return Ok(()); // already stopped: nothing to shut down
+        };
+        if vm.state() == VmState::Paused {
+            vm.resume()?; // a paused guest cannot react to the request
+            state.paused_by_user = false;
+        }
+        state.shutdown_requested = true;
+        vm.request_shutdown()?;
+        if first {
+            self.set_status(&mut state, LifeCycle::ShuttingDown, StateChangeReason::User);
+        }
+        Ok(())
+    }
+
+    /// Forced stop; returns once the VM has ended.
+    pub fn kill(&self) -> Result<()> {
+        let vm = {
+            let mut state = self.lock();
+            let Ok(vm) = Self::running_vm(&state) else {
+                return Ok(());
+            };
+            state.killed = true;
+            vm
+        };
+        vm.kill();
+        // The exit watcher records Shutoff/Destroyed; wait for it briefly so
+        // that the reply reflects the new state.
+        for _ in 0..100 {
+            if self
+                .lock()
+                .domain
+                .as_ref()
+                .is_some_and(|d| d.status.status == LifeCycle::Shutoff)
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Removes the domain (libvirt's undefine): kills a VM still running,
+    /// then reports the domain as gone.
+    pub fn delete(&self) -> Result<()> {
+        self.kill()?;
+        let mut state = self.lock();
+        let Some(domain) = state.domain.take() else {
+            return Ok(());
+        };
+        state.generation += 1;
+        state.vm = None;
+        state.dhcp = None;
+        state.config = None;
+        let gone = Domain::gone(
+            &domain.object_meta.namespace,
+            &domain.object_meta.name,
+            &domain.spec.metadata.kubevirt.uid,
+            crate::now(),
+        );
+        self.emit("MODIFIED", &gone);
+        drop(state);
+        self.stage.send_replace(Stage::Deleted);
+        Ok(())
+    }
+
+    /// Hard reset: the VM restarts from the kernel with the same disks.
+    pub fn reset(self: &Arc<Self>) -> Result<()> {
+        let mut state = self.lock();
+        let old = Self::running_vm(&state)?;
+        let config = state
+            .config
+            .clone()
+            .ok_or_else(|| Failure("no VM configuration".into()))?;
+        state.generation += 1; // the old VM's exit is not an ending of the domain
+        old.kill();
+        let _ = old.wait_timeout(Duration::from_secs(10));
+        let vm = Arc::new(Vm::start(config)?);
+        state.vm = Some(vm.clone());
+        state.paused_by_user = false;
+        self.watch_exit(vm, state.generation);
+        self.set_status(&mut state, LifeCycle::Running, StateChangeReason::Unknown);
+        Ok(())
+    }
+
+    /// Soft reboot: asks the guest to reboot (Ctrl-Alt-Del); the VM restarts
+    /// when the guest resets.
+    pub fn soft_reboot(&self) -> Result<()> {
+        let state = self.lock();
+        let vm = Self::running_vm(&state)?;
+        if vm.state() == VmState::Paused {
+            return fail("the VM is paused");
+        }
+        vm.request_shutdown()?;
+        Ok(())
+    }
+
+    /// SIGTERM to the launcher: ask the handler to shut the VM down
+    /// (`MarkedForGracefulShutdown`), as the Go launcher does.
+    pub fn mark_for_graceful_shutdown(&self) {
+        let mut state = self.lock();
+        if let Some(domain) = state.domain.as_mut() {
+            let grace = domain
+                .spec
+                .metadata
+                .kubevirt
+                .grace_period
+                .get_or_insert_with(GracePeriodMetadata::default);
+            if grace.marked_for_graceful_shutdown != Some(true) {
+                grace.marked_for_graceful_shutdown = Some(true);
+                let domain = domain.clone();
+                self.emit("MODIFIED", &domain);
+            }
+        }
+        drop(state);
+        let _ = self.shutdown();
+    }
+
+    /// Whether a VM is still running (or paused).
+    pub fn vm_alive(&self) -> bool {
+        Self::running_vm(&self.lock()).is_ok()
+    }
+
+    /// Basic statistics (`GetDomainStats`), `None` without a domain.
+    pub fn stats_json(&self) -> Option<String> {
+        let state = self.lock();
+        let domain = state.domain.as_ref()?;
+        let vcpus = domain.spec.vcpu.as_ref().map(|v| v.cpus).unwrap_or(1);
+        let memory_kib = domain
+            .spec
+            .memory
+            .as_ref()
+            .map(|m| m.value / 1024)
+            .unwrap_or(0);
+        Some(
+            serde_json::json!({
+                "Name": domain.spec.name,
+                "UUID": domain.spec.uuid,
+                "NrVirtCpu": vcpus,
+                "Memory": {"ActualBalloon": memory_kib, "ActualBalloonSet": true},
+            })
+            .to_string(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_carry_messages() {
+        let f: Failure = std::io::Error::other("boom").into();
+        assert_eq!(f.0, "boom");
+    }
+}

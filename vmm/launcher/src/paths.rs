@@ -1,0 +1,126 @@
+//! Where things live inside the compute container. KubeVirt's handler finds
+//! them at these paths (through `/proc/<pid>/root`), so the defaults are
+//! KubeVirt v1.9.0's; every one can be moved with a flag for tests and for
+//! running outside a pod.
+
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// `--kubevirt-share-dir` (`/var/run/kubevirt`): sockets and the notify pipe.
+    pub share_dir: PathBuf,
+    /// `--ephemeral-disk-dir` (`/var/run/kubevirt-ephemeral-disks`): overlays, cloud-init.
+    pub ephemeral_disk_dir: PathBuf,
+    /// `--container-disk-dir` (`/var/run/kubevirt/container-disks`).
+    pub container_disk_dir: PathBuf,
+    /// `--private-dir` (`/var/run/kubevirt-private`): per-VMI console sockets, disks.
+    pub private_dir: PathBuf,
+    /// `--image-volume-dir` (`/var/run/kubevirt-image-volume`): container disks
+    /// mounted as image volumes (`disk_<i>`).
+    pub image_volume_dir: PathBuf,
+    /// `--kernel-boot-dir` (`/var/run/kubevirt-kernel-boot`): the kernel-boot image.
+    pub kernel_boot_dir: PathBuf,
+    /// `--libvirt-runtime-dir` (`/var/run/libvirt`): empty disks live under it.
+    pub libvirt_runtime_dir: PathBuf,
+    /// `--resolv-conf` (`/etc/resolv.conf`): DNS for the guest's DHCP answer.
+    pub resolv_conf: PathBuf,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            share_dir: "/var/run/kubevirt".into(),
+            ephemeral_disk_dir: "/var/run/kubevirt-ephemeral-disks".into(),
+            container_disk_dir: "/var/run/kubevirt/container-disks".into(),
+            private_dir: "/var/run/kubevirt-private".into(),
+            image_volume_dir: "/var/run/kubevirt-image-volume".into(),
+            kernel_boot_dir: "/var/run/kubevirt-kernel-boot".into(),
+            libvirt_runtime_dir: "/var/run/libvirt".into(),
+            resolv_conf: "/etc/resolv.conf".into(),
+        }
+    }
+}
+
+impl Paths {
+    /// Every path of `Paths::default()` moved under `root` (tests, standalone).
+    pub fn under(root: &Path) -> Self {
+        let d = Paths::default();
+        let re = |p: PathBuf| root.join(p.strip_prefix("/").unwrap_or(&p));
+        Paths {
+            share_dir: re(d.share_dir),
+            ephemeral_disk_dir: re(d.ephemeral_disk_dir),
+            container_disk_dir: re(d.container_disk_dir),
+            private_dir: re(d.private_dir),
+            image_volume_dir: re(d.image_volume_dir),
+            kernel_boot_dir: re(d.kernel_boot_dir),
+            libvirt_runtime_dir: re(d.libvirt_runtime_dir),
+            resolv_conf: re(d.resolv_conf),
+        }
+    }
+
+    pub fn sockets_dir(&self) -> PathBuf {
+        self.share_dir.join("sockets")
+    }
+    /// The cmd socket while the server starts (`launcher-init-sock`).
+    pub fn init_socket(&self) -> PathBuf {
+        self.sockets_dir().join("launcher-init-sock")
+    }
+    /// The cmd socket once ready: the rename is the readiness signal.
+    pub fn launcher_socket(&self) -> PathBuf {
+        self.sockets_dir().join("launcher-sock")
+    }
+    /// Where the handler injects its notify pipe.
+    pub fn notify_socket(&self) -> PathBuf {
+        self.share_dir.join("domain-notify-pipe.sock")
+    }
+    /// `/var/run/kubevirt-private/<vmi uid>`.
+    pub fn vmi_private_dir(&self, uid: &str) -> PathBuf {
+        self.private_dir.join(uid)
+    }
+    pub fn serial_socket(&self, uid: &str) -> PathBuf {
+        self.vmi_private_dir(uid).join("virt-serial0")
+    }
+    pub fn serial_log(&self, uid: &str) -> PathBuf {
+        self.vmi_private_dir(uid).join("virt-serial0-log")
+    }
+    /// `disk-data/<volume>/disk.qcow2`: the overlay of a container disk or ephemeral volume.
+    pub fn overlay(&self, volume: &str) -> PathBuf {
+        self.ephemeral_disk_dir
+            .join("disk-data")
+            .join(volume)
+            .join("disk.qcow2")
+    }
+    /// `container-disks/disk_<i>.img`: the read-only base of container disk *i*.
+    pub fn container_disk_base(&self, index: usize) -> PathBuf {
+        self.container_disk_dir.join(format!("disk_{index}.img"))
+    }
+    /// `kubevirt-image-volume/disk_<i>`: where the pod mounts container disk *i*.
+    pub fn image_volume(&self, index: usize) -> PathBuf {
+        self.image_volume_dir.join(format!("disk_{index}"))
+    }
+    /// `vmi-disks/<volume>/`: PVC and host-disk mounts.
+    pub fn vmi_disks_dir(&self, volume: &str) -> PathBuf {
+        self.private_dir.join("vmi-disks").join(volume)
+    }
+    pub fn empty_disk(&self, volume: &str) -> PathBuf {
+        self.libvirt_runtime_dir
+            .join("empty-disks")
+            .join(format!("{volume}.qcow2"))
+    }
+    /// `cloud-init-data/<ns>/<vmi>/noCloud.iso`.
+    pub fn nocloud_iso(&self, namespace: &str, name: &str) -> PathBuf {
+        self.ephemeral_disk_dir
+            .join("cloud-init-data")
+            .join(namespace)
+            .join(name)
+            .join("noCloud.iso")
+    }
+    /// Secrets referenced by cloud-init volumes.
+    pub fn secrets_dir(&self) -> PathBuf {
+        self.private_dir.join("secret")
+    }
+    /// `container-disks/kernel-boot/`: links to the kernel-boot artifacts.
+    pub fn kernel_boot_links(&self) -> PathBuf {
+        self.container_disk_dir.join("kernel-boot")
+    }
+}

@@ -1,0 +1,473 @@
+//! The full lifecycle of a VMI through the real launcher binary, its real
+//! cmd socket and a notify server standing in for the handler: sync →
+//! running event → GetDomain → pause → unpause → shutdown → shutoff → delete
+//! → gone event and exit; kill; bad input; a late notify socket.
+
+mod common;
+
+use common::*;
+use proto::domain::{Domain, LifeCycle, StateChangeReason};
+use proto::grpc::cmd::info::{CmdInfoRequest, cmd_info_client::CmdInfoClient};
+use proto::grpc::cmd::v1::EmptyRequest;
+use std::time::Duration;
+
+const BOOT: Duration = Duration::from_secs(60);
+const ARGS: &str = "console=ttyS0 checks=serial,blk exit=halt wait=600";
+
+fn status_is(status: LifeCycle, reason: StateChangeReason) -> impl Fn(&str, &Domain) -> bool {
+    move |_, d| d.status.status == status && d.status.reason == reason
+}
+
+fn sha(path: &std::path::Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_pause_unpause_shutdown_delete() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    let base = pod.container_disk(0, &vec![0x5a; 1 << 20]);
+    let base_before = sha(&base);
+    let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
+    let mut launcher = pod.start_launcher(&[]);
+
+    let channel = launcher::server::unix_channel(&pod.paths.launcher_socket())
+        .await
+        .unwrap();
+    let versions = CmdInfoClient::new(channel)
+        .info(CmdInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(versions.supported_cmd_versions, vec![1]);
+
+    let mut cmd = cmd_client(&pod).await;
+    assert!(
+        cmd.ping(EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    // No domain yet: GetDomain answers success with an empty domain.
+    let none = cmd.get_domain(EmptyRequest {}).await.unwrap().into_inner();
+    assert_eq!(none.domain, "");
+
+    let vmi = vmi_json(ARGS, serde_json::json!({}));
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(vmi.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "sync failed: {}", reply.message);
+    let (t, added) = notify
+        .expect(
+            BOOT,
+            "ADDED Running",
+            status_is(LifeCycle::Running, StateChangeReason::Unknown),
+        )
+        .await;
+    assert_eq!(t, "ADDED");
+    assert_eq!(added.spec.metadata.kubevirt.uid, UID);
+    assert_eq!(added.key(), "ns1/testvmi");
+    assert_eq!(
+        added
+            .spec
+            .metadata
+            .kubevirt
+            .grace_period
+            .as_ref()
+            .unwrap()
+            .deletion_grace_period_seconds,
+        20
+    );
+
+    // GetDomain returns the same domain, with KubeVirt's keys.
+    let json = cmd
+        .get_domain(EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .domain;
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["Spec"]["Name"], "ns1_testvmi");
+    assert_eq!(value["Status"]["Status"], "Running");
+    assert_eq!(
+        value["Spec"]["Devices"]["Disks"][0]["Target"]["Device"],
+        "vda"
+    );
+    assert_eq!(
+        value["Spec"]["Devices"]["Disks"][0]["Alias"]["Name"],
+        "containerdisk"
+    );
+    let overlay = pod.paths.overlay("containerdisk");
+    assert_eq!(
+        value["Spec"]["Devices"]["Disks"][0]["Source"]["File"],
+        overlay.to_string_lossy().as_ref()
+    );
+
+    // The guest ran its checks: the console log socket's output is not
+    // needed, the disk tells: the blk check wrote into the overlay only.
+    let serial = pod.paths.serial_socket(UID);
+    wait_for(&serial, Duration::from_secs(10));
+
+    // Sync again: idempotent, no restart.
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(vmi.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "{}", reply.message);
+
+    // Pause and unpause.
+    assert!(
+        cmd.pause_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    notify
+        .expect(
+            Duration::from_secs(20),
+            "Paused/User",
+            status_is(LifeCycle::Paused, StateChangeReason::User),
+        )
+        .await;
+    // A sync must not unpause a user-paused VM.
+    assert!(
+        cmd.sync_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    let d = Domain::from_json(
+        &cmd.get_domain(EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .domain,
+    )
+    .unwrap();
+    assert_eq!(d.status.status, LifeCycle::Paused);
+    assert!(
+        cmd.unpause_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    notify
+        .expect(
+            Duration::from_secs(20),
+            "Running after unpause",
+            status_is(LifeCycle::Running, StateChangeReason::Unknown),
+        )
+        .await;
+
+    // Graceful shutdown: the deletion timestamp is published, then the guest
+    // (waiting for Ctrl-Alt-Del) resets and the domain is Shutoff/Shutdown.
+    assert!(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    let (_, shutting) = notify
+        .expect(Duration::from_secs(20), "grace timestamp", |_, d| {
+            d.spec
+                .metadata
+                .kubevirt
+                .grace_period
+                .as_ref()
+                .is_some_and(|g| g.deletion_timestamp.is_some())
+        })
+        .await;
+    assert_eq!(shutting.status.status, LifeCycle::ShuttingDown);
+    notify
+        .expect(
+            BOOT,
+            "Shutoff/Shutdown",
+            status_is(LifeCycle::Shutoff, StateChangeReason::Shutdown),
+        )
+        .await;
+
+    // The base image is untouched; the overlay is a valid qcow2 over it.
+    assert_eq!(
+        sha(&base),
+        base_before,
+        "the container disk base was modified"
+    );
+    let check = std::process::Command::new("qemu-img")
+        .arg("check")
+        .arg(&overlay)
+        .output()
+        .expect("qemu-img is installed");
+    assert!(
+        check.status.success(),
+        "qemu-img check: {}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+
+    // Delete: the gone event, an empty GetDomain, and the launcher exits.
+    assert!(
+        cmd.delete_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    let (t, gone) = notify
+        .expect(Duration::from_secs(20), "gone", |_, d| d.is_gone())
+        .await;
+    assert_eq!(t, "MODIFIED");
+    assert_eq!(gone.status.status, LifeCycle::NoState);
+    assert_eq!(gone.status.reason, StateChangeReason::NonExistent);
+    assert_eq!(gone.spec.metadata.kubevirt.uid, UID);
+    let code = tokio::task::spawn_blocking(move || launcher.wait_exit(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(
+        code,
+        Some(0),
+        "the launcher exits cleanly after the domain is deleted"
+    );
+    assert!(
+        !pod.paths.launcher_socket().exists(),
+        "launcher-sock is removed on exit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_reports_destroyed() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    pod.container_disk(0, &vec![0; 1 << 20]);
+    let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
+    let _launcher = pod.start_launcher(&[]);
+    let mut cmd = cmd_client(&pod).await;
+    let vmi = vmi_json(ARGS, serde_json::json!({}));
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(vmi.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "{}", reply.message);
+    notify
+        .expect(
+            BOOT,
+            "Running",
+            status_is(LifeCycle::Running, StateChangeReason::Unknown),
+        )
+        .await;
+    assert!(
+        cmd.kill_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    notify
+        .expect(
+            Duration::from_secs(20),
+            "Shutoff/Destroyed",
+            status_is(LifeCycle::Shutoff, StateChangeReason::Destroyed),
+        )
+        .await;
+    let d = Domain::from_json(
+        &cmd.get_domain(EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .domain,
+    )
+    .unwrap();
+    assert_eq!(d.status.status, LifeCycle::Shutoff);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_vmis_are_refused_while_the_vm_keeps_running() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    pod.container_disk(0, &vec![0; 1 << 20]);
+    let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
+    let _launcher = pod.start_launcher(&[]);
+    let mut cmd = cmd_client(&pod).await;
+
+    // Not JSON at all.
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(b"{not json".to_vec()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!reply.success);
+    assert!(
+        reply.message.contains("cannot parse the VMI JSON"),
+        "{}",
+        reply.message
+    );
+    // A bus this launcher does not have: the message names the field.
+    let sata = vmi_json(
+        ARGS,
+        serde_json::json!({"domain": {"devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "sata"}}]}}}),
+    );
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(sata))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!reply.success);
+    assert!(
+        reply
+            .message
+            .contains("spec.domain.devices.disks[0].disk.bus"),
+        "{}",
+        reply.message
+    );
+    // Firmware boot instead of kernel boot.
+    let efi = vmi_json(
+        ARGS,
+        serde_json::json!({"domain": {"firmware": {"kernelBoot": null, "bootloader": {"efi": {}}}}}),
+    );
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(efi))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        reply
+            .message
+            .contains("spec.domain.firmware.bootloader.efi"),
+        "{}",
+        reply.message
+    );
+    // Nothing was defined by the failures.
+    assert_eq!(
+        cmd.get_domain(EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .domain,
+        ""
+    );
+
+    // Now a good VMI, then garbage again: the VM keeps running.
+    let vmi = vmi_json(ARGS, serde_json::json!({}));
+    assert!(
+        cmd.sync_virtual_machine(vmi_request(vmi))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    notify
+        .expect(
+            BOOT,
+            "Running",
+            status_is(LifeCycle::Running, StateChangeReason::Unknown),
+        )
+        .await;
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(b"[]".to_vec()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!reply.success);
+    let other_uid = String::from_utf8(vmi_json(ARGS, serde_json::json!({})))
+        .unwrap()
+        .replace(UID, "99999999-2222-3333-4444-555555555555");
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(other_uid.into_bytes()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !reply.success && reply.message.contains("not 99999999"),
+        "{}",
+        reply.message
+    );
+    let d = Domain::from_json(
+        &cmd.get_domain(EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .domain,
+    )
+    .unwrap();
+    assert_eq!(d.status.status, LifeCycle::Running);
+
+    // Unimplemented RPCs say so.
+    let err = cmd.get_qemu_version(EmptyRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(err.message().contains("GetQemuVersion"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_a_notify_socket_that_appears_late() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    pod.container_disk(0, &vec![0; 1 << 20]);
+    let _launcher = pod.start_launcher(&[]);
+    let mut cmd = cmd_client(&pod).await;
+    let vmi = vmi_json(ARGS, serde_json::json!({}));
+    assert!(
+        cmd.sync_virtual_machine(vmi_request(vmi))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    // The handler shows up three seconds later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
+    let (t, d) = notify
+        .expect(Duration::from_secs(30), "ADDED after retries", |_, _| true)
+        .await;
+    assert_eq!(t, "ADDED");
+    assert_eq!(d.status.status, LifeCycle::Running);
+}
+
+#[test]
+fn launcher_exits_when_no_domain_is_defined_in_time() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    let mut launcher = pod.start_launcher(&["--qemu-timeout", "2s"]);
+    let code = launcher.wait_exit(Duration::from_secs(30));
+    assert_eq!(
+        code,
+        Some(1),
+        "no domain within --qemu-timeout is a failure"
+    );
+}
+
+#[test]
+fn monitor_forwards_sigterm_and_returns_the_launcher_status() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    let monitor = std::process::Command::new(env!("CARGO_BIN_EXE_virt-launcher-monitor"))
+        .args(pod.flags(&["--keep-after-failure=false"]))
+        .env("VIRT_LAUNCHER_BINARY", env!("CARGO_BIN_EXE_virt-launcher"))
+        .spawn()
+        .unwrap();
+    let mut monitor = Launcher { child: monitor };
+    wait_for(&pod.paths.launcher_socket(), Duration::from_secs(20));
+    // A stale container-disk socket is removed on exit.
+    std::fs::create_dir_all(&pod.paths.container_disk_dir).unwrap();
+    let stale = pod.paths.container_disk_dir.join("disk_0.sock");
+    std::fs::write(&stale, b"").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let code = monitor.wait_exit(Duration::from_secs(30));
+    assert_eq!(
+        code,
+        Some(0),
+        "SIGTERM before any domain: the launcher exits 0 and so does the monitor"
+    );
+    assert!(!stale.exists());
+    assert!(!pod.paths.launcher_socket().exists());
+}
