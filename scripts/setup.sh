@@ -10,6 +10,8 @@ command -v nft >/dev/null || need+=(nftables)               # observing rules in
 command -v ip >/dev/null || need+=(iproute2)                # observing links in tests only
 command -v objdump >/dev/null || need+=(binutils)           # test guest has no SSE
 command -v isoinfo >/dev/null || need+=(genisoimage)        # reading cloud-init ISOs in tests
+command -v xorriso >/dev/null || need+=(xorriso)            # reading cloud-init ISOs in tests
+command -v bsdtar >/dev/null || need+=(libarchive-tools)    # reading cloud-init ISOs in tests
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
