@@ -112,7 +112,13 @@ mod tests {
         for bad in ["", "Mi", "12Qi", "1.2.3", "-1", "abc", ".", "1e3"] {
             assert!(to_milli(&q(bad)).is_err(), "{bad:?}");
         }
-        assert!(matches!(to_bytes(&q("99999999999999999999999Ei")), Err(QuantityError::Overflow(_))));
-        assert!(matches!(to_bytes(&q("1m")), Err(QuantityError::Fractional(_))));
+        assert!(matches!(
+            to_bytes(&q("99999999999999999999999Ei")),
+            Err(QuantityError::Overflow(_))
+        ));
+        assert!(matches!(
+            to_bytes(&q("1m")),
+            Err(QuantityError::Fractional(_))
+        ));
     }
 }
