@@ -62,11 +62,12 @@ pub enum SerialTarget {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ApStart {
     /// At the kernel entry in long mode, runnable at once, each with its own
-    /// stack (the test guest tells them apart by APIC id).
-    #[default]
+    /// stack (Firecracker-style; the test guest tells them apart by APIC id).
+    /// A Linux kernel cannot run this way.
     Direct,
     /// Waiting for INIT/SIPI from the boot vCPU, as on hardware: what a
-    /// Linux kernel expects.
+    /// Linux kernel expects (the test guest handles it too).
+    #[default]
     InitSipi,
 }
 

@@ -4,8 +4,17 @@ mod common;
 
 use common::*;
 
-fn boots_with_vcpus(vcpus: &str) {
-    let out = run_guest(&["--vcpus", vcpus, "--cmdline", "exit=poweroff"]);
+/// Boots with `vcpus` vCPUs started the `ap_start` way; `started` is how
+/// the guest reports they got going (`direct` or `sipi`).
+fn boots_with_vcpus(vcpus: &str, ap_start: &str, started: &str) {
+    let out = run_guest(&[
+        "--vcpus",
+        vcpus,
+        "--ap-start",
+        ap_start,
+        "--cmdline",
+        "exit=poweroff",
+    ]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -23,6 +32,7 @@ fn boots_with_vcpus(vcpus: &str) {
         smp.contains(&format!("cpus={vcpus} expected={vcpus}")),
         "{smp}"
     );
+    assert!(smp.ends_with(&format!("start={started}")), "{smp}");
     let mptable = text
         .lines()
         .find(|l| l.starts_with("TEST mptable"))
@@ -38,17 +48,19 @@ fn boots_with_vcpus(vcpus: &str) {
 
 #[test]
 fn boots_with_one_vcpu() {
-    boots_with_vcpus("1");
+    boots_with_vcpus("1", "init-sipi", "direct");
 }
 
 #[test]
 fn every_vcpu_checks_in_with_two() {
-    boots_with_vcpus("2");
+    // The default: vCPUs wait for INIT/SIPI, as Linux expects.
+    boots_with_vcpus("2", "init-sipi", "sipi");
 }
 
 #[test]
-fn every_vcpu_checks_in_with_four() {
-    boots_with_vcpus("4");
+fn every_vcpu_checks_in_with_four_started_either_way() {
+    boots_with_vcpus("4", "init-sipi", "sipi");
+    boots_with_vcpus("4", "direct", "direct");
     // APIC ids 0..3 all seen.
     let out = run_guest(&["--vcpus", "4", "--cmdline", "checks=smp"]);
     assert!(stdout(&out).contains("ids=0xf"), "{}", stdout(&out));
@@ -64,7 +76,7 @@ fn with_init_sipi_secondary_vcpus_wait_to_be_started() {
         "--ap-start",
         "init-sipi",
         "--cmdline",
-        "checks=smp cpus=1",
+        "checks=smp smp=direct cpus=1",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert!(
@@ -72,14 +84,7 @@ fn with_init_sipi_secondary_vcpus_wait_to_be_started() {
         "{}",
         stdout(&out)
     );
-    let out = run_guest(&[
-        "--vcpus",
-        "3",
-        "--ap-start",
-        "init-sipi",
-        "--cmdline",
-        "checks=mptable",
-    ]);
+    let out = run_guest(&["--vcpus", "3", "--cmdline", "checks=mptable"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert!(
         stdout(&out).contains("TEST mptable PASS at=0xf0000 cpus=3"),

@@ -11,6 +11,9 @@ const UNCLAIMED_PORT: u16 = 0x0c50;
 const UNCLAIMED_MMIO: u64 = 0xe000_1000;
 /// The end of the identity map the VMM builds.
 const MAPPED_END: u64 = 1 << 32;
+/// How long the `smp` check waits for vCPUs the VMM started itself before
+/// starting them with INIT/SIPI.
+const DIRECT_START_WAIT_MS: u32 = 100;
 /// Longest wait for secondary vCPUs.
 const SMP_TIMEOUT_MS: u32 = 5_000;
 
@@ -121,17 +124,33 @@ pub fn mem(r: &mut dyn Reporter, bp: Option<BootParams>) {
     r.result("mem", ok, d.as_str());
 }
 
-/// `smp`: every vCPU ran the entry code and checked in.
+/// `smp`: every vCPU ran the entry code and checked in. `smp=direct` only
+/// waits for vCPUs the VMM started; `smp=sipi` starts them with INIT/SIPI at
+/// once; by default the check waits briefly, then sends INIT/SIPI.
 pub fn smp(r: &mut dyn Reporter, cmdline: &[u8]) {
     let expected = expected_cpus(cmdline);
-    let (seen, ids) = crate::smp::wait_for_secondaries(expected, SMP_TIMEOUT_MS);
+    let mode = cmdline::value(cmdline, "smp");
+    let mut started = "direct";
+    let (mut seen, mut ids) = match mode {
+        Some(b"sipi") => (0, 0),
+        _ => crate::smp::wait_for_secondaries(expected, DIRECT_START_WAIT_MS),
+    };
+    if seen + 1 < expected && mode != Some(b"direct") {
+        started = "sipi";
+        crate::trampoline::start_secondaries();
+        (seen, ids) = crate::smp::wait_for_secondaries(expected, SMP_TIMEOUT_MS);
+    } else if seen + 1 < expected {
+        (seen, ids) = crate::smp::wait_for_secondaries(expected, SMP_TIMEOUT_MS);
+    }
     let mut d = Detail::new();
     d.str("cpus=")
         .dec(u64::from(seen) + 1)
         .str(" expected=")
         .dec(u64::from(expected))
         .str(" ids=")
-        .hex(ids | 1);
+        .hex(ids | 1)
+        .str(" start=")
+        .str(started);
     r.result("smp", seen + 1 == expected, d.as_str());
 }
 

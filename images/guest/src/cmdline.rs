@@ -9,8 +9,9 @@
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
 //! - `code=N` — exit code written to port 0xf4 when every check passed
 //!   (default 0; any failure gives 1).
-//! - `smp=sipi` — start the secondary vCPUs with INIT/SIPI (for a VMM that
-//!   leaves them waiting, `vmm run --ap-start init-sipi`).
+//! - `smp=direct|sipi` — how the `smp` check gets secondary vCPUs running:
+//!   `direct` only waits for those the VMM started, `sipi` starts them with
+//!   INIT/SIPI at once; by default it waits 100 ms, then sends INIT/SIPI.
 //! - `cpus=N` — vCPUs the `smp` and `mptable` checks expect (default:
 //!   CPUID leaf 1).
 //! - `virtio_mmio.device=<size>@<base>:<irq>` — one per virtio-mmio device,

@@ -57,9 +57,6 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     if cmdline::check_selected(cmdline, "mem") {
         checks::mem(&mut r, bp);
     }
-    if cmdline::value(cmdline, "smp") == Some(b"sipi") {
-        trampoline::start_secondaries();
-    }
     if cmdline::check_selected(cmdline, "mptable") {
         checks::mptable(&mut r, cmdline);
     }

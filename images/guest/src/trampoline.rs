@@ -1,8 +1,8 @@
 //! Starting secondary vCPUs the way Linux does: INIT and two startup IPIs
 //! from the boot vCPU, each AP entering a real-mode trampoline that switches
 //! to long mode (with the VMM's GDT and page tables, read from the boot vCPU)
-//! and jumps to `_start`. Used with `smp=sipi`, when the VMM leaves the APs
-//! waiting (`vmm run --ap-start init-sipi`).
+//! and jumps to `_start`. Used by the `smp` check when the VMM leaves the APs
+//! waiting (`vmm run --ap-start init-sipi`, the default).
 
 use core::arch::{asm, global_asm};
 

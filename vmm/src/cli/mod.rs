@@ -63,9 +63,10 @@ pub struct RunArgs {
     /// Add a virtio-rng device.
     #[arg(long)]
     pub rng: bool,
-    /// How secondary vCPUs start: `direct` (at the kernel entry, the test
-    /// guest) or `init-sipi` (waiting for the guest to start them, Linux).
-    #[arg(long, default_value = "direct", value_parser = parse_ap_start)]
+    /// How secondary vCPUs start: `init-sipi` (waiting for the guest to
+    /// start them, as Linux does) or `direct` (at the kernel entry, runnable
+    /// at once).
+    #[arg(long, default_value = "init-sipi", value_parser = parse_ap_start)]
     pub ap_start: ApStart,
     /// Serial console: stdout, file:PATH or unix:PATH.
     #[arg(long, default_value = "stdout", value_parser = parse_serial)]
