@@ -10,6 +10,7 @@
 //! The VMM runs inside the launcher process: there is no separate emulator
 //! process, so "the VMM is gone" is simply "the VM has ended".
 
+pub mod console_log;
 pub mod converter;
 pub mod disks;
 pub mod flags;

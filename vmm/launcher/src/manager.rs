@@ -186,6 +186,7 @@ impl Manager {
         };
 
         let vm = Arc::new(Vm::start(config.clone())?);
+        start_console_log(&domain);
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
         if paused {
             vm.pause()?;
@@ -464,6 +465,19 @@ impl Manager {
             })
             .to_string(),
         )
+    }
+}
+
+/// Appends the console to the domain's serial log file, if it has one.
+fn start_console_log(domain: &Domain) {
+    let Some(serial) = domain.spec.devices.as_ref().and_then(|d| d.serials.first()) else {
+        return;
+    };
+    let (Some(source), Some(log)) = (&serial.source, &serial.log) else {
+        return;
+    };
+    if let Err(e) = crate::console_log::start(source.path.clone().into(), log.file.clone().into()) {
+        tracing::warn!("cannot start the console log: {e}");
     }
 }
 

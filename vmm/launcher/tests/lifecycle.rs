@@ -12,7 +12,7 @@ use proto::grpc::cmd::v1::EmptyRequest;
 use std::time::Duration;
 
 const BOOT: Duration = Duration::from_secs(60);
-const ARGS: &str = "console=ttyS0 checks=serial,blk exit=halt wait=600";
+const ARGS: &str = "console=ttyS0 checks=serial,virtio-blk,virtio-rng exit=halt wait=600";
 
 fn status_is(status: LifeCycle, reason: StateChangeReason) -> impl Fn(&str, &Domain) -> bool {
     move |_, d| d.status.status == status && d.status.reason == reason
@@ -106,10 +106,27 @@ async fn sync_pause_unpause_shutdown_delete() {
         overlay.to_string_lossy().as_ref()
     );
 
-    // The guest ran its checks: the console log socket's output is not
-    // needed, the disk tells: the blk check wrote into the overlay only.
+    // The guest ran its checks; the blk check wrote into the overlay only.
     let serial = pod.paths.serial_socket(UID);
     wait_for(&serial, Duration::from_secs(10));
+    // The console log (tailed by KubeVirt's guest-console-log container)
+    // fills with the guest's output.
+    let log = pod.paths.serial_log(UID);
+    let deadline = std::time::Instant::now() + BOOT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("DONE passed=") {
+            assert!(!text.contains("FAIL"), "guest checks failed:\n{text}");
+            assert!(text.contains("TEST virtio-blk-write PASS"), "{text}");
+            assert!(text.contains("TEST virtio-rng"), "{text}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "console log has no result:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // Sync again: idempotent, no restart.
     let reply = cmd
