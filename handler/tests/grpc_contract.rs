@@ -1,0 +1,576 @@
+//! The handler's gRPC sides against real tonic peers on unix sockets: the cmd client
+//! against a small in-test launcher (`Cmd` + `CmdInfo`), and the notify server (plus the
+//! notify pipe) against a real tonic client, checking the contract's error semantics.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use handler::domains::notify::{self, K8sEvent, K8sEventSink};
+use handler::domains::pipe::NotifyPipe;
+use handler::domains::{CacheChange, DomainCache};
+use handler::launchers::client::{LauncherClient, unix_channel};
+use handler::launchers::{CmdError, VmiCommand};
+use proto::domain::{Domain, LifeCycle};
+use proto::grpc::cmd::info::cmd_info_server::{CmdInfo, CmdInfoServer};
+use proto::grpc::cmd::info::{CmdInfoRequest, CmdInfoResponse};
+use proto::grpc::cmd::v1::cmd_server::{Cmd, CmdServer};
+use proto::grpc::cmd::v1::{self as cmdv1};
+use proto::grpc::notify::info::NotifyInfoRequest;
+use proto::grpc::notify::info::notify_info_client::NotifyInfoClient;
+use proto::grpc::notify::v1::notify_client::NotifyClient;
+use proto::grpc::notify::v1::{DomainEventRequest, K8sEventRequest};
+use proto::kubevirt::VirtualMachineInstance;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+/// What the fake launcher answers.
+#[derive(Clone, Default)]
+struct Behaviour {
+    versions: Vec<u32>,
+    /// `Some(msg)`: SyncVirtualMachine replies OK + success=false + msg.
+    sync_fails_with: Option<String>,
+    /// GetDomain's `domain` string; `None` = no `response` sub-message at all.
+    domain: String,
+    omit_domain_response: bool,
+    /// DeleteVirtualMachine never answers (for disconnect tests).
+    delete_hangs: bool,
+}
+
+#[derive(Clone, Default)]
+struct FakeLauncher {
+    behaviour: Arc<Mutex<Behaviour>>,
+    received: Arc<Mutex<Vec<(String, Option<cmdv1::VmiRequest>)>>>,
+}
+
+impl FakeLauncher {
+    fn record(&self, name: &str, request: Option<cmdv1::VmiRequest>) {
+        self.received
+            .lock()
+            .expect("lock")
+            .push((name.to_string(), request));
+    }
+    fn behaviour(&self) -> Behaviour {
+        self.behaviour.lock().expect("lock").clone()
+    }
+}
+
+fn ok() -> cmdv1::Response {
+    cmdv1::Response {
+        success: true,
+        message: String::new(),
+    }
+}
+
+macro_rules! fake_cmd {
+    ($($stub:ident($req:ident) -> $resp:ident;)*) => {
+        #[tonic::async_trait]
+        impl Cmd for FakeLauncher {
+            async fn sync_virtual_machine(
+                &self,
+                r: Request<cmdv1::VmiRequest>,
+            ) -> Result<Response<cmdv1::Response>, Status> {
+                self.record("SyncVirtualMachine", Some(r.into_inner()));
+                Ok(Response::new(match self.behaviour().sync_fails_with {
+                    Some(message) => cmdv1::Response { success: false, message },
+                    None => ok(),
+                }))
+            }
+            async fn shutdown_virtual_machine(
+                &self,
+                r: Request<cmdv1::VmiRequest>,
+            ) -> Result<Response<cmdv1::Response>, Status> {
+                self.record("ShutdownVirtualMachine", Some(r.into_inner()));
+                Ok(Response::new(ok()))
+            }
+            async fn kill_virtual_machine(
+                &self,
+                r: Request<cmdv1::VmiRequest>,
+            ) -> Result<Response<cmdv1::Response>, Status> {
+                self.record("KillVirtualMachine", Some(r.into_inner()));
+                Err(Status::internal("kill exploded"))
+            }
+            async fn delete_virtual_machine(
+                &self,
+                r: Request<cmdv1::VmiRequest>,
+            ) -> Result<Response<cmdv1::Response>, Status> {
+                self.record("DeleteVirtualMachine", Some(r.into_inner()));
+                if self.behaviour().delete_hangs {
+                    std::future::pending::<()>().await;
+                }
+                Ok(Response::new(ok()))
+            }
+            async fn ping(
+                &self,
+                _r: Request<cmdv1::EmptyRequest>,
+            ) -> Result<Response<cmdv1::Response>, Status> {
+                self.record("Ping", None);
+                Ok(Response::new(ok()))
+            }
+            async fn get_domain(
+                &self,
+                _r: Request<cmdv1::EmptyRequest>,
+            ) -> Result<Response<cmdv1::DomainResponse>, Status> {
+                let b = self.behaviour();
+                Ok(Response::new(cmdv1::DomainResponse {
+                    response: (!b.omit_domain_response).then(ok),
+                    domain: b.domain,
+                }))
+            }
+            $(
+                async fn $stub(
+                    &self,
+                    _r: Request<cmdv1::$req>,
+                ) -> Result<Response<cmdv1::$resp>, Status> {
+                    Err(Status::unimplemented(stringify!($stub)))
+                }
+            )*
+        }
+    };
+}
+
+fake_cmd! {
+    pause_virtual_machine(VmiRequest) -> Response;
+    unpause_virtual_machine(VmiRequest) -> Response;
+    freeze_virtual_machine(FreezeRequest) -> Response;
+    unfreeze_virtual_machine(VmiRequest) -> Response;
+    reset_virtual_machine(VmiRequest) -> Response;
+    soft_reboot_virtual_machine(VmiRequest) -> Response;
+    migrate_virtual_machine(MigrationRequest) -> Response;
+    sync_migration_target(VmiRequest) -> Response;
+    cancel_virtual_machine_migration(VmiRequest) -> Response;
+    signal_target_pod_cleanup(VmiRequest) -> Response;
+    finalize_virtual_machine_migration(VmiRequest) -> Response;
+    hotplug_host_devices(VmiRequest) -> Response;
+    get_domain_stats(EmptyRequest) -> DomainStatsResponse;
+    get_guest_info(EmptyRequest) -> GuestInfoResponse;
+    get_users(EmptyRequest) -> GuestUserListResponse;
+    get_filesystems(EmptyRequest) -> GuestFilesystemsResponse;
+    exec(ExecRequest) -> ExecResponse;
+    guest_ping(GuestPingRequest) -> GuestPingResponse;
+    virtual_machine_memory_dump(MemoryDumpRequest) -> Response;
+    get_qemu_version(EmptyRequest) -> QemuVersionResponse;
+    sync_virtual_machine_cp_us(VmiRequest) -> Response;
+    sync_virtual_machine_memory(VmiRequest) -> Response;
+    get_sev_info(EmptyRequest) -> SevInfoResponse;
+    get_launch_measurement(VmiRequest) -> LaunchMeasurementResponse;
+    inject_launch_secret(InjectLaunchSecretRequest) -> Response;
+    get_domain_dirty_rate_stats(EmptyRequest) -> DirtyRateStatsResponse;
+    get_screenshot(VmiRequest) -> ScreenshotResponse;
+    backup_virtual_machine(BackupRequest) -> Response;
+    redefine_checkpoint(RedefineCheckpointRequest) -> RedefineCheckpointResponse;
+    get_vm_stats(VmStatsRequest) -> VmStatsResponse;
+}
+
+#[tonic::async_trait]
+impl CmdInfo for FakeLauncher {
+    async fn info(&self, _r: Request<CmdInfoRequest>) -> Result<Response<CmdInfoResponse>, Status> {
+        Ok(Response::new(CmdInfoResponse {
+            supported_cmd_versions: self.behaviour().versions,
+        }))
+    }
+}
+
+struct Served {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    fake: FakeLauncher,
+    /// Dropping the sender ends the launcher's runtime, closing every connection as a
+    /// dying launcher process would.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Served {
+    fn kill(&mut self) {
+        self.stop.take();
+    }
+}
+
+async fn serve(behaviour: Behaviour) -> Served {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("launcher-sock");
+    let fake = FakeLauncher {
+        behaviour: Arc::new(Mutex::new(behaviour)),
+        ..Default::default()
+    };
+    let (cmd, info) = (fake.clone(), fake.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let path = socket.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+            ready_tx.send(()).expect("ready");
+            tokio::spawn(async move {
+                tonic::transport::Server::builder()
+                    .add_service(CmdServer::new(cmd))
+                    .add_service(CmdInfoServer::new(info))
+                    .serve_with_incoming(UnixListenerStream::new(listener))
+                    .await
+                    .expect("serve");
+            });
+            let _ = stopped.await;
+        });
+        runtime.shutdown_background();
+    });
+    ready_rx.recv().expect("launcher thread ready");
+    Served {
+        _dir: dir,
+        socket,
+        fake,
+        stop: Some(stop),
+    }
+}
+
+fn v1() -> Behaviour {
+    Behaviour {
+        versions: vec![1],
+        ..Default::default()
+    }
+}
+
+fn vmi() -> VirtualMachineInstance {
+    proto::kubevirt::parse_vmi(
+        r#"{"metadata":{"name":"vmi","namespace":"default","uid":"u-1"},
+            "spec":{"domain":{"devices":{"interfaces":[{"name":"default","masquerade":{}}]}},
+                    "networks":[{"name":"default","pod":{}}]},
+            "status":{"phase":"Scheduled"}}"#,
+    )
+    .expect("vmi")
+}
+
+#[tokio::test]
+async fn negotiation_picks_the_highest_common_version_or_fails() {
+    let s = serve(Behaviour {
+        versions: vec![3, 1, 2],
+        ..Default::default()
+    })
+    .await;
+    let client = LauncherClient::connect(&s.socket).await.expect("connect");
+    assert_eq!(client.version(), 1);
+
+    let s = serve(Behaviour {
+        versions: vec![2],
+        ..Default::default()
+    })
+    .await;
+    let err = LauncherClient::connect(&s.socket)
+        .await
+        .expect_err("no common version");
+    assert!(matches!(err, CmdError::NoCompatibleVersion { .. }), "{err}");
+    assert!(
+        err.to_string().contains("no compatible version found"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn sync_sends_the_vmi_json_and_kubevirts_options() {
+    let s = serve(v1()).await;
+    let client = LauncherClient::connect(&s.socket).await.expect("connect");
+    client.sync_virtual_machine(&vmi()).await.expect("sync");
+    let received = s.fake.received.lock().expect("lock").clone();
+    let (name, request) = received.last().expect("a call");
+    assert_eq!(name, "SyncVirtualMachine");
+    let request = request.clone().expect("request");
+    let json = request.vmi.expect("vmi").vmi_json;
+    let sent: VirtualMachineInstance = serde_json::from_slice(&json).expect("VMI JSON");
+    assert_eq!(sent.metadata.uid.as_deref(), Some("u-1"));
+    let options = request.options.expect("options");
+    assert_eq!(
+        options
+            .interface_domain_attachment
+            .get("default")
+            .map(String::as_str),
+        Some("tap")
+    );
+    assert_eq!(options.mem_balloon_stats_period, 10);
+    assert!(options.disks_info.is_empty());
+}
+
+#[tokio::test]
+async fn success_false_is_a_server_error_even_without_message() {
+    for message in ["boom", ""] {
+        let s = serve(Behaviour {
+            sync_fails_with: Some(message.to_string()),
+            ..v1()
+        })
+        .await;
+        let client = LauncherClient::connect(&s.socket).await.expect("connect");
+        let err = client
+            .sync_virtual_machine(&vmi())
+            .await
+            .expect_err("fails");
+        assert_eq!(
+            err.to_string(),
+            format!("server error. command SyncVirtualMachine failed: \"{message}\"")
+        );
+        assert!(!err.is_disconnected());
+    }
+}
+
+#[tokio::test]
+async fn unimplemented_and_other_statuses_are_classified() {
+    let s = serve(v1()).await;
+    let client = LauncherClient::connect(&s.socket).await.expect("connect");
+    let err = client
+        .send(VmiCommand::Pause, &vmi())
+        .await
+        .expect_err("unimplemented");
+    assert!(matches!(err, CmdError::Unimplemented { .. }), "{err:?}");
+    let err = client
+        .send(VmiCommand::Kill, &vmi())
+        .await
+        .expect_err("internal");
+    assert!(
+        err.to_string()
+            .starts_with("unknown error encountered sending command KillVirtualMachine: "),
+        "{err}"
+    );
+    assert!(err.to_string().contains("kill exploded"), "{err}");
+    client
+        .send(VmiCommand::Shutdown, &vmi())
+        .await
+        .expect("shutdown");
+    client.ping().await.expect("ping");
+}
+
+#[tokio::test]
+async fn get_domain_empty_valid_invalid_and_absent_response() {
+    let s = serve(v1()).await;
+    let client = LauncherClient::connect(&s.socket).await.expect("connect");
+    assert_eq!(client.get_domain().await.expect("empty"), None);
+
+    let mut d = Domain::new("default", "vmi", "u-1");
+    d.status.status = LifeCycle::Running;
+    s.fake.behaviour.lock().expect("lock").domain = d.to_json();
+    assert_eq!(client.get_domain().await.expect("domain"), Some(d.clone()));
+
+    s.fake.behaviour.lock().expect("lock").omit_domain_response = true;
+    assert_eq!(
+        client.get_domain().await.expect("absent response is fine"),
+        Some(d)
+    );
+
+    s.fake.behaviour.lock().expect("lock").domain = "{not json".into();
+    assert!(matches!(
+        client.get_domain().await,
+        Err(CmdError::InvalidDomain(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_launcher_that_goes_away_mid_call_is_a_disconnect() {
+    let mut s = serve(Behaviour {
+        delete_hangs: true,
+        ..v1()
+    })
+    .await;
+    let client = LauncherClient::connect(&s.socket).await.expect("connect");
+    let call = {
+        let client = client.clone();
+        tokio::spawn(async move { client.send(VmiCommand::Delete, &vmi()).await })
+    };
+    // Wait until the launcher has the call, then take the launcher away.
+    for _ in 0..100 {
+        if s.fake
+            .received
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(n, _)| n == "DeleteVirtualMachine")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s.kill();
+    let err = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends")
+        .expect("task")
+        .expect_err("disconnected");
+    assert!(err.is_disconnected(), "{err:?}");
+}
+
+#[tokio::test]
+async fn connecting_to_a_missing_socket_fails_fast() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = std::time::Instant::now();
+    let err = LauncherClient::connect(&dir.path().join("nothing"))
+        .await
+        .expect_err("no socket");
+    assert!(matches!(err, CmdError::Connect { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+// ---- notify server
+
+struct Sink {
+    vmi_uid: String,
+    recorded: Mutex<Vec<K8sEvent>>,
+}
+
+impl K8sEventSink for Sink {
+    fn record(&self, event: &K8sEvent) -> Result<(), String> {
+        if event.involved_object.uid != self.vmi_uid {
+            return Err("VMI not found".into());
+        }
+        self.recorded.lock().expect("lock").push(event.clone());
+        Ok(())
+    }
+}
+
+async fn notify_client(socket: &Path) -> NotifyClient<tonic::transport::Channel> {
+    NotifyClient::new(
+        unix_channel(socket, Duration::from_secs(2))
+            .await
+            .expect("channel"),
+    )
+}
+
+fn event(kind: &str, domain: &Domain) -> DomainEventRequest {
+    DomainEventRequest {
+        domain_json: domain.to_json().into_bytes(),
+        status_json: Vec::new(),
+        event_type: kind.into(),
+    }
+}
+
+#[tokio::test]
+async fn notify_server_feeds_the_cache_and_answers_like_kubevirt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cache, mut changes) = DomainCache::new();
+    let cache = Arc::new(cache);
+    let sink = Arc::new(Sink {
+        vmi_uid: "u-1".into(),
+        recorded: Mutex::new(Vec::new()),
+    });
+    let server = notify::start(dir.path(), Arc::clone(&cache), sink.clone()).expect("start");
+    let socket = dir.path().join("domain-notify.sock");
+    assert_eq!(server.path, socket);
+
+    let mut info = NotifyInfoClient::new(
+        unix_channel(&socket, Duration::from_secs(2))
+            .await
+            .expect("ch"),
+    );
+    let versions = info
+        .info(NotifyInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    assert_eq!(versions.supported_notify_versions, vec![1]);
+
+    let mut client = notify_client(&socket).await;
+    let mut d = Domain::new("default", "vmi", "u-1");
+    d.status.status = LifeCycle::Running;
+    let reply = client
+        .handle_domain_event(event("ADDED", &d))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success, "{}", reply.message);
+    assert_eq!(
+        changes.recv().await,
+        Some(CacheChange::Key("default/vmi".into()))
+    );
+    assert_eq!(cache.get("default/vmi"), Some(d.clone()));
+
+    // Unknown types are ignored, successfully.
+    let reply = client
+        .handle_domain_event(event("BOOKMARK", &d))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success);
+    assert!(changes.try_recv().is_err());
+
+    // Garbage is refused with success=false (the launcher retries).
+    let reply = client
+        .handle_domain_event(DomainEventRequest {
+            domain_json: b"{\"ObjectMeta\": 5".to_vec(),
+            status_json: Vec::new(),
+            event_type: "MODIFIED".into(),
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(!reply.success);
+    assert!(
+        reply.message.contains("invalid domain JSON"),
+        "{}",
+        reply.message
+    );
+
+    let reply = client
+        .handle_domain_event(DomainEventRequest {
+            domain_json: Vec::new(),
+            status_json: br#"{"kind":"Status","message":"gone"}"#.to_vec(),
+            event_type: "ERROR".into(),
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success);
+    assert_eq!(changes.recv().await, Some(CacheChange::Relist));
+
+    let k8s = |uid: &str| K8sEventRequest {
+        event_json: serde_json::json!({
+            "involvedObject": {"kind": "VirtualMachineInstance", "apiVersion": "kubevirt.io/v1",
+                               "namespace": "default", "name": "vmi", "uid": uid},
+            "type": "Warning", "reason": "GuestPanicked", "message": "panic"
+        })
+        .to_string()
+        .into_bytes(),
+    };
+    let reply = client
+        .handle_k8s_event(k8s("u-1"))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success);
+    let reply = client
+        .handle_k8s_event(k8s("other"))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(!reply.success);
+    assert_eq!(reply.message, "VMI not found");
+    assert_eq!(sink.recorded.lock().expect("lock").len(), 1);
+
+    // Through a notify pipe placed elsewhere, owned by another user.
+    let pipe_dir = tempfile::tempdir().expect("tempdir");
+    let pipe_path = pipe_dir
+        .path()
+        .join("var/run/kubevirt/domain-notify-pipe.sock");
+    let pipe = NotifyPipe::start(&pipe_path, &socket, Some(107)).expect("pipe");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&pipe_path).expect("pipe file").uid(), 107);
+    let mut via_pipe = notify_client(&pipe_path).await;
+    d.status.status = LifeCycle::Paused;
+    let reply = via_pipe
+        .handle_domain_event(event("MODIFIED", &d))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success);
+    assert_eq!(
+        changes.recv().await,
+        Some(CacheChange::Key("default/vmi".into()))
+    );
+    assert_eq!(
+        cache.get("default/vmi").map(|d| d.status.status),
+        Some(LifeCycle::Paused)
+    );
+    drop(pipe);
+    assert!(!pipe_path.exists(), "the pipe's socket file goes with it");
+
+    server.stop().await.expect("stop");
+    assert!(!socket.exists());
+}
