@@ -37,10 +37,13 @@ struct Behaviour {
     delete_hangs: bool,
 }
 
+/// Calls the fake launcher received: RPC name and VMI request (if it had one).
+type Received = Arc<Mutex<Vec<(String, Option<cmdv1::VmiRequest>)>>>;
+
 #[derive(Clone, Default)]
 struct FakeLauncher {
     behaviour: Arc<Mutex<Behaviour>>,
-    received: Arc<Mutex<Vec<(String, Option<cmdv1::VmiRequest>)>>>,
+    received: Received,
 }
 
 impl FakeLauncher {
