@@ -147,6 +147,7 @@ fn exec(disk: &mut dyn DiskBackend, cmd: &Command, buf: &mut Vec<u8>) -> anyhow:
             len,
             quiet,
         } => {
+            disk.check_range(offset, len)?; // before allocating the buffer
             if zero {
                 disk.write_zeroes(offset, len, unmap)?;
             } else {

@@ -43,7 +43,7 @@ impl CheckReport {
 
 /// Refuses to check files whose cluster count would need more than this
 /// much memory for the reference counts (one u16 per cluster).
-const MAX_CHECK_CLUSTERS: u64 = 1 << 31;
+const MAX_CHECK_CLUSTERS: u64 = 1 << 28;
 
 pub fn check(path: &Path) -> DiskResult<CheckReport> {
     let file = HostFile::open(path, false, false)?;
@@ -139,6 +139,7 @@ fn walk_tables(w: &mut Walker<'_>, header: &Header) -> DiskResult<Vec<(u64, bool
             .collect();
     }
     let mut copied_checks = Vec::new();
+    let mut seen_l2 = std::collections::HashSet::new();
     let mut last_host = 0u64;
     for (i, &e) in l1.iter().enumerate() {
         let l2_off = match tables::decode_l1(e, header.cluster_bits) {
@@ -155,6 +156,12 @@ fn walk_tables(w: &mut Walker<'_>, header: &Header) -> DiskResult<Vec<(u64, bool
             continue;
         }
         copied_checks.push((l2_off, e & COPIED != 0));
+        // A table shared by several L1 entries is counted for each (its
+        // refcount will not match) but walked once: hostile images cannot
+        // multiply the work.
+        if !seen_l2.insert(l2_off) {
+            continue;
+        }
         let l2 = w.read_cluster(l2_off)?;
         for j in 0..(cs / 8) as usize {
             let entry = be64_at(&l2, j);
@@ -240,14 +247,19 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
     }
 
     // Compare stored refcounts with the references.
-    let mut stored = vec![0u64; nclusters as usize];
+    // Saturated like the reference counts (u16: 2 bytes per cluster).
+    let mut stored = vec![0u16; nclusters as usize];
+    let mut seen_blocks = std::collections::HashSet::new();
     for &(bi, off) in &blocks {
+        if !seen_blocks.insert(off) {
+            continue; // counted twice above; read once (bounded work)
+        }
         let block = w.read_cluster(off)?;
         for k in 0..rpb {
             let c = bi * rpb + k;
             let v = refcount::get(&block, header.refcount_order, k as usize);
             match stored.get_mut(c as usize) {
-                Some(s) => *s = v,
+                Some(s) => *s = v.min(u16::MAX as u64) as u16,
                 None if v > 0 => w.report.problem(
                     false,
                     format!("Leaked cluster {c} (past the end of the file) refcount={v}"),
@@ -259,7 +271,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
     let mut last_used = 0u64;
     for c in 0..nclusters as usize {
         let r = w.refs.get(c).copied().unwrap_or(0) as u64;
-        let s = stored.get(c).copied().unwrap_or(0);
+        let s = stored.get(c).copied().unwrap_or(0) as u64;
         if r > 0 || s > 0 {
             last_used = c as u64 + 1;
         }
