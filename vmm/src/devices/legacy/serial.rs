@@ -200,10 +200,19 @@ pub struct SocketConsole {
 
 impl SocketConsole {
     fn bind(path: &Path) -> io::Result<Arc<Self>> {
-        // A stale socket file from an earlier run would make bind fail.
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
+        // A stale socket from an earlier run would make bind fail; anything
+        // else at that path is not ours to delete.
+        use std::os::unix::fs::FileTypeExt;
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(path)?;
         listener.set_nonblocking(true)?;
@@ -337,6 +346,30 @@ mod tests {
             dev.write(offset, &[]);
             dev.read(offset, &mut []);
         }
+    }
+
+    #[test]
+    fn a_console_socket_never_replaces_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("precious.txt");
+        std::fs::write(&path, "keep me").unwrap();
+        let irq = IrqLine::from_eventfd(4, EventFd::new(EFD_NONBLOCK).unwrap());
+        let err = Console::new(&SerialTarget::UnixSocket(path.clone()), irq)
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn a_stale_console_socket_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.sock");
+        let stale = UnixListener::bind(&path).unwrap();
+        drop(stale);
+        let console = serial(&SerialTarget::UnixSocket(path.clone()));
+        UnixStream::connect(&path).unwrap();
+        drop(console);
     }
 
     #[test]
