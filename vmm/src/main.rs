@@ -1,11 +1,12 @@
 //! The `vmm` command: parses arguments (crate::cli) and calls the library.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
 use vmm::cli::{Cli, Command};
 use vmm::lifecycle::INTERNAL_ERROR_EXIT_STATUS;
-use vmm::{Vm, selftest, test_guest};
+use vmm::{Vm, VmHandle, selftest, test_guest};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -41,17 +42,73 @@ fn main() -> ExitCode {
 }
 
 fn run(config: vmm::VmConfig) -> i32 {
+    // Blocked before any VM thread exists, so every thread inherits the mask
+    // and only the watcher below receives them.
+    let signals = match block_termination_signals() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("vmm: cannot block SIGTERM/SIGINT: {e}");
+            return INTERNAL_ERROR_EXIT_STATUS;
+        }
+    };
     let handle = match Vm::start(config) {
-        Ok(handle) => handle,
+        Ok(handle) => Arc::new(handle),
         Err(e) => {
             eprintln!("vmm: cannot start the VM: {e}");
             return INTERNAL_ERROR_EXIT_STATUS;
         }
     };
+    let watched = handle.clone();
+    let watcher = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || forward_termination_signals(&signals, &watched));
+    if let Err(e) = watcher {
+        eprintln!("vmm: cannot watch for SIGTERM/SIGINT: {e}");
+    }
     let exit = handle.wait();
     if std::env::var_os("VMM_TIMINGS").is_some() {
         eprintln!("{}", vmm::timing::report_line());
     }
     eprintln!("vmm: VM ended: {exit}");
     exit.exit_status()
+}
+
+fn block_termination_signals() -> std::io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use;
+    // pthread_sigmask only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        Ok(set)
+    }
+}
+
+/// SIGTERM or SIGINT: the first asks the guest to shut down (Ctrl-Alt-Del
+/// through the i8042; Linux reboots, which ends the VM), the second kills it.
+fn forward_termination_signals(set: &libc::sigset_t, vm: &VmHandle) {
+    let mut asked = false;
+    loop {
+        let mut signal = 0;
+        // SAFETY: `set` holds signals blocked in every thread; sigwait
+        // writes the one received into `signal`.
+        if unsafe { libc::sigwait(set, &mut signal) } != 0 || vm.exit().is_some() {
+            return;
+        }
+        if asked {
+            eprintln!("vmm: signal {signal} again: killing the VM");
+            vm.kill();
+            return;
+        }
+        eprintln!("vmm: signal {signal}: asking the guest to shut down (again to kill)");
+        if vm.request_shutdown().is_err() {
+            return;
+        }
+        asked = true;
+    }
 }

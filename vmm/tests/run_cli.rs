@@ -310,3 +310,46 @@ fn an_initrd_larger_than_memory_is_refused() {
         stderr(&out)
     );
 }
+
+#[test]
+fn sigterm_asks_the_guest_to_shut_down_and_a_second_one_kills() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let start = |cmdline: &str, ready: &str| {
+        let mut child = vmm()
+            .args(["run", "--kernel"])
+            .arg(&kernel)
+            .args(["--cmdline", cmdline])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert!(
+            lines.any(|l| l.is_ok_and(|l| l.starts_with(ready))),
+            "no {ready:?} from the guest"
+        );
+        (child, lines)
+    };
+    let sigterm = |child: &std::process::Child| {
+        // SAFETY: plain kill(2) on our own child, not yet reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    };
+
+    // A guest waiting for Ctrl-Alt-Del honours the request: a reset, status 0.
+    let (mut child, mut lines) = start("checks=serial exit=halt wait=120", "WAITING");
+    sigterm(&child);
+    assert!(lines.any(|l| l.is_ok_and(|l| l == "SHUTDOWN requested")));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+
+    // A guest busy elsewhere (the smp check waits 5 s for vCPUs that do not
+    // exist and does not read its keyboard) is killed by the second signal.
+    let (mut child, _lines) = start("checks=smp cpus=3 exit=halt wait=120", "BOOT");
+    sigterm(&child);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    sigterm(&child);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(137), "{status}");
+}
