@@ -13,12 +13,29 @@ pub fn run(
     format: Option<&str>,
     output: &str,
     quiet: bool,
+    repair: Option<&str>,
     filename: &Path,
 ) -> anyhow::Result<i32> {
     let format = required_format(format)?;
     if format == Format::Raw {
         println!("This image format does not support checks");
         return Ok(63);
+    }
+    match repair {
+        None => {}
+        Some("leaks" | "all") => {
+            let before = check(filename)?;
+            if before.leaks + before.corruptions > 0 {
+                crate::qcow2::repair(filename)?;
+                if !quiet && output == "human" {
+                    println!(
+                        "Repaired the refcounts ({} leaked clusters, {} refcount errors before).",
+                        before.leaks, before.corruptions
+                    );
+                }
+            }
+        }
+        Some(other) => anyhow::bail!("-r: expected leaks or all, got {other:?}"),
     }
     let r = match check(filename) {
         Ok(r) => r,

@@ -57,6 +57,9 @@ pub enum ImgCommand {
         output: String,
         #[arg(short = 'q')]
         quiet: bool,
+        /// Repair: `leaks` or `all` (both rebuild the refcounts from the tables).
+        #[arg(short = 'r')]
+        repair: Option<String>,
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         filename: PathBuf,
@@ -157,9 +160,16 @@ pub fn run(cmd: ImgCommand) -> anyhow::Result<i32> {
             format,
             output,
             quiet,
+            repair,
             filename,
             ..
-        } => check::run(format.as_deref(), &output, quiet, &filename),
+        } => check::run(
+            format.as_deref(),
+            &output,
+            quiet,
+            repair.as_deref(),
+            &filename,
+        ),
         ImgCommand::Bench {
             count,
             depth,

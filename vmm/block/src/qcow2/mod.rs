@@ -31,6 +31,7 @@ use header::Header;
 use tables::{COPIED, Mapping, MetadataCache, ZERO};
 
 pub use create::{CreateOptions, create};
+pub use repair::repair;
 
 /// Default memory for cached L2 tables (as QEMU's default maximum).
 pub const DEFAULT_L2_CACHE: u64 = 32 << 20;

@@ -78,3 +78,17 @@ impl Qcow2Image {
         Ok(())
     }
 }
+
+/// `qemu-img check -r all`: rewrites the refcounts from the tables (fixes
+/// leaks and wrong refcounts; damaged L1/L2 tables are refused).
+pub fn repair(path: &std::path::Path) -> DiskResult<()> {
+    let mut img = Qcow2Image::open(
+        path,
+        super::Qcow2Options {
+            open_backing: false,
+            ..Default::default()
+        },
+    )?;
+    img.rebuild_refcounts()?;
+    img.close()
+}
