@@ -415,11 +415,16 @@ impl Qcow2Image {
         }
     }
 
-    /// Clusters that need a new host cluster for a write: anything but data.
+    /// Clusters that need a new host cluster for a write: anything but data
+    /// this image owns alone (a shared cluster, without the copied flag, is
+    /// copied first so the other user keeps its data).
     fn needs_alloc(m: Mapping) -> bool {
         matches!(
             m,
-            Mapping::Unallocated | Mapping::Zero { host: None } | Mapping::Compressed { .. }
+            Mapping::Unallocated
+                | Mapping::Zero { host: None }
+                | Mapping::Compressed { .. }
+                | Mapping::Data { copied: false, .. }
         )
     }
 
@@ -460,13 +465,16 @@ impl Qcow2Image {
             let n = (cs - in_off).min(len - done);
             let m = self.mapping(vc)?;
             match m {
-                Mapping::Data { host, .. } => {
+                Mapping::Data { host, copied: true } => {
                     // In place; extend over following clusters contiguous on the host.
                     let mut n = n;
                     let mut next_host = host + cs;
                     while done + n < len {
                         match self.mapping(vc + ((in_off + n) >> self.cluster_bits))? {
-                            Mapping::Data { host: h, .. } if h == next_host => {
+                            Mapping::Data {
+                                host: h,
+                                copied: true,
+                            } if h == next_host => {
                                 n += cs.min(len - done - n);
                                 next_host += cs;
                             }
