@@ -42,23 +42,38 @@ pub async fn run_when_leader(
         .await?;
     let (mut leading, task) = manager.watch().await;
     tracing::info!(identity = %options.identity, "attempting to acquire leader lease");
+    // Shutdown stops the work like a lost Lease does, and lets it finish.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let election = async {
         loop {
-            if leading.wait_for(|l| *l).await.is_err() {
-                return;
+            let mut stop = stop_rx.clone();
+            tokio::select! {
+                acquired = leading.wait_for(|l| *l) => if acquired.is_err() { return },
+                _ = stop.wait_for(|s| *s) => return,
             }
             tracing::info!(identity = %options.identity, "acquired the leader lease, starting controllers");
-            let mut lost_rx = leading.clone();
+            let (mut lost_rx, mut stop) = (leading.clone(), stop_rx.clone());
             let lost: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
-                let _ = lost_rx.wait_for(|l| !*l).await;
+                tokio::select! {
+                    _ = lost_rx.wait_for(|l| !*l) => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
             });
             work(lost).await;
+            if *stop_rx.borrow() {
+                return;
+            }
             tracing::warn!(identity = %options.identity, "lost the leader lease, controllers stopped");
         }
     };
+    let trigger = async {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        std::future::pending::<()>().await;
+    };
     tokio::select! {
         _ = election => {}
-        _ = shutdown => {}
+        _ = trigger => {}
     }
     // Closing the channel makes the manager release the Lease and end.
     drop(leading);

@@ -62,7 +62,7 @@ impl Qty {
     }
 
     /// apimachinery's `Add`: a zero receiver takes the other's format.
-    pub fn add(self, other: Qty) -> Qty {
+    pub fn plus(self, other: Qty) -> Qty {
         Qty {
             milli: self.milli + other.milli,
             format: if self.milli == 0 {
@@ -82,7 +82,7 @@ impl std::fmt::Display for Qty {
     /// The canonical form: the largest suffix that keeps the number whole; values below one
     /// unit (or below 1024 in binary format) are written in decimal, fractions as milli-units.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.milli % 1000 != 0 {
+        if !self.milli.is_multiple_of(1000) {
             return write!(f, "{}m", self.milli);
         }
         let whole = self.milli / 1000;
@@ -94,7 +94,7 @@ impl std::fmt::Display for Qty {
         };
         let mut number = whole;
         let mut index = 0;
-        while number != 0 && number % base == 0 && index + 1 < suffixes.len() {
+        while number != 0 && number.is_multiple_of(base) && index + 1 < suffixes.len() {
             number /= base;
             index += 1;
         }
@@ -133,12 +133,12 @@ mod tests {
 
     #[test]
     fn sums_keep_the_receiver_format() {
-        let request = q("2Gi").add(Qty::mebibytes(280));
+        let request = q("2Gi").plus(Qty::mebibytes(280));
         assert_eq!(request.to_string(), "2328Mi");
-        let storage = Qty::ZERO.add(q("50M"));
+        let storage = Qty::ZERO.plus(q("50M"));
         assert_eq!(storage.to_string(), "50M");
         // A binary sum that is not a whole KiB is written as a plain number.
-        let odd = q("1Gi").add(Qty::bytes(1, Format::DecimalSi));
+        let odd = q("1Gi").plus(Qty::bytes(1, Format::DecimalSi));
         assert_eq!(odd.to_string(), "1073741825");
     }
 

@@ -6,7 +6,7 @@ use crate::writes::Writes;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
@@ -108,6 +108,23 @@ impl Context {
     }
 }
 
+/// The controllers (of kind `kind`) of `object`, as references for a reconcile trigger.
+fn owners_of_kind<K, O>(object: &K, kind: &str) -> Vec<ObjectRef<O>>
+where
+    K: Resource,
+    O: Resource<DynamicType = ()>,
+{
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    object
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true) && r.kind == kind)
+        .map(|r| ObjectRef::new(&r.name).within(&namespace))
+        .collect()
+}
+
 fn api_all<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -131,6 +148,8 @@ pub async fn run(
     let (vm_reader, vm_writer) = reflector::store_shared::<VirtualMachine>(1024);
     let subscribe = "a shared store hands out subscribers";
     let vmi_for_vmi_controller = vmi_writer.subscribe().expect(subscribe);
+    let (pod_gone_tx, pod_gone_rx) = futures::channel::mpsc::unbounded();
+    let (vmi_gone_tx, vmi_gone_rx) = futures::channel::mpsc::unbounded();
     let vmi_for_vm_controller = vmi_writer.subscribe().expect(subscribe);
     let pods_for_vmi_controller = pod_writer.subscribe().expect(subscribe);
     let vms_for_vm_controller = vm_writer.subscribe().expect(subscribe);
@@ -141,14 +160,31 @@ pub async fn run(
     )
     .default_backoff()
     .reflect_shared(vmi_writer)
-    .for_each(|_| async {});
+    .for_each(move |event| {
+        // Subscribers of a shared store hear about changes, not deletions: a deleted VMI
+        // wakes its VM through this channel.
+        if let Ok(watcher::Event::Delete(vmi)) = &event {
+            for owner in owners_of_kind(vmi, "VirtualMachine") {
+                let _ = vmi_gone_tx.unbounded_send(owner);
+            }
+        }
+        async {}
+    });
     let pod_watch = watcher(
         api_all::<Pod>(&client, &options.namespace),
         watch_config.clone().labels("kubevirt.io=virt-launcher"),
     )
     .default_backoff()
     .reflect_shared(pod_writer)
-    .for_each(|_| async {});
+    .for_each(move |event| {
+        // Likewise, a deleted pod wakes its VMI.
+        if let Ok(watcher::Event::Delete(pod)) = &event {
+            for owner in owners_of_kind(pod, "VirtualMachineInstance") {
+                let _ = pod_gone_tx.unbounded_send(owner);
+            }
+        }
+        async {}
+    });
     let vm_watch = watcher(
         api_all::<VirtualMachine>(&client, &options.namespace),
         watch_config,
@@ -186,6 +222,7 @@ pub async fn run(
         vmi_reader,
         pods_for_vmi_controller,
     )
+    .reconcile_on(pod_gone_rx)
     .graceful_shutdown_on(stopped(stop_rx.clone()))
     .run(
         crate::vmi::controller::reconcile,
@@ -194,6 +231,7 @@ pub async fn run(
     );
     let vm_controller =
         crate::vm::controller::controller(vms_for_vm_controller, vm_reader, vmi_for_vm_controller)
+            .reconcile_on(vmi_gone_rx)
             .graceful_shutdown_on(stopped(stop_rx))
             .run(
                 crate::vm::controller::reconcile,

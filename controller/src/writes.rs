@@ -12,6 +12,7 @@ pub enum Write {
     VmiDelete,
     PodCreate,
     PodDelete,
+    PodPatch,
     VmPatch,
     VmStatusPatch,
     RevisionCreate,
@@ -19,7 +20,7 @@ pub enum Write {
     Event,
 }
 
-const KINDS: usize = 11;
+const KINDS: usize = 12;
 
 /// Thread-safe counters, one per [`Write`].
 #[derive(Debug, Default)]

@@ -12,7 +12,7 @@ const MI: u64 = 1 << 20;
 pub const FIXED_OVERHEAD_MIB: u64 = 25 + 100 + 25 + 40 + 30;
 
 /// The overhead as apimachinery computes it, including the format its sum ends up with (the
-/// first non-zero term decides it; see [`Qty::add`]).
+/// first non-zero term decides it; see [`Qty::plus`]).
 pub fn memory_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, TemplateError> {
     let domain = &vmi.spec.domain;
     let mut overhead = Qty::ZERO;
@@ -24,33 +24,33 @@ pub fn memory_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, 
         .unwrap_or(0);
     let kilo = requested.div_ceil(1000);
     let pagetables = (kilo * 1000) / 512;
-    overhead = overhead.add(Qty {
+    overhead = overhead.plus(Qty {
         milli: pagetables * 1000,
         format: Format::DecimalSi,
     });
 
-    overhead = overhead.add(Qty::mebibytes(FIXED_OVERHEAD_MIB));
+    overhead = overhead.plus(Qty::mebibytes(FIXED_OVERHEAD_MIB));
 
     // 8 MiB of CPU tables per vCPU, at least one.
     let vcpus = vcpus_for_overhead(vmi)?.max(1);
-    overhead = overhead.add(Qty::bytes(8 * MI * vcpus, Format::BinarySi));
+    overhead = overhead.plus(Qty::bytes(8 * MI * vcpus, Format::BinarySi));
 
     // The IO thread.
-    overhead = overhead.add(Qty::mebibytes(8));
+    overhead = overhead.plus(Qty::mebibytes(8));
 
     // Video RAM, unless the graphics device is switched off.
     if domain.devices.autoattach_graphics_device != Some(false) {
-        overhead = overhead.add(Qty::mebibytes(32));
+        overhead = overhead.plus(Qty::mebibytes(32));
     }
 
     // Two 64 MiB UEFI pflash devices on arm64.
     if arch == "arm64" {
-        overhead = overhead.add(Qty::mebibytes(128));
+        overhead = overhead.plus(Qty::mebibytes(128));
     }
 
     // VFIO locks all guest RAM plus the MMIO window.
     if super::has_vfio(vmi) {
-        overhead = overhead.add(Qty::mebibytes(1024));
+        overhead = overhead.plus(Qty::mebibytes(1024));
     }
 
     if vmi
@@ -59,7 +59,7 @@ pub fn memory_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, 
         .iter()
         .any(|v| v.extra.contains_key("downwardMetrics"))
     {
-        overhead = overhead.add(Qty::mebibytes(1));
+        overhead = overhead.plus(Qty::mebibytes(1));
     }
 
     // Exec probes run virt-probe: 10 MiB each, plus 100 MiB once.
@@ -72,24 +72,24 @@ pub fn memory_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, 
     let readiness = exec_probe(&vmi.spec.readiness_probe);
     for probe in [liveness, readiness] {
         if probe {
-            overhead = overhead.add(Qty::mebibytes(10));
+            overhead = overhead.plus(Qty::mebibytes(10));
         }
     }
     if liveness || readiness {
-        overhead = overhead.add(Qty::mebibytes(100));
+        overhead = overhead.plus(Qty::mebibytes(100));
     }
 
     if super::has_sev(vmi) {
-        overhead = overhead.add(Qty::mebibytes(256));
+        overhead = overhead.plus(Qty::mebibytes(256));
     }
 
     // swtpm.
     if super::has_tpm(vmi) {
-        overhead = overhead.add(Qty::mebibytes(53));
+        overhead = overhead.plus(Qty::mebibytes(53));
     }
 
     if super::is_cpu_dedicated(vmi) || super::wants_guaranteed_qos(vmi)? {
-        overhead = overhead.add(Qty::mebibytes(100));
+        overhead = overhead.plus(Qty::mebibytes(100));
     }
 
     if let Some(added) = domain
@@ -104,7 +104,7 @@ pub fn memory_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, 
         let added = Qty::parse(&proto::kubevirt::Quantity(text.to_string())).map_err(|e| {
             TemplateError::Invalid(format!("memory.reservedOverhead.addedOverhead: {e}"))
         })?;
-        overhead = overhead.add(added);
+        overhead = overhead.plus(added);
     }
 
     Ok(overhead)

@@ -46,9 +46,9 @@ pub(super) fn render(
         .get("ephemeral-storage")
         .copied()
         .unwrap_or(Qty::ZERO);
-    vm_requests.insert("ephemeral-storage".into(), requested.add(storage));
+    vm_requests.insert("ephemeral-storage".into(), requested.plus(storage));
     if let Some(limit) = vm_limits.get_mut("ephemeral-storage") {
-        *limit = limit.add(storage);
+        *limit = limit.plus(storage);
     }
 
     // Device plugins served by the handler. Extended resources go in limits; the kubelet
@@ -118,15 +118,15 @@ pub(super) fn render(
         } else {
             for map in [&mut vm_limits, &mut vm_requests] {
                 if let Some(cpu) = map.get_mut("cpu") {
-                    *cpu = cpu.add(whole(io_threads));
+                    *cpu = cpu.plus(whole(io_threads));
                 }
             }
         }
         if domain.cpu.as_ref().and_then(|c| c.isolate_emulator_thread) == Some(true) {
             let limit = vm_limits.get("cpu").copied().unwrap_or(Qty::ZERO);
-            vm_limits.insert("cpu".into(), limit.add(whole(1)));
+            vm_limits.insert("cpu".into(), limit.plus(whole(1)));
             if let Some(request) = vm_requests.get_mut("cpu") {
-                *request = request.add(whole(1));
+                *request = request.plus(whole(1));
             }
         }
         if let Some(memory) = vm_requests.get("memory").copied() {
@@ -160,11 +160,11 @@ pub(super) fn render(
         if overcommit_overhead {
             request
         } else {
-            request.add(overhead)
+            request.plus(overhead)
         },
     );
     if let Some(limit) = vm_limits.get_mut("memory") {
-        *limit = limit.add(overhead);
+        *limit = limit.plus(overhead);
     }
 
     let merge = |calculated: Resources, vm: Resources| {

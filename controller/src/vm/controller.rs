@@ -37,7 +37,13 @@ pub fn controller(
 
 pub fn error_policy(vm: Arc<VirtualMachine>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(vm = %vm.name_any(), %error, "re-enqueuing VirtualMachine");
-    Action::requeue(Duration::from_secs(5))
+    // A conflict only means the cache was behind: retry soon.
+    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
+    Action::requeue(if conflict {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(5)
+    })
 }
 
 fn key(vm: &VirtualMachine) -> String {
@@ -64,6 +70,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         )
     });
     if !ctx.vm_expectations.satisfied(&key(&vm), cached) {
+        tracing::debug!(vm = %name, "waiting for the VMI cache");
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let vm_api: Api<VirtualMachine> = ctx.api(&namespace);
@@ -99,6 +106,14 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     let facts = vmi.as_deref().map(VmiFacts::of);
     let status = vm.status.clone().unwrap_or_default();
     let backoff_left = backoff_left(&status);
+    let action = decide_run(
+        strategy,
+        facts.as_ref(),
+        request.as_ref(),
+        status.run_strategy,
+        backoff_left,
+    );
+    tracing::debug!(vm = %name, ?strategy, vmi = ?facts, ?request, ?action, "VM plan");
     let mut requeue = None;
     let mut sync_error = None;
     let mut request_start = false;

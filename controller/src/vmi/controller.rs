@@ -39,7 +39,13 @@ pub fn controller(
 
 pub fn error_policy(vmi: Arc<VirtualMachineInstance>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(vmi = %vmi.name_any(), %error, "re-enqueuing VirtualMachineInstance");
-    Action::requeue(Duration::from_secs(5))
+    // A conflict only means the cache was behind: retry soon.
+    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
+    Action::requeue(if conflict {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(5)
+    })
 }
 
 /// The pods controlled by `uid`, from the cache plus those created and not yet cached.
@@ -144,6 +150,28 @@ pub async fn reconcile(
     }
 
     let pod_api: Api<Pod> = ctx.api(&namespace);
+    if let Some((pod, unpaused)) = &plan.set_unpaused {
+        let (status, reason) = if *unpaused {
+            ("True", "NotPaused")
+        } else {
+            ("False", "Paused")
+        };
+        let patch = json!({"status": {"conditions": [{
+            "type": crate::template::UNPAUSED_READINESS_GATE,
+            "status": status,
+            "reason": reason,
+            "lastProbeTime": null,
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]}});
+        match pod_api
+            .patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => ctx.writes.record(Write::PodPatch),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     for pod in &plan.delete_pods {
         match pod_api.delete(pod, &DeleteParams::default()).await {
             Ok(_) => {

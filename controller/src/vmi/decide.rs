@@ -27,6 +27,8 @@ pub struct PodView {
     pub unschedulable: Option<(String, String)>,
     /// Why the pod failed, from its status.
     pub failure: Option<String>,
+    /// Status (`True`/`False`) of the pod condition behind the readiness gate.
+    pub unpaused_condition: Option<String>,
     pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
@@ -65,7 +67,14 @@ impl PodView {
             (None, Some(m)) => Some(m.clone()),
             (None, None) => None,
         };
+        let unpaused_condition = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == crate::template::UNPAUSED_READINESS_GATE)
+            .map(|c| c.status.clone());
         PodView {
+            unpaused_condition,
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -109,6 +118,9 @@ pub struct VmiPlan {
     pub failure: Option<Failure>,
     /// `PodScheduled=False` copied from the pod.
     pub unschedulable: Option<(String, String)>,
+    /// Set the readiness-gate condition of this pod: `true` = `NotPaused`, `false` = `Paused`.
+    /// Without it the kubelet never reports the pod Ready.
+    pub set_unpaused: Option<(String, bool)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +152,22 @@ pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: b
             .filter(|p| !p.deleting || p.is_final())
             .map(|p| p.name.clone())
             .collect();
+    }
+
+    if let Some(pod) = pod
+        && !pod.deleting
+        && !pod.is_final()
+        && !phase.is_final()
+    {
+        let paused = vmi.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.condition_type == "Paused" && c.status == "True")
+        });
+        let wanted = if paused { "False" } else { "True" };
+        if pod.unpaused_condition.as_deref() != Some(wanted) {
+            plan.set_unpaused = Some((pod.name.clone(), !paused));
+        }
     }
 
     match phase {
@@ -485,6 +513,45 @@ mod tests {
             "{}",
             failure.message
         );
+    }
+
+    #[test]
+    fn readiness_gate_follows_pause() {
+        let plan = decide(
+            &vmi("Scheduling", false, &[FG]),
+            &[pod("Pending", false, Some("n1"))],
+            true,
+        );
+        assert_eq!(
+            plan.set_unpaused,
+            Some(("virt-launcher-v-abcde".into(), true))
+        );
+        let mut set = pod("Running", true, Some("n1"));
+        set.unpaused_condition = Some("True".into());
+        let plan = decide(&vmi("Running", false, &[FG]), &[set.clone()], true);
+        assert_eq!(plan.set_unpaused, None);
+        let mut paused = vmi("Running", false, &[FG]);
+        paused
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .push(proto::kubevirt::Condition {
+                condition_type: "Paused".into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+        let plan = decide(&paused, &[set], true);
+        assert_eq!(
+            plan.set_unpaused,
+            Some(("virt-launcher-v-abcde".into(), false))
+        );
+        let plan = decide(
+            &vmi("Failed", false, &[FG]),
+            &[pod("Failed", false, Some("n1"))],
+            true,
+        );
+        assert_eq!(plan.set_unpaused, None);
     }
 
     #[test]

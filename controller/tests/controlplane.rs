@@ -1,0 +1,652 @@
+//! The controllers against a real etcd + kube-apiserver + kube-controller-manager (the
+//! `integration` crate's control plane). There is no kubelet: the test plays it — it binds
+//! launcher pods to a node, marks them Ready without starting anything, and finishes pods
+//! that are being deleted — and it plays virt-handler by writing VMI phases.
+//! Fails (never skips) when the control plane cannot be built or started.
+
+use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
+use controller::run::{Options, run};
+use controller::template::TemplateConfig;
+use controller::writes::{Write, Writes};
+use futures::StreamExt;
+use integration::controlplane::{self, ControlPlane};
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Binding, Namespace, Node, ObjectReference, Pod};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use proto::kubevirt::{Phase, VirtualMachine, VirtualMachineInstance};
+use serde_json::json;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn control_plane() -> &'static ControlPlane {
+    match controlplane::shared().await {
+        Ok(cp) => cp,
+        Err(e) => panic!(
+            "cannot run the test control plane: {e:#}\nbuild it with: {}",
+            controlplane::build_script().display()
+        ),
+    }
+}
+
+/// A namespace, a node, a fake kubelet and (optionally) a controller, all for one test.
+struct Setup {
+    client: kube::Client,
+    namespace: String,
+    node: String,
+    writes: Arc<Writes>,
+    stops: Vec<oneshot::Sender<()>>,
+}
+
+impl Setup {
+    async fn new(prefix: &str, with_controller: bool) -> Self {
+        // Logs with RUST_LOG=controller=debug.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let cp = control_plane().await;
+        let namespace = cp.create_namespace(prefix).await.expect("namespace");
+        let client = cp.client().expect("client");
+        let node = format!("node-{namespace}");
+        let nodes: Api<Node> = Api::all(client.clone());
+        let object = Node {
+            metadata: ObjectMeta {
+                name: Some(node.clone()),
+                labels: Some([("kubevirt.io/schedulable".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        nodes
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("node");
+        let mut setup = Setup {
+            client,
+            namespace,
+            node,
+            writes: Arc::new(Writes::default()),
+            stops: Vec::new(),
+        };
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(fake_kubelet(
+            setup.client.clone(),
+            setup.namespace.clone(),
+            setup.node.clone(),
+            stopped,
+        ));
+        setup.stops.push(stop);
+        if with_controller {
+            let (stop, stopped) = oneshot::channel::<()>();
+            tokio::spawn(run(
+                setup.client.clone(),
+                setup.options("test-controller"),
+                setup.writes.clone(),
+                async move {
+                    let _ = stopped.await;
+                },
+            ));
+            setup.stops.push(stop);
+        }
+        setup
+    }
+
+    fn options(&self, identity: &str) -> Options {
+        Options {
+            template: TemplateConfig {
+                launcher_image: "quay.io/kubevirt/virt-launcher:v1.9.0".into(),
+                ..TemplateConfig::default()
+            },
+            namespace: Some(self.namespace.clone()),
+            identity: identity.into(),
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+/// Plays the kubelet for one namespace: binds new launcher pods to `node` and reports them
+/// Running and Ready; removes pods that are being deleted (nothing runs, nothing to stop).
+async fn fake_kubelet(
+    client: kube::Client,
+    namespace: String,
+    node: String,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let mut events = watcher(pods.clone(), watcher::Config::default()).boxed();
+    loop {
+        let event = tokio::select! {
+            _ = &mut stop => return,
+            event = events.next() => event,
+        };
+        let Some(Ok(event)) = event else { continue };
+        let pod = match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => pod,
+            _ => continue,
+        };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() {
+            let _ = pods
+                .delete(
+                    &name,
+                    &DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            continue;
+        }
+        if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none()
+        {
+            let binding = Binding {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                },
+                target: ObjectReference {
+                    kind: Some("Node".into()),
+                    name: Some(node.clone()),
+                    api_version: Some("v1".into()),
+                    ..Default::default()
+                },
+            };
+            if let Err(e) = pods
+                .create_subresource::<Binding, serde_json::Value>(
+                    "binding",
+                    &name,
+                    &PostParams::default(),
+                    &binding,
+                )
+                .await
+            {
+                eprintln!("fake kubelet: binding {name}: {e}");
+            }
+            continue;
+        }
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if !ready && pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed") {
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            let status = json!({"status": {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "True"},
+                    {"type": "ContainersReady", "status": "True"},
+                ],
+                "containerStatuses": [{
+                    "name": "compute", "ready": true, "restartCount": 0,
+                    "image": "quay.io/kubevirt/virt-launcher:v1.9.0", "imageID": "",
+                    "state": {"running": {"startedAt": now}},
+                }],
+            }});
+            if let Err(e) = pods
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                eprintln!("fake kubelet: status of {name}: {e}");
+            }
+        }
+    }
+}
+
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn vm(name: &str, strategy: &str) -> VirtualMachine {
+    serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {"runStrategy": strategy, "template": {
+            "metadata": {"labels": {"kubevirt.io/vm": name}},
+            "spec": {
+                "domain": {
+                    "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}],
+                                "interfaces": [{"name": "default", "masquerade": {}}]},
+                    "memory": {"guest": "128Mi"},
+                },
+                "networks": [{"name": "default", "pod": {}}],
+                "terminationGracePeriodSeconds": 0,
+                "volumes": [{"name": "containerdisk", "containerDisk": {"image": "quay.io/kubevirt/alpine-container-disk-demo:v1.9.0"}}],
+            }}}
+    }))
+    .expect("valid VM")
+}
+
+async fn get<K>(api: &Api<K>, name: &str) -> Option<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.expect("get")
+}
+
+/// Writes a VMI phase as virt-handler would (status subresource).
+async fn set_phase(api: &Api<VirtualMachineInstance>, name: &str, phases: &[&str]) {
+    for phase in phases {
+        let mut vmi = get(api, name).await.expect("the VMI exists");
+        let status = vmi.status.get_or_insert_with(Default::default);
+        let phase: Phase = serde_json::from_value(json!(phase)).unwrap();
+        status.phase = Some(phase);
+        status
+            .phase_transition_timestamps
+            .push(proto::kubevirt::PhaseTransitionTimestamp {
+                phase,
+                phase_transition_timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ),
+                extra: Default::default(),
+            });
+        let patch = json!({"status": {"phase": phase, "phaseTransitionTimestamps": status.phase_transition_timestamps}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("status patch");
+    }
+}
+
+/// The node a VMI was handed to: phase Scheduled, `status.nodeName` and the node label (the
+/// label is written right after the status, so the hand-off is complete once both are there).
+fn scheduled_on(vmi: &VirtualMachineInstance) -> Option<String> {
+    let node = vmi.status.as_ref()?.node_name.clone()?;
+    let label = vmi.metadata.labels.as_ref()?.get("kubevirt.io/nodeName")?;
+    (vmi.phase() == Phase::Scheduled && *label == node).then_some(node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_vm_gets_a_vmi_and_pod_handed_to_the_node_and_halted_removes_them() {
+    let setup = Setup::new("ctl-always", true).await;
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let pods: Api<Pod> = setup.api();
+
+    let started = Instant::now();
+    let created = vms
+        .create(&PostParams::default(), &vm("testvm", "Always"))
+        .await
+        .expect("VM");
+    let vmi = wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "testvm")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    let to_scheduled = started.elapsed();
+
+    // The hand-off: status.nodeName and the label the handler selects on.
+    assert_eq!(scheduled_on(&vmi).as_deref(), Some(setup.node.as_str()));
+    assert_eq!(
+        vmi.metadata.labels.as_ref().unwrap()["kubevirt.io/nodeName"],
+        setup.node
+    );
+    let phases: Vec<Phase> = vmi
+        .status
+        .as_ref()
+        .unwrap()
+        .phase_transition_timestamps
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    assert_eq!(
+        phases,
+        [Phase::Pending, Phase::Scheduling, Phase::Scheduled]
+    );
+    // What the VM controller puts on the VMI.
+    let finalizers = vmi.metadata.finalizers.clone().unwrap_or_default();
+    assert!(
+        finalizers.contains(&"kubevirt.io/virtualMachineControllerFinalize".to_string()),
+        "{finalizers:?}"
+    );
+    assert!(
+        finalizers.contains(&"kubevirt.io/foregroundDeleteVirtualMachine".to_string()),
+        "{finalizers:?}"
+    );
+    assert_eq!(
+        vmi.metadata.annotations.as_ref().unwrap()["kubevirt.io/vm-generation"],
+        "1"
+    );
+    let vm_uid = created.metadata.uid.clone().unwrap();
+    let revision = format!("revision-start-vm-{vm_uid}-1");
+    assert_eq!(
+        vmi.status
+            .as_ref()
+            .unwrap()
+            .extra
+            .get("virtualMachineRevisionName"),
+        Some(&json!(revision))
+    );
+    let revisions: Api<ControllerRevision> = setup.api();
+    assert!(
+        get(&revisions, &revision).await.is_some(),
+        "ControllerRevision {revision}"
+    );
+    assert_eq!(
+        vmi.spec.domain.firmware.as_ref().unwrap().uuid.as_deref(),
+        Some(controller::vm::legacy_firmware_uuid("testvm").as_str())
+    );
+
+    // One launcher pod, owned by the VMI, bound to the node.
+    let launchers = pods
+        .list(&ListParams::default().labels("kubevirt.io=virt-launcher"))
+        .await
+        .unwrap();
+    assert_eq!(launchers.items.len(), 1);
+    let pod = &launchers.items[0];
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap()["kubevirt.io/created-by"],
+        vmi.metadata.uid.clone().unwrap()
+    );
+    assert_eq!(
+        pod.spec.as_ref().unwrap().containers[0]
+            .command
+            .as_ref()
+            .unwrap()[0],
+        "/usr/bin/virt-launcher-monitor"
+    );
+
+    let vm_status = wait_for("VM status Starting", || async {
+        get(&vms, "testvm")
+            .await
+            .and_then(|v| v.status)
+            .filter(|s| s.printable_status.as_deref() == Some("Starting"))
+    })
+    .await;
+    assert_eq!(vm_status.created, Some(true));
+
+    let vmi_writes = setup.writes.vmi_writes();
+    let pods_created = setup.writes.get(Write::PodCreate);
+    eprintln!(
+        "benchmark: VM creation to VMI Scheduled {to_scheduled:?}; VMI writes {vmi_writes} \
+         (patches {}, status patches {}, create {}) for {pods_created} pod(s) created",
+        setup.writes.get(Write::VmiPatch),
+        setup.writes.get(Write::VmiStatusPatch),
+        setup.writes.get(Write::VmiCreate),
+    );
+    assert_eq!(pods_created, 1);
+    // KubeVirt's CI bound: 2 PATCH + 10 UPDATE per pod created.
+    assert!(vmi_writes <= 12, "{vmi_writes} VMI writes");
+
+    // Halted: the VMI and its pod go away.
+    vms.patch(
+        "testvm",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"runStrategy": "Halted"}})),
+    )
+    .await
+    .expect("halt");
+    wait_for("the VMI to be gone", || async {
+        get(&vmis, "testvm").await.is_none().then_some(())
+    })
+    .await;
+    wait_for("the pods to be gone", || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    wait_for("VM status Stopped", || async {
+        get(&vms, "testvm")
+            .await
+            .and_then(|v| v.status)
+            .filter(|s| s.printable_status.as_deref() == Some("Stopped"))
+    })
+    .await;
+
+    // Deleting the VM removes its finalizer and the VM.
+    vms.delete("testvm", &DeleteParams::default())
+        .await
+        .expect("delete VM");
+    wait_for("the VM to be gone", || async {
+        get(&vms, "testvm").await.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerun_on_failure_restarts_after_failed_but_not_after_succeeded() {
+    let setup = Setup::new("ctl-rerun", true).await;
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    vms.create(&PostParams::default(), &vm("rerun", "RerunOnFailure"))
+        .await
+        .expect("VM");
+
+    let first = wait_for("the first VMI to be Scheduled", || async {
+        get(&vmis, "rerun")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    let first_uid = first.metadata.uid.clone().unwrap();
+    // The handler runs it, then it fails.
+    set_phase(&vmis, "rerun", &["Running", "Failed"]).await;
+    let second = wait_for("a new VMI after the failure", || async {
+        get(&vmis, "rerun").await.filter(|v| {
+            v.metadata.uid.as_deref() != Some(first_uid.as_str()) && scheduled_on(v).is_some()
+        })
+    })
+    .await;
+    let second_uid = second.metadata.uid.clone().unwrap();
+
+    // This one runs and ends well: it is removed and not started again.
+    set_phase(&vmis, "rerun", &["Running", "Succeeded"]).await;
+    wait_for("the succeeded VMI to be gone", || async {
+        match get(&vmis, "rerun").await {
+            None => Some(()),
+            Some(v) if v.metadata.uid.as_deref() != Some(second_uid.as_str()) => {
+                panic!("a VMI was started after Succeeded")
+            }
+            Some(_) => None,
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        get(&vmis, "rerun").await.is_none(),
+        "a VMI was started after Succeeded"
+    );
+    let status = get(&vms, "rerun").await.unwrap().status.unwrap();
+    assert_eq!(status.printable_status.as_deref(), Some("Stopped"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_pod_becomes_a_readable_event() {
+    let setup = Setup::new("ctl-psa", true).await;
+    // A namespace whose pod security forbids what the launcher needs.
+    let namespaces: Api<Namespace> = Api::all(setup.client.clone());
+    let labels =
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}});
+    namespaces
+        .patch(
+            &setup.namespace,
+            &PatchParams::default(),
+            &Patch::Merge(&labels),
+        )
+        .await
+        .expect("label namespace");
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "refused"},
+        "spec": vm("x", "Always").spec.template.spec,
+    }))
+    .unwrap();
+    vmis.create(&PostParams::default(), &vmi)
+        .await
+        .expect("VMI");
+    let events: Api<k8s_openapi::api::events::v1::Event> = setup.api();
+    let note = wait_for("a FailedCreate event on the VMI", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find_map(|e| {
+                let about_vmi =
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("refused");
+                (about_vmi && e.reason.as_deref() == Some("FailedCreate"))
+                    .then(|| e.note.unwrap_or_default())
+            })
+    })
+    .await;
+    assert!(note.contains("needs a privileged namespace"), "{note}");
+    assert!(note.contains("violates PodSecurity"), "{note}");
+    let vmi = get(&vmis, "refused").await.unwrap();
+    assert!(
+        matches!(vmi.phase(), Phase::Unset | Phase::Pending),
+        "{:?}",
+        vmi.phase()
+    );
+    let pods: Api<Pod> = setup.api();
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_leader() {
+    let setup = Setup::new("ctl-leader", false).await;
+    let leading = Arc::new(AtomicUsize::new(0));
+    let mut stops = Vec::new();
+    let mut tasks = Vec::new();
+    for identity in ["replica-a", "replica-b"] {
+        let (stop, stopped) = oneshot::channel::<()>();
+        stops.push(stop);
+        let options = setup.options(identity);
+        let client = setup.client.clone();
+        let writes = setup.writes.clone();
+        let leading = leading.clone();
+        let work: LeaderWork = Box::new(move |lost| {
+            let (client, options, writes, leading) = (
+                client.clone(),
+                options.clone(),
+                writes.clone(),
+                leading.clone(),
+            );
+            Box::pin(async move {
+                leading.fetch_add(1, Ordering::SeqCst);
+                run(client, options, writes, lost).await;
+                leading.fetch_sub(1, Ordering::SeqCst);
+            })
+        });
+        tasks.push(tokio::spawn(run_when_leader(
+            setup.client.clone(),
+            LeaderOptions {
+                namespace: setup.namespace.clone(),
+                lease_name: "virt-controller".into(),
+                identity: identity.into(),
+            },
+            work,
+            async move {
+                let _ = stopped.await;
+            },
+        )));
+    }
+    let leases: Api<Lease> = setup.api();
+    let holder = wait_for("a lease holder", || async {
+        get(&leases, "virt-controller")
+            .await
+            .and_then(|l| l.spec?.holder_identity)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        leading.load(Ordering::SeqCst),
+        1,
+        "exactly one replica runs the controllers"
+    );
+
+    // The leader does the work, once.
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    vms.create(&PostParams::default(), &vm("led", "Always"))
+        .await
+        .expect("VM");
+    wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "led")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    assert_eq!(setup.writes.get(Write::VmiCreate), 1);
+
+    // The leader goes away; the other replica takes over.
+    let leader_index = usize::from(holder != "replica-a");
+    let follower = if leader_index == 0 {
+        "replica-b"
+    } else {
+        "replica-a"
+    };
+    let stop = stops.remove(leader_index);
+    let _ = stop.send(());
+    let task = tasks.remove(leader_index);
+    task.await
+        .expect("leader task")
+        .expect("leader released the lease");
+    wait_for("the other replica to hold the lease", || async {
+        get(&leases, "virt-controller")
+            .await
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| h == follower)
+    })
+    .await;
+    wait_for("the new leader to run the controllers", || async {
+        (leading.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    for task in tasks {
+        task.await
+            .expect("replica task")
+            .expect("replica released the lease");
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        for stop in self.stops.drain(..) {
+            let _ = stop.send(());
+        }
+    }
+}
