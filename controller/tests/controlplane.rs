@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(90);
+/// A VMI (and so its pod) with this label gets its pod failed by the fake kubelet.
+const FAIL_LABEL: &str = "test.kubevirt-rs/fail-pod";
 
 async fn control_plane() -> &'static ControlPlane {
     match controlplane::shared().await {
@@ -147,6 +149,19 @@ async fn fake_kubelet(
                         ..Default::default()
                     },
                 )
+                .await;
+            continue;
+        }
+        let fail = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(FAIL_LABEL))
+            .is_some();
+        if fail && pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed") {
+            let status = json!({"status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}});
+            let _ = pods
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await;
             continue;
         }
@@ -398,6 +413,16 @@ async fn always_vm_gets_a_vmi_and_pod_handed_to_the_node_and_halted_removes_them
     assert_eq!(pods_created, 1);
     // KubeVirt's CI bound: 2 PATCH + 10 UPDATE per pod created.
     assert!(vmi_writes <= 12, "{vmi_writes} VMI writes");
+
+    // The handler reports the guest running: the VMI is Ready (from the pod), so is the VM.
+    set_phase(&vmis, "testvm", &["Running"]).await;
+    wait_for("VM status Running and ready", || async {
+        get(&vms, "testvm")
+            .await
+            .and_then(|v| v.status)
+            .filter(|s| s.printable_status.as_deref() == Some("Running") && s.ready == Some(true))
+    })
+    .await;
 
     // Halted: the VMI and its pod go away.
     vms.patch(
@@ -722,5 +747,80 @@ async fn benchmark_vm_to_scheduled() {
         setup.writes.get(Write::PodCreate) as usize,
         count,
         "one pod per VMI"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_failing_before_hand_off_fails_the_vmi() {
+    let setup = Setup::new("ctl-podfail", true).await;
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "doomed", "labels": {FAIL_LABEL: "yes"}},
+        "spec": vm("x", "Always").spec.template.spec,
+    }))
+    .unwrap();
+    vmis.create(&PostParams::default(), &vmi)
+        .await
+        .expect("VMI");
+    let failed = wait_for("the VMI to fail", || async {
+        get(&vmis, "doomed")
+            .await
+            .filter(|v| v.phase() == Phase::Failed)
+    })
+    .await;
+    let ready = failed
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.condition_type == "Ready")
+        .cloned()
+        .expect("a Ready condition");
+    assert_eq!(ready.status, "False");
+    let message = ready.message.unwrap_or_default();
+    assert!(
+        message.contains("virt-launcher-doomed-") && message.contains("Evicted"),
+        "{message}"
+    );
+    assert!(
+        failed.status.as_ref().unwrap().node_name.is_none(),
+        "never handed off"
+    );
+    // The finished VMI's pod is deleted and its foreground finalizer removed.
+    let pods: Api<Pod> = setup.api();
+    wait_for("the pod to be gone", || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    wait_for("the foreground finalizer to go", || async {
+        get(&vmis, "doomed").await.filter(|v| {
+            !v.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == "kubevirt.io/foregroundDeleteVirtualMachine")
+        })
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = setup.api();
+    let warnings: Vec<_> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        warnings.iter().any(|n| n.contains("Evicted")),
+        "{warnings:?}"
     );
 }

@@ -387,11 +387,22 @@ fn status_patch(
             .map(|(reason, message)| ("False", reason.as_str(), message.as_str())),
         &now,
     );
-    if let Some(failure) = &plan.failure {
+    // Ready as KubeVirt computes it; a failure explains itself in the message.
+    let (status, reason, message) = &plan.ready;
+    let message = plan
+        .failure
+        .as_ref()
+        .map_or(message.as_str(), |f| f.message.as_str());
+    let reason = plan
+        .failure
+        .as_ref()
+        .map_or(reason.as_str(), |f| f.reason.as_str());
+    // Once final, the condition keeps saying why (the pod is gone by then).
+    if !vmi.phase().is_final() {
         set_condition(
             &mut new.conditions,
             "Ready",
-            Some(("False", failure.reason.as_str(), failure.message.as_str())),
+            Some((status.as_str(), reason, message)),
             &now,
         );
     }
@@ -428,10 +439,13 @@ fn set_condition(
         }
         (None, None) => {}
         (Some((status, reason, message)), existing) => {
+            // Empty strings are left out, as Go's `omitempty` does.
+            let reason = Some(reason).filter(|r| !r.is_empty());
+            let message = Some(message).filter(|m| !m.is_empty());
             let same = existing.and_then(|i| conditions.get(i)).is_some_and(|c| {
                 c.status == status
-                    && c.reason.as_deref() == Some(reason)
-                    && c.message.as_deref() == Some(message)
+                    && c.reason.as_deref() == reason
+                    && c.message.as_deref() == message
             });
             if same {
                 return;
@@ -441,8 +455,8 @@ fn set_condition(
                 status: status.into(),
                 last_probe_time: None,
                 last_transition_time: Some(now.clone()),
-                reason: Some(reason.into()),
-                message: Some(message.into()),
+                reason: reason.map(str::to_string),
+                message: message.map(str::to_string),
                 extra: Default::default(),
             };
             match existing {

@@ -29,6 +29,8 @@ pub struct PodView {
     pub failure: Option<String>,
     /// Status (`True`/`False`) of the pod condition behind the readiness gate.
     pub unpaused_condition: Option<String>,
+    /// The pod's `Ready` condition: status, reason, message.
+    pub ready_condition: Option<(String, String, String)>,
     pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
@@ -73,7 +75,20 @@ impl PodView {
             .flatten()
             .find(|c| c.type_ == crate::template::UNPAUSED_READINESS_GATE)
             .map(|c| c.status.clone());
+        let ready_condition = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| {
+                (
+                    c.status.clone(),
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default(),
+                )
+            });
         PodView {
+            ready_condition,
             unpaused_condition,
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -116,6 +131,8 @@ pub struct VmiPlan {
     pub remove_finalizers: Vec<String>,
     /// Why the VMI failed, for its `Ready` condition and an event.
     pub failure: Option<Failure>,
+    /// The VMI's `Ready` condition: status, reason, message (`syncReadyConditionFromPod`).
+    pub ready: (String, String, String),
     /// `PodScheduled=False` copied from the pod.
     pub unschedulable: Option<(String, String)>,
     /// Set the readiness-gate condition of this pod: `true` = `NotPaused`, `false` = `Paused`.
@@ -127,6 +144,33 @@ pub struct VmiPlan {
 pub struct Failure {
     pub reason: String,
     pub message: String,
+}
+
+/// The VMI's `Ready` condition, from its pod (v1.9.0 `syncReadyConditionFromPod`): false
+/// until the guest runs, then the pod's own `Ready` condition.
+pub fn ready_condition(phase: Phase, pod: Option<&PodView>) -> (String, String, String) {
+    let not = |reason: &str, message: &str| {
+        ("False".to_string(), reason.to_string(), message.to_string())
+    };
+    match pod {
+        None => not(
+            "PodNotExists",
+            "virt-launcher pod has not yet been scheduled",
+        ),
+        Some(pod) if pod.is_down_or_going_down() => {
+            not("PodTerminating", "virt-launcher pod is terminating")
+        }
+        Some(_) if phase != Phase::Running => {
+            not("GuestNotRunning", "Guest VM is not reported as running")
+        }
+        Some(pod) => match &pod.ready_condition {
+            Some(condition) => condition.clone(),
+            None => not(
+                "PodConditionMissing",
+                "virt-launcher pod is missing the Ready condition",
+            ),
+        },
+    }
 }
 
 /// The pod that counts: the newest one controlled by the VMI.
@@ -169,6 +213,8 @@ pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: b
             plan.set_unpaused = Some((pod.name.clone(), !paused));
         }
     }
+
+    plan.ready = ready_condition(phase, pod);
 
     match phase {
         Phase::Unset | Phase::Pending => {
@@ -214,7 +260,7 @@ pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: b
                         }
                     });
                     plan.failure = Some(Failure {
-                        reason: "PodFailed".into(),
+                        reason: "PodTerminating".into(),
                         message: format!(
                             "launcher pod {} went down before the VMI was handed to a node: {detail}",
                             pod.name
@@ -506,7 +552,7 @@ mod tests {
         failed.failure = Some("Evicted: out of memory".into());
         let plan = decide(&vmi("Scheduling", false, &[FG]), &[failed], true);
         let failure = plan.failure.expect("a failure");
-        assert_eq!(failure.reason, "PodFailed");
+        assert_eq!(failure.reason, "PodTerminating");
         assert!(
             failure.message.contains("virt-launcher-v-abcde")
                 && failure.message.contains("Evicted"),
@@ -552,6 +598,31 @@ mod tests {
             true,
         );
         assert_eq!(plan.set_unpaused, None);
+    }
+
+    #[test]
+    fn ready_follows_the_pod_once_the_guest_runs() {
+        let mut ready_pod = pod("Running", true, Some("n1"));
+        assert_eq!(ready_condition(Phase::Running, None).1, "PodNotExists");
+        assert_eq!(
+            ready_condition(Phase::Scheduled, Some(&ready_pod)).1,
+            "GuestNotRunning"
+        );
+        assert_eq!(
+            ready_condition(Phase::Running, Some(&ready_pod)).1,
+            "PodConditionMissing"
+        );
+        ready_pod.ready_condition = Some(("True".into(), String::new(), String::new()));
+        assert_eq!(ready_condition(Phase::Running, Some(&ready_pod)).0, "True");
+        ready_pod.deleting = true;
+        assert_eq!(
+            ready_condition(Phase::Running, Some(&ready_pod)),
+            (
+                "False".into(),
+                "PodTerminating".into(),
+                "virt-launcher pod is terminating".into()
+            )
+        );
     }
 
     #[test]
