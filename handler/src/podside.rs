@@ -193,7 +193,7 @@ impl PodInterfaceCache {
 }
 
 /// Device nodes the launcher's user must own (`/dev/kvm`; the tap is owned at creation).
-pub const OWNED_DEVICES: &[&str] = &["dev/kvm"];
+pub const OWNED_DEVICES: &[&str] = &["/dev/kvm"];
 
 /// Prepares the pod: masquerade network, device ownership. Returns the pod interfaces
 /// (also stored in `cache`).
@@ -223,9 +223,14 @@ pub fn prepare(
         ifaces.insert(name, entry);
     }
     if owner != 0 {
-        let root = crate::launchers::socket::launcher_root(pid);
         for dev in OWNED_DEVICES {
-            let path = root.join(dev);
+            let path = crate::launchers::socket::in_launcher(pid, dev).map_err(|source| {
+                PodSideError::Ownership {
+                    path: dev.into(),
+                    uid: owner,
+                    source,
+                }
+            })?;
             if path.exists() {
                 std::os::unix::fs::chown(&path, Some(owner), Some(owner)).map_err(|source| {
                     PodSideError::Ownership {

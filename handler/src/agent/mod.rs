@@ -236,12 +236,10 @@ impl Agent {
     pub async fn watchdog(&self) {
         for record in self.launchers.ghosts().list() {
             let socket = record.socket_file.clone();
-            let reachable = tokio::time::timeout(
-                Duration::from_secs(5),
-                tokio::net::UnixStream::connect(&socket),
-            )
-            .await
-            .is_ok_and(|r| r.is_ok());
+            let reachable =
+                tokio::time::timeout(Duration::from_secs(5), socket::connect_async(&socket))
+                    .await
+                    .is_ok_and(|r| r.is_ok());
             let mut since = self
                 .unreachable_since
                 .lock()

@@ -194,7 +194,8 @@ pub fn start(
         }
         _ => {}
     }
-    let listener = tokio::net::UnixListener::bind(&path)
+    let listener = crate::launchers::socket::SocketPath::new(&path)
+        .and_then(|short| tokio::net::UnixListener::bind(short.path()))
         .map_err(|e| NotifyServerError::Socket(path.clone(), e))?;
     let service = NotifyService { cache, events };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

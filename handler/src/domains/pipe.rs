@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 /// A listening pipe; dropping it stops accepting and removes the socket file.
@@ -18,14 +18,12 @@ impl NotifyPipe {
     /// Binds `pipe` (replacing a stale file), gives it to `owner` (the launcher's user, so a
     /// non-root launcher can connect) and proxies every connection to `target`.
     pub fn start(pipe: &Path, target: &Path, owner: Option<u32>) -> std::io::Result<Self> {
-        if let Some(parent) = pipe.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
         match std::fs::remove_file(pipe) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
-        let listener = UnixListener::bind(pipe)?;
+        let short = crate::launchers::socket::SocketPath::new(pipe)?;
+        let listener = UnixListener::bind(short.path())?;
         if let Some(uid) = owner {
             std::os::unix::fs::chown(pipe, Some(uid), Some(uid))?;
         }
@@ -42,7 +40,7 @@ impl NotifyPipe {
                 };
                 let target = target.clone();
                 tokio::spawn(async move {
-                    match UnixStream::connect(&target).await {
+                    match crate::launchers::socket::connect_async(&target).await {
                         Ok(mut outbound) => {
                             let _ =
                                 tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;

@@ -163,7 +163,7 @@ pub async fn unix_channel(path: &Path, timeout: Duration) -> Result<Channel, Cmd
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let socket = socket.clone();
         async move {
-            let stream = tokio::net::UnixStream::connect(socket).await?;
+            let stream = super::socket::connect_async(&socket).await?;
             Ok::<_, std::io::Error>(TokioIo::new(stream))
         }
     }));

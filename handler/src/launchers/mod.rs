@@ -146,12 +146,13 @@ impl Launchers {
         }) {
             tracing::warn!(key, error = %e, "cannot write ghost record");
         }
-        let pipe_path = socket::launcher_root(pid).join(socket::NOTIFY_PIPE_IN_POD);
         let owner = (owner != 0).then_some(owner);
-        let pipe = match NotifyPipe::start(&pipe_path, &self.notify_socket(), owner) {
+        let pipe = match socket::in_launcher(pid, socket::NOTIFY_PIPE_IN_POD)
+            .and_then(|pipe_path| NotifyPipe::start(&pipe_path, &self.notify_socket(), owner))
+        {
             Ok(p) => Some(p),
             Err(e) => {
-                tracing::warn!(key, pipe = %pipe_path.display(), error = %e, "cannot place notify pipe");
+                tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
                 None
             }
         };

@@ -13,10 +13,10 @@ pub const LAUNCHER_INIT_SOCK: &str = "launcher-init-sock";
 /// Touched by the handler when a launcher stops answering.
 pub const UNRESPONSIVE_MARKER: &str = "launcher-unresponsive";
 /// The notify pipe inside the pod, relative to the launcher's root.
-pub const NOTIFY_PIPE_IN_POD: &str = "var/run/kubevirt/domain-notify-pipe.sock";
-/// The serial console socket inside the pod, relative to the launcher's root.
+pub const NOTIFY_PIPE_IN_POD: &str = "/var/run/kubevirt/domain-notify-pipe.sock";
+/// The serial console socket inside the pod.
 pub fn serial_console_in_pod(vmi_uid: &str) -> String {
-    format!("var/run/kubevirt-private/{vmi_uid}/virt-serial0")
+    format!("/var/run/kubevirt-private/{vmi_uid}/virt-serial0")
 }
 
 /// The kubelet layout of one pod under the pods directory (`/pods` in the handler's
@@ -100,11 +100,67 @@ pub fn find_socket(
     }
 }
 
+/// Longest path a `sockaddr_un` holds (with its NUL).
+const SUN_PATH_MAX: usize = 107;
+
+/// A unix socket path short enough for `connect`/`bind`. Kubelet paths with a state
+/// directory in front can exceed the 108 bytes of `sockaddr_un`: then the socket's
+/// directory is opened (`O_PATH`) and reached as `/proc/self/fd/<n>/<name>`, valid while
+/// this value lives.
+pub struct SocketPath {
+    path: PathBuf,
+    _dir: Option<std::fs::File>,
+}
+
+impl SocketPath {
+    pub fn new(path: &Path) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        if path.as_os_str().len() <= SUN_PATH_MAX {
+            return Ok(SocketPath {
+                path: path.to_path_buf(),
+                _dir: None,
+            });
+        }
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(std::io::Error::other(format!(
+                "socket path {} has no directory",
+                path.display()
+            )));
+        };
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)?;
+        let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+        Ok(SocketPath {
+            path: short,
+            _dir: Some(dir),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `UnixStream::connect` for paths of any length.
+pub fn connect(path: &Path) -> std::io::Result<UnixStream> {
+    let short = SocketPath::new(path)?;
+    UnixStream::connect(short.path())
+}
+
+/// Async connect for paths of any length.
+pub async fn connect_async(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+    let short = SocketPath::new(path)?;
+    tokio::net::UnixStream::connect(short.path()).await
+}
+
 /// The PID of the process listening on a unix socket, through `SO_PEERCRED` of a
 /// connection to it (the isolation detector's trick: that PID's `/proc` entries give the
 /// pod's root and namespaces).
 pub fn peer_pid(socket: &Path) -> std::io::Result<u32> {
-    let stream = UnixStream::connect(socket)?;
+    let stream = connect(socket)?;
     let creds = getsockopt(&stream, PeerCredentials).map_err(std::io::Error::from)?;
     u32::try_from(creds.pid())
         .ok()
@@ -115,6 +171,70 @@ pub fn peer_pid(socket: &Path) -> std::io::Result<u32> {
 /// The launcher's root filesystem as the handler sees it.
 pub fn launcher_root(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root"))
+}
+
+/// Most symlinks followed in one resolution (Linux's limit).
+const MAX_SYMLINKS: usize = 40;
+
+/// Resolves `path` (absolute inside the pod) under `root`, following symlinks as the pod
+/// sees them: an absolute link target restarts from `root`, never from the handler's own
+/// `/`. (`/proc/<pid>/root/var/run` is a symlink to `/run` in most images: resolved by
+/// the kernel it would land in the host's `/run`.) Like KubeVirt's safepath, `..` never
+/// climbs above `root`. The last component is not resolved (it may not exist yet).
+pub fn resolve_in_root(root: &Path, path: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    let mut pending: Vec<std::ffi::OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .rev()
+        .collect();
+    let mut resolved: Vec<std::ffi::OsString> = Vec::new();
+    let mut hops = 0;
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            resolved.pop();
+            continue;
+        }
+        let candidate: PathBuf = resolved
+            .iter()
+            .fold(root.to_path_buf(), |p, c| p.join(c))
+            .join(&name);
+        let is_last = pending.is_empty();
+        match std::fs::symlink_metadata(&candidate) {
+            Ok(meta) if meta.file_type().is_symlink() && !is_last => {
+                hops += 1;
+                if hops > MAX_SYMLINKS {
+                    return Err(std::io::Error::other(format!(
+                        "too many symlinks resolving {} in {}",
+                        path.display(),
+                        root.display()
+                    )));
+                }
+                let target = std::fs::read_link(&candidate)?;
+                if target.is_absolute() {
+                    resolved.clear();
+                }
+                for c in target.components().rev() {
+                    match c {
+                        Component::Normal(n) => pending.push(n.to_os_string()),
+                        Component::ParentDir => pending.push("..".into()),
+                        _ => {}
+                    }
+                }
+            }
+            _ => resolved.push(name),
+        }
+    }
+    Ok(resolved.iter().fold(root.to_path_buf(), |p, c| p.join(c)))
+}
+
+/// A path inside the launcher's pod, resolved as the pod sees it.
+pub fn in_launcher(pid: u32, path: &str) -> std::io::Result<PathBuf> {
+    resolve_in_root(&launcher_root(pid), Path::new(path))
 }
 
 #[cfg(test)]
@@ -174,6 +294,45 @@ mod tests {
             find_socket(&none, "n1", dir.path()),
             Err(FindSocketError::NoActivePods(_))
         ));
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_root() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let r = root.path();
+        std::fs::create_dir_all(r.join("run/kubevirt")).expect("mkdir");
+        std::os::unix::fs::symlink("/run", r.join("var-run")).expect("symlink");
+        std::fs::create_dir_all(r.join("var")).expect("mkdir");
+        std::os::unix::fs::symlink("/run", r.join("var/run")).expect("symlink");
+        std::os::unix::fs::symlink("../../..", r.join("run/kubevirt/up")).expect("symlink");
+        assert_eq!(
+            resolve_in_root(r, Path::new("/var/run/kubevirt/x.sock")).expect("resolve"),
+            r.join("run/kubevirt/x.sock")
+        );
+        // `..` and relative links never leave the root.
+        assert_eq!(
+            resolve_in_root(r, Path::new("/run/kubevirt/up/etc/passwd")).expect("resolve"),
+            r.join("etc/passwd")
+        );
+        assert_eq!(
+            resolve_in_root(r, Path::new("/../../etc")).expect("resolve"),
+            r.join("etc")
+        );
+        std::os::unix::fs::symlink("loop", r.join("loop")).expect("symlink");
+        assert!(resolve_in_root(r, Path::new("/loop/x")).is_err());
+    }
+
+    #[test]
+    fn long_socket_paths_are_reached_through_proc_fd() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let deep = dir.path().join("x".repeat(60)).join("y".repeat(60));
+        std::fs::create_dir_all(&deep).expect("mkdir");
+        let path = deep.join("launcher-sock");
+        assert!(path.as_os_str().len() > 108);
+        let short = SocketPath::new(&path).expect("short path");
+        let _listener = std::os::unix::net::UnixListener::bind(short.path()).expect("bind");
+        assert!(path.exists(), "bound at the real location");
+        assert_eq!(peer_pid(&path).expect("peer pid"), std::process::id());
     }
 
     #[test]

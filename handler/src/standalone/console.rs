@@ -36,8 +36,8 @@ impl ConsoleLines {
 }
 
 /// The console socket of VMI `uid` in the launcher `pid`'s pod.
-pub fn console_socket(pid: u32, uid: &str) -> PathBuf {
-    socket::launcher_root(pid).join(socket::serial_console_in_pod(uid))
+pub fn console_socket(pid: u32, uid: &str) -> std::io::Result<PathBuf> {
+    socket::in_launcher(pid, &socket::serial_console_in_pod(uid))
 }
 
 /// Follows the console until the launcher is gone (`alive` returns false).
@@ -49,9 +49,12 @@ pub fn follow(
     alive: impl Fn() -> bool + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let path = console_socket(pid, &uid);
         while alive() {
-            let stream = match tokio::net::UnixStream::connect(&path).await {
+            let connected = match console_socket(pid, &uid) {
+                Ok(path) => socket::connect_async(&path).await,
+                Err(e) => Err(e),
+            };
+            let stream = match connected {
                 Ok(s) => s,
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -442,8 +442,9 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
                 {
                     say("graceful stop took too long: killing the remaining launchers");
                     for p in pods.values() {
+                        // The launcher leads its own session: kill the whole pod.
                         let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(p.record.pid as i32),
+                            nix::unistd::Pid::from_raw(-(p.record.pid as i32)),
                             nix::sys::signal::Signal::SIGKILL,
                         );
                     }
@@ -463,7 +464,8 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
             for key in store.keys() {
                 store.mark_deleted(&key);
             }
-        } else {
+        } else if stopping.is_some_and(|since| since.elapsed() > Duration::from_secs(1)) {
+            // A second signal (not the duplicate some tools send at once) forces.
             say("forced stop");
             stopping = Some(Instant::now() - stop_deadline - Duration::from_secs(1));
         }

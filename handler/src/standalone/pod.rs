@@ -30,6 +30,13 @@ pub const EMPTY_DIRS: &[(&str, &str)] = &[
     ("ephemeral-disks", "/var/run/kubevirt-ephemeral-disks"),
     ("libvirt-runtime", "/var/run/libvirt"),
 ];
+/// Device nodes a launcher pod gets (kvm and tun device plugins): node file in the pod
+/// directory, path in the container, mode. `/dev/kvm` is given to the launcher's user by
+/// the handler; `/dev/net/tun` is usable by anyone, as in a container.
+pub const POD_DEVICES: &[(&str, &str, u32)] = &[
+    ("dev-kvm", "/dev/kvm", 0o660),
+    ("dev-net-tun", "/dev/net/tun", 0o666),
+];
 pub const IMAGE_VOLUME_DIR: &str = "/var/run/kubevirt-image-volume";
 pub const KERNEL_BOOT_DIR: &str = "/var/run/kubevirt-kernel-boot";
 
@@ -240,17 +247,25 @@ pub fn create_dirs(paths: &PodPaths, uid: u32) -> Result<(), PodError> {
     // The mount point of the sockets volume inside the public volume.
     let mount_point = paths.empty_dir("public").join("sockets");
     std::fs::create_dir_all(&mount_point).map_err(dir_err(&mount_point))?;
-    let kvm = paths.pod_dir.join("dev-kvm");
-    if !kvm.exists() {
+    // Device nodes as the device plugins hand them to a pod: the pod's own nodes, so
+    // changing their owner never touches the host's.
+    for (name, host, mode) in POD_DEVICES {
+        let node = paths.pod_dir.join(name);
+        if node.exists() {
+            continue;
+        }
         use std::os::unix::fs::MetadataExt;
-        let host = std::fs::metadata("/dev/kvm").map_err(dir_err(Path::new("/dev/kvm")))?;
+        let meta = std::fs::metadata(host).map_err(dir_err(Path::new(host)))?;
         nix::sys::stat::mknod(
-            &kvm,
+            &node,
             nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o660),
-            host.rdev(),
+            nix::sys::stat::Mode::empty(),
+            meta.rdev(),
         )
-        .map_err(|e| PodError::Dir(kvm.clone(), e.into()))?;
+        .map_err(|e| PodError::Dir(node.clone(), e.into()))?;
+        // mknod's mode is filtered by the umask; set it exactly.
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(*mode))
+            .map_err(dir_err(&node))?;
     }
     Ok(())
 }
@@ -266,12 +281,14 @@ pub fn volume_binds(paths: &PodPaths) -> Vec<BindMount> {
             file: false,
         })
         .collect();
-    binds.push(BindMount {
-        source: paths.pod_dir.join("dev-kvm"),
-        target: "/dev/kvm".into(),
-        read_only: false,
-        file: true,
-    });
+    for (name, target, _) in POD_DEVICES {
+        binds.push(BindMount {
+            source: paths.pod_dir.join(name),
+            target: target.into(),
+            read_only: false,
+            file: true,
+        });
+    }
     binds
 }
 
@@ -286,6 +303,8 @@ struct ChildSetup {
     tmpfs: CString,
     tmpfs_opts: CString,
     root: CString,
+    sysfs: CString,
+    sys_dir: CString,
     mkdirs: Vec<CString>,
     touch: Vec<CString>,
     binds: Vec<(CString, CString, bool)>,
@@ -343,6 +362,8 @@ impl ChildSetup {
             tmpfs: CString::new("tmpfs").expect("no NUL"),
             tmpfs_opts: CString::new("mode=755").expect("no NUL"),
             root: CString::new("/").expect("no NUL"),
+            sysfs: CString::new("sysfs").expect("no NUL"),
+            sys_dir: CString::new("/sys").expect("no NUL"),
             mkdirs: mkdirs
                 .iter()
                 .map(|p| cstring(p))
@@ -380,6 +401,14 @@ impl ChildSetup {
                 self.root.as_ptr(),
                 null,
                 libc::MS_REC | libc::MS_PRIVATE,
+                null.cast(),
+            ))?;
+            // A sysfs of the pod's network namespace (the launcher reads eth0/tap0 there).
+            check(libc::mount(
+                self.sysfs.as_ptr(),
+                self.sys_dir.as_ptr(),
+                self.sysfs.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                 null.cast(),
             ))?;
             check(libc::mount(

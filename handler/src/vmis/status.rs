@@ -96,8 +96,16 @@ fn domain_interfaces(
             continue;
         };
         let pod = pod_interfaces.get(&alias.name);
-        let (ip, ips) = match pod {
-            Some(p) if !p.pod_ip.is_empty() => (Some(p.pod_ip.clone()), p.pod_ips.clone()),
+        // Without a cache entry (pod gone, handler restarted) the address already
+        // reported stays: it is still the VM's until the VMI is over.
+        let reported = vmi.status.as_ref().and_then(|s| {
+            s.interfaces
+                .iter()
+                .find(|i| i.name.as_deref() == Some(&alias.name))
+        });
+        let (ip, ips) = match (pod, reported) {
+            (Some(p), _) if !p.pod_ip.is_empty() => (Some(p.pod_ip.clone()), p.pod_ips.clone()),
+            (_, Some(r)) => (r.ip_address.clone(), r.ip_addresses.clone()),
             _ => (None, Vec::new()),
         };
         let is_pod_network = vmi

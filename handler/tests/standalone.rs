@@ -1,0 +1,376 @@
+//! `virt-handler standalone` end to end, with real parts: the launcher binaries built from
+//! the workspace (`virt-launcher-monitor`, `virt-launcher`), real KVM, real network
+//! namespaces and mounts. The handler is run as a process and watched through its output.
+//!
+//! Needs root and /dev/kvm; fails (never skips) without them.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn require_root_and_kvm() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "standalone tests create network namespaces and mounts: run them as root"
+    );
+    assert!(
+        Path::new("/dev/kvm").exists(),
+        "/dev/kvm is missing: standalone tests boot real VMs"
+    );
+}
+
+/// `<target>/<profile>`, where cargo put virt-handler (and puts the launcher).
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .parent()
+        .expect("binary has a directory")
+        .to_path_buf()
+}
+
+/// Builds the launcher and the vmm CLI (for the test guest) once per test binary.
+/// The handler never links them: it only runs them, as it would in a cluster.
+fn helper_binaries() -> &'static (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let dir = bin_dir();
+        let monitor = dir.join("virt-launcher-monitor");
+        let vmm = dir.join("vmm");
+        let launcher = dir.join("virt-launcher");
+        if !(monitor.exists() && vmm.exists() && launcher.exists()) {
+            let target = dir.parent().expect("target dir");
+            let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+            let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cargo
+                .args(["build", "-p", "virt-launcher", "-p", "vmm", "--bins"])
+                .env("CARGO_TARGET_DIR", target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if profile == "release" {
+                cargo.arg("--release");
+            }
+            let status = cargo.status().expect("running cargo to build the launcher");
+            assert!(
+                status.success(),
+                "cannot build the launcher binaries (cargo build -p virt-launcher -p vmm --bins): {status}"
+            );
+        }
+        for b in [&monitor, &launcher, &vmm] {
+            assert!(b.exists(), "{} is missing after the build", b.display());
+        }
+        (monitor, vmm)
+    })
+}
+
+/// The images and the manifest of one test.
+struct Demo {
+    dir: tempfile::TempDir,
+    manifest: PathBuf,
+    guest: PathBuf,
+    disk: PathBuf,
+}
+
+fn demo(name: &str, grace: u32) -> Demo {
+    let (_, vmm) = helper_binaries();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let guest = dir.path().join("guest.elf");
+    let out = Command::new(vmm)
+        .args(["test-guest", "--output"])
+        .arg(&guest)
+        .output()
+        .expect("vmm test-guest");
+    assert!(out.status.success(), "vmm test-guest: {out:?}");
+    let disk = dir.path().join("base.raw");
+    let f = std::fs::File::create(&disk).expect("disk");
+    f.set_len(16 << 20).expect("size");
+    for p in [&guest, &disk] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+    }
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../images/examples/vmi-testguest.yaml"
+    ))
+    .expect("example manifest")
+    .replace("name: testguest", &format!("name: {name}"))
+    .replace(
+        "terminationGracePeriodSeconds: 30",
+        &format!("terminationGracePeriodSeconds: {grace}"),
+    );
+    let manifest = dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&manifest, text).expect("manifest");
+    Demo {
+        dir,
+        manifest,
+        guest,
+        disk,
+    }
+}
+
+/// A running `virt-handler standalone` and its stdout lines.
+struct Handler {
+    child: Child,
+    lines: Arc<(Mutex<Vec<String>>, Condvar)>,
+}
+
+impl Handler {
+    fn start(demo: &Demo, state: &Path, extra: &[&str]) -> Handler {
+        let (monitor, _) = helper_binaries();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+            .arg("standalone")
+            .arg(&demo.manifest)
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--launcher")
+            .arg(monitor)
+            .arg("--image")
+            .arg(format!(
+                "localhost/test-guest:latest={}",
+                demo.guest.display()
+            ))
+            .arg("--image")
+            .arg(format!(
+                "localhost/test-disk:latest={}",
+                demo.disk.display()
+            ))
+            .args(["--watchdog-timeout", "3"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start virt-handler");
+        let stdout = child.stdout.take().expect("stdout");
+        let lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                println!("handler> {line}");
+                let (l, cv) = &*sink;
+                l.lock().expect("lock").push(line);
+                cv.notify_all();
+            }
+        });
+        Handler { child, lines }
+    }
+
+    /// Waits for a line containing `text`; returns it.
+    fn wait_for(&self, text: &str, timeout: Duration) -> String {
+        let (l, cv) = &*self.lines;
+        let deadline = Instant::now() + timeout;
+        let mut guard = l.lock().expect("lock");
+        loop {
+            if let Some(line) = guard.iter().find(|line| line.contains(text)) {
+                return line.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "no line containing {text:?} within {timeout:?}; output so far:\n{}",
+                guard.join("\n")
+            );
+            guard = cv.wait_timeout(guard, left).expect("lock").0;
+        }
+    }
+
+    fn output(&self) -> Vec<String> {
+        self.lines.0.lock().expect("lock").clone()
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "virt-handler did not exit within {timeout:?}; output:\n{}",
+                self.output().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+            .expect("signal the handler");
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The launcher PID and host veth from the handler's "pod ..." line.
+fn pod_facts(line: &str) -> (i32, String) {
+    let pid = line
+        .split("launcher pid ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no launcher pid in {line:?}"));
+    let pod_uid = line
+        .split("pod ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap_or_else(|| panic!("no pod uid in {line:?}"));
+    let hint: String = pod_uid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
+    (pid, format!("vh{hint}"))
+}
+
+fn alive(pid: i32) -> bool {
+    // Zombies count as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+                .unwrap_or(false)
+        })
+        .unwrap_or(false)
+}
+
+fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+fn status_phase(demo: &Demo) -> String {
+    let mut path = demo.manifest.as_os_str().to_owned();
+    path.push(".status.yaml");
+    let text = std::fs::read_to_string(&path).expect("status file next to the manifest");
+    let status: serde_yaml::Value = serde_yaml::from_str(&text).expect("status YAML");
+    status["phase"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
+    require_root_and_kvm();
+    let demo = demo("sa-boot", 30);
+    let state = demo.dir.path().join("state");
+    let mut handler = Handler::start(&demo, &state, &["--stop-after-console", "DONE passed="]);
+    let pod_line = handler.wait_for("launcher pid", Duration::from_secs(30));
+    let (pid, veth) = pod_facts(&pod_line);
+    assert!(
+        link_exists(&veth),
+        "host veth {veth} exists while the pod runs"
+    );
+    handler.wait_for("phase Scheduled -> Running", BOOT_TIMEOUT);
+    let done = handler.wait_for("console: DONE passed=", BOOT_TIMEOUT);
+    assert!(done.contains("failed=0"), "guest checks failed: {done}");
+    let stop_started = Instant::now();
+    handler.wait_for("phase Running -> Succeeded", Duration::from_secs(30));
+    assert!(
+        stop_started.elapsed() < Duration::from_secs(30),
+        "graceful shutdown took {:?}, more than the grace period",
+        stop_started.elapsed()
+    );
+    let status = handler.wait_exit(Duration::from_secs(90));
+    assert!(status.success(), "virt-handler exited with {status}");
+    let out = handler.output();
+    assert!(
+        out.iter().any(|l| l.contains("event Normal ShuttingDown")),
+        "{out:?}"
+    );
+    assert_eq!(status_phase(&demo), "Succeeded");
+    // Everything it created is gone: launcher, veth, state directory.
+    assert!(!alive(pid), "launcher {pid} still running");
+    assert!(!link_exists(&veth), "host veth {veth} left behind");
+    assert!(
+        !state.exists(),
+        "state dir left behind: {}",
+        state.display()
+    );
+}
+
+#[test]
+fn survives_a_handler_restart_and_fails_the_vmi_when_its_launcher_is_killed() {
+    require_root_and_kvm();
+    let demo = demo("sa-restart", 30);
+    let state = demo.dir.path().join("state");
+    let first = Handler::start(&demo, &state, &[]);
+    let pod_line = first.wait_for("launcher pid", Duration::from_secs(30));
+    let (pid, veth) = pod_facts(&pod_line);
+    first.wait_for("phase Scheduled -> Running", BOOT_TIMEOUT);
+    first.wait_for("console: DONE passed=", BOOT_TIMEOUT);
+
+    // A crash of the handler: the launcher and its VM keep running.
+    first.signal(nix::sys::signal::Signal::SIGKILL);
+    drop(first);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(alive(pid), "the launcher must outlive the handler");
+
+    let mut second = Handler::start(&demo, &state, &[]);
+    second.wait_for(
+        &format!("adopting running launcher pid {pid}"),
+        Duration::from_secs(30),
+    );
+    // The reconciles after the restart leave the running VM alone.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(alive(pid), "the adopted launcher was stopped");
+    let out = second.output();
+    assert!(
+        !out.iter()
+            .any(|l| l.contains("phase ") || l.contains("event Normal Created")),
+        "the restarted handler changed the VMI: {out:?}"
+    );
+    assert_eq!(status_phase(&demo), "Running");
+
+    // Kill the whole launcher pod (its process group, as a container runtime would).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(-pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the launcher's process group");
+    second.wait_for("phase Running -> Failed", Duration::from_secs(60));
+    second.wait_for("pod removed", Duration::from_secs(30));
+    let status = second.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "virt-handler exited with {status}");
+    assert_eq!(status_phase(&demo), "Failed");
+    assert!(!link_exists(&veth), "host veth {veth} left behind");
+    assert!(!state.exists(), "state dir left behind");
+}
+
+#[test]
+fn missing_image_mapping_is_a_clear_error_and_leaves_nothing() {
+    require_root_and_kvm();
+    let demo = demo("sa-noimage", 30);
+    let state = demo.dir.path().join("state");
+    let (monitor, _) = helper_binaries();
+    let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .arg("standalone")
+        .arg(&demo.manifest)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--launcher")
+        .arg(monitor)
+        .arg("--image")
+        .arg(format!(
+            "localhost/test-guest:latest={}",
+            demo.guest.display()
+        ))
+        .output()
+        .expect("run virt-handler");
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("localhost/test-disk:latest") && text.contains("--image"),
+        "{text}"
+    );
+    assert!(!state.exists(), "state dir left behind");
+}
