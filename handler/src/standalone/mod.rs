@@ -509,9 +509,14 @@ async fn supervise(
         let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         let alive = pod::launcher_alive(&pod.record);
         let vmi = store.get(&pod.record.vmi_key);
+        // The controller deletes the pod of a VMI that is over, and of a deleted VMI that
+        // never ran (nothing for the handler to shut down).
         let over = match &vmi {
             None => true,
-            Some(v) => v.phase().is_final(),
+            Some(v) => {
+                v.phase().is_final()
+                    || (v.metadata.deletion_timestamp.is_some() && v.phase() != Phase::Running)
+            }
         };
         if alive
             && pod.console.is_none()
