@@ -625,6 +625,77 @@ mod tests {
         );
     }
 
+    /// The fuzz target's entry point (`fuzz/fuzz_targets/vmi_decide.rs`) on random VMIs and
+    /// pods: every plan is consistent, nothing panics.
+    #[test]
+    fn random_vmis_and_pods() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let phases = [
+            "",
+            "Pending",
+            "Scheduling",
+            "Scheduled",
+            "Running",
+            "Succeeded",
+            "Failed",
+            "WaitingForSync",
+            "Unknown",
+        ];
+        let pod_phases = [
+            "",
+            "Pending",
+            "Running",
+            "Succeeded",
+            "Failed",
+            "Unknown",
+            "bogus",
+        ];
+        for _ in 0..2000 {
+            let finalizers: &[&str] = if rng.random_bool(0.5) { &[FG] } else { &[] };
+            let v = vmi(
+                phases[rng.random_range(0..phases.len())],
+                rng.random_bool(0.3),
+                finalizers,
+            );
+            let pods: Vec<PodView> = (0..rng.random_range(0..3))
+                .map(|i| PodView {
+                    name: format!("p{i}"),
+                    phase: pod_phases[rng.random_range(0..pod_phases.len())].into(),
+                    ready: rng.random_bool(0.5),
+                    deleting: rng.random_bool(0.2),
+                    node_name: rng.random_bool(0.7).then(|| "n1".to_string()),
+                    ..Default::default()
+                })
+                .collect();
+            let plan = decide(&v, &pods, rng.random_bool(0.5));
+            assert!(
+                !(plan.create_pod && !pods.is_empty()),
+                "a second pod: {plan:?}"
+            );
+            assert!(
+                !(plan.create_pod && v.metadata.deletion_timestamp.is_some()),
+                "a pod for a deleted VMI"
+            );
+            if plan.phase == Some(Phase::Scheduled) {
+                assert!(plan.node_name.is_some());
+            }
+            assert_eq!(
+                plan.failure.is_some(),
+                plan.phase == Some(Phase::Failed),
+                "{plan:?}"
+            );
+        }
+        // Raw bytes through the same parse as the fuzz target.
+        for _ in 0..500 {
+            let len = rng.random_range(0..64);
+            let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            if let Ok(v) = serde_json::from_slice::<VirtualMachineInstance>(&bytes) {
+                let _ = decide(&v, &[], true);
+            }
+        }
+    }
+
     #[test]
     fn lost_label_is_repaired() {
         let mut v = vmi("Scheduled", false, &[FG]);
