@@ -1,0 +1,111 @@
+//! Shared by the tests that run real launchers: root/KVM checks, the launcher and vmm
+//! binaries (built from the workspace; the handler never links them), the test guest and
+//! a base disk.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub fn require_root_and_kvm() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests create network namespaces and mounts: run them as root"
+    );
+    assert!(
+        Path::new("/dev/kvm").exists(),
+        "/dev/kvm is missing: these tests boot real VMs"
+    );
+}
+
+/// `<target>/<profile>`, where cargo put virt-handler (and puts the launcher).
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .parent()
+        .expect("binary has a directory")
+        .to_path_buf()
+}
+
+/// Builds the launcher and the vmm CLI (for the test guest) once per test binary.
+/// The handler never links them: it only runs them, as it would in a cluster.
+pub fn helper_binaries() -> &'static (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let dir = bin_dir();
+        let monitor = dir.join("virt-launcher-monitor");
+        let vmm = dir.join("vmm");
+        let launcher = dir.join("virt-launcher");
+        if !(monitor.exists() && vmm.exists() && launcher.exists()) {
+            let target = dir.parent().expect("target dir");
+            let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+            let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cargo
+                .args(["build", "-p", "virt-launcher", "-p", "vmm", "--bins"])
+                .env("CARGO_TARGET_DIR", target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if profile == "release" {
+                cargo.arg("--release");
+            }
+            let status = cargo.status().expect("running cargo to build the launcher");
+            assert!(
+                status.success(),
+                "cannot build the launcher binaries (cargo build -p virt-launcher -p vmm --bins): {status}"
+            );
+        }
+        for b in [&monitor, &launcher, &vmm] {
+            assert!(b.exists(), "{} is missing after the build", b.display());
+        }
+        (monitor, vmm)
+    })
+}
+
+/// The images and the manifest of one test.
+pub struct Demo {
+    pub dir: tempfile::TempDir,
+    pub manifest: PathBuf,
+    pub guest: PathBuf,
+    pub disk: PathBuf,
+}
+
+pub fn demo(name: &str, grace: u32) -> Demo {
+    let (_, vmm) = helper_binaries();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let guest = dir.path().join("guest.elf");
+    let out = Command::new(vmm)
+        .args(["test-guest", "--output"])
+        .arg(&guest)
+        .output()
+        .expect("vmm test-guest");
+    assert!(out.status.success(), "vmm test-guest: {out:?}");
+    let disk = dir.path().join("base.raw");
+    let f = std::fs::File::create(&disk).expect("disk");
+    f.set_len(16 << 20).expect("size");
+    for p in [&guest, &disk] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+    }
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../images/examples/vmi-testguest.yaml"
+    ))
+    .expect("example manifest")
+    .replace("name: testguest", &format!("name: {name}"))
+    .replace(
+        "terminationGracePeriodSeconds: 30",
+        &format!("terminationGracePeriodSeconds: {grace}"),
+    );
+    let manifest = dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&manifest, text).expect("manifest");
+    Demo {
+        dir,
+        manifest,
+        guest,
+        disk,
+    }
+}
