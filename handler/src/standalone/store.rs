@@ -30,6 +30,8 @@ struct Entry {
     vmi: VirtualMachineInstance,
     manifest: Option<PathBuf>,
     status_writes: u32,
+    /// When this run admitted the VMI (scheduled it), for the phase timing shown.
+    admitted: std::time::Instant,
 }
 
 pub struct StandaloneStore {
@@ -119,6 +121,7 @@ impl StandaloneStore {
             vmi,
             manifest,
             status_writes: 0,
+            admitted: std::time::Instant::now(),
         };
         self.show_status(&key, &entry);
         self.lock().insert(key.clone(), entry);
@@ -219,7 +222,11 @@ impl StatusWriter for StandaloneStore {
             bump(&mut entry.vmi);
             let new_phase = entry.vmi.phase();
             if old_phase != new_phase {
-                say(&format!("[{key}] phase {old_phase} -> {new_phase}"));
+                say(&format!(
+                    "[{key}] phase {old_phase} -> {new_phase} ({:.3} s after scheduling, {} status writes)",
+                    entry.admitted.elapsed().as_secs_f64(),
+                    entry.status_writes
+                ));
             }
             let snapshot = entry.vmi.clone();
             self.show_status(&key, entry);

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Benchmark of virt-handler in standalone mode: time from "VMI scheduled" (admitted with
+# phase Scheduled and its pod created) to "Running" written, and the handler's resident
+# memory with N VMIs running. Usage: sudo bash handler/bench.sh [N...]   (default: 1 20)
+# Each VMI boots the test guest (images/examples/vmi-testguest.yaml).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $(id -u) -eq 0 ]] || { echo "bench.sh: run as root" >&2; exit 1; }
+target=${CARGO_TARGET_DIR:-$(pwd)/target}
+cargo build -p handler -p virt-launcher -p vmm --bins >&2
+counts=("$@")
+[[ ${#counts[@]} -gt 0 ]] || counts=(1 20)
+
+for n in "${counts[@]}"; do
+    work=$(mktemp -d /tmp/handler-bench.XXXXXX)
+    chmod 0755 "$work"
+    "$target/debug/vmm" test-guest --output "$work/guest.elf"
+    truncate -s 16M "$work/base.raw"
+    chmod 0644 "$work/guest.elf" "$work/base.raw"
+    manifests=()
+    for i in $(seq 1 "$n"); do
+        sed -e "s/name: testguest/name: bench-$i/" images/examples/vmi-testguest.yaml > "$work/bench-$i.yaml"
+        manifests+=("$work/bench-$i.yaml")
+    done
+    out="$work/out.txt"
+    RUST_LOG=warn "$target/debug/virt-handler" standalone "${manifests[@]}" \
+        --state-dir "$work/state" \
+        --image "localhost/test-guest:latest=$work/guest.elf" \
+        --image "localhost/test-disk:latest=$work/base.raw" > "$out" 2> "$work/err.txt" &
+    pid=$!
+    deadline=$((SECONDS + 300))
+    until [[ $(grep -c 'console: DONE passed=' "$out" || true) -ge $n ]]; do
+        if (( SECONDS > deadline )) || ! kill -0 "$pid" 2>/dev/null; then
+            echo "bench.sh: $n VMIs did not all run their checks; see $work" >&2
+            kill -INT "$pid" 2>/dev/null || true
+            exit 1
+        fi
+        sleep 0.5
+    done
+    rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+    hwm_kb=$(awk '/^VmHWM/ {print $2}' "/proc/$pid/status")
+    kill -INT "$pid"
+    wait "$pid" || true
+    times=$(grep -o 'phase Scheduled -> Running ([0-9.]* s' "$out" | awk '{print substr($5, 2)}' | sort -n)
+    count=$(echo "$times" | grep -c . || true)
+    median=$(echo "$times" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+    echo "VMIs=$n running=$count scheduled->Running: min=$(echo "$times" | head -1)s median=${median}s max=$(echo "$times" | tail -1)s handler RSS=${rss_kb} KiB (peak ${hwm_kb} KiB)"
+    rm -rf "$work"
+done
