@@ -68,41 +68,55 @@ fn reply(result: Result<(), String>) -> Response {
     }
 }
 
+/// Applies one `HandleDomainEvent` request to the cache. `Err` is the message of a
+/// `success=false` reply. Launcher input is untrusted: anything malformed is an error,
+/// never a panic.
+pub fn handle_domain_event(
+    cache: &DomainCache,
+    request: &DomainEventRequest,
+) -> Result<(), String> {
+    let Some(event) = EventType::parse(&request.event_type) else {
+        // KubeVirt ignores unknown types silently.
+        tracing::debug!(event_type = %request.event_type, "ignoring unknown domain event type");
+        return Ok(());
+    };
+    if event == EventType::Error {
+        tracing::warn!(
+            status = %String::from_utf8_lossy(&request.status_json),
+            "launcher reported a watch error, listing launchers again"
+        );
+        cache.request_relist();
+        return Ok(());
+    }
+    let text = std::str::from_utf8(&request.domain_json)
+        .map_err(|e| format!("domain JSON is not UTF-8: {e}"))?;
+    let domain = Domain::from_json(text).map_err(|e| format!("invalid domain JSON: {e}"))?;
+    if domain.object_meta.name.is_empty() || domain.object_meta.namespace.is_empty() {
+        return Err("domain event without ObjectMeta name/namespace".into());
+    }
+    tracing::debug!(
+        key = %domain.key(),
+        event = %request.event_type,
+        state = ?domain.status.status,
+        reason = ?domain.status.reason,
+        "domain event"
+    );
+    cache.apply(event, domain);
+    Ok(())
+}
+
+/// Decodes a `HandleK8sEvent` payload (a core/v1 Event's JSON).
+pub fn parse_k8s_event(bytes: &[u8]) -> Result<K8sEvent, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("invalid event JSON: {e}"))
+}
+
 impl NotifyService {
     fn domain_event(&self, request: &DomainEventRequest) -> Result<(), String> {
-        let Some(event) = EventType::parse(&request.event_type) else {
-            // KubeVirt ignores unknown types silently.
-            tracing::debug!(event_type = %request.event_type, "ignoring unknown domain event type");
-            return Ok(());
-        };
-        if event == EventType::Error {
-            tracing::warn!(
-                status = %String::from_utf8_lossy(&request.status_json),
-                "launcher reported a watch error, listing launchers again"
-            );
-            self.cache.request_relist();
-            return Ok(());
-        }
-        let text = std::str::from_utf8(&request.domain_json)
-            .map_err(|e| format!("domain JSON is not UTF-8: {e}"))?;
-        let domain = Domain::from_json(text).map_err(|e| format!("invalid domain JSON: {e}"))?;
-        if domain.object_meta.name.is_empty() || domain.object_meta.namespace.is_empty() {
-            return Err("domain event without ObjectMeta name/namespace".into());
-        }
-        tracing::debug!(
-            key = %domain.key(),
-            event = %request.event_type,
-            state = ?domain.status.status,
-            reason = ?domain.status.reason,
-            "domain event"
-        );
-        self.cache.apply(event, domain);
-        Ok(())
+        handle_domain_event(&self.cache, request)
     }
 
     fn k8s_event(&self, request: &K8sEventRequest) -> Result<(), String> {
-        let event: K8sEvent = serde_json::from_slice(&request.event_json)
-            .map_err(|e| format!("invalid event JSON: {e}"))?;
+        let event = parse_k8s_event(&request.event_json)?;
         self.events.record(&event)
     }
 }
@@ -214,4 +228,66 @@ pub fn start(
         task,
         stop: Some(stop_tx),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::domain::LifeCycle;
+    use rand::{Rng, SeedableRng};
+
+    fn request(kind: &str, json: Vec<u8>) -> DomainEventRequest {
+        DomainEventRequest {
+            domain_json: json,
+            status_json: Vec::new(),
+            event_type: kind.into(),
+        }
+    }
+
+    /// The same entry point as the fuzz target (`handler/fuzz`), on random and mutated
+    /// input, deterministically: malformed launcher input is an error, never a panic.
+    #[test]
+    fn random_and_mutated_events_never_panic() {
+        let (cache, _rx) = DomainCache::new();
+        let mut valid = Domain::new("ns", "vmi", "uid");
+        valid.status.status = LifeCycle::Running;
+        let valid = valid.to_json().into_bytes();
+        assert!(handle_domain_event(&cache, &request("MODIFIED", valid.clone())).is_ok());
+        const JSON_BYTES: &[u8] = b"{}[]\",:0-e";
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b76);
+        for round in 0..3000 {
+            let bytes: Vec<u8> = if round % 2 == 0 {
+                let len = rng.random_range(0..256);
+                (0..len).map(|_| rng.random()).collect()
+            } else {
+                let mut m = valid.clone();
+                for _ in 0..rng.random_range(1..8) {
+                    let i = rng.random_range(0..m.len());
+                    match rng.random_range(0..3) {
+                        0 => m[i] = rng.random(),
+                        1 => {
+                            m.remove(i);
+                        }
+                        _ => m.insert(i, JSON_BYTES[rng.random_range(0..JSON_BYTES.len())]),
+                    }
+                    if m.is_empty() {
+                        break;
+                    }
+                }
+                m
+            };
+            let kind = ["ADDED", "MODIFIED", "DELETED", "ERROR", "X"][round % 5];
+            let _ = handle_domain_event(&cache, &request(kind, bytes.clone()));
+            let _ = parse_k8s_event(&bytes);
+        }
+    }
+
+    #[test]
+    fn events_without_identity_are_refused() {
+        let (cache, _rx) = DomainCache::new();
+        let no_name = Domain::new("", "", "uid").to_json().into_bytes();
+        assert!(handle_domain_event(&cache, &request("ADDED", no_name)).is_err());
+        assert!(handle_domain_event(&cache, &request("ADDED", vec![0xff, 0xfe])).is_err());
+        assert!(cache.is_empty());
+    }
 }
