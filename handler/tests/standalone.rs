@@ -275,3 +275,27 @@ fn missing_image_mapping_is_a_clear_error_and_leaves_nothing() {
     );
     assert!(!state.exists(), "state dir left behind");
 }
+
+#[test]
+fn the_same_vmi_twice_is_refused_before_anything_is_created() {
+    require_root_and_kvm();
+    let demo = demo("sa-twice", 30);
+    let state = demo.dir.path().join("state");
+    let (monitor, _) = helper_binaries();
+    let copy = demo.dir.path().join("copy.yaml");
+    std::fs::copy(&demo.manifest, &copy).expect("copy manifest");
+    let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .arg("standalone")
+        .arg(&demo.manifest)
+        .arg(&copy)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--launcher")
+        .arg(monitor)
+        .output()
+        .expect("run virt-handler");
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("default/sa-twice is given twice"), "{text}");
+    assert!(!state.exists(), "nothing may be created");
+}

@@ -40,7 +40,8 @@ stop=(--stop-after-console "DONE passed=")
 echo "== running virt-handler standalone"
 log="$work/handler.out"
 set +e
-"$target/debug/virt-handler" standalone "$work/vmi-testguest.yaml" \
+# The handler logs one line per decision on stderr; RUST_LOG=info shows them.
+RUST_LOG=${RUST_LOG:-warn} "$target/debug/virt-handler" standalone "$work/vmi-testguest.yaml" \
     --state-dir "$work/state" \
     --image "localhost/test-guest:latest=$work/guest.elf" \
     --image "localhost/test-disk:latest=$work/base.raw" \

@@ -265,7 +265,6 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         );
     }
     let dirs = StateDirs::new(&options.state_dir);
-    dirs.create()?;
 
     // Parse every manifest before touching anything.
     let mut manifests = Vec::new();
@@ -277,9 +276,19 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         if vmi.metadata.name.as_deref().unwrap_or("").is_empty() {
             bail!("{}: the VMI has no metadata.name", path.display());
         }
+        let key = crate::vmis::key_of(&admit_vmi(vmi.clone(), &options.node, "x"));
+        if manifests
+            .iter()
+            .any(|(_, other): &(PathBuf, VirtualMachineInstance)| {
+                crate::vmis::key_of(&admit_vmi(other.clone(), &options.node, "x")) == key
+            })
+        {
+            bail!("{}: a VMI named {key} is given twice", path.display());
+        }
         manifests.push((path.clone(), vmi));
     }
 
+    dirs.create()?;
     let (store, vmi_changes) = StandaloneStore::new(&dirs.vmis, options.status_output);
     let store = Arc::new(store);
     let (cache, cache_changes) = DomainCache::new();
