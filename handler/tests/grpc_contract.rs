@@ -552,6 +552,9 @@ async fn notify_server_feeds_the_cache_and_answers_like_kubevirt() {
     let pipe_path = pipe_dir
         .path()
         .join("var/run/kubevirt/domain-notify-pipe.sock");
+    // The pipe goes into an existing pod directory; it never creates one.
+    assert!(NotifyPipe::start(&pipe_path, &socket, Some(107)).is_err());
+    std::fs::create_dir_all(pipe_path.parent().expect("parent")).expect("mkdir");
     let pipe = NotifyPipe::start(&pipe_path, &socket, Some(107)).expect("pipe");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&pipe_path).expect("pipe file").uid(), 107);

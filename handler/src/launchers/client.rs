@@ -77,23 +77,30 @@ impl CmdError {
     }
 }
 
+/// KubeVirt's `IsDisconnected`: EOF, connection reset, broken pipe, shut down, cancelled.
+/// tonic reports a dropped connection as a status whose source chain ends in the io error,
+/// or as UNAVAILABLE when the transport is gone.
 fn status_is_disconnect(status: &Status) -> bool {
-    if status.code() == Code::Cancelled {
+    if matches!(status.code(), Code::Cancelled | Code::Unavailable) {
         return true;
     }
-    // tonic reports a dropped connection as UNAVAILABLE/UNKNOWN with the transport error
-    // as source or message; look for the io kinds KubeVirt lists (EOF, reset).
-    let text = status.to_string().to_ascii_lowercase();
-    [
-        "broken pipe",
-        "connection reset",
-        "unexpected eof",
-        "connection closed",
-        "eof",
-    ]
-    .iter()
-    .any(|needle| text.contains(needle))
-        || matches!(status.code(), Code::Unavailable)
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::NotConnected
+            )
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 fn classify(command: &'static str, status: Status) -> CmdError {
@@ -322,5 +329,30 @@ impl LauncherClient {
         Domain::from_json(&reply.domain)
             .map(Some)
             .map_err(CmdError::InvalidDomain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disconnects_are_recognised_by_code_and_io_source() {
+        let broken = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "stream closed",
+        )));
+        assert!(classify("DeleteVirtualMachine", broken).is_disconnected());
+        assert!(classify("Ping", Status::cancelled("gone")).is_disconnected());
+        assert!(classify("Ping", Status::unavailable("gone")).is_disconnected());
+        let internal = classify(
+            "KillVirtualMachine",
+            Status::internal("eof in message text"),
+        );
+        assert!(!internal.is_disconnected());
+        assert!(matches!(
+            classify("Pause", Status::unimplemented("x")),
+            CmdError::Unimplemented { .. }
+        ));
     }
 }
