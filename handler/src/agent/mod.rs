@@ -281,6 +281,11 @@ impl Agent {
                 self.queue.forget(key);
                 self.queue.add_after(key, after);
             }
+            Err(ReconcileError::Status(StatusWriteError::Conflict)) => {
+                // Another writer changed the VMI: read it again and recompute.
+                tracing::debug!(%key, "status write conflict, reconciling again");
+                self.queue.add_rate_limited(key);
+            }
             Err(e) => {
                 tracing::warn!(%key, error = %e, "reconcile failed, retrying with back-off");
                 self.queue.add_rate_limited(key);

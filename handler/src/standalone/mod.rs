@@ -527,6 +527,14 @@ async fn supervise(
                     || (v.metadata.deletion_timestamp.is_some() && v.phase() != Phase::Running)
             }
         };
+        // Pod readiness: the launcher's cmd socket exists (renamed from the init socket
+        // once it answers) and the launcher lives.
+        if let Some(v) = &vmi
+            && !v.phase().is_final()
+        {
+            let socket = PodPaths::new(&dirs.pods, &pod.record.pod_uid).launcher_socket();
+            store.set_ready(&pod.record.vmi_key, alive && socket.exists());
+        }
         if alive
             && pod.console.is_none()
             && vmi.as_ref().is_some_and(|v| v.phase() == Phase::Running)

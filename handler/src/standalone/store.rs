@@ -144,6 +144,40 @@ impl StandaloneStore {
         }
     }
 
+    /// The controller's `Ready` condition, from the launcher pod's readiness (its cmd
+    /// socket answering). Written like another writer's change: the handler's next
+    /// write computed from an older version gets a conflict and reads again.
+    pub fn set_ready(&self, key: &str, ready: bool) {
+        let mut entries = self.lock();
+        let Some(e) = entries.get_mut(key) else {
+            return;
+        };
+        let status = e.vmi.status.get_or_insert_with(Default::default);
+        let wanted = if ready { "True" } else { "False" };
+        if status
+            .conditions
+            .iter()
+            .any(|c| c.condition_type == "Ready" && c.status == wanted)
+        {
+            return;
+        }
+        status.conditions.retain(|c| c.condition_type != "Ready");
+        status.conditions.push(proto::kubevirt::Condition {
+            condition_type: "Ready".into(),
+            status: wanted.into(),
+            last_probe_time: None,
+            last_transition_time: Some(Time(Timestamp::now())),
+            reason: (!ready).then(|| "PodNotReady".to_string()),
+            message: None,
+            extra: Default::default(),
+        });
+        bump(&mut e.vmi);
+        let vmi = e.vmi.clone();
+        drop(entries);
+        self.persist(key, &vmi);
+        let _ = self.changes.send(key.to_string());
+    }
+
     /// Removes the VMI for good (finalizers done) and its persisted copy.
     pub fn remove(&self, key: &str) {
         self.lock().remove(key);
