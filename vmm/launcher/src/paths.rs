@@ -115,6 +115,14 @@ impl Paths {
             .join(name)
             .join("noCloud.iso")
     }
+    /// `cloud-init-data/<ns>/<vmi>/configdrive.iso`.
+    pub fn config_drive_iso(&self, namespace: &str, name: &str) -> PathBuf {
+        self.ephemeral_disk_dir
+            .join("cloud-init-data")
+            .join(namespace)
+            .join(name)
+            .join("configdrive.iso")
+    }
     /// Secrets referenced by cloud-init volumes.
     pub fn secrets_dir(&self) -> PathBuf {
         self.private_dir.join("secret")

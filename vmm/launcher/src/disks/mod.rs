@@ -39,6 +39,8 @@ pub enum Action {
     EmptyQcow2(u64),
     /// The NoCloud ISO for this cloud-init volume.
     NoCloudIso,
+    /// The ConfigDrive ISO for this cloud-init volume.
+    ConfigDriveIso,
 }
 
 /// Where the read-only base of an overlay comes from.
@@ -214,11 +216,18 @@ pub fn plan(
             Action::NoCloudIso,
         ));
     }
+    if volume.cloud_init_config_drive.is_some() {
+        let ns = vmi.metadata.namespace.clone().unwrap_or_default();
+        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+        return Ok(plan(
+            paths.config_drive_iso(&ns, &vmi_name),
+            Format::Raw,
+            "file",
+            None,
+            Action::ConfigDriveIso,
+        ));
+    }
     let kind = [
-        (
-            "cloudInitConfigDrive",
-            volume.cloud_init_config_drive.is_some(),
-        ),
         ("configMap", volume.config_map.is_some()),
         ("secret", volume.secret.is_some()),
         ("serviceAccount", volume.service_account.is_some()),
@@ -296,21 +305,28 @@ pub fn materialize(
                 })?;
             }
         }
-        Action::NoCloudIso => {
-            let volume = vmi
-                .spec
-                .volumes
-                .iter()
-                .find(|v| v.name == plan.volume)
-                .and_then(|v| v.cloud_init_no_cloud.as_ref())
-                .expect("NoCloudIso plans come from a cloudInitNoCloud volume");
+        Action::NoCloudIso | Action::ConfigDriveIso => {
+            let volume = vmi.spec.volumes.iter().find(|v| v.name == plan.volume);
             let cloud_err = |source| DiskError::CloudInit {
                 volume: plan.volume.clone(),
                 source,
             };
-            let data = cloudinit::nocloud_data(vmi, &plan.volume, volume, &paths.secrets_dir())
-                .map_err(cloud_err)?;
-            cloudinit::write_nocloud_iso(&data, &plan.path).map_err(cloud_err)?;
+            let secrets = paths.secrets_dir();
+            if plan.action == Action::NoCloudIso {
+                let source = volume
+                    .and_then(|v| v.cloud_init_no_cloud.as_ref())
+                    .expect("NoCloudIso plans come from a cloudInitNoCloud volume");
+                let data = cloudinit::nocloud_data(vmi, &plan.volume, source, &secrets)
+                    .map_err(cloud_err)?;
+                cloudinit::write_nocloud_iso(&data, &plan.path).map_err(cloud_err)?;
+            } else {
+                let source = volume
+                    .and_then(|v| v.cloud_init_config_drive.as_ref())
+                    .expect("ConfigDriveIso plans come from a cloudInitConfigDrive volume");
+                let data = cloudinit::config_drive_data(vmi, &plan.volume, source, &secrets)
+                    .map_err(cloud_err)?;
+                cloudinit::write_config_drive_iso(&data, &plan.path).map_err(cloud_err)?;
+            }
         }
     }
     if let Some((uid, gid)) = owner {

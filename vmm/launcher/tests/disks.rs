@@ -1,0 +1,128 @@
+//! Disk preparation against real files, checked with qemu-img and an ISO reader.
+
+use launcher::disks::{self, DiskError};
+use launcher::paths::Paths;
+use proto::kubevirt::parse_vmi;
+use std::process::Command;
+
+fn vmi(volumes_yaml: &str) -> proto::kubevirt::VirtualMachineInstance {
+    parse_vmi(&format!(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: v\n  namespace: ns\n  uid: u-1\nspec:\n  domain:\n    firmware:\n      uuid: 6a1c1b9e-0d1f-4d0e-9a0b-0c0d0e0f1011\n  volumes:\n{volumes_yaml}"
+    ))
+    .unwrap()
+}
+
+fn qemu_img_info(path: &std::path::Path) -> serde_json::Value {
+    let out = Command::new("qemu-img")
+        .args(["info", "--output=json"])
+        .arg(path)
+        .output()
+        .expect("qemu-img is installed (scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn every_supported_volume_type_becomes_a_real_file() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let image = paths.image_volume(0).join("disk");
+    std::fs::create_dir_all(&image).unwrap();
+    std::fs::write(image.join("disk.img"), vec![7u8; 2 << 20]).unwrap();
+    let v = vmi(
+        "  - name: cd\n    containerDisk:\n      image: x\n  - name: scratch\n    emptyDisk:\n      capacity: 10Mi\n  - name: ci\n    cloudInitNoCloud:\n      userData: \"#cloud-config\\npassword: x\\n\"\n  - name: drive\n    cloudInitConfigDrive:\n      userData: \"#!/bin/sh\\necho hi\\n\"\n  - name: host\n    hostDisk:\n      path: /data/host.img\n      type: DiskOrCreate\n      capacity: 3Mi\n",
+    );
+    for i in 0..v.spec.volumes.len() {
+        let plan = disks::plan(&paths, &v, i).unwrap();
+        disks::materialize(&plan, &v, &paths, None).unwrap();
+        // Idempotent: a second run keeps what exists.
+        disks::materialize(&plan, &v, &paths, None).unwrap();
+    }
+    // Container disk: a qcow2 overlay whose backing is the linked base.
+    let info = qemu_img_info(&paths.overlay("cd"));
+    assert_eq!(info["format"], "qcow2");
+    assert_eq!(info["virtual-size"], 2 << 20);
+    assert_eq!(info["backing-filename-format"], "raw");
+    assert!(paths.container_disk_base(0).is_symlink());
+    // Empty disk: qcow2 of the capacity.
+    let info = qemu_img_info(&paths.empty_disk("scratch"));
+    assert_eq!(info["virtual-size"], 10 << 20);
+    // Host disk: a sparse raw file, rounded down to whole MiB.
+    let host = paths.vmi_disks_dir("host").join("host.img");
+    assert_eq!(std::fs::metadata(&host).unwrap().len(), 3 << 20);
+    // Cloud-init: ISOs an ISO reader can open, with the right labels.
+    for (iso, label) in [
+        (paths.nocloud_iso("ns", "v"), "cidata"),
+        (paths.config_drive_iso("ns", "v"), "config-2"),
+    ] {
+        let out = Command::new("isoinfo")
+            .args(["-d", "-i"])
+            .arg(&iso)
+            .output()
+            .expect("isoinfo is installed (genisoimage, scripts/setup.sh)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!("Volume id: {label}")),
+            "{}: {text}",
+            iso.display()
+        );
+    }
+    let user = Command::new("isoinfo")
+        .args(["-R", "-x", "/user-data", "-i"])
+        .arg(paths.nocloud_iso("ns", "v"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&user.stdout),
+        "#cloud-config\npassword: x\n"
+    );
+}
+
+#[test]
+fn hostile_or_unsupported_volumes_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    // A container-disk path that climbs out of the image.
+    std::fs::create_dir_all(paths.image_volume(0)).unwrap();
+    let v = vmi(
+        "  - name: cd\n    containerDisk:\n      image: x\n      path: ../../../../etc/passwd\n",
+    );
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+    assert!(matches!(err, DiskError::ContainerDisk { .. }), "{err}");
+    assert!(
+        !paths.overlay("cd").exists(),
+        "nothing is created for a refused disk"
+    );
+    // An image volume with two candidate files.
+    let dir = paths.image_volume(0).join("disk");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.img"), b"a").unwrap();
+    std::fs::write(dir.join("b.img"), b"b").unwrap();
+    let v = vmi("  - name: cd\n    containerDisk:\n      image: x\n");
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+    assert!(err.to_string().contains("exactly one disk image"), "{err}");
+    // Volume types this launcher has no use for name the field.
+    let v = vmi("  - name: cm\n    configMap:\n      name: x\n");
+    let err = disks::plan(&paths, &v, 0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "spec.volumes[0].configMap: this volume type is not supported by this launcher"
+    );
+    let v = vmi("  - name: e\n    emptyDisk:\n      capacity: huge\n");
+    let err = disks::plan(&paths, &v, 0).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("spec.volumes[0].emptyDisk.capacity"),
+        "{err}"
+    );
+    // Cloud-init without any data.
+    let v = vmi("  - name: ci\n    cloudInitNoCloud: {}\n");
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    assert!(disks::materialize(&plan, &v, &paths, None).is_err());
+}
