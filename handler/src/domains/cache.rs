@@ -76,7 +76,11 @@ impl DomainCache {
         let key = domain.key();
         match event {
             EventType::Added | EventType::Modified => {
-                self.lock().insert(key.clone(), domain);
+                // A repeated identical report changes nothing: no reconcile (otherwise a
+                // launcher answering each Shutdown with an event would loop with us).
+                if self.lock().insert(key.clone(), domain.clone()).as_ref() == Some(&domain) {
+                    return;
+                }
             }
             EventType::Deleted => {
                 self.lock().remove(&key);
@@ -150,8 +154,9 @@ mod tests {
         cache.apply(EventType::Added, d.clone());
         assert_eq!(rx.try_recv(), Ok(CacheChange::Key("ns/vmi".into())));
         assert_eq!(cache.get("ns/vmi"), Some(d.clone()));
-        // Resync with the same domain: no new reconcile.
+        // Resync or a repeated event with the same domain: no new reconcile.
         cache.set("ns/vmi", d.clone());
+        cache.apply(EventType::Modified, d.clone());
         assert!(rx.try_recv().is_err());
         cache.apply(EventType::Error, d.clone());
         assert_eq!(rx.try_recv(), Ok(CacheChange::Relist));
