@@ -107,21 +107,20 @@ impl Paths {
             .join("empty-disks")
             .join(format!("{volume}.qcow2"))
     }
-    /// `cloud-init-data/<ns>/<vmi>/noCloud.iso`.
-    pub fn nocloud_iso(&self, namespace: &str, name: &str) -> PathBuf {
+    /// `cloud-init-data/<ns>/<vmi>/`: where the cloud-init ISO is made.
+    pub fn cloud_init_dir(&self, namespace: &str, name: &str) -> PathBuf {
         self.ephemeral_disk_dir
             .join("cloud-init-data")
             .join(namespace)
             .join(name)
-            .join("noCloud.iso")
+    }
+    /// `cloud-init-data/<ns>/<vmi>/noCloud.iso`.
+    pub fn nocloud_iso(&self, namespace: &str, name: &str) -> PathBuf {
+        self.cloud_init_dir(namespace, name).join("noCloud.iso")
     }
     /// `cloud-init-data/<ns>/<vmi>/configdrive.iso`.
     pub fn config_drive_iso(&self, namespace: &str, name: &str) -> PathBuf {
-        self.ephemeral_disk_dir
-            .join("cloud-init-data")
-            .join(namespace)
-            .join(name)
-            .join("configdrive.iso")
+        self.cloud_init_dir(namespace, name).join("configdrive.iso")
     }
     /// Secrets referenced by cloud-init volumes.
     pub fn secrets_dir(&self) -> PathBuf {

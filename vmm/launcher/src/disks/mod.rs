@@ -205,27 +205,18 @@ pub fn plan(
             Action::EmptyQcow2(bytes & !((1 << 20) - 1)),
         ));
     }
-    if volume.cloud_init_no_cloud.is_some() {
+    let cloud_init = if volume.cloud_init_no_cloud.is_some() {
+        Some((Action::NoCloudIso, "noCloud.iso"))
+    } else if volume.cloud_init_config_drive.is_some() {
+        Some((Action::ConfigDriveIso, "configdrive.iso"))
+    } else {
+        None
+    };
+    if let Some((action, file)) = cloud_init {
         let ns = vmi.metadata.namespace.clone().unwrap_or_default();
         let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
-        return Ok(plan(
-            paths.nocloud_iso(&ns, &vmi_name),
-            Format::Raw,
-            "file",
-            None,
-            Action::NoCloudIso,
-        ));
-    }
-    if volume.cloud_init_config_drive.is_some() {
-        let ns = vmi.metadata.namespace.clone().unwrap_or_default();
-        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
-        return Ok(plan(
-            paths.config_drive_iso(&ns, &vmi_name),
-            Format::Raw,
-            "file",
-            None,
-            Action::ConfigDriveIso,
-        ));
+        let path = paths.cloud_init_dir(&ns, &vmi_name).join(file);
+        return Ok(plan(path, Format::Raw, "file", None, action));
     }
     let kind = [
         ("configMap", volume.config_map.is_some()),
