@@ -37,6 +37,8 @@ pub struct Context {
     pub created_pods: Mutex<HashMap<String, (Pod, Instant)>>,
     /// VMI resource versions written but not yet in the cache, by VMI UID.
     pub vmi_versions: Mutex<HashMap<String, (String, Instant)>>,
+    /// Readiness-gate values written to pods but maybe not yet in the cache, by pod UID.
+    pub pod_gates: Mutex<HashMap<String, (bool, Instant)>>,
     recorder: Recorder,
 }
 
@@ -210,6 +212,7 @@ pub async fn run(
         vm_expectations: Expectations::default(),
         created_pods: Mutex::default(),
         vmi_versions: Mutex::default(),
+        pod_gates: Mutex::default(),
         recorder,
     });
 

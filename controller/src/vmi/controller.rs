@@ -150,7 +150,24 @@ pub async fn reconcile(
     }
 
     let pod_api: Api<Pod> = ctx.api(&namespace);
-    if let Some((pod, unpaused)) = &plan.set_unpaused {
+    let gate = plan.set_unpaused.as_ref().filter(|(pod, unpaused)| {
+        // Skip a write the pod cache has not caught up with yet.
+        let uid = pods
+            .iter()
+            .find(|p| &p.name == pod)
+            .map(|p| p.uid.clone())
+            .unwrap_or_default();
+        let mut written = ctx.pod_gates.lock().unwrap_or_else(|p| p.into_inner());
+        written.retain(|_, (_, at)| at.elapsed() < CACHE_WAIT);
+        let fresh = written
+            .get(&uid)
+            .is_some_and(|(value, _)| value == unpaused);
+        if !fresh {
+            written.insert(uid, (*unpaused, Instant::now()));
+        }
+        !fresh
+    });
+    if let Some((pod, unpaused)) = gate {
         let (status, reason) = if *unpaused {
             ("True", "NotPaused")
         } else {

@@ -233,6 +233,7 @@ pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: b
                 plan.create_pod = true;
                 // KubeVirt sees the pod it just created and moves on in the same reconcile.
                 plan.phase = Some(Phase::Scheduling);
+                plan.ready = ready_condition(phase, Some(&PodView::default()));
             }
         }
         Phase::Scheduling => match pod {
