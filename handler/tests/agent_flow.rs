@@ -324,6 +324,13 @@ impl Node {
 
     /// Starts an agent (with its own cache, launchers and notify server) on this node.
     fn agent(&self) -> (Arc<StandaloneStore>, RunningAgent) {
+        self.agent_with(|_| {})
+    }
+
+    fn agent_with(
+        &self,
+        configure: impl FnOnce(&mut AgentConfig),
+    ) -> (Arc<StandaloneStore>, RunningAgent) {
         let (store, vmi_changes) =
             StandaloneStore::new(&self.dir.path().join("vmis"), StatusOutput::Stdout);
         let store = Arc::new(store);
@@ -334,6 +341,7 @@ impl Node {
             .expect("notify server");
         let mut config = AgentConfig::new(NODE, self.dir.path().join("private"));
         config.prepare_pod = false;
+        configure(&mut config);
         let agent = Agent::new(
             config,
             store.clone(),
@@ -486,4 +494,29 @@ async fn a_restarted_agent_rebuilds_from_the_launcher_and_leaves_the_vm_alone() 
         "nothing to write: the status is true"
     );
     agent2.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_resync_asks_every_launcher_for_its_domain() {
+    let node = Node::start(false);
+    let (store, agent) = node.agent_with(|c| c.resync_period = Duration::from_millis(200));
+    let key = store.admit(node.vmi(30), None);
+    wait_phase(&store, &key, Phase::Running).await;
+    let count = || {
+        node.fake
+            .calls()
+            .iter()
+            .filter(|c| c.as_str() == "GetDomain")
+            .count()
+    };
+    let before = count();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let resyncs = count() - before;
+    assert!(
+        (3..=8).contains(&resyncs),
+        "{resyncs} GetDomain calls in 1.1 s"
+    );
+    // An unchanged domain makes no status write.
+    assert_eq!(store.status_writes(&key), 1);
+    agent.stop().await;
 }
