@@ -562,3 +562,72 @@ fn random_input_never_panics() {
         }
     }
 }
+
+/// `examples/vmi-nocloud.yaml` (no interfaces: the webhook's default bridge interface is
+/// virtio, so tun and vhost-net are requested): cloud-init and the empty disk need no pod
+/// volume (the launcher makes them in `ephemeral-disks`); the container disk is
+/// `disk_0`. A container disk at another index is mounted at that index.
+#[test]
+fn vmi_nocloud_volumes() {
+    let text = include_str!("../../../proto/tests/testdata/vmi-nocloud.yaml");
+    let mut vmi = proto::kubevirt::parse_vmi(text).expect("the example parses");
+    vmi.metadata.namespace = Some("default".into());
+    vmi.metadata.uid = Some(UID.into());
+    let pod = render(&vmi);
+    let volumes: Vec<&str> = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            "private",
+            "public",
+            "sockets",
+            "virt-bin-share-dir",
+            "libvirt-runtime",
+            "ephemeral-disks",
+            "containerdisk",
+            "launcher-volume",
+            "hotplug-disks"
+        ]
+    );
+    let compute = &pod["spec"]["containers"][0];
+    assert_eq!(
+        compute["resources"]["limits"],
+        json!({"devices.kubevirt.io/kvm": "1", "devices.kubevirt.io/tun": "1", "devices.kubevirt.io/vhost-net": "1"})
+    );
+    // Without status.runtimeUser the webhook's default (non-root) applies.
+    assert_eq!(compute["securityContext"]["runAsUser"], json!(107));
+
+    // The container disk moved to the last position: `disk_2`.
+    vmi.spec.volumes.rotate_left(1);
+    let pod = render(&vmi);
+    let mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(mounts.contains(&json!({"name": "containerdisk", "mountPath": "/var/run/kubevirt-image-volume/disk_2", "readOnly": true})));
+    // A digest-pinned image needs no digest-resolving init container nor the launcher volume.
+    let mut pinned = vmi.clone();
+    for volume in &mut pinned.spec.volumes {
+        if let Some(disk) = volume.container_disk.as_mut() {
+            disk.image = "registry.example/disk@sha256:0123".into();
+        }
+    }
+    let pod = render(&pinned);
+    assert_eq!(
+        pod["spec"]["initContainers"].as_array().unwrap().len(),
+        1,
+        "only guest-console-log"
+    );
+    assert!(
+        !pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "launcher-volume")
+    );
+}

@@ -117,24 +117,20 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     let mut requeue = None;
     let mut sync_error = None;
     let mut request_start = false;
-    match decide_run(
-        strategy,
-        facts.as_ref(),
-        request.as_ref(),
-        status.run_strategy,
-        backoff_left,
-    ) {
+    // For the printable status: a start or stop this reconcile made, not yet in the cache.
+    let (mut start_expected, mut stop_expected) = (false, false);
+    match action {
         Ok(RunAction::Nothing) => {}
-        Ok(RunAction::Start) => {
-            if let Err(e) = start_vmi(&ctx, &vm, &vmi_api).await {
-                sync_error = Some(e.to_string());
-            }
-        }
+        Ok(RunAction::Start) => match start_vmi(&ctx, &vm, &vmi_api).await {
+            Ok(()) => start_expected = true,
+            Err(e) => sync_error = Some(e.to_string()),
+        },
         Ok(RunAction::Stop {
             request_start: start,
         }) => {
             if let Some(vmi) = &vmi {
                 stop_vmi(&ctx, &vm, vmi, &vmi_api).await?;
+                stop_expected = true;
             }
             request_start = start;
         }
@@ -149,6 +145,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         vmi.as_deref(),
         strategy,
         request_start,
+        (start_expected, stop_expected),
         sync_error.as_deref(),
     )
     .await?;
@@ -355,6 +352,7 @@ async fn update_status(
     vmi: Option<&VirtualMachineInstance>,
     strategy: proto::kubevirt::RunStrategy,
     request_start: bool,
+    (start_expected, stop_expected): (bool, bool),
     sync_error: Option<&str>,
 ) -> Result<(), Error> {
     let old = vm.status.clone().unwrap_or_default();
@@ -511,9 +509,8 @@ async fn update_status(
     }
 
     let in_backoff = backoff_left(&new) > 0;
-    let start_expected = false;
     new.printable_status =
-        Some(printable_status(false, vmi, start_expected, false, in_backoff).into());
+        Some(printable_status(false, vmi, start_expected, stop_expected, in_backoff).into());
 
     if new == old {
         return Ok(());
