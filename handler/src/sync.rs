@@ -35,7 +35,12 @@ pub enum ShutdownStep {
 /// What the reconcile of one VMI should do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing to do now (with why, for the decision log).
+    /// `execute` returns before `sync`: the VMI is not this handler's business right now
+    /// (another node's, migrating, launcher state unknown). Neither the VM nor the
+    /// status is touched.
+    Ignore(&'static str),
+    /// `sync` ran and found nothing to do (with why, for the decision log); the status
+    /// is still brought up to date.
     Nothing(&'static str),
     /// Look again later without acting (e.g. the launcher socket is not there yet).
     Requeue { after: Duration, why: &'static str },
@@ -67,6 +72,15 @@ pub struct Facts<'a> {
     /// This node's name (`--hostname-override`).
     pub node: &'a str,
     pub now: Timestamp,
+}
+
+impl Action {
+    /// Whether the reconcile goes on to write the status (`updateVMIStatus`): not after
+    /// an early return of `execute` (ignored VMI, stale domain of an older VMI, whose
+    /// state says nothing about this VMI).
+    pub fn updates_status(&self) -> bool {
+        !matches!(self, Action::Ignore(_) | Action::CleanupStale { .. })
+    }
 }
 
 impl Facts<'_> {
@@ -147,7 +161,7 @@ pub fn decide(facts: &Facts<'_>) -> Action {
     if let Some(d) = domain {
         // §3.4: the launcher could not be asked; nothing is known.
         if d.status.status == LifeCycle::Unknown {
-            return Action::Nothing("domain state Unknown (launcher unreachable)");
+            return Action::Ignore("domain state Unknown (launcher unreachable)");
         }
         // §3.3 step 4: the domain migrated away.
         if d.status.status == LifeCycle::Shutoff && d.status.reason == StateChangeReason::Migrated {
@@ -155,14 +169,14 @@ pub fn decide(facts: &Facts<'_>) -> Action {
         }
         // §3.3 step 5.
         if migration_in_progress(d) {
-            return Action::Nothing("migration in progress");
+            return Action::Ignore("migration in progress");
         }
     }
     // §3.3 step 6: VMIs of other nodes are never touched.
     if let Some(vmi) = facts.vmi
         && !owned_by_node(vmi, facts.node)
     {
-        return Action::Nothing("VMI is not owned by this node");
+        return Action::Ignore("VMI is not owned by this node");
     }
 
     let alive = domain_alive(domain);
@@ -434,7 +448,7 @@ mod tests {
         let d = domain(LifeCycle::Unknown, StateChangeReason::Unknown);
         assert!(matches!(
             decide(&facts(Some(&v), Some(&d), LauncherState::Ready)),
-            Action::Nothing(_)
+            Action::Ignore(_)
         ));
     }
 
@@ -641,11 +655,16 @@ mod tests {
         let v = vmi(Phase::Scheduled);
         let mut d = running();
         d.spec.metadata.kubevirt.uid = "old-uid".into();
+        let action = decide(&facts(Some(&v), Some(&d), LauncherState::Ready));
         assert_eq!(
-            decide(&facts(Some(&v), Some(&d), LauncherState::Ready)),
+            action,
             Action::CleanupStale {
                 old_uid: "old-uid".into()
             }
+        );
+        assert!(
+            !action.updates_status(),
+            "the old domain says nothing about this VMI"
         );
         // Also when the stale domain is already marked deleted: the cached UID is kept.
         d.object_meta.deletion_timestamp = Some(Time(now()));
@@ -676,7 +695,7 @@ mod tests {
             let d = domain(LifeCycle::Paused, reason);
             assert!(matches!(
                 decide(&facts(Some(&v), Some(&d), LauncherState::Ready)),
-                Action::Nothing("migration in progress")
+                Action::Ignore("migration in progress")
             ));
         }
         let mut d = running();
@@ -684,7 +703,7 @@ mod tests {
             Some(serde_json::json!({"StartTimestamp": "2026-08-22T09:00:00Z"}));
         assert!(matches!(
             decide(&facts(Some(&v), Some(&d), LauncherState::Ready)),
-            Action::Nothing("migration in progress")
+            Action::Ignore("migration in progress")
         ));
     }
 
@@ -696,13 +715,12 @@ mod tests {
         }
         assert!(matches!(
             decide(&facts(Some(&v), None, LauncherState::Ready)),
-            Action::Nothing("VMI is not owned by this node")
+            Action::Ignore("VMI is not owned by this node")
         ));
         let v = deleting(v);
-        assert!(matches!(
-            decide(&facts(Some(&v), Some(&running()), LauncherState::Ready)),
-            Action::Nothing(_)
-        ));
+        let action = decide(&facts(Some(&v), Some(&running()), LauncherState::Ready));
+        assert!(matches!(action, Action::Ignore(_)));
+        assert!(!action.updates_status());
     }
 
     #[test]

@@ -324,16 +324,22 @@ impl Node {
 
     /// Starts an agent (with its own cache, launchers and notify server) on this node.
     fn agent(&self) -> (Arc<StandaloneStore>, RunningAgent) {
-        self.agent_with(|_| {})
+        self.agent_with(|_| {}, None)
     }
 
+    /// `existing`: a VMI the API server already has when the agent starts (as after a
+    /// handler restart, where the agent runs once its VMI store is synced).
     fn agent_with(
         &self,
         configure: impl FnOnce(&mut AgentConfig),
+        existing: Option<VirtualMachineInstance>,
     ) -> (Arc<StandaloneStore>, RunningAgent) {
         let (store, vmi_changes) =
             StandaloneStore::new(&self.dir.path().join("vmis"), StatusOutput::Stdout);
         let store = Arc::new(store);
+        if let Some(vmi) = existing {
+            store.admit(vmi, None);
+        }
         let (cache, cache_changes) = DomainCache::new();
         let cache = Arc::new(cache);
         let launchers = Arc::new(Launchers::new(self.paths(), NODE));
@@ -474,9 +480,8 @@ async fn a_restarted_agent_rebuilds_from_the_launcher_and_leaves_the_vm_alone() 
     agent.stop().await;
 
     // A new agent with empty caches; the VMI as the API server still has it.
-    let (store2, agent2) = node.agent();
     let before = node.fake.calls().len();
-    store2.admit(running, None);
+    let (store2, agent2) = node.agent_with(|_| {}, Some(running));
     wait_for("GetDomain from the ghost record", || {
         node.fake.calls()[before..].contains(&"GetDomain".to_string())
     })
@@ -499,7 +504,7 @@ async fn a_restarted_agent_rebuilds_from_the_launcher_and_leaves_the_vm_alone() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_periodic_resync_asks_every_launcher_for_its_domain() {
     let node = Node::start(false);
-    let (store, agent) = node.agent_with(|c| c.resync_period = Duration::from_millis(200));
+    let (store, agent) = node.agent_with(|c| c.resync_period = Duration::from_millis(200), None);
     let key = store.admit(node.vmi(30), None);
     wait_phase(&store, &key, Phase::Running).await;
     let count = || {
@@ -518,5 +523,53 @@ async fn the_periodic_resync_asks_every_launcher_for_its_domain() {
     );
     // An unchanged domain makes no status write.
     assert_eq!(store.status_writes(&key), 1);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_of_an_older_vmi_is_cleaned_up_only_once_its_launcher_is_gone() {
+    let node = Node::start(false);
+    let (store, agent) = node.agent();
+    let old = node.vmi(30);
+    let old_uid = old.metadata.uid.clone().expect("uid");
+    let key = store.admit(old, None);
+    wait_phase(&store, &key, Phase::Running).await;
+    assert_eq!(ghosts(node.dir.path()), 1);
+
+    // The VMI is recreated with the same name (new UID, new pod not started yet) while
+    // the old launcher still reports its domain.
+    let new_pod = uuid::Uuid::new_v4().to_string();
+    // Its pod exists (the kubelet made it); its launcher is still starting.
+    let new_sockets = PodPaths::new(&node.dir.path().join("pods"), &new_pod).sockets_dir();
+    std::fs::create_dir_all(&new_sockets).expect("new pod dir");
+    let fresh = proto::kubevirt::parse_vmi(
+        r#"{"metadata":{"name":"vmi","namespace":"ns"},"spec":{"domain":{"devices":{}}}}"#,
+    )
+    .expect("vmi");
+    let fresh = admit_vmi(fresh, NODE, &new_pod);
+    assert_ne!(fresh.metadata.uid.as_deref(), Some(old_uid.as_str()));
+    let syncs = || {
+        node.fake
+            .calls()
+            .iter()
+            .filter(|c| c.as_str() == "Sync")
+            .count()
+    };
+    let syncs_before = syncs();
+    store.admit(fresh, None);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The old launcher answers: its domain is left alone and the new VMI waits.
+    assert_eq!(ghosts(node.dir.path()), 1, "old launcher still known");
+    assert_eq!(syncs(), syncs_before, "nothing sent to the old launcher");
+    assert_eq!(store.get(&key).map(|v| v.phase()), Some(Phase::Scheduled));
+
+    // The old launcher goes away (its socket with it): now it is cleaned up.
+    let old_socket = PodPaths::new(&node.dir.path().join("pods"), &node.pod_uid).launcher_socket();
+    std::fs::remove_file(&old_socket).expect("remove old socket");
+    wait_for("the stale launcher's clean-up", || {
+        ghosts(node.dir.path()) == 0
+    })
+    .await;
+    assert_eq!(store.get(&key).map(|v| v.phase()), Some(Phase::Scheduled));
     agent.stop().await;
 }

@@ -344,6 +344,9 @@ impl Agent {
             self.metrics.set_phase(key, None);
             return sync_error.map_or(Ok(after), Err);
         };
+        if !action.updates_status() {
+            return sync_error.map_or(Ok(after), Err);
+        }
         if let Some(err) = &sync_error {
             self.writer
                 .record_event(&vmi, EventKind::Warning, "SyncFailed", &err.to_string());
@@ -406,7 +409,7 @@ impl Agent {
             .or_else(|| domain.map(|d| d.spec.metadata.kubevirt.uid.clone()))
             .unwrap_or_default();
         match action {
-            Action::Nothing(_) => Ok(After::Done),
+            Action::Nothing(_) | Action::Ignore(_) => Ok(After::Done),
             Action::Requeue { after, .. } => Ok(After::Requeue(*after)),
             Action::CleanupStale { old_uid } => {
                 if self.launchers.is_unresponsive(old_uid) {
