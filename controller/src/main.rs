@@ -73,8 +73,14 @@ async fn main() -> anyhow::Result<()> {
             lost,
         ))
     });
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // Kubernetes stops a pod with SIGTERM; a terminal with SIGINT. Either releases the Lease.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutting down");
     };
     run_when_leader(
         client,

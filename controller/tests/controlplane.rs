@@ -824,3 +824,93 @@ async fn pod_failing_before_hand_off_fails_the_vmi() {
         "{warnings:?}"
     );
 }
+
+/// The `virt-controller` binary itself, two replicas against the control plane's kubeconfig:
+/// one leads and hands a VM's VMI to the node; on SIGTERM it releases the Lease and exits,
+/// and the other takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_replicas_run_and_hand_over_on_sigterm() {
+    let setup = Setup::new("ctl-binary", false).await;
+    let kubeconfig = control_plane().await.kubeconfig_path().to_path_buf();
+    let spawn = |identity: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_virt-controller"))
+            .args(["--launcher-image", "quay.io/kubevirt/virt-launcher:v1.9.0"])
+            .args(["--watch-namespace", &setup.namespace])
+            .args(["--leader-namespace", &setup.namespace])
+            .args(["--identity", identity])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map(KillOnDrop)
+            .expect("virt-controller starts")
+    };
+    let mut replicas = vec![("bin-a", spawn("bin-a")), ("bin-b", spawn("bin-b"))];
+    let leases: Api<Lease> = setup.api();
+    let holder = wait_for("a lease holder", || async {
+        get(&leases, "virt-controller")
+            .await
+            .and_then(|l| l.spec?.holder_identity)
+    })
+    .await;
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    vms.create(&PostParams::default(), &vm("binvm", "Always"))
+        .await
+        .expect("VM");
+    wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "binvm")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+
+    let index = replicas
+        .iter()
+        .position(|(id, _)| *id == holder)
+        .expect("a replica holds it");
+    let (_, mut leader) = replicas.remove(index);
+    let pid = i32::try_from(leader.0.id()).expect("pid fits");
+    // SAFETY: signalling a child process this test started and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || leader.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the leader exits cleanly on SIGTERM: {status}"
+    );
+    let follower = replicas[0].0;
+    wait_for("the other replica to hold the lease", || async {
+        get(&leases, "virt-controller")
+            .await
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| h == follower)
+    })
+    .await;
+    // The new leader keeps the VM going: a stop request is served by it.
+    vms.patch(
+        "binvm",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"runStrategy": "Halted"}})),
+    )
+    .await
+    .expect("halt");
+    wait_for("the VMI to be gone", || async {
+        get(&vmis, "binvm").await.is_none().then_some(())
+    })
+    .await;
+    drop(replicas);
+}
+
+/// A child process that is killed (and reaped) when the test ends, even by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
