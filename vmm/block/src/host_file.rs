@@ -69,6 +69,15 @@ impl HostFile {
         })
     }
 
+    /// A second handle on the same file (same open file descriptions, so
+    /// the same O_DIRECT setting) for data I/O from several threads at once.
+    pub fn data_handle(&self) -> io::Result<DataHandle> {
+        Ok(DataHandle {
+            file: self.file.try_clone()?,
+            direct: self.direct.as_ref().map(File::try_clone).transpose()?,
+        })
+    }
+
     pub fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
@@ -143,6 +152,48 @@ impl HostFile {
             Ok(())
         } else {
             Err(io::Error::last_os_error())
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread that does data I/O through a `DataHandle` keeps its own
+    /// aligned bounce buffer: no lock and no allocation per request.
+    static BOUNCE: std::cell::RefCell<AlignedBuf> = const {
+        std::cell::RefCell::new(AlignedBuf { raw: Vec::new(), start: 0, len: 0 })
+    };
+}
+
+/// Data I/O on a host file through `&self`, usable from many threads at
+/// once (positional reads and writes need no shared cursor).
+pub struct DataHandle {
+    file: File,
+    direct: Option<File>,
+}
+
+impl DataHandle {
+    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match &self.direct {
+            Some(d) if HostFile::aligned(buf.len(), offset) => BOUNCE.with(|b| {
+                let mut b = b.borrow_mut();
+                let bounce = b.slice(buf.len());
+                read_full(d, bounce, offset)?;
+                buf.copy_from_slice(bounce);
+                Ok(())
+            }),
+            _ => read_full(&self.file, buf, offset),
+        }
+    }
+
+    pub fn write_data(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        match &self.direct {
+            Some(d) if HostFile::aligned(buf.len(), offset) => BOUNCE.with(|b| {
+                let mut b = b.borrow_mut();
+                let bounce = b.slice(buf.len());
+                bounce.copy_from_slice(buf);
+                d.write_all_at(bounce, offset)
+            }),
+            _ => self.file.write_all_at(buf, offset),
         }
     }
 }

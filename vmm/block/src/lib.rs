@@ -5,6 +5,7 @@
 
 use std::io;
 
+pub mod concurrent;
 #[doc(hidden)]
 pub mod fuzz_support;
 mod host_file;
@@ -13,6 +14,7 @@ mod open;
 pub mod qcow2;
 pub mod raw;
 
+pub use concurrent::ConcurrentDisk;
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
 pub use qcow2::Qcow2Image;
 pub use raw::RawFile;

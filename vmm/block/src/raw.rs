@@ -33,6 +33,13 @@ fn file_size(path: &Path) -> DiskResult<u64> {
     Ok(f.seek(SeekFrom::End(0))?)
 }
 
+impl RawFile {
+    /// A handle for data I/O from several threads (see `crate::concurrent`).
+    pub(crate) fn data_handle(&self) -> DiskResult<crate::host_file::DataHandle> {
+        Ok(self.file.data_handle()?)
+    }
+}
+
 impl DiskBackend for RawFile {
     fn size(&self) -> u64 {
         self.size

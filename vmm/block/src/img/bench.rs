@@ -1,16 +1,31 @@
 //! `img bench`: the request pattern of `qemu-img bench` (start offset, step,
 //! wrap at the end of the disk), timed the same way.
 //!
-//! Requests run one after the other: the engine is synchronous, so the
-//! queue depth is reported but does not change the I/O pattern.
+//! The queue depth is real: `-d N` runs N workers on one `ConcurrentDisk`,
+//! so up to N requests are on the host at once.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
 
 use super::required_format;
-use crate::{OpenOptions, open_disk_with};
+use crate::{ConcurrentDisk, OpenOptions};
+
+/// Most requests in flight (worker threads).
+const MAX_DEPTH: u64 = 1024;
+
+/// Offset of request `i`: qemu-img bench starts at `start`, adds `step` and
+/// wraps at the end of the disk; a request that would cross the end starts
+/// over at 0 (the position it came from stays the base for the next one).
+fn request_offset(start: u64, step: u64, i: u64, size: u64, image_size: u64) -> u64 {
+    if image_size == 0 {
+        return 0;
+    }
+    let pos = ((start as u128 + step as u128 * i as u128) % image_size as u128) as u64;
+    if pos + size > image_size { 0 } else { pos }
+}
 
 pub struct BenchArgs<'a> {
     pub count: u64,
@@ -29,7 +44,7 @@ pub struct BenchArgs<'a> {
 
 pub fn run(a: BenchArgs<'_>) -> anyhow::Result<i32> {
     let format = required_format(a.format)?;
-    let mut disk = open_disk_with(
+    let disk = ConcurrentDisk::open(
         a.filename,
         format,
         OpenOptions {
@@ -38,7 +53,20 @@ pub fn run(a: BenchArgs<'_>) -> anyhow::Result<i32> {
         },
     )
     .with_context(|| format!("opening {}", a.filename.display()))?;
+    let result = run_requests(&a, &disk);
+    // Report metadata write errors at close instead of losing them in a drop.
+    let closed = disk.close().context("closing the image");
+    result.and(closed.map(|()| 0))
+}
+
+fn run_requests(a: &BenchArgs<'_>, disk: &ConcurrentDisk) -> anyhow::Result<()> {
     let image_size = disk.size();
+    anyhow::ensure!(
+        (1..=MAX_DEPTH).contains(&a.depth),
+        "queue depth must be 1 to {MAX_DEPTH}, not {}",
+        a.depth
+    );
+    let depth = a.depth.min(a.count.max(1));
     let step = a.step.unwrap_or(a.size);
     anyhow::ensure!(
         a.size > 0 && a.size <= 1 << 30,
@@ -64,36 +92,51 @@ pub fn run(a: BenchArgs<'_>) -> anyhow::Result<i32> {
             println!("Sending flush every {n} requests");
         }
     }
-    let mut buf = vec![a.pattern; a.size as usize];
-    let mut offset = a.offset;
+    // `depth` workers take request numbers from a shared counter, so up to
+    // `depth` requests are in flight at once, in qemu-img's order.
+    let next = AtomicU64::new(0);
     let start = Instant::now();
-    for i in 0..a.count {
-        // Like qemu-img, a request that would cross the end starts over at 0.
-        let this = if offset + a.size > image_size {
-            0
-        } else {
-            offset
-        };
-        if a.write {
-            disk.write_at(&buf, this)?;
-        } else {
-            disk.read_at(&mut buf, this)?;
-        }
-        if let Some(n) = a.flush_interval
-            && n > 0
-            && (i + 1) % n == 0
-        {
-            disk.flush()?;
-        }
-        offset = if image_size == 0 {
-            0
-        } else {
-            (offset + step) % image_size
-        };
+    let next = &next;
+    let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..depth)
+            .map(|_| {
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let mut buf = vec![a.pattern; a.size as usize];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= a.count {
+                            return Ok(());
+                        }
+                        let this = request_offset(a.offset, step, i, a.size, image_size);
+                        if a.write {
+                            disk.write_at(&buf, this)?;
+                        } else {
+                            disk.read_at(&mut buf, this)?;
+                        }
+                        if let Some(n) = a.flush_interval
+                            && n > 0
+                            && (i + 1).is_multiple_of(n)
+                        {
+                            disk.flush()?;
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a bench worker panicked")))
+            })
+            .collect()
+    });
+    for r in results {
+        r?;
     }
     let elapsed = start.elapsed().as_secs_f64();
     if !a.quiet {
         println!("Run completed in {elapsed:.3} seconds.");
     }
-    Ok(0)
+    Ok(())
 }

@@ -18,6 +18,7 @@ pub mod backing;
 pub mod check;
 pub mod compressed;
 pub mod create;
+pub(crate) mod extent;
 pub mod header;
 pub mod refcount;
 mod repair;
