@@ -7,7 +7,9 @@
 # qemu-img bench wraps around the disk) 4 KiB and 64 KiB reads and writes,
 # with cache=none (O_DIRECT) and cache=writeback.
 #
-# Usage: vmm/block/bench.sh [WORKDIR]   (env: BASE_MB, DEPTH, REPEAT, MAX_REQUESTS)
+# Usage: vmm/block/bench.sh [WORKDIR]   (env: BASE_MB, DEPTHS, REPEAT, MAX_REQUESTS)
+# Every case runs at each queue depth in DEPTHS (default "1 64"; 64 is
+# qemu-img bench's default), both tools at the same depth.
 # Each case runs REPEAT times per tool, alternating, and keeps the best run:
 # shared machines are noisy.
 # Our side runs the block crate's `block-img` driver (same code as `vmm img`).
@@ -17,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=${1:-/var/tmp/qcow2-bench}
 base_mb=${BASE_MB:-256}
-depth=${DEPTH:-1}
+depths=${DEPTHS:-${DEPTH:-1 64}}
 repeat=${REPEAT:-3}
 max_requests=${MAX_REQUESTS:-8192}
 qemu_img=${QEMU_IMG:-/usr/bin/qemu-img}
@@ -36,8 +38,8 @@ fi
 
 size_bytes=$((base_mb << 20))
 # Run one tool on a fresh overlay; print the seconds it reports.
-run_case() { # tool base_fmt cache rw req_size stride count
-    local tool=$1 bfmt=$2 cache=$3 rw=$4 rs=$5 stride=$6 count=$7
+run_case() { # tool base_fmt cache rw req_size stride count depth
+    local tool=$1 bfmt=$2 cache=$3 rw=$4 rs=$5 stride=$6 count=$7 depth=$8
     rm -f ov.qcow2
     "$qemu_img" create -q -f qcow2 -b "base.$bfmt" -F "$bfmt" ov.qcow2
     sync
@@ -52,7 +54,11 @@ run_case() { # tool base_fmt cache rw req_size stride count
     sed -n 's/^Run completed in \([0-9.]*\) seconds.*/\1/p' <<<"$out"
 }
 
-printf '%-6s %-10s %-5s %-4s %-6s %12s %12s %7s\n' base cache op size pattern "QEMU MB/s" "ours MB/s" ratio
+header=$(printf '%-6s %-10s %-5s %-4s %-6s' base cache op size pattern)
+for depth in $depths; do
+    header+=$(printf ' %10s %10s %6s' "QEMU d$depth" "ours d$depth" ratio)
+done
+echo "$header   (MB/s)"
 for bfmt in raw qcow2; do
     for cache in none writeback; do
         for rw in read write; do
@@ -61,17 +67,21 @@ for bfmt in raw qcow2; do
                     if [ "$pattern" = seq ]; then stride=$rs; else stride=$((rs * 7919)); fi
                     # Enough requests to cover the disk once, at most max_requests.
                     count=$((size_bytes / rs)); [ $count -gt "$max_requests" ] && count=$max_requests
-                    tq=999999; to=999999
-                    for _ in $(seq "$repeat"); do
-                        t=$(run_case qemu "$bfmt" "$cache" "$rw" "$rs" "$stride" "$count")
-                        tq=$(awk -v a="$tq" -v b="$t" 'BEGIN{print (b < a) ? b : a}')
-                        t=$(run_case ours "$bfmt" "$cache" "$rw" "$rs" "$stride" "$count")
-                        to=$(awk -v a="$to" -v b="$t" 'BEGIN{print (b < a) ? b : a}')
+                    line=$(printf '%-6s %-10s %-5s %-4s %-6s' "$bfmt" "$cache" "$rw" "$((rs / 1024))k" "$pattern")
+                    for depth in $depths; do
+                        tq=999999; to=999999
+                        for _ in $(seq "$repeat"); do
+                            t=$(run_case qemu "$bfmt" "$cache" "$rw" "$rs" "$stride" "$count" "$depth")
+                            tq=$(awk -v a="$tq" -v b="$t" 'BEGIN{print (b < a) ? b : a}')
+                            t=$(run_case ours "$bfmt" "$cache" "$rw" "$rs" "$stride" "$count" "$depth")
+                            to=$(awk -v a="$to" -v b="$t" 'BEGIN{print (b < a) ? b : a}')
+                        done
+                        mbq=$(awk -v c="$count" -v s="$rs" -v t="$tq" 'BEGIN{printf "%.1f", c*s/t/1048576}')
+                        mbo=$(awk -v c="$count" -v s="$rs" -v t="$to" 'BEGIN{printf "%.1f", c*s/t/1048576}')
+                        ratio=$(awk -v a="$tq" -v b="$to" 'BEGIN{printf "%.2f", a/b}')
+                        line+=$(printf ' %10s %10s %6s' "$mbq" "$mbo" "$ratio")
                     done
-                    mbq=$(awk -v c="$count" -v s="$rs" -v t="$tq" 'BEGIN{printf "%.1f", c*s/t/1048576}')
-                    mbo=$(awk -v c="$count" -v s="$rs" -v t="$to" 'BEGIN{printf "%.1f", c*s/t/1048576}')
-                    ratio=$(awk -v a="$tq" -v b="$to" 'BEGIN{printf "%.2f", a/b}')
-                    printf '%-6s %-10s %-5s %-4s %-6s %12s %12s %7s\n' "$bfmt" "$cache" "$rw" "$((rs / 1024))k" "$pattern" "$mbq" "$mbo" "$ratio"
+                    echo "$line"
                 done
             done
         done

@@ -53,6 +53,7 @@ pub struct ConcurrentDisk {
     backing: Option<Box<ConcurrentDisk>>,
     size: u64,
     read_only: bool,
+    is_raw: bool,
 }
 
 impl ConcurrentDisk {
@@ -90,6 +91,7 @@ impl ConcurrentDisk {
         };
         let mut engine = engine;
         let size = engine.backend().size();
+        let is_raw = matches!(engine, Engine::Raw(_));
         Ok(ConcurrentDisk {
             engine: Mutex::new(engine),
             gate: RwLock::new(()),
@@ -97,6 +99,7 @@ impl ConcurrentDisk {
             backing,
             size,
             read_only: opts.read_only,
+            is_raw,
         })
     }
 
@@ -129,6 +132,11 @@ impl ConcurrentDisk {
     /// Fills `buf` with the bytes at `offset`; safe to call from many threads.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
         self.check_range(offset, buf.len() as u64)?;
+        if self.is_raw {
+            // A raw file has no metadata: nothing to look up or to lock.
+            let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
+            return Ok(self.data.read_data(buf, offset)?);
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let pos = offset + done as u64;
@@ -178,6 +186,10 @@ impl ConcurrentDisk {
             return Err(DiskError::ReadOnly);
         }
         self.check_range(offset, buf.len() as u64)?;
+        if self.is_raw {
+            let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
+            return Ok(self.data.write_data(buf, offset)?);
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let pos = offset + done as u64;

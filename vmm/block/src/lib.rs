@@ -15,6 +15,7 @@ pub mod qcow2;
 pub mod raw;
 
 pub use concurrent::ConcurrentDisk;
+pub use host_file::DirectBuf;
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
 pub use qcow2::Qcow2Image;
 pub use raw::RawFile;

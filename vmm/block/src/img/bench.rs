@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::required_format;
-use crate::{ConcurrentDisk, OpenOptions};
+use crate::{ConcurrentDisk, DirectBuf, OpenOptions};
 
 /// Most requests in flight (worker threads).
 const MAX_DEPTH: u64 = 1024;
@@ -101,7 +101,9 @@ fn run_requests(a: &BenchArgs<'_>, disk: &ConcurrentDisk) -> anyhow::Result<()> 
         let workers: Vec<_> = (0..depth)
             .map(|_| {
                 scope.spawn(move || -> anyhow::Result<()> {
-                    let mut buf = vec![a.pattern; a.size as usize];
+                    // Aligned like qemu-img's buffers: O_DIRECT needs no copy.
+                    let mut buf = DirectBuf::new(a.size as usize, a.pattern);
+                    let buf = buf.as_mut_slice();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= a.count {
@@ -109,9 +111,9 @@ fn run_requests(a: &BenchArgs<'_>, disk: &ConcurrentDisk) -> anyhow::Result<()> 
                         }
                         let this = request_offset(a.offset, step, i, a.size, image_size);
                         if a.write {
-                            disk.write_at(&buf, this)?;
+                            disk.write_at(buf, this)?;
                         } else {
-                            disk.read_at(&mut buf, this)?;
+                            disk.read_at(buf, this)?;
                         }
                         if let Some(n) = a.flush_interval
                             && n > 0
