@@ -163,7 +163,7 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
     require_root_and_kvm();
     let demo = demo("sa-boot", 30);
     let state = demo.dir.path().join("state");
-    let mut handler = Handler::start(&demo, &state, &["--stop-after-console", "DONE passed="]);
+    let mut handler = Handler::start(&demo, &state, &[]);
     let pod_line = handler.wait_for("launcher pid", Duration::from_secs(30));
     let (pid, veth) = pod_facts(&pod_line);
     assert!(
@@ -175,6 +175,12 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
     assert!(running.contains(", 1 status writes)"), "{running}");
     let done = handler.wait_for("console: DONE passed=", BOOT_TIMEOUT);
     assert!(done.contains("failed=0"), "guest checks failed: {done}");
+    // As Ctrl-C or a service manager would stop it.
+    handler.signal(nix::sys::signal::Signal::SIGTERM);
+    handler.wait_for(
+        "stopping: shutting the VMs down gracefully",
+        Duration::from_secs(10),
+    );
     let stop_started = Instant::now();
     handler.wait_for("phase Running -> Succeeded", Duration::from_secs(30));
     assert!(
