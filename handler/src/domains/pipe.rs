@@ -11,7 +11,17 @@ use tokio::task::JoinHandle;
 /// A listening pipe; dropping it stops accepting and removes the socket file.
 pub struct NotifyPipe {
     path: PathBuf,
+    /// (device, inode) of the socket file this pipe bound, so that dropping an older
+    /// pipe never removes a newer one bound at the same path.
+    identity: Option<(u64, u64)>,
     task: JoinHandle<()>,
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl NotifyPipe {
@@ -56,6 +66,7 @@ impl NotifyPipe {
         });
         Ok(NotifyPipe {
             path: pipe.to_path_buf(),
+            identity: identity(pipe),
             task,
         })
     }
@@ -68,7 +79,28 @@ impl NotifyPipe {
 impl Drop for NotifyPipe {
     fn drop(&mut self) {
         self.task.abort();
-        // The pod may already be gone, taking the file with it.
-        let _ = std::fs::remove_file(&self.path);
+        // The pod may already be gone, taking the file with it; and a newer pipe may
+        // have replaced ours at the same path.
+        if self.identity.is_some() && identity(&self.path) == self.identity {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dropping_an_older_pipe_keeps_the_newer_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pipe.sock");
+        let target = dir.path().join("server.sock");
+        let old = NotifyPipe::start(&path, &target, None).expect("old pipe");
+        let new = NotifyPipe::start(&path, &target, None).expect("new pipe");
+        drop(old);
+        assert!(path.exists(), "the newer pipe's socket stays");
+        drop(new);
+        assert!(!path.exists());
     }
 }
