@@ -4,15 +4,24 @@
 //! Every request is split into extents. Looking an extent up runs under the
 //! engine's lock; moving its data (pread/pwrite at the host offset, or a read
 //! of the backing chain) runs without it, so requests overlap on the host.
-//! Whatever changes metadata stays serialized under the lock, in the engine's
-//! own code and ordering: allocating and copy-on-write writes, compressed
-//! reads, discard, write-zeroes, flush. Hence:
-//! - a cluster is never handed out twice and two writers to the same new
-//!   cluster never both allocate it (the second one finds it allocated);
-//! - a read racing with an allocating write sees the old or the new data
-//!   (the mapping only changes after the new data is written);
-//! - lock-free writes go only to clusters this image already owns alone, so
-//!   they change no metadata and the crash-safety ordering is the engine's.
+//!
+//! Writes into clusters with no host cluster yet (unallocated, or zero
+//! without one) are split in three: under the lock the engine reserves host
+//! clusters and the guest clusters are marked `allocating`; outside it the
+//! old contents (backing chain or zeroes) are merged with the new bytes and
+//! written; under the lock again the L2 entries are pointed at them. Other
+//! writers wait while a cluster they touch is being allocated; readers see
+//! the old mapping (old data) until the L2 entry changes, which is only
+//! after the new data is written. Everything else that changes metadata
+//! stays in the engine, serialized, in its own ordering: copy-on-write of
+//! compressed, shared or preallocated-zero clusters, compressed reads, and
+//! discard and write-zeroes (which first wait until no allocation is in
+//! flight). Hence:
+//! - a host cluster is never handed out twice (only the engine allocates)
+//!   and two writers to the same new cluster never both allocate it;
+//! - a read racing with an allocating write sees the old or the new data;
+//! - data reaches its host cluster before any metadata points at it, and
+//!   refcounts/L2/L1 go out in the engine's crash-safe order on `flush`.
 //!
 //! A host cluster found by a lookup must not be freed and reused while its
 //! data I/O is in flight. The engine frees clusters only in `flush` (they
@@ -21,10 +30,10 @@
 //! also makes every completed write part of the flush.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
 
-use crate::host_file::DataHandle;
-use crate::qcow2::extent::Extent;
+use crate::host_file::{DataHandle, DirectBuf};
+use crate::qcow2::extent::{Allocation, Extent};
 use crate::qcow2::{Qcow2Image, Qcow2Options};
 use crate::raw::RawFile;
 use crate::{DiskBackend, DiskError, DiskResult, Format, OpenOptions};
@@ -32,6 +41,32 @@ use crate::{DiskBackend, DiskError, DiskResult, Format, OpenOptions};
 enum Engine {
     Raw(RawFile),
     Qcow2(Box<Qcow2Image>),
+}
+
+/// What the lock protects: the engine, and the guest clusters whose new
+/// host clusters are being written outside the lock.
+struct State {
+    engine: Engine,
+    /// Guest cluster ranges `[start, end)` allocated and not yet mapped.
+    allocating: Vec<(u64, u64)>,
+}
+
+impl State {
+    fn allocating_at(&self, vc: u64) -> bool {
+        self.allocating.iter().any(|&(a, b)| a <= vc && vc < b)
+    }
+
+    /// `n` bytes from `pos`, cut before the first cluster being allocated.
+    fn clamp_before_allocating(&self, pos: u64, n: u64, cluster_bits: u32) -> u64 {
+        let first_vc = pos >> cluster_bits;
+        let mut end = pos + n;
+        for &(a, _) in &self.allocating {
+            if a > first_vc {
+                end = end.min(a << cluster_bits);
+            }
+        }
+        end - pos
+    }
 }
 
 impl Engine {
@@ -44,7 +79,9 @@ impl Engine {
 }
 
 pub struct ConcurrentDisk {
-    engine: Mutex<Engine>,
+    state: Mutex<State>,
+    /// Signalled when an allocation outside the lock finishes.
+    allocated: Condvar,
     /// Shared by lock-free data I/O, exclusive for flush (see the module doc).
     gate: RwLock<()>,
     data: DataHandle,
@@ -54,6 +91,8 @@ pub struct ConcurrentDisk {
     size: u64,
     read_only: bool,
     is_raw: bool,
+    /// log2 of the qcow2 cluster size (0 for raw).
+    cluster_bits: u32,
 }
 
 impl ConcurrentDisk {
@@ -92,14 +131,23 @@ impl ConcurrentDisk {
         let mut engine = engine;
         let size = engine.backend().size();
         let is_raw = matches!(engine, Engine::Raw(_));
+        let cluster_bits = match &engine {
+            Engine::Raw(_) => 0,
+            Engine::Qcow2(q) => q.cluster_size().trailing_zeros(),
+        };
         Ok(ConcurrentDisk {
-            engine: Mutex::new(engine),
+            state: Mutex::new(State {
+                engine,
+                allocating: Vec::new(),
+            }),
+            allocated: Condvar::new(),
             gate: RwLock::new(()),
             data,
             backing,
             size,
             read_only: opts.read_only,
             is_raw,
+            cluster_bits,
         })
     }
 
@@ -122,11 +170,21 @@ impl ConcurrentDisk {
         }
     }
 
-    fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves the engine's memory state
         // unknown; refusing all further I/O would be the alternative, but the
         // engine keeps its invariants per call, so carry on like a device.
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock, once no allocation outside it is in flight: for operations
+    /// that change mappings wholesale (discard, write-zeroes).
+    fn lock_quiet(&self) -> MutexGuard<'_, State> {
+        let mut st = self.lock();
+        while !st.allocating.is_empty() {
+            st = self.allocated.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st
     }
 
     /// Fills `buf` with the bytes at `offset`; safe to call from many threads.
@@ -142,21 +200,22 @@ impl ConcurrentDisk {
             let pos = offset + done as u64;
             let rest = &mut buf[done..];
             let gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
-            let mut engine = self.lock_engine();
-            let (extent, n) = match &mut *engine {
+            let mut st = self.lock();
+            // Clusters being allocated still read as before (old data).
+            let (extent, n) = match &mut st.engine {
                 Engine::Raw(_) => (Extent::Host(pos), rest.len() as u64),
                 Engine::Qcow2(q) => q.map_extent(pos, rest.len() as u64, false)?,
             };
             let piece = &mut rest[..n as usize];
             match extent {
-                Extent::Engine => engine.backend().read_at(piece, pos)?,
+                Extent::Engine => st.engine.backend().read_at(piece, pos)?,
                 Extent::Host(host) => {
-                    drop(engine);
+                    drop(st);
                     self.data.read_data(piece, host)?;
                 }
                 Extent::Zero => piece.fill(0),
                 Extent::Backing => {
-                    drop(engine);
+                    drop(st);
                     drop(gate);
                     self.read_backing(piece, pos)?;
                 }
@@ -195,44 +254,121 @@ impl ConcurrentDisk {
             let pos = offset + done as u64;
             let rest = &buf[done..];
             let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
-            let mut engine = self.lock_engine();
-            let (extent, n) = match &mut *engine {
+            let mut st = self.lock();
+            // A writer never touches a cluster another one is allocating.
+            while st.allocating_at(pos >> self.cluster_bits) {
+                st = self.allocated.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            let (extent, n) = match &mut st.engine {
                 Engine::Raw(_) => (Extent::Host(pos), rest.len() as u64),
                 Engine::Qcow2(q) => q.map_extent(pos, rest.len() as u64, true)?,
             };
+            let n = st.clamp_before_allocating(pos, n, self.cluster_bits);
             let piece = &rest[..n as usize];
-            match extent {
+            let n = match extent {
                 Extent::Host(host) => {
-                    drop(engine);
+                    drop(st);
                     self.data.write_data(piece, host)?;
+                    n
                 }
-                // Allocating or copy-on-write: the engine's ordered path.
-                _ => engine.backend().write_at(piece, pos)?,
-            }
+                _ => {
+                    let alloc = match &mut st.engine {
+                        Engine::Qcow2(q) => q.begin_allocating_write(pos, n)?,
+                        Engine::Raw(_) => None,
+                    };
+                    match alloc {
+                        Some(a) => self.allocating_write(st, a, piece, pos)?,
+                        // Copy-on-write of compressed, shared or preallocated
+                        // zero clusters: the engine's ordered path.
+                        None => {
+                            st.engine.backend().write_at(piece, pos)?;
+                            n
+                        }
+                    }
+                }
+            };
             done += n as usize;
         }
         Ok(())
     }
 
+    /// Writes the new clusters of `a` outside the lock, then maps them.
+    /// Returns how many bytes of `piece` (at guest `pos`) that covered.
+    fn allocating_write(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        a: Allocation,
+        piece: &[u8],
+        pos: u64,
+    ) -> DiskResult<u64> {
+        let range = (a.vc, a.vc + a.count);
+        st.allocating.push(range);
+        drop(st);
+        let written = self.fill_new_clusters(&a, piece, pos);
+        let mut st = self.lock();
+        st.allocating.retain(|r| *r != range);
+        let finished = match &mut st.engine {
+            Engine::Qcow2(q) => q.finish_allocating_write(&a, written.is_ok()),
+            Engine::Raw(_) => Ok(()),
+        };
+        drop(st);
+        self.allocated.notify_all();
+        written?;
+        finished?;
+        let run_end = (a.vc + a.count) << self.cluster_bits;
+        Ok(run_end.min(pos + piece.len() as u64) - pos)
+    }
+
+    /// Merges `piece` with the old contents of the clusters of `a` (backing
+    /// chain or zeroes) and writes the run to its new host clusters.
+    fn fill_new_clusters(&self, a: &Allocation, piece: &[u8], pos: u64) -> DiskResult<()> {
+        let cs = 1u64 << self.cluster_bits;
+        let mut buf = DirectBuf::new((a.count * cs) as usize, 0);
+        let buf = buf.as_mut_slice();
+        let run_start = a.vc << self.cluster_bits;
+        let wstart = pos;
+        let wend = (pos + piece.len() as u64).min(run_start + a.count * cs);
+        for (i, from_backing) in a.from_backing.iter().enumerate() {
+            let cstart = run_start + i as u64 * cs;
+            let cend = cstart + cs;
+            let slot = &mut buf[i * cs as usize..(i + 1) * cs as usize];
+            // Old contents only where the write does not cover the cluster.
+            if *from_backing && (wstart > cstart || wend < cend) {
+                // The last cluster may reach past the end of the disk.
+                let avail = self.size.saturating_sub(cstart).min(cs) as usize;
+                self.read_backing(&mut slot[..avail], cstart)?;
+            }
+        }
+        let at = (wstart - run_start) as usize;
+        buf[at..at + (wend - wstart) as usize].copy_from_slice(&piece[..(wend - wstart) as usize]);
+        Ok(self.data.write_data(buf, a.host)?)
+    }
+
     /// Makes every completed write durable (waits for writes in flight).
     pub fn flush(&self) -> DiskResult<()> {
         let _gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
-        self.lock_engine().backend().flush()
+        self.lock().engine.backend().flush()
     }
 
     pub fn discard(&self, offset: u64, len: u64) -> DiskResult<()> {
-        self.lock_engine().backend().discard(offset, len)
+        self.lock_quiet().engine.backend().discard(offset, len)
     }
 
     pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> DiskResult<()> {
-        self.lock_engine()
+        self.lock_quiet()
+            .engine
             .backend()
             .write_zeroes(offset, len, may_unmap)
     }
 
     /// Flushes all metadata and closes the image, reporting errors.
     pub fn close(self) -> DiskResult<()> {
-        match self.engine.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match self
+            .state
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .engine
+        {
             Engine::Raw(mut r) => {
                 if r.read_only() {
                     Ok(())

@@ -90,3 +90,81 @@ impl Qcow2Image {
         }
     }
 }
+
+/// Host clusters reserved for a write into guest clusters that have no
+/// host cluster yet and whose old contents need no engine to read
+/// (unallocated: the backing chain; zero: zeroes). The caller merges and
+/// writes the data outside the lock, then calls `finish_allocating_write`.
+#[derive(Debug)]
+pub(crate) struct Allocation {
+    /// First guest cluster.
+    pub vc: u64,
+    /// Clusters in the run.
+    pub count: u64,
+    /// Host offset of the run (contiguous).
+    pub host: u64,
+    /// Per cluster: true when its old contents are the backing chain's,
+    /// false when they read as zeroes.
+    pub from_backing: Vec<bool>,
+}
+
+impl Qcow2Image {
+    /// Reserves host clusters for the write `[offset, offset + len)` when its
+    /// first cluster qualifies (see `Allocation`); `None` sends the write to
+    /// the engine. Stays within `len`; the caller must keep other writers off
+    /// these guest clusters until `finish_allocating_write`.
+    pub(crate) fn begin_allocating_write(
+        &mut self,
+        offset: u64,
+        len: u64,
+    ) -> DiskResult<Option<Allocation>> {
+        let cs = self.cluster_size;
+        let vc = offset >> self.cluster_bits;
+        let last_vc = (offset + len - 1) >> self.cluster_bits;
+        let max_run = (super::MAX_WRITE_RUN_BYTES / cs).max(1);
+        let mut from_backing = Vec::new();
+        while (from_backing.len() as u64) < max_run && vc + (from_backing.len() as u64) <= last_vc {
+            match self.mapping(vc + from_backing.len() as u64)? {
+                Mapping::Unallocated => from_backing.push(true),
+                Mapping::Zero { host: None } => from_backing.push(false),
+                _ => break,
+            }
+        }
+        if from_backing.is_empty() {
+            return Ok(None);
+        }
+        self.set_dirty_bit_if_lazy()?;
+        let count = from_backing.len() as u64;
+        let host = self.alloc_clusters(count)?;
+        self.preallocate(host + count * cs);
+        Ok(Some(Allocation {
+            vc,
+            count,
+            host,
+            from_backing,
+        }))
+    }
+
+    /// Points the guest clusters at their new host clusters once the data is
+    /// written (`written`), or gives the run back when the write failed.
+    pub(crate) fn finish_allocating_write(
+        &mut self,
+        a: &Allocation,
+        written: bool,
+    ) -> DiskResult<()> {
+        let cs = self.cluster_size;
+        if !written {
+            // Nothing points at the run: free it with the next flush.
+            self.pending_frees.push((a.host, a.count * cs));
+            return Ok(());
+        }
+        for i in 0..a.count {
+            // Normally unchanged (the caller keeps writers, discards and
+            // write-zeroes off the run); release whatever is there anyway.
+            let old = self.mapping(a.vc + i)?;
+            self.set_l2_entry(a.vc + i, (a.host + i * cs) | super::tables::COPIED)?;
+            self.release(old);
+        }
+        Ok(())
+    }
+}
