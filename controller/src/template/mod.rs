@@ -98,6 +98,8 @@ pub struct TemplateConfig {
     pub node_selectors: BTreeMap<String, String>,
     /// Architecture of the cluster's nodes when the VMI does not say (`amd64`).
     pub default_architecture: String,
+    /// Binding of the default pod interface: `bridge` (KubeVirt's default) or `masquerade`.
+    pub default_network_interface: String,
 }
 
 impl Default for TemplateConfig {
@@ -123,6 +125,7 @@ impl Default for TemplateConfig {
             virt_launcher_log_verbosity: DEFAULT_LAUNCHER_LOG_VERBOSITY,
             node_selectors: BTreeMap::new(),
             default_architecture: "amd64".into(),
+            default_network_interface: "bridge".into(),
         }
     }
 }
@@ -167,6 +170,10 @@ pub fn render_launcher_pod(
         .uid
         .as_deref()
         .ok_or(TemplateError::Missing("uid"))?;
+    // Render what KubeVirt renders: from the VMI as its API webhook would have stored it.
+    let mut defaulted = vmi.clone();
+    crate::defaults::apply(&mut defaulted.spec, config);
+    let vmi = &defaulted;
     refuse_unsupported(vmi)?;
 
     let non_root = is_non_root(vmi);

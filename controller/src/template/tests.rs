@@ -178,6 +178,7 @@ fn vmi_migratable_pod_matches_kubevirt() {
                 {
                     "name": "volumecontainerdisk",
                     "image": "registry:5000/kubevirt/alpine-container-disk-demo:devel",
+                    "imagePullPolicy": "IfNotPresent",
                     "command": ["/container-disk-binary/usr/bin/container-disk"],
                     "args": ["--no-op"],
                     "resources": {
@@ -192,6 +193,7 @@ fn vmi_migratable_pod_matches_kubevirt() {
                 },
             ],
             "nodeSelector": {
+                "kubernetes.io/arch": "amd64",
                 "kubevirt.io/schedulable": "true",
                 "machine-type.node.kubevirt.io/q35": "true",
             },
@@ -202,7 +204,7 @@ fn vmi_migratable_pod_matches_kubevirt() {
                 {"name": "virt-bin-share-dir", "emptyDir": {}},
                 {"name": "libvirt-runtime", "emptyDir": {}},
                 {"name": "ephemeral-disks", "emptyDir": {}},
-                {"name": "containerdisk", "image": {"reference": "registry:5000/kubevirt/alpine-container-disk-demo:devel"}},
+                {"name": "containerdisk", "image": {"reference": "registry:5000/kubevirt/alpine-container-disk-demo:devel", "pullPolicy": "IfNotPresent"}},
                 {"name": "launcher-volume", "image": {"reference": IMAGE, "pullPolicy": "IfNotPresent"}},
                 {"name": "hotplug-disks", "emptyDir": {}},
             ],

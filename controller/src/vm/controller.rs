@@ -116,7 +116,6 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     tracing::debug!(vm = %name, ?strategy, vmi = ?facts, ?request, ?action, "VM plan");
     let mut requeue = None;
     let mut sync_error = None;
-    let mut request_start = false;
     // For the printable status: a start or stop this reconcile made, not yet in the cache.
     let (mut start_expected, mut stop_expected) = (false, false);
     match action {
@@ -132,7 +131,17 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
                 stop_vmi(&ctx, &vm, vmi, &vmi_api).await?;
                 stop_expected = true;
             }
-            request_start = start;
+            if start {
+                // Written at once and on its own (like `addStartRequest`): the next
+                // reconcile sees a VMI being deleted and would not ask again.
+                let mut requests = vm.status.clone().unwrap_or_default().state_change_requests;
+                requests.push(json!({"action": "Start"}));
+                let patch = json!({"status": {"stateChangeRequests": requests}});
+                vm = vm_api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                ctx.writes.record(Write::VmStatusPatch);
+            }
         }
         Ok(RunAction::WaitBackoff(seconds)) => requeue = Some(Duration::from_secs(seconds)),
         Err(e) => sync_error = Some(e),
@@ -144,7 +153,6 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         &vm_api,
         vmi.as_deref(),
         strategy,
-        request_start,
         (start_expected, stop_expected),
         sync_error.as_deref(),
     )
@@ -259,7 +267,9 @@ async fn start_vmi(
         Err(e) => return Err(e.into()),
     }
 
-    let vmi = vmi_from_vm(vm).map_err(Error::Sync)?;
+    let mut vmi = vmi_from_vm(vm).map_err(Error::Sync)?;
+    // What virt-api's webhook would add on create (there is none in this deployment).
+    crate::defaults::apply(&mut vmi.spec, &ctx.options.template);
     let vmi_name = vmi.name_any();
     ctx.vm_expectations
         .expect(&key(vm), Expectation::Creation(vmi_name.clone()));
@@ -351,7 +361,6 @@ async fn update_status(
     api: &Api<VirtualMachine>,
     vmi: Option<&VirtualMachineInstance>,
     strategy: proto::kubevirt::RunStrategy,
-    request_start: bool,
     (start_expected, stop_expected): (bool, bool),
     sync_error: Option<&str>,
 ) -> Result<(), Error> {
@@ -380,15 +389,12 @@ async fn update_status(
     }
     new.desired_generation = vm.metadata.generation;
 
-    // State-change requests: drop the served one, append a start after a failure.
+    // State-change requests: drop the served one.
     let facts = vmi.map(VmiFacts::of);
     if change_request_done(first_change_request(vm).as_ref(), facts.as_ref())
         && !new.state_change_requests.is_empty()
     {
         new.state_change_requests.remove(0);
-    }
-    if request_start {
-        new.state_change_requests.push(json!({"action": "Start"}));
     }
 
     // Start failures: reset once a VMI ran; count a VMI that ended without running.
