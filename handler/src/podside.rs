@@ -223,26 +223,39 @@ pub fn prepare(
         ifaces.insert(name, entry);
     }
     if owner != 0 {
-        for dev in OWNED_DEVICES {
-            let path = crate::launchers::socket::in_launcher(pid, dev).map_err(|source| {
+        own_devices(&crate::launchers::socket::launcher_root(pid), owner)?;
+    }
+    Ok(ifaces)
+}
+
+/// Gives the pod's device nodes (under `root`, the launcher's root) to `owner`.
+pub fn own_devices(root: &Path, owner: u32) -> Result<(), PodSideError> {
+    for dev in OWNED_DEVICES {
+        let path =
+            crate::launchers::socket::resolve_in_root(root, Path::new(dev)).map_err(|source| {
                 PodSideError::Ownership {
                     path: dev.into(),
                     uid: owner,
                     source,
                 }
             })?;
-            if path.exists() {
-                std::os::unix::fs::chown(&path, Some(owner), Some(owner)).map_err(|source| {
-                    PodSideError::Ownership {
-                        path: path.clone(),
-                        uid: owner,
-                        source,
-                    }
-                })?;
-            }
+        // The pod controls its filesystem: only a real character device is given
+        // away, and never through a symlink (lchown).
+        use std::os::unix::fs::FileTypeExt;
+        let is_device = std::fs::symlink_metadata(&path)
+            .map(|m| m.file_type().is_char_device())
+            .unwrap_or(false);
+        if is_device {
+            std::os::unix::fs::lchown(&path, Some(owner), Some(owner)).map_err(|source| {
+                PodSideError::Ownership {
+                    path: path.clone(),
+                    uid: owner,
+                    source,
+                }
+            })?;
         }
     }
-    Ok(ifaces)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -302,6 +315,36 @@ mod tests {
         ));
         let none = vmi(r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}}}"#);
         assert!(masquerade_plan(&none, 1, 107).expect("ok").is_none());
+    }
+
+    #[test]
+    fn only_real_device_nodes_are_given_away() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().expect("tempdir");
+        let dev = root.path().join("dev");
+        std::fs::create_dir_all(&dev).expect("mkdir");
+        // A planted link to a host file: neither it nor its target changes owner.
+        let victim = root.path().join("victim");
+        std::fs::write(&victim, b"secret").expect("write");
+        std::os::unix::fs::symlink(&victim, dev.join("kvm")).expect("symlink");
+        own_devices(root.path(), 107).expect("ignored");
+        assert_eq!(std::fs::metadata(&victim).expect("victim").uid(), 0);
+        // A real character device node is given to the launcher's user.
+        std::fs::remove_file(dev.join("kvm")).expect("rm");
+        nix::sys::stat::mknod(
+            &dev.join("kvm"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .expect("mknod (tests run as root)");
+        own_devices(root.path(), 107).expect("chown");
+        assert_eq!(
+            std::fs::symlink_metadata(dev.join("kvm"))
+                .expect("node")
+                .uid(),
+            107
+        );
     }
 
     #[test]

@@ -35,7 +35,8 @@ impl NotifyPipe {
         let short = crate::launchers::socket::SocketPath::new(pipe)?;
         let listener = UnixListener::bind(short.path())?;
         if let Some(uid) = owner {
-            std::os::unix::fs::chown(pipe, Some(uid), Some(uid))?;
+            // lchown: the pod owns the directory; never follow a link it may plant.
+            std::os::unix::fs::lchown(pipe, Some(uid), Some(uid))?;
         }
         let target = target.to_path_buf();
         let task = tokio::spawn(async move {
