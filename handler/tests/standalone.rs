@@ -307,3 +307,21 @@ fn the_same_vmi_twice_is_refused_before_anything_is_created() {
     assert!(text.contains("default/sa-twice is given twice"), "{text}");
     assert!(!state.exists(), "nothing may be created");
 }
+
+#[test]
+fn stop_after_console_stops_gracefully_once_every_guest_reported() {
+    require_root_and_kvm();
+    let demo = demo("sa-console", 30);
+    let state = demo.dir.path().join("state");
+    let mut handler = Handler::start(&demo, &state, &["--stop-after-console", "DONE passed="]);
+    handler.wait_for("console: DONE passed=", BOOT_TIMEOUT);
+    handler.wait_for(
+        "every console printed \"DONE passed=\": stopping",
+        Duration::from_secs(10),
+    );
+    handler.wait_for("phase Running -> Succeeded", Duration::from_secs(30));
+    let status = handler.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "virt-handler exited with {status}");
+    assert_eq!(status_phase(&demo), "Succeeded");
+    assert!(!state.exists(), "state dir left behind");
+}
