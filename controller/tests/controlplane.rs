@@ -914,3 +914,51 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// `deploy/virt-controller.yaml` is made of valid objects: the API server accepts each one
+/// (server-side dry run, in a namespace of the test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_manifest_is_accepted() {
+    let setup = Setup::new("ctl-deploy", false).await;
+    let text = include_str!("../deploy/virt-controller.yaml");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut kinds = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let mut object: kube::api::DynamicObject =
+            serde::Deserialize::deserialize(document).expect("a Kubernetes object");
+        let types = object.types.clone().expect("apiVersion and kind");
+        kinds.push(types.kind.clone());
+        let (group, version) = match types.api_version.split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (String::new(), types.api_version.clone()),
+        };
+        let gvk = kube::api::GroupVersionKind::gvk(&group, &version, &types.kind);
+        let (resource, capabilities) = kube::discovery::pinned_kind(&setup.client, &gvk)
+            .await
+            .expect("the API server knows the kind");
+        let api: Api<kube::api::DynamicObject> =
+            if capabilities.scope == kube::discovery::Scope::Namespaced {
+                object.metadata.namespace = Some(setup.namespace.clone());
+                Api::namespaced_with(setup.client.clone(), &setup.namespace, &resource)
+            } else {
+                Api::all_with(setup.client.clone(), &resource)
+            };
+        api.create(&dry_run, &object)
+            .await
+            .unwrap_or_else(|e| panic!("{} rejected: {e}", types.kind));
+    }
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Deployment"
+        ]
+    );
+}
