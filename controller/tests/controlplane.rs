@@ -339,6 +339,13 @@ async fn always_vm_gets_a_vmi_and_pod_handed_to_the_node_and_halted_removes_them
         phases,
         [Phase::Pending, Phase::Scheduling, Phase::Scheduled]
     );
+    // From the pod: the launcher image and the QoS class.
+    let status = vmi.status.as_ref().unwrap();
+    assert_eq!(
+        status.launcher_container_image_version.as_deref(),
+        Some("quay.io/kubevirt/virt-launcher:v1.9.0")
+    );
+    assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
     // What the VM controller puts on the VMI.
     let finalizers = vmi.metadata.finalizers.clone().unwrap_or_default();
     assert!(

@@ -361,6 +361,27 @@ fn status_patch(
         push_transition(&mut new.phase_transition_timestamps, phase, &now);
     }
 
+    // From the current pod: its image (`setLauncherContainerInfo`) and, while scheduling, its
+    // QoS class. Once the pods are gone the image version is cleared.
+    let current = created
+        .map(PodView::from_pod)
+        .or_else(|| super::decide::current_pod(pods).cloned());
+    match &current {
+        Some(pod) => {
+            if pod.compute_image.is_some() {
+                new.launcher_container_image_version = pod.compute_image.clone();
+            }
+            if matches!(
+                vmi.phase(),
+                Phase::Unset | Phase::Pending | Phase::Scheduling
+            ) {
+                new.qos_class = pod.qos_class.clone();
+            }
+        }
+        None if vmi.phase().is_final() => new.launcher_container_image_version = None,
+        None => {}
+    }
+
     // `activePods`: pod UID → node of every controlled pod.
     let mut active: BTreeMap<String, String> = pods
         .iter()

@@ -31,6 +31,10 @@ pub struct PodView {
     pub unpaused_condition: Option<String>,
     /// The pod's `Ready` condition: status, reason, message.
     pub ready_condition: Option<(String, String, String)>,
+    /// `status.qosClass` of the pod.
+    pub qos_class: Option<String>,
+    /// Image of the `compute` container.
+    pub compute_image: Option<String>,
     pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
@@ -87,7 +91,15 @@ impl PodView {
                     c.message.clone().unwrap_or_default(),
                 )
             });
+        let compute_image = pod.spec.as_ref().and_then(|s| {
+            s.containers
+                .iter()
+                .find(|c| c.name == crate::template::COMPUTE_CONTAINER)
+                .and_then(|c| c.image.clone())
+        });
         PodView {
+            qos_class: status.qos_class.clone(),
+            compute_image,
             ready_condition,
             unpaused_condition,
             name: pod.metadata.name.clone().unwrap_or_default(),
