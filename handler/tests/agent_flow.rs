@@ -342,7 +342,8 @@ impl Node {
         }
         let (cache, cache_changes) = DomainCache::new();
         let cache = Arc::new(cache);
-        let launchers = Arc::new(Launchers::new(self.paths(), NODE));
+        // The fake launcher lives in this process, whose root is the host's.
+        let launchers = Arc::new(Launchers::new(self.paths(), NODE).without_notify_pipes());
         let server = notify::start(&self.paths().share_dir, Arc::clone(&cache), store.clone())
             .expect("notify server");
         let mut config = AgentConfig::new(NODE, self.dir.path().join("private"));

@@ -50,6 +50,7 @@ pub struct Launchers {
     ghosts: GhostRecords,
     connected: Mutex<HashMap<String, Entry>>,
     first_looked: Mutex<HashMap<String, Instant>>,
+    place_notify_pipes: bool,
 }
 
 /// The answer for one VMI: how its launcher is, and a client when it is ready.
@@ -102,7 +103,16 @@ impl Launchers {
             ghosts,
             connected: Mutex::new(HashMap::new()),
             first_looked: Mutex::new(HashMap::new()),
+            place_notify_pipes: true,
         }
+    }
+
+    /// For launchers that are not in a pod of their own (in-process test launchers): their
+    /// root is the handler's, so a pipe would land in the host's `/var/run/kubevirt`.
+    /// Such launchers report to the notify socket directly.
+    pub fn without_notify_pipes(mut self) -> Self {
+        self.place_notify_pipes = false;
+        self
     }
 
     pub fn paths(&self) -> &LauncherPaths {
@@ -147,13 +157,17 @@ impl Launchers {
             tracing::warn!(key, error = %e, "cannot write ghost record");
         }
         let owner = (owner != 0).then_some(owner);
-        let pipe = match socket::in_launcher(pid, socket::NOTIFY_PIPE_IN_POD)
-            .and_then(|pipe_path| NotifyPipe::start(&pipe_path, &self.notify_socket(), owner))
-        {
-            Ok(p) => Some(p),
-            Err(e) => {
-                tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
-                None
+        let pipe = if !self.place_notify_pipes {
+            None
+        } else {
+            match socket::in_launcher(pid, socket::NOTIFY_PIPE_IN_POD)
+                .and_then(|pipe_path| NotifyPipe::start(&pipe_path, &self.notify_socket(), owner))
+            {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
+                    None
+                }
             }
         };
         self.connected().insert(
