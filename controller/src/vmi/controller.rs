@@ -504,3 +504,98 @@ fn set_condition(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmi::decide::decide;
+
+    fn vmi(status: serde_json::Value) -> VirtualMachineInstance {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "v", "namespace": "n", "uid": "u",
+                         "finalizers": [FOREGROUND_DELETE_FINALIZER]},
+            "spec": {"domain": {"devices": {}},
+                     "volumes": [{"name": "root", "containerDisk": {"image": "i:1"}}]},
+            "status": status,
+        }))
+        .expect("valid VMI")
+    }
+
+    fn pod(phase: &str, ready: bool) -> PodView {
+        PodView {
+            name: "p".into(),
+            uid: "pod-uid".into(),
+            node_name: Some("n1".into()),
+            phase: phase.into(),
+            ready,
+            unpaused_condition: Some("True".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn first_write_records_pending_and_scheduling() {
+        let v = vmi(json!({}));
+        let plan = decide(&v, &[], true);
+        let created: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "pod-uid"},
+            "spec": {"containers": [{"name": "compute", "image": "launcher:1"}]},
+            "status": {"qosClass": "Burstable"}}))
+        .unwrap();
+        let patch = status_patch(&v, &plan, &[], Some(&created)).expect("a write");
+        assert_eq!(patch["phase"], json!("Scheduling"));
+        let phases: Vec<_> = patch["phaseTransitionTimestamps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["phase"].clone())
+            .collect();
+        assert_eq!(phases, [json!("Pending"), json!("Scheduling")]);
+        assert_eq!(patch["runtimeUser"], json!(107));
+        assert_eq!(patch["activePods"], json!({"pod-uid": ""}));
+        assert_eq!(patch["launcherContainerImageVersion"], json!("launcher:1"));
+        assert_eq!(patch["qosClass"], json!("Burstable"));
+        assert_eq!(patch["conditions"][0]["reason"], json!("GuestNotRunning"));
+    }
+
+    #[test]
+    fn hand_off_write_and_nothing_to_write() {
+        let v = vmi(json!({"phase": "Scheduling", "runtimeUser": 107,
+            "activePods": {"pod-uid": "n1"},
+            "conditions": [{"type": "Ready", "status": "False", "reason": "GuestNotRunning",
+                            "message": "Guest VM is not reported as running"}]}));
+        let pods = [pod("Running", true)];
+        let plan = decide(&v, &pods, true);
+        let patch = status_patch(&v, &plan, &pods, None).expect("a write");
+        assert_eq!(patch["phase"], json!("Scheduled"));
+        assert_eq!(patch["nodeName"], json!("n1"));
+        assert_eq!(patch["migrationTransport"], json!("Unix"));
+        assert_eq!(
+            patch["volumeStatus"],
+            json!([{"name": "root", "target": ""}])
+        );
+        assert!(
+            patch.get("conditions").is_none(),
+            "Ready did not change: {patch}"
+        );
+
+        // Pod not ready yet and nothing new: no write at all.
+        let pods = [pod("Pending", false)];
+        let plan = decide(&v, &pods, true);
+        assert_eq!(status_patch(&v, &plan, &pods, None), None);
+    }
+
+    #[test]
+    fn removed_fields_are_nulled() {
+        // A final VMI without pods: the image version goes.
+        let v = vmi(json!({"phase": "Failed", "runtimeUser": 107,
+            "launcherContainerImageVersion": "launcher:1", "activePods": {}}));
+        let plan = decide(&v, &[], true);
+        let patch = status_patch(&v, &plan, &[], None).expect("a write");
+        assert_eq!(
+            patch["launcherContainerImageVersion"],
+            serde_json::Value::Null
+        );
+    }
+}
