@@ -969,3 +969,36 @@ async fn deployment_manifest_is_accepted() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_vm_removes_vmi_pod_and_vm() {
+    let setup = Setup::new("ctl-delete", true).await;
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let pods: Api<Pod> = setup.api();
+    vms.create(&PostParams::default(), &vm("gone", "Always"))
+        .await
+        .expect("VM");
+    wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "gone")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    set_phase(&vmis, "gone", &["Running"]).await;
+    vms.delete("gone", &DeleteParams::default())
+        .await
+        .expect("delete VM");
+    wait_for("VM, VMI and pod to be gone", || async {
+        let vm_gone = get(&vms, "gone").await.is_none();
+        let vmi_gone = get(&vmis, "gone").await.is_none();
+        let pods_gone = pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty();
+        (vm_gone && vmi_gone && pods_gone).then_some(())
+    })
+    .await;
+}

@@ -91,7 +91,10 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
                         .await?;
                 }
             }
-            Some(vmi) => stop_vmi(&ctx, &vm, vmi, &vmi_api).await?,
+            Some(vmi) => {
+                stop_vmi(&ctx, &vm, vmi, &vmi_api).await?;
+                release_final_vmi(&ctx, Some(vmi), &vmi_api).await?;
+            }
         }
         return Ok(Action::await_change());
     }
@@ -158,30 +161,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     )
     .await?;
 
-    // The VM has seen the final VMI: let it go.
-    if let Some(vmi) = &vmi
-        && vmi.phase().is_final()
-        && vmi
-            .finalizers()
-            .iter()
-            .any(|f| f == VM_CONTROLLER_FINALIZER)
-    {
-        let finalizers: Vec<_> = vmi
-            .finalizers()
-            .iter()
-            .filter(|f| *f != VM_CONTROLLER_FINALIZER)
-            .cloned()
-            .collect();
-        let patch = json!({"metadata": {"resourceVersion": vmi.resource_version(), "finalizers": finalizers}});
-        vmi_api
-            .patch(
-                &vmi.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        ctx.writes.record(Write::VmiPatch);
-    }
+    release_final_vmi(&ctx, vmi.as_deref(), &vmi_api).await?;
 
     if let Some(error) = sync_error {
         return Err(Error::Sync(error));
@@ -190,6 +170,41 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         || Action::requeue(Duration::from_secs(300)),
         Action::requeue,
     ))
+}
+
+/// Removes the VM controller's finalizer from a final VMI: the VM has seen how it ended.
+async fn release_final_vmi(
+    ctx: &Context,
+    vmi: Option<&VirtualMachineInstance>,
+    vmi_api: &Api<VirtualMachineInstance>,
+) -> Result<(), Error> {
+    let Some(vmi) = vmi.filter(|v| v.phase().is_final()) else {
+        return Ok(());
+    };
+    if !vmi
+        .finalizers()
+        .iter()
+        .any(|f| f == VM_CONTROLLER_FINALIZER)
+    {
+        return Ok(());
+    }
+    let finalizers: Vec<_> = vmi
+        .finalizers()
+        .iter()
+        .filter(|f| *f != VM_CONTROLLER_FINALIZER)
+        .cloned()
+        .collect();
+    let patch =
+        json!({"metadata": {"resourceVersion": vmi.resource_version(), "finalizers": finalizers}});
+    vmi_api
+        .patch(
+            &vmi.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    ctx.writes.record(Write::VmiPatch);
+    Ok(())
 }
 
 fn backoff_left(status: &proto::kubevirt::VirtualMachineStatus) -> u64 {
