@@ -93,6 +93,8 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
             }
             Some(vmi) => {
                 stop_vmi(&ctx, &vm, vmi, &vmi_api).await?;
+                let strategy = run_strategy(&vm).unwrap_or(proto::kubevirt::RunStrategy::Halted);
+                update_status(&ctx, &vm, &vm_api, Some(vmi), strategy, (false, true), None).await?;
                 release_final_vmi(&ctx, Some(vmi), &vmi_api).await?;
             }
         }
@@ -530,8 +532,16 @@ async fn update_status(
     }
 
     let in_backoff = backoff_left(&new) > 0;
-    new.printable_status =
-        Some(printable_status(false, vmi, start_expected, stop_expected, in_backoff).into());
+    new.printable_status = Some(
+        printable_status(
+            vm.metadata.deletion_timestamp.is_some(),
+            vmi,
+            start_expected,
+            stop_expected,
+            in_backoff,
+        )
+        .into(),
+    );
 
     if new == old {
         return Ok(());
