@@ -1002,3 +1002,71 @@ async fn deleting_a_running_vm_removes_vmi_pod_and_vm() {
     })
     .await;
 }
+
+/// `Manual`: only state-change requests (what virt-api's start/stop subresources write)
+/// start and stop the VM; each is dropped once served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_vm_follows_start_and_stop_requests() {
+    let setup = Setup::new("ctl-manual", true).await;
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    vms.create(&PostParams::default(), &vm("manual", "Manual"))
+        .await
+        .expect("VM");
+    wait_for("VM status Stopped", || async {
+        get(&vms, "manual")
+            .await
+            .and_then(|v| v.status)
+            .filter(|s| s.printable_status.as_deref() == Some("Stopped"))
+    })
+    .await;
+    assert!(
+        get(&vmis, "manual").await.is_none(),
+        "no VMI without a request"
+    );
+
+    let request = |body: serde_json::Value| {
+        let vms = vms.clone();
+        async move {
+            vms.patch_status(
+                "manual",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"stateChangeRequests": [body]}})),
+            )
+            .await
+            .expect("state-change request");
+        }
+    };
+    request(json!({"action": "Start"})).await;
+    let vmi = wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "manual")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    wait_for("the start request to be dropped", || async {
+        get(&vms, "manual")
+            .await
+            .and_then(|v| v.status)
+            .filter(|s| s.state_change_requests.is_empty())
+    })
+    .await;
+
+    request(json!({"action": "Stop", "uid": vmi.metadata.uid})).await;
+    wait_for("the VMI to be gone", || async {
+        get(&vmis, "manual").await.is_none().then_some(())
+    })
+    .await;
+    wait_for("the stop request to be dropped", || async {
+        get(&vms, "manual")
+            .await
+            .and_then(|v| v.status)
+            .filter(|s| s.state_change_requests.is_empty())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        get(&vmis, "manual").await.is_none(),
+        "Manual does not restart by itself"
+    );
+}
