@@ -29,6 +29,7 @@ mod log_limit;
 pub mod mmio;
 pub mod net;
 pub mod queue;
+mod request_queue;
 pub mod rng;
 
 #[cfg(test)]

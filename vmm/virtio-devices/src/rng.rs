@@ -8,9 +8,8 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use crate::chain::ValidatedChain;
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
 use crate::feature_bit;
-use crate::interrupt::DeviceInterrupt;
 use crate::log_limit::{GuestErrorLog, guest_warn};
-use crate::queue::DeviceQueue;
+use crate::request_queue::RequestQueue;
 
 pub const QUEUE_SIZE: u16 = 256;
 /// Most bytes handed out per chain: a guest asking for gigabytes gets a
@@ -18,22 +17,16 @@ pub const QUEUE_SIZE: u16 = 256;
 pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
 const CHUNK: usize = 4096;
 
-struct Active {
-    mem: GuestMemoryMmap,
-    queue: DeviceQueue,
-    interrupt: DeviceInterrupt,
-}
-
 /// The virtio-rng device.
 pub struct Rng {
-    active: Option<Active>,
+    requests: RequestQueue,
     log: GuestErrorLog,
 }
 
 impl Rng {
     pub fn new() -> Rng {
         Rng {
-            active: None,
+            requests: RequestQueue::default(),
             log: GuestErrorLog::default(),
         }
     }
@@ -126,60 +119,25 @@ impl VirtioDevice for Rng {
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
-        let got = ctx.queues.len();
-        let Ok::<[_; 1], _>([queue]) = ctx.queues.try_into() else {
-            return Err(ActivateError::QueueCount { expected: 1, got });
-        };
-        self.active = Some(Active {
-            mem: ctx.mem,
-            queue: DeviceQueue::new(queue),
-            interrupt: ctx.interrupt,
-        });
-        Ok(())
+        self.requests.activate(ctx)
     }
 
     fn reset(&mut self) {
-        self.active = None;
+        self.requests.reset();
     }
 
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
-        if index != 0 {
-            return Err(DeviceError::NoSuchQueue(index));
-        }
-        let Some(mut active) = self.active.take() else {
-            return Err(DeviceError::NotActivated);
-        };
-        let result = self.drain_queue(&mut active);
-        self.active = Some(active);
+        // The queue is taken out while its chains are handled with `self`.
+        let mut requests = std::mem::take(&mut self.requests);
+        let result = requests.process(index, |chain, mem| match chain {
+            Ok(chain) => self.fill_chain(chain, mem),
+            Err(e) => {
+                guest_warn!(self.log, "virtio-rng: bad descriptor chain: {e}");
+                0
+            }
+        });
+        self.requests = requests;
         result
-    }
-}
-
-impl Rng {
-    fn drain_queue(&mut self, active: &mut Active) -> Result<(), DeviceError> {
-        let queue_err = |source| DeviceError::Queue { index: 0, source };
-        let mut completed = false;
-        for _ in 0..active.queue.size() {
-            let Some(popped) = active.queue.pop(&active.mem).map_err(queue_err)? else {
-                break;
-            };
-            let len = match &popped.chain {
-                Ok(chain) => self.fill_chain(chain, &active.mem),
-                Err(e) => {
-                    guest_warn!(self.log, "virtio-rng: bad descriptor chain: {e}");
-                    0
-                }
-            };
-            active
-                .queue
-                .add_used(&active.mem, popped.head, len)
-                .map_err(queue_err)?;
-            completed = true;
-        }
-        if completed && active.queue.wants_interrupt(&active.mem) {
-            active.interrupt.signal_used_queue();
-        }
-        Ok(())
     }
 }
 

@@ -21,9 +21,8 @@ use vm_memory::{Address, Bytes, GuestMemoryMmap};
 use crate::chain::{Buffer, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
 use crate::feature_bit;
-use crate::interrupt::DeviceInterrupt;
 use crate::log_limit::{GuestErrorLog, guest_warn};
-use crate::queue::DeviceQueue;
+use crate::request_queue::RequestQueue;
 use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
 
 /// Entries in the one request queue.
@@ -56,12 +55,6 @@ impl Default for BlockOptions {
     }
 }
 
-struct Active {
-    mem: GuestMemoryMmap,
-    queue: DeviceQueue,
-    interrupt: DeviceInterrupt,
-}
-
 /// The virtio-blk device.
 pub struct Block {
     disk: Box<dyn DiskBackend>,
@@ -69,7 +62,7 @@ pub struct Block {
     limits: DiskLimits,
     features: u64,
     config: Vec<u8>,
-    active: Option<Active>,
+    requests: RequestQueue,
     bounce: Vec<u8>,
     log: GuestErrorLog,
 }
@@ -105,7 +98,7 @@ impl Block {
             config: config_space(&limits),
             limits,
             features,
-            active: None,
+            requests: RequestQueue::default(),
             // Zeroed allocation: pages become resident only when used.
             bounce: vec![0; CHUNK],
             log: GuestErrorLog::default(),
@@ -323,61 +316,25 @@ impl VirtioDevice for Block {
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
-        let got = ctx.queues.len();
-        let Ok::<[_; 1], _>([queue]) = ctx.queues.try_into() else {
-            return Err(ActivateError::QueueCount { expected: 1, got });
-        };
-        self.active = Some(Active {
-            mem: ctx.mem,
-            queue: DeviceQueue::new(queue),
-            interrupt: ctx.interrupt,
-        });
-        Ok(())
+        self.requests.activate(ctx)
     }
 
     fn reset(&mut self) {
-        self.active = None;
+        self.requests.reset();
     }
 
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
-        if index != 0 {
-            return Err(DeviceError::NoSuchQueue(index));
-        }
-        let Some(mut active) = self.active.take() else {
-            return Err(DeviceError::NotActivated);
-        };
-        let result = self.drain_queue(&mut active);
-        self.active = Some(active);
+        // The queue is taken out while its chains are handled with `self`.
+        let mut requests = std::mem::take(&mut self.requests);
+        let result = requests.process(index, |chain, mem| match chain {
+            Ok(chain) => self.handle_chain(chain, mem),
+            Err(e) => {
+                guest_warn!(self.log, "virtio-blk: bad descriptor chain: {e}");
+                0
+            }
+        });
+        self.requests = requests;
         result
-    }
-}
-
-impl Block {
-    fn drain_queue(&mut self, active: &mut Active) -> Result<(), DeviceError> {
-        let queue_err = |source| DeviceError::Queue { index: 0, source };
-        let mut completed = false;
-        // At most one queue's worth per notification (see DeviceQueue::size).
-        for _ in 0..active.queue.size() {
-            let Some(popped) = active.queue.pop(&active.mem).map_err(queue_err)? else {
-                break;
-            };
-            let used_len = match &popped.chain {
-                Ok(chain) => self.handle_chain(chain, &active.mem),
-                Err(e) => {
-                    guest_warn!(self.log, "virtio-blk: bad descriptor chain: {e}");
-                    0
-                }
-            };
-            active
-                .queue
-                .add_used(&active.mem, popped.head, used_len)
-                .map_err(queue_err)?;
-            completed = true;
-        }
-        if completed && active.queue.wants_interrupt(&active.mem) {
-            active.interrupt.signal_used_queue();
-        }
-        Ok(())
     }
 }
 

@@ -1,0 +1,77 @@
+//! The one virtqueue of a request/response device (virtio-blk, virtio-rng):
+//! the driver puts a chain on it and the device answers in the same chain.
+//! Activation, reset and draining are the same for every such device; only
+//! what is done with one chain differs, and that is the device's closure.
+
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::{ChainError, ValidatedChain};
+use crate::device::{ActivateContext, ActivateError, DeviceError};
+use crate::interrupt::DeviceInterrupt;
+use crate::queue::DeviceQueue;
+
+/// The queue with what it needs once the driver has set it up.
+struct Active {
+    mem: GuestMemoryMmap,
+    queue: DeviceQueue,
+    interrupt: DeviceInterrupt,
+}
+
+#[derive(Default)]
+pub(crate) struct RequestQueue {
+    active: Option<Active>,
+}
+
+impl RequestQueue {
+    /// Takes the single queue the driver set up.
+    pub(crate) fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        let got = ctx.queues.len();
+        let Ok::<[_; 1], _>([queue]) = ctx.queues.try_into() else {
+            return Err(ActivateError::QueueCount { expected: 1, got });
+        };
+        self.active = Some(Active {
+            mem: ctx.mem,
+            queue: DeviceQueue::new(queue),
+            interrupt: ctx.interrupt,
+        });
+        Ok(())
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.active = None;
+    }
+
+    /// Answers a notification of queue `index`: every chain on the ring,
+    /// at most one queue's worth (see [`DeviceQueue::size`]), goes to
+    /// `handle`, which returns how many bytes it wrote into the chain (0 for
+    /// a chain that failed validation), then the used buffers are signalled.
+    pub(crate) fn process(
+        &mut self,
+        index: u16,
+        mut handle: impl FnMut(Result<&ValidatedChain, &ChainError>, &GuestMemoryMmap) -> u32,
+    ) -> Result<(), DeviceError> {
+        if index != 0 {
+            return Err(DeviceError::NoSuchQueue(index));
+        }
+        let Some(active) = self.active.as_mut() else {
+            return Err(DeviceError::NotActivated);
+        };
+        let queue_err = |source| DeviceError::Queue { index: 0, source };
+        let mut completed = false;
+        for _ in 0..active.queue.size() {
+            let Some(popped) = active.queue.pop(&active.mem).map_err(queue_err)? else {
+                break;
+            };
+            let used_len = handle(popped.chain.as_ref(), &active.mem);
+            active
+                .queue
+                .add_used(&active.mem, popped.head, used_len)
+                .map_err(queue_err)?;
+            completed = true;
+        }
+        if completed && active.queue.wants_interrupt(&active.mem) {
+            active.interrupt.signal_used_queue();
+        }
+        Ok(())
+    }
+}
