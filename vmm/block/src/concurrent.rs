@@ -159,7 +159,8 @@ impl ConcurrentDisk {
         self.read_only
     }
 
-    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
+    /// Checks that `[offset, offset + len)` lies inside the disk.
+    pub fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(DiskError::OutOfRange {

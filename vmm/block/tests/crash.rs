@@ -1,10 +1,15 @@
 //! Crash safety: a writer killed with SIGKILL at a random point leaves an
 //! image that QEMU reads, that `qemu-img check` finds at most leaky, and
 //! that holds every write acknowledged by a later flush.
+//!
+//! Two writers: `img io` with plain writes (the one-request engine, one
+//! write at a time) and `img io` with aio writes (a `ConcurrentDisk` with
+//! up to 8 writes in flight, new clusters filled outside the engine's lock).
 
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -15,161 +20,268 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const BLOCK: u64 = 4096;
+/// Granularity of the survivor check: a write that was not yet durable may
+/// have landed in part (cluster by cluster), so sectors are judged alone.
+const SECTOR: u64 = 512;
+const SIZE: u64 = 16 << 20;
 
 struct Write {
-    index: usize,
+    /// Position in the script's order of durability: a write is durable
+    /// once a flush with a higher `order` has completed.
+    order: usize,
     offset: u64,
     len: u64,
     pattern: u8,
+}
+
+/// Even rounds write to an overlay of base.raw, odd ones to a bare image.
+fn has_backing(round: usize) -> bool {
+    round.is_multiple_of(2)
+}
+
+/// One round's image: its cluster size, backing file and lazy refcounts
+/// vary with the round.
+fn create_round_image(dir: &Path, name: &str, round: usize) -> std::path::PathBuf {
+    let img = dir.join(format!("{name}{round}.qcow2"));
+    let with_backing = has_backing(round);
+    create(
+        &img,
+        &CreateOptions {
+            size: Some(SIZE),
+            cluster_size: [4096u64, 65536, 512][round % 3],
+            backing_file: with_backing.then(|| "base.raw".to_string()),
+            backing_format: with_backing.then_some(block::Format::Raw),
+            lazy_refcounts: round % 4 == 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    img
+}
+
+fn random_write(rng: &mut StdRng, order: usize) -> Write {
+    let offset = rng.random_range(0..SIZE / BLOCK) * BLOCK;
+    Write {
+        order,
+        offset,
+        len: (rng.random_range(1..=32u64) * BLOCK).min(SIZE - offset),
+        pattern: rng.random_range(1..=255u8),
+    }
+}
+
+/// Runs `img io` with `script` on `img` and kills it (SIGKILL) after
+/// `kill_after` acknowledged writes and a random pause. Returns the
+/// `wrote ...` lines it printed before it died, in order.
+fn run_and_kill(
+    rng: &mut StdRng,
+    img: &Path,
+    cache: &str,
+    script: &[String],
+    kill_after: usize,
+) -> Vec<String> {
+    let mut child = block_img()
+        .args(["io", "-f", "qcow2", "-t", cache])
+        .args(script.iter().flat_map(|c| ["-c".to_string(), c.clone()]))
+        .arg(img)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("wrote ") && tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    while acked.len() < kill_after {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => acked.push(line),
+            Err(_) => break,
+        }
+    }
+    std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    reader.join().unwrap();
+    acked.extend(rx.try_iter());
+    acked
+}
+
+/// After the kill: `qemu-img check` finds at most leaks, and every sector
+/// holds the newest durable write covering it (`order < durable_before`),
+/// or a later write that landed before the kill, or — with no durable
+/// write — its old contents.
+fn check_after_crash(
+    dir: &Path,
+    img: &Path,
+    round: usize,
+    writes: &[Write],
+    durable_before: usize,
+) {
+    // Lazy refcounts: the image is left dirty and its refcounts stale on
+    // purpose; opening it for writing rebuilds them.
+    if round % 4 == 3 {
+        let h = block::qcow2::check::read_image_header(img).unwrap();
+        assert!(h.is_dirty(), "round {round}: lazy image not marked dirty");
+        drop(block::open_disk(img, block::Format::Qcow2, false).unwrap());
+    }
+    let out = run(Command::new(qemu_tool("qemu-img"))
+        .args(["check", "-f", "qcow2"])
+        .arg(img));
+    let code = out.status.code();
+    assert!(
+        code == Some(0) || code == Some(3),
+        "round {round}: qemu-img check after a crash: {code:?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let flat = dir.join(format!("flat{round}.raw"));
+    qemu_img(&[
+        "convert",
+        "-f",
+        "qcow2",
+        "-O",
+        "raw",
+        img.to_str().unwrap(),
+        flat.to_str().unwrap(),
+    ]);
+    let disk = std::fs::read(&flat).unwrap();
+    let old = if has_backing(round) {
+        mixed_data(SIZE as usize, 9)
+    } else {
+        vec![0u8; SIZE as usize]
+    };
+    // The writes covering each sector, in script order.
+    let mut by_sector: Vec<Vec<&Write>> = (0..SIZE / SECTOR).map(|_| Vec::new()).collect();
+    for w in writes {
+        for sector in w.offset / SECTOR..(w.offset + w.len) / SECTOR {
+            by_sector[sector as usize].push(w);
+        }
+    }
+    let mut checked = 0;
+    for (sector, covering) in by_sector.iter().enumerate() {
+        let start = sector as u64 * SECTOR;
+        let range = start as usize..(start + SECTOR) as usize;
+        let covering = covering.iter().copied();
+        let durable = covering
+            .clone()
+            .filter(|w| w.order < durable_before)
+            .max_by_key(|w| w.order);
+        let got = &disk[range.clone()];
+        let is = |p: u8| got.iter().all(|&b| b == p);
+        let ok = covering
+            .filter(|w| w.order >= durable_before)
+            .any(|w| is(w.pattern))
+            || match durable {
+                Some(w) => {
+                    checked += 1;
+                    is(w.pattern)
+                }
+                None => got == &old[range],
+            };
+        assert!(
+            ok,
+            "round {round}: sector at {start:#x} lost a flushed write (durable: {:?})",
+            durable.map(|w| (w.order, w.pattern))
+        );
+    }
+    assert!(durable_before == 0 || checked > 0);
+}
+
+fn write_base(dir: &Path) {
+    std::fs::write(dir.join("base.raw"), mixed_data(SIZE as usize, 9)).unwrap();
 }
 
 #[test]
 fn killed_writer_leaves_a_consistent_image_with_all_flushed_writes() {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = StdRng::seed_from_u64(0xc0ffee);
-    let size: u64 = 16 << 20;
-    let base = dir.path().join("base.raw");
-    std::fs::write(&base, mixed_data(size as usize, 9)).unwrap();
+    write_base(dir.path());
     for round in 0..10 {
-        let cluster_size = [4096u64, 65536, 512][round % 3];
-        let with_backing = round % 2 == 0;
-        let img = dir.path().join(format!("crash{round}.qcow2"));
-        create(
-            &img,
-            &CreateOptions {
-                size: Some(size),
-                cluster_size,
-                backing_file: with_backing.then(|| "base.raw".to_string()),
-                backing_format: with_backing.then_some(block::Format::Raw),
-                lazy_refcounts: round % 4 == 3,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        // The script: writes of 4 KiB blocks with a flush every few writes.
-        let mut cmds = Vec::new();
+        let img = create_round_image(dir.path(), "crash", round);
+        // Writes of 4 KiB blocks with a flush every few writes; a write's
+        // order is its command index.
+        let mut script = Vec::new();
         let mut writes = Vec::new();
         for i in 0..600 {
             if i % 7 == 6 {
-                cmds.push("flush".to_string());
+                script.push("flush".to_string());
                 continue;
             }
-            let offset = rng.random_range(0..size / BLOCK) * BLOCK;
-            let len = (rng.random_range(1..=32u64) * BLOCK).min(size - offset);
-            let pattern = rng.random_range(1..=255u8);
-            cmds.push(format!("write -P {pattern} {offset} {len}"));
-            writes.push(Write {
-                index: cmds.len() - 1,
-                offset,
-                len,
-                pattern,
-            });
+            let w = random_write(&mut rng, script.len());
+            script.push(format!("write -P {} {} {}", w.pattern, w.offset, w.len));
+            writes.push(w);
         }
-        let mut child = block_img()
-            .args(["io", "-f", "qcow2"])
-            .args(cmds.iter().flat_map(|c| ["-c".to_string(), c.clone()]))
-            .arg(&img)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.starts_with("wrote ") && tx.send(()).is_err() {
-                    break;
-                }
-            }
-        });
-        // Kill after a random number of acknowledged writes.
         let kill_after = rng.random_range(5..writes.len() - 5);
-        let mut seen = 0;
-        while seen < kill_after {
-            match rx.recv_timeout(Duration::from_secs(60)) {
-                Ok(()) => seen += 1,
-                Err(_) => break,
-            }
-        }
-        std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        reader.join().unwrap();
-        let mut acknowledged = seen;
-        while rx.try_recv().is_ok() {
-            acknowledged += 1;
-        }
+        let acked = run_and_kill(&mut rng, &img, "writeback", &script, kill_after).len();
         assert!(
-            acknowledged < writes.len(),
+            acked < writes.len(),
             "round {round}: the writer finished before the kill"
         );
+        // One write at a time: the flush before the last acknowledged
+        // write has completed.
+        let last_acked = writes[acked - 1].order;
+        let durable_before = (0..last_acked)
+            .rev()
+            .find(|&i| script[i] == "flush")
+            .unwrap_or(0);
+        check_after_crash(dir.path(), &img, round, &writes, durable_before);
+    }
+}
 
-        // Lazy refcounts: the image is left dirty and its refcounts stale
-        // on purpose; opening it for writing rebuilds them.
-        if round % 4 == 3 {
-            let h = block::qcow2::check::read_image_header(&img).unwrap();
-            assert!(h.is_dirty(), "round {round}: lazy image not marked dirty");
-            drop(block::open_disk(&img, block::Format::Qcow2, false).unwrap());
-        }
-        // At most leaks.
-        let out = run(Command::new(qemu_tool("qemu-img"))
-            .args(["check", "-f", "qcow2"])
-            .arg(&img));
-        let code = out.status.code();
-        assert!(
-            code == Some(0) || code == Some(3),
-            "round {round}: qemu-img check after a crash: {code:?}\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-
-        // Every write before the last acknowledged flush is there; blocks may
-        // also hold a later write that landed before the kill.
-        let last_ack_cmd = writes[acknowledged - 1].index;
-        let durable_flush = (0..last_ack_cmd).rev().find(|&i| cmds[i] == "flush");
-        let flat = dir.path().join(format!("flat{round}.raw"));
-        qemu_img(&[
-            "convert",
-            "-f",
-            "qcow2",
-            "-O",
-            "raw",
-            img.to_str().unwrap(),
-            flat.to_str().unwrap(),
-        ]);
-        let disk = std::fs::read(&flat).unwrap();
-        let backing = if with_backing {
-            mixed_data(size as usize, 9)
-        } else {
-            vec![0u8; size as usize]
-        };
-        let mut checked = 0;
-        for b in 0..size / BLOCK {
-            let start = b * BLOCK;
-            let covering: Vec<&Write> = writes
-                .iter()
-                .filter(|w| w.offset <= start && start < w.offset + w.len)
-                .collect();
-            let got = &disk[start as usize..(start + BLOCK) as usize];
-            let durable =
-                durable_flush.and_then(|f| covering.iter().rfind(|w| w.index < f).copied());
-            let mut allowed: Vec<Vec<u8>> = covering
-                .iter()
-                .filter(|w| durable_flush.is_none_or(|f| w.index > f))
-                .map(|w| vec![w.pattern; BLOCK as usize])
-                .collect();
-            match durable {
-                Some(w) => {
-                    checked += 1;
-                    allowed.push(vec![w.pattern; BLOCK as usize]);
+#[test]
+fn killed_concurrent_writer_leaves_a_consistent_image_with_all_flushed_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(0xa5a5);
+    write_base(dir.path());
+    for round in 0..10 {
+        let img = create_round_image(dir.path(), "aio", round);
+        // Groups of up to 8 aio writes in flight at once (ranges within a
+        // group do not overlap, but share clusters), then aio_flush (wait
+        // for them) and flush. A write's order is its group.
+        let mut script = Vec::new();
+        let mut writes: Vec<Write> = Vec::new();
+        for group in 0..120 {
+            let first = writes.len();
+            for _ in 0..rng.random_range(1..=8) {
+                let w = random_write(&mut rng, group);
+                if writes[first..]
+                    .iter()
+                    .any(|o| w.offset < o.offset + o.len && o.offset < w.offset + w.len)
+                {
+                    continue;
                 }
-                None => allowed.push(backing[start as usize..(start + BLOCK) as usize].to_vec()),
+                script.push(format!("aio_write -P {} {} {}", w.pattern, w.offset, w.len));
+                writes.push(w);
             }
-            assert!(
-                allowed.iter().any(|a| a[..] == got[..]),
-                "round {round}: block at {start:#x} lost a flushed write (durable: {:?})",
-                durable.map(|w| (w.index, w.pattern))
-            );
+            script.push("aio_flush".to_string());
+            script.push("flush".to_string());
         }
-        assert!(durable_flush.is_none() || checked > 0);
+        let cache = if round % 3 == 1 { "none" } else { "writeback" };
+        let kill_after = rng.random_range(5..writes.len() - 5);
+        let acked = run_and_kill(&mut rng, &img, cache, &script, kill_after);
+        assert!(
+            acked.len() < writes.len(),
+            "round {round}: the writer finished before the kill"
+        );
+        // Map every acknowledgement to its write: groups run one after
+        // the other, so the newest group acknowledged so far is the first
+        // place to look.
+        let mut group = 0;
+        for line in &acked {
+            let found = writes.iter().find(|w| {
+                w.order >= group
+                    && *line == format!("wrote {0}/{0} bytes at offset {1}", w.len, w.offset)
+            });
+            group = found
+                .unwrap_or_else(|| panic!("round {round}: unexpected line {line:?}"))
+                .order;
+        }
+        // A write of group g was sent only after the flush of group g - 1
+        // had completed.
+        check_after_crash(dir.path(), &img, round, &writes, group);
     }
 }

@@ -95,15 +95,17 @@ fn run_requests(a: &BenchArgs<'_>, disk: &ConcurrentDisk) -> anyhow::Result<()> 
     // `depth` workers take request numbers from a shared counter, so up to
     // `depth` requests are in flight at once, in qemu-img's order.
     let next = AtomicU64::new(0);
+    // One aligned, pre-filled allocation cut into one buffer per request
+    // slot, as qemu-img bench allocates its buffers; O_DIRECT needs no copy.
+    let mut buffers = DirectBuf::new(a.size as usize * depth as usize, a.pattern);
     let start = Instant::now();
     let next = &next;
     let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..depth)
-            .map(|_| {
+        let workers: Vec<_> = buffers
+            .as_mut_slice()
+            .chunks_mut(a.size as usize)
+            .map(|buf| {
                 scope.spawn(move || -> anyhow::Result<()> {
-                    // Aligned like qemu-img's buffers: O_DIRECT needs no copy.
-                    let mut buf = DirectBuf::new(a.size as usize, a.pattern);
-                    let buf = buf.as_mut_slice();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= a.count {

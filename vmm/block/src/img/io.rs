@@ -1,18 +1,30 @@
 //! `img io -c CMD ...`: the qemu-io commands read, write, discard and flush,
-//! with qemu-io's output lines so the same scripts run through both.
+//! and their asynchronous forms aio_read, aio_write and aio_flush, with
+//! qemu-io's output lines so the same scripts run through both.
+//!
+//! A script runs on the one-request-at-a-time engine (`open_disk_with`)
+//! unless it has aio_ commands: then it runs on a [`ConcurrentDisk`], each
+//! aio request on a thread of its own, so requests really overlap (crash
+//! tests of the concurrent write path use this). `aio_flush` waits for
+//! every request in flight, as in qemu-io; it does not flush the image
+//! (`flush` does).
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
 
 use super::required_format;
 use super::size::{human, parse_number, parse_size};
-use crate::{DiskBackend, OpenOptions, open_disk_with};
+use crate::{ConcurrentDisk, DiskBackend, DiskResult, OpenOptions, open_disk_with};
 
 /// qemu-io's default write pattern.
 const DEFAULT_WRITE_PATTERN: u8 = 0xcd;
+/// Most aio requests in flight; one more waits for the oldest to finish.
+const MAX_AIO_IN_FLIGHT: usize = 64;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Command {
@@ -36,9 +48,26 @@ enum Command {
         quiet: bool,
     },
     Flush,
+    /// `aio_read` / `aio_write`: the inner command, run without waiting.
+    Aio(Box<Command>),
+    /// `aio_flush`: wait for every aio request in flight.
+    AioFlush,
 }
 
 fn parse(cmd: &str) -> anyhow::Result<Command> {
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    match words.split_first() {
+        Some((&"aio_flush", [])) => Ok(Command::AioFlush),
+        Some((&"aio_flush", _)) => anyhow::bail!("aio_flush takes no arguments"),
+        Some((name, rest)) if *name == "aio_read" || *name == "aio_write" => {
+            let sync = format!("{} {}", &name[4..], rest.join(" "));
+            Ok(Command::Aio(Box::new(parse_sync(&sync)?)))
+        }
+        _ => parse_sync(cmd),
+    }
+}
+
+fn parse_sync(cmd: &str) -> anyhow::Result<Command> {
     let words: Vec<&str> = cmd.split_whitespace().collect();
     let (name, args) = words.split_first().context("empty command")?;
     let mut pattern = None;
@@ -103,17 +132,71 @@ fn parse(cmd: &str) -> anyhow::Result<Command> {
 
 fn report(verb: &str, len: u64, offset: u64, start: Instant) {
     let secs = start.elapsed().as_secs_f64();
-    println!("{verb} {len}/{len} bytes at offset {offset}");
     let rate = if secs > 0.0 { len as f64 / secs } else { 0.0 };
-    println!(
-        "{}, 1 ops; {secs:.4} sec ({} /sec and {:.4} ops/sec)",
+    // One print: lines of concurrent aio requests must not interleave.
+    print!(
+        "{verb} {len}/{len} bytes at offset {offset}\n{}, 1 ops; {secs:.4} sec ({} /sec and {:.4} ops/sec)\n",
         human(len),
         human(rate as u64),
         if secs > 0.0 { 1.0 / secs } else { 0.0 }
     );
 }
 
-fn exec(disk: &mut dyn DiskBackend, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Result<()> {
+/// The operations a script needs, from the one-request engine or from a
+/// [`ConcurrentDisk`] shared with the aio requests in flight.
+trait ScriptDisk {
+    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()>;
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()>;
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()>;
+    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()>;
+    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()>;
+    fn flush(&mut self) -> DiskResult<()>;
+}
+
+impl ScriptDisk for Box<dyn DiskBackend> {
+    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
+        self.as_ref().check_range(offset, len)
+    }
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
+        self.as_mut().read_at(buf, offset)
+    }
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
+        self.as_mut().write_at(buf, offset)
+    }
+    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()> {
+        self.as_mut().write_zeroes(offset, len, unmap)
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
+        self.as_mut().discard(offset, len)
+    }
+    fn flush(&mut self) -> DiskResult<()> {
+        self.as_mut().flush()
+    }
+}
+
+impl ScriptDisk for &ConcurrentDisk {
+    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
+        ConcurrentDisk::check_range(self, offset, len)
+    }
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
+        ConcurrentDisk::read_at(self, buf, offset)
+    }
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
+        ConcurrentDisk::write_at(self, buf, offset)
+    }
+    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()> {
+        ConcurrentDisk::write_zeroes(self, offset, len, unmap)
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
+        ConcurrentDisk::discard(self, offset, len)
+    }
+    fn flush(&mut self) -> DiskResult<()> {
+        ConcurrentDisk::flush(self)
+    }
+}
+
+/// Runs one synchronous command (aio commands are dispatched by `run`).
+fn exec(disk: &mut impl ScriptDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Result<()> {
     let start = Instant::now();
     match *cmd {
         Command::Read {
@@ -166,6 +249,7 @@ fn exec(disk: &mut dyn DiskBackend, cmd: &Command, buf: &mut Vec<u8>) -> anyhow:
             }
         }
         Command::Flush => disk.flush()?,
+        Command::Aio(_) | Command::AioFlush => anyhow::bail!("aio command run synchronously"),
     }
     Ok(())
 }
@@ -182,20 +266,84 @@ pub fn run(
         .iter()
         .map(|c| parse(c).with_context(|| format!("command {c:?}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut disk = open_disk_with(filename, format, OpenOptions { read_only, direct })
-        .with_context(|| format!("opening {}", filename.display()))?;
+    let opts = OpenOptions { read_only, direct };
+    let opening = || format!("opening {}", filename.display());
+    let script: Vec<(&Command, &str)> = parsed
+        .iter()
+        .zip(commands.iter().map(String::as_str))
+        .collect();
+    if !parsed.iter().any(|c| matches!(c, Command::Aio(_))) {
+        let mut disk = open_disk_with(filename, format, opts).with_context(opening)?;
+        return run_serial(&mut disk, &script);
+    }
+    let disk = ConcurrentDisk::open(filename, format, opts).with_context(opening)?;
+    let status = run_concurrent(&disk, &script)?;
+    // Metadata errors at close count, as in the serial engine's drop.
+    disk.close().context("closing the image")?;
+    Ok(status)
+}
+
+fn run_serial(disk: &mut Box<dyn DiskBackend>, script: &[(&Command, &str)]) -> anyhow::Result<i32> {
     let mut buf = Vec::new();
     let mut status = 0;
-    let mut out = std::io::stdout();
-    for (cmd, text) in parsed.iter().zip(commands) {
-        if let Err(e) = exec(disk.as_mut(), cmd, &mut buf) {
+    for (cmd, text) in script {
+        if let Err(e) = exec(disk, cmd, &mut buf) {
             println!("{text}: {e:#}");
             status = 1;
         }
         // A line per completed command, visible at once (crash tests read it).
-        out.flush()?;
+        std::io::stdout().flush()?;
     }
     Ok(status)
+}
+
+fn run_concurrent(disk: &ConcurrentDisk, script: &[(&Command, &str)]) -> anyhow::Result<i32> {
+    let failed = AtomicBool::new(false);
+    let report_error = |text: &str, e: anyhow::Error| {
+        println!("{text}: {e:#}");
+        failed.store(true, Ordering::Relaxed);
+    };
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let mut in_flight = VecDeque::new();
+        let mut buf = Vec::new();
+        for &(cmd, text) in script {
+            match cmd {
+                Command::Aio(inner) => {
+                    if in_flight.len() >= MAX_AIO_IN_FLIGHT
+                        && let Some(oldest) = in_flight.pop_front()
+                    {
+                        join_request(oldest);
+                    }
+                    let report_error = &report_error;
+                    in_flight.push_back(scope.spawn(move || {
+                        let mut buf = Vec::new();
+                        if let Err(e) = exec(&mut { disk }, inner, &mut buf) {
+                            report_error(text, e);
+                        }
+                        let _ = std::io::stdout().flush();
+                    }));
+                }
+                Command::AioFlush => in_flight.drain(..).for_each(join_request),
+                _ => {
+                    if let Err(e) = exec(&mut { disk }, cmd, &mut buf) {
+                        report_error(text, e);
+                    }
+                }
+            }
+            std::io::stdout().flush()?;
+        }
+        // qemu-io also waits for what is in flight before it closes.
+        in_flight.drain(..).for_each(join_request);
+        Ok(())
+    })?;
+    Ok(i32::from(failed.load(Ordering::Relaxed)))
+}
+
+/// Waits for an aio request; a panic in one is a bug, reported as such.
+fn join_request(handle: std::thread::ScopedJoinHandle<'_, ()>) {
+    if handle.join().is_err() {
+        println!("an aio request panicked");
+    }
 }
 
 #[cfg(test)]
@@ -244,6 +392,21 @@ mod tests {
                 quiet: false
             }
         );
+        assert_eq!(
+            parse("aio_write -P 3 4k 512").unwrap(),
+            Command::Aio(Box::new(Command::Write {
+                pattern: 3,
+                zero: false,
+                unmap: false,
+                offset: 4096,
+                len: 512,
+                quiet: false
+            }))
+        );
+        assert_eq!(parse("aio_flush").unwrap(), Command::AioFlush);
+        assert!(parse("aio_flush 0").is_err());
+        assert!(parse("aio_discard 0 512").is_err());
+        assert!(parse("aio_write").is_err());
         assert!(parse("write 0").is_err());
         assert!(parse("write -z -P 1 0 1").is_err());
         assert!(parse("frobnicate 0 1").is_err());
