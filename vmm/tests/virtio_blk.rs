@@ -65,6 +65,7 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
         "virtio-blk-discard",
         "virtio-blk-read",
         "virtio-blk-id",
+        "virtio-blk-batch",
         "virtio-blk-bounds",
     ] {
         assert_pass(&out, check);
@@ -117,6 +118,7 @@ fn a_read_only_disk_refuses_the_write_and_keeps_its_bytes() {
         "virtio-blk-ro",
         "virtio-blk-flush",
         "virtio-blk-read",
+        "virtio-blk-batch",
         "virtio-blk-bounds",
     ] {
         assert_pass(&out, check);
@@ -145,8 +147,9 @@ fn two_disks_are_driven_separately() {
     assert_pass(&out, "virtio-blk-write");
     assert_pass(&out, "virtio-blk1-ro");
     assert_pass(&out, "virtio-blk1-irq");
+    assert_pass(&out, "virtio-blk1-batch");
     assert!(
-        stdout(&out).contains("DONE passed=14 failed=0"),
+        stdout(&out).contains("DONE passed=16 failed=0"),
         "{}",
         stdout(&out)
     );
@@ -178,6 +181,7 @@ fn the_guest_writes_its_pattern_into_a_qcow2_image_that_qemu_img_accepts() {
     assert_pass(&out, "virtio-blk-zeroes");
     assert_pass(&out, "virtio-blk-discard");
     assert_pass(&out, "virtio-blk-read");
+    assert_pass(&out, "virtio-blk-batch");
     qemu_img(&["check", "-q", image_s]);
     let raw = dir.path().join("converted.raw");
     let raw_s = raw.to_str().unwrap();

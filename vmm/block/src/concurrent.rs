@@ -160,7 +160,7 @@ impl ConcurrentDisk {
     }
 
     /// Checks that `[offset, offset + len)` lies inside the disk.
-    pub fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
+    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(DiskError::OutOfRange {

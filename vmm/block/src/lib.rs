@@ -13,12 +13,14 @@ pub mod img;
 mod open;
 pub mod qcow2;
 pub mod raw;
+mod shared;
 
 pub use concurrent::ConcurrentDisk;
 pub use host_file::DirectBuf;
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
 pub use qcow2::Qcow2Image;
 pub use raw::RawFile;
+pub use shared::{SerializedDisk, SharedDisk};
 
 /// Why a disk request failed. Each variant maps to one virtio-blk status.
 #[derive(Debug, thiserror::Error)]

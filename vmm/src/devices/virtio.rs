@@ -75,8 +75,14 @@ pub fn default_mac(index: usize) -> [u8; 6] {
 fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     for (i, disk) in config.disks.iter().enumerate() {
+        // Several requests of a batch in flight at once (see
+        // `virtio_devices::block`); page-cached I/O (cache=writeback).
+        let opts = block::OpenOptions {
+            read_only: disk.read_only,
+            direct: false,
+        };
         let backend =
-            block::open_disk(&disk.path, disk.format, disk.read_only).map_err(|source| {
+            block::ConcurrentDisk::open(&disk.path, disk.format, opts).map_err(|source| {
                 Error::Disk {
                     path: disk.path.clone(),
                     source,
@@ -86,7 +92,7 @@ fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error>
             serial: format!("vmm-disk{i}"),
             ..BlockOptions::default()
         };
-        devices.push(Box::new(Block::new(backend, options)));
+        devices.push(Box::new(Block::shared(Arc::new(backend), options)));
     }
     for (i, net) in config.nets.iter().enumerate() {
         let mac = net.mac.unwrap_or_else(|| default_mac(i));

@@ -8,7 +8,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::chain::{ChainError, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError};
 use crate::interrupt::DeviceInterrupt;
-use crate::queue::DeviceQueue;
+use crate::queue::{DeviceQueue, PoppedChain};
 
 /// The queue with what it needs once the driver has set it up.
 struct Active {
@@ -50,6 +50,23 @@ impl RequestQueue {
         index: u16,
         mut handle: impl FnMut(Result<&ValidatedChain, &ChainError>, &GuestMemoryMmap) -> u32,
     ) -> Result<(), DeviceError> {
+        self.process_batch(index, |chains, mem| {
+            chains
+                .iter()
+                .map(|c| handle(c.chain.as_ref(), mem))
+                .collect()
+        })
+    }
+
+    /// Like [`Self::process`], but `handle` gets every chain of the
+    /// notification at once (so that it may run them concurrently) and
+    /// returns their used lengths, in the same order. A ring that turns out
+    /// unusable part-way still gets the chains taken before answered.
+    pub(crate) fn process_batch(
+        &mut self,
+        index: u16,
+        handle: impl FnOnce(&[PoppedChain], &GuestMemoryMmap) -> Vec<u32>,
+    ) -> Result<(), DeviceError> {
         if index != 0 {
             return Err(DeviceError::NoSuchQueue(index));
         }
@@ -57,21 +74,32 @@ impl RequestQueue {
             return Err(DeviceError::NotActivated);
         };
         let queue_err = |source| DeviceError::Queue { index: 0, source };
-        let mut completed = false;
+        let mut chains: Vec<PoppedChain> = Vec::new();
+        let mut ring_error = None;
         for _ in 0..active.queue.size() {
-            let Some(popped) = active.queue.pop(&active.mem).map_err(queue_err)? else {
-                break;
-            };
-            let used_len = handle(popped.chain.as_ref(), &active.mem);
+            match active.queue.pop(&active.mem) {
+                Ok(Some(popped)) => chains.push(popped),
+                Ok(None) => break,
+                Err(e) => {
+                    ring_error = Some(queue_err(e));
+                    break;
+                }
+            }
+        }
+        if chains.is_empty() {
+            return ring_error.map_or(Ok(()), Err);
+        }
+        let used = handle(&chains, &active.mem);
+        debug_assert_eq!(used.len(), chains.len());
+        for (popped, used_len) in chains.iter().zip(used) {
             active
                 .queue
                 .add_used(&active.mem, popped.head, used_len)
                 .map_err(queue_err)?;
-            completed = true;
         }
-        if completed && active.queue.wants_interrupt(&active.mem) {
+        if active.queue.wants_interrupt(&active.mem) {
             active.interrupt.signal_used_queue();
         }
-        Ok(())
+        ring_error.map_or(Ok(()), Err)
     }
 }

@@ -207,6 +207,7 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn R
     );
 
     read_id(&mut blk, index, r);
+    batch(&mut blk, read_only, index, r);
 
     // One sector at the capacity: just past the end.
     input_past_end(&mut blk, capacity, input, index, r);
@@ -214,6 +215,63 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn R
         misbehave(&mut blk, input, index, r);
     }
     dev.reset();
+}
+
+/// Two reads of the test sector made available together and announced
+/// with one notification (as a Linux guest does with a deep queue): the
+/// device runs them concurrently and must answer both, each with the data.
+fn batch(blk: &mut Blk, read_only: bool, index: usize, r: &mut dyn Reporter) {
+    let area = buffers() + 8192;
+    let mut statuses = [0u64; 2];
+    for (n, status) in statuses.iter_mut().enumerate() {
+        let hdr = area + 32 * n as u64;
+        write32(hdr, T_IN);
+        write32(hdr + 4, 0);
+        write64(hdr + 8, TEST_SECTOR);
+        *status = hdr + 16;
+        write8(*status, 0xff);
+        let data = area + 512 * (n as u64 + 1);
+        fill(data, SECTOR_SIZE, 0);
+        blk.queue.add(&[
+            Buf {
+                addr: hdr,
+                len: 16,
+                writable: false,
+            },
+            Buf {
+                addr: data,
+                len: SECTOR_SIZE as u32,
+                writable: true,
+            },
+            Buf {
+                addr: *status,
+                len: 1,
+                writable: true,
+            },
+        ]);
+    }
+    blk.dev.notify(0);
+    let completed = (0..2)
+        .filter(|_| blk.queue.wait_used(REQUEST_TIMEOUT_MS).is_some())
+        .count();
+    let mut ok = completed == 2;
+    let mut d = Detail::new();
+    d.str("completed=").dec(completed as u64);
+    for (n, status) in statuses.iter().enumerate() {
+        let s = read8(*status);
+        d.str(" status=").dec(u64::from(s));
+        ok &= s == S_OK;
+        let data = area + 512 * (n as u64 + 1);
+        if !read_only && (0..SECTOR_SIZE).any(|i| read8(data + i as u64) != pattern(i)) {
+            d.str(" mismatch in read ").dec(n as u64);
+            ok = false;
+        }
+    }
+    r.result(
+        Name::new("virtio-blk", index, "batch").as_str(),
+        ok,
+        d.as_str(),
+    );
 }
 
 /// Guest misbehaviour the device must survive (`checks=virtio-evil`): a

@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use super::required_format;
 use super::size::{human, parse_number, parse_size};
-use crate::{ConcurrentDisk, DiskBackend, DiskResult, OpenOptions, open_disk_with};
+use crate::{ConcurrentDisk, OpenOptions, SerializedDisk, SharedDisk, open_disk_with};
 
 /// qemu-io's default write pattern.
 const DEFAULT_WRITE_PATTERN: u8 = 0xcd;
@@ -142,61 +142,8 @@ fn report(verb: &str, len: u64, offset: u64, start: Instant) {
     );
 }
 
-/// The operations a script needs, from the one-request engine or from a
-/// [`ConcurrentDisk`] shared with the aio requests in flight.
-trait ScriptDisk {
-    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()>;
-    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()>;
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()>;
-    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()>;
-    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()>;
-    fn flush(&mut self) -> DiskResult<()>;
-}
-
-impl ScriptDisk for Box<dyn DiskBackend> {
-    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
-        self.as_ref().check_range(offset, len)
-    }
-    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
-        self.as_mut().read_at(buf, offset)
-    }
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
-        self.as_mut().write_at(buf, offset)
-    }
-    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()> {
-        self.as_mut().write_zeroes(offset, len, unmap)
-    }
-    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
-        self.as_mut().discard(offset, len)
-    }
-    fn flush(&mut self) -> DiskResult<()> {
-        self.as_mut().flush()
-    }
-}
-
-impl ScriptDisk for &ConcurrentDisk {
-    fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
-        ConcurrentDisk::check_range(self, offset, len)
-    }
-    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
-        ConcurrentDisk::read_at(self, buf, offset)
-    }
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
-        ConcurrentDisk::write_at(self, buf, offset)
-    }
-    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()> {
-        ConcurrentDisk::write_zeroes(self, offset, len, unmap)
-    }
-    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
-        ConcurrentDisk::discard(self, offset, len)
-    }
-    fn flush(&mut self) -> DiskResult<()> {
-        ConcurrentDisk::flush(self)
-    }
-}
-
 /// Runs one synchronous command (aio commands are dispatched by `run`).
-fn exec(disk: &mut impl ScriptDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Result<()> {
+fn exec(disk: &dyn SharedDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Result<()> {
     let start = Instant::now();
     match *cmd {
         Command::Read {
@@ -273,31 +220,19 @@ pub fn run(
         .zip(commands.iter().map(String::as_str))
         .collect();
     if !parsed.iter().any(|c| matches!(c, Command::Aio(_))) {
-        let mut disk = open_disk_with(filename, format, opts).with_context(opening)?;
-        return run_serial(&mut disk, &script);
+        let disk = open_disk_with(filename, format, opts).with_context(opening)?;
+        // Closed by its drop, which writes the metadata back.
+        return run_script(&SerializedDisk::new(disk), &script);
     }
     let disk = ConcurrentDisk::open(filename, format, opts).with_context(opening)?;
-    let status = run_concurrent(&disk, &script)?;
-    // Metadata errors at close count, as in the serial engine's drop.
+    let status = run_script(&disk, &script)?;
     disk.close().context("closing the image")?;
     Ok(status)
 }
 
-fn run_serial(disk: &mut Box<dyn DiskBackend>, script: &[(&Command, &str)]) -> anyhow::Result<i32> {
-    let mut buf = Vec::new();
-    let mut status = 0;
-    for (cmd, text) in script {
-        if let Err(e) = exec(disk, cmd, &mut buf) {
-            println!("{text}: {e:#}");
-            status = 1;
-        }
-        // A line per completed command, visible at once (crash tests read it).
-        std::io::stdout().flush()?;
-    }
-    Ok(status)
-}
-
-fn run_concurrent(disk: &ConcurrentDisk, script: &[(&Command, &str)]) -> anyhow::Result<i32> {
+/// Runs the commands in order; aio requests run on threads of their own
+/// until an `aio_flush` or the end of the script waits for them.
+fn run_script(disk: &dyn SharedDisk, script: &[(&Command, &str)]) -> anyhow::Result<i32> {
     let failed = AtomicBool::new(false);
     let report_error = |text: &str, e: anyhow::Error| {
         println!("{text}: {e:#}");
@@ -317,7 +252,7 @@ fn run_concurrent(disk: &ConcurrentDisk, script: &[(&Command, &str)]) -> anyhow:
                     let report_error = &report_error;
                     in_flight.push_back(scope.spawn(move || {
                         let mut buf = Vec::new();
-                        if let Err(e) = exec(&mut { disk }, inner, &mut buf) {
+                        if let Err(e) = exec(disk, inner, &mut buf) {
                             report_error(text, e);
                         }
                         let _ = std::io::stdout().flush();
@@ -325,11 +260,13 @@ fn run_concurrent(disk: &ConcurrentDisk, script: &[(&Command, &str)]) -> anyhow:
                 }
                 Command::AioFlush => in_flight.drain(..).for_each(join_request),
                 _ => {
-                    if let Err(e) = exec(&mut { disk }, cmd, &mut buf) {
+                    if let Err(e) = exec(disk, cmd, &mut buf) {
                         report_error(text, e);
                     }
                 }
             }
+            // A line per completed command, visible at once (crash tests
+            // read them).
             std::io::stdout().flush()?;
         }
         // qemu-io also waits for what is in flight before it closes.

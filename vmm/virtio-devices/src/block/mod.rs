@@ -1,13 +1,23 @@
-//! virtio-blk: a disk backed by a [`::block::DiskBackend`].
+//! virtio-blk: a disk backed by a [`::block::SharedDisk`].
 //!
-//! Requests are parsed and checked in [`request`], then executed here against
-//! the backend on the thread that delivered the notification. Data moves
-//! through a bounded bounce buffer: guest memory is never handed to the
-//! backend as a Rust slice (the guest may change it concurrently).
+//! Requests are parsed and checked in [`request`] on the thread that
+//! delivered the notification, then executed: a lone request right there,
+//! the requests of a larger batch concurrently on the device's I/O threads
+//! ([`workers`]), so that a guest with a deep queue gets several requests
+//! on the host at once (with a [`::block::ConcurrentDisk`] their data I/O
+//! overlaps). A flush waits for the requests before it in the batch, and
+//! the ones after it wait for the flush. Every request of the batch is done
+//! before the notification returns: nothing touches guest memory after a
+//! pause or reset. Data moves through bounded bounce buffers: guest memory
+//! is never handed to the backend as a Rust slice (the guest may change it
+//! concurrently).
 
 pub mod request;
+mod workers;
 
-use ::block::{DiskBackend, DiskError};
+use std::sync::Arc;
+
+use ::block::{DiskBackend, DiskError, SerializedDisk, SharedDisk};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
     VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -18,12 +28,14 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
-use crate::chain::{Buffer, ValidatedChain};
+use crate::chain::{Buffer, ChainError, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
 use crate::feature_bit;
 use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::queue::PoppedChain;
 use crate::request_queue::RequestQueue;
 use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
+use workers::IoWorkers;
 
 /// Entries in the one request queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -43,6 +55,10 @@ pub struct BlockOptions {
     pub discard: bool,
     /// Offer `VIRTIO_BLK_F_WRITE_ZEROES` (writable disks only).
     pub write_zeroes: bool,
+    /// Threads that run the requests of a batch concurrently (started on
+    /// the first batch of more than one request); 0 runs every request on
+    /// the notifying thread, one after the other.
+    pub io_threads: usize,
 }
 
 impl Default for BlockOptions {
@@ -51,24 +67,42 @@ impl Default for BlockOptions {
             serial: String::new(),
             discard: true,
             write_zeroes: true,
+            io_threads: DEFAULT_IO_THREADS,
         }
     }
 }
 
+/// Requests of one batch on the host at once, at most.
+pub const DEFAULT_IO_THREADS: usize = 8;
+
 /// The virtio-blk device.
 pub struct Block {
-    disk: Box<dyn DiskBackend>,
-    serial: [u8; 20],
+    executor: Arc<Executor>,
     limits: DiskLimits,
     features: u64,
     config: Vec<u8>,
     requests: RequestQueue,
+    workers: IoWorkers,
+    /// For requests run on the notifying thread.
     bounce: Vec<u8>,
     log: GuestErrorLog,
 }
 
+/// What runs a parsed request, on any thread.
+struct Executor {
+    disk: Arc<dyn SharedDisk>,
+    serial: [u8; 20],
+}
+
 impl Block {
+    /// A device on a backend that serves one request at a time.
     pub fn new(disk: Box<dyn DiskBackend>, options: BlockOptions) -> Block {
+        Block::shared(Arc::new(SerializedDisk::new(disk)), options)
+    }
+
+    /// A device on a disk that serves several requests at once (such as a
+    /// [`::block::ConcurrentDisk`]).
+    pub fn shared(disk: Arc<dyn SharedDisk>, options: BlockOptions) -> Block {
         let read_only = disk.read_only();
         let limits = DiskLimits {
             capacity: disk.size() / SECTOR_SIZE,
@@ -93,14 +127,16 @@ impl Block {
             features |= feature_bit(VIRTIO_BLK_F_WRITE_ZEROES);
         }
         Block {
-            disk,
-            serial: request::device_id_bytes(&options.serial),
+            executor: Arc::new(Executor {
+                disk,
+                serial: request::device_id_bytes(&options.serial),
+            }),
             config: config_space(&limits),
             limits,
             features,
             requests: RequestQueue::default(),
-            // Zeroed allocation: pages become resident only when used.
-            bounce: vec![0; CHUNK],
+            workers: IoWorkers::new(options.io_threads),
+            bounce: new_bounce_buffer(),
             log: GuestErrorLog::default(),
         }
     }
@@ -110,27 +146,91 @@ impl Block {
         self.limits.capacity
     }
 
-    /// Runs one chain; returns the used length (bytes written to the guest).
-    fn handle_chain(&mut self, chain: &ValidatedChain, mem: &GuestMemoryMmap) -> u32 {
-        let req = match request::parse(chain, mem, &self.limits) {
-            Ok(req) => req,
-            Err(refused) => {
-                guest_warn!(self.log, "virtio-blk: request refused: {}", refused.error);
-                return match refused.status {
-                    Some(at) => write_status(mem, at, refused.error.status(), 0),
-                    None => 0,
-                };
+    /// Checks one chain. A refused request is answered here (its used
+    /// length returned as `Err`); an accepted one is returned to be run.
+    fn parse_chain(
+        &mut self,
+        chain: Result<&ValidatedChain, &ChainError>,
+        mem: &GuestMemoryMmap,
+    ) -> Result<Request, u32> {
+        let chain = chain.map_err(|e| {
+            guest_warn!(self.log, "virtio-blk: bad descriptor chain: {e}");
+            0u32
+        })?;
+        request::parse(chain, mem, &self.limits).map_err(|refused| {
+            guest_warn!(self.log, "virtio-blk: request refused: {}", refused.error);
+            match refused.status {
+                Some(at) => write_status(mem, at, refused.error.status(), 0),
+                None => 0,
             }
-        };
-        let (status, written) = self.execute(&req, mem);
+        })
+    }
+
+    /// Runs the chains of one notification; returns their used lengths.
+    fn handle_batch(&mut self, chains: &[PoppedChain], mem: &GuestMemoryMmap) -> Vec<u32> {
+        let mut used = vec![0u32; chains.len()];
+        // Accepted requests, with their place in the batch.
+        let mut run: Vec<(usize, Request)> = Vec::new();
+        for (i, popped) in chains.iter().enumerate() {
+            match self.parse_chain(popped.chain.as_ref(), mem) {
+                Ok(req) => {
+                    // A flush covers the writes completed before it: run
+                    // what precedes it first, then the flush alone.
+                    if matches!(req.kind, RequestKind::Flush) {
+                        self.run_concurrently(std::mem::take(&mut run), mem, &mut used);
+                        self.run_concurrently(vec![(i, req)], mem, &mut used);
+                    } else {
+                        run.push((i, req));
+                    }
+                }
+                Err(len) => used[i] = len,
+            }
+        }
+        self.run_concurrently(run, mem, &mut used);
+        used
+    }
+
+    /// Runs `requests` and waits for all of them: a lone one here, more on
+    /// the I/O threads.
+    fn run_concurrently(
+        &mut self,
+        requests: Vec<(usize, Request)>,
+        mem: &GuestMemoryMmap,
+        used: &mut [u32],
+    ) {
+        if requests.len() > 1 {
+            let bounce = &mut self.bounce;
+            self.workers
+                .run(requests, &self.executor, mem, used, bounce);
+            return;
+        }
+        for (i, req) in requests {
+            used[i] = self.executor.run(&req, mem, &mut self.bounce);
+        }
+    }
+}
+
+/// A bounce buffer of [`CHUNK`] bytes. Zeroed allocation: pages become
+/// resident only when used.
+fn new_bounce_buffer() -> Vec<u8> {
+    vec![0; CHUNK]
+}
+
+impl Executor {
+    /// Runs one request; returns the used length (data and status bytes
+    /// written into the chain).
+    fn run(&self, req: &Request, mem: &GuestMemoryMmap, bounce: &mut [u8]) -> u32 {
+        let (status, written) = self.execute(req, mem, bounce);
         write_status(mem, req.status, status, written)
     }
 
     /// Returns the status and the data bytes written into guest memory.
-    fn execute(&mut self, req: &Request, mem: &GuestMemoryMmap) -> (u8, u32) {
+    fn execute(&self, req: &Request, mem: &GuestMemoryMmap, bounce: &mut [u8]) -> (u8, u32) {
         let result = match &req.kind {
-            RequestKind::Read { sector, data } => self.read(*sector, data, mem),
-            RequestKind::Write { sector, data } => self.write(*sector, data, mem).map(|()| 0),
+            RequestKind::Read { sector, data } => self.read(*sector, data, mem, bounce),
+            RequestKind::Write { sector, data } => {
+                self.write(*sector, data, mem, bounce).map(|()| 0)
+            }
             RequestKind::Flush => self.disk.flush().map(|()| 0).map_err(|e| (e, 0)),
             RequestKind::GetId { data } => Ok(write_buffers(mem, data, &self.serial)),
             RequestKind::Discard { segments } => {
@@ -156,10 +256,11 @@ impl Block {
 
     /// Disk to guest, chunk by chunk. On error, the bytes already copied.
     fn read(
-        &mut self,
+        &self,
         sector: u64,
         data: &[Buffer],
         mem: &GuestMemoryMmap,
+        bounce: &mut [u8],
     ) -> Result<u32, (DiskError, u32)> {
         let mut offset = sector * SECTOR_SIZE;
         let mut written: u32 = 0;
@@ -168,11 +269,11 @@ impl Block {
             while done < b.len {
                 let n = ((b.len - done) as usize).min(CHUNK);
                 self.disk
-                    .read_at(&mut self.bounce[..n], offset)
+                    .read_at(&mut bounce[..n], offset)
                     .map_err(|e| (e, written))?;
                 // Inside a buffer the chain check proved does not wrap.
                 let to = b.addr.unchecked_add(u64::from(done));
-                mem.write_slice(&self.bounce[..n], to)
+                mem.write_slice(&bounce[..n], to)
                     .map_err(|e| (DiskError::Io(std::io::Error::other(e)), written))?;
                 // n <= CHUNK fits in a u32; sums are bounded by the chain's
                 // total length, which virtio-queue keeps within a u32.
@@ -186,10 +287,11 @@ impl Block {
 
     /// Guest to disk, chunk by chunk.
     fn write(
-        &mut self,
+        &self,
         sector: u64,
         data: &[Buffer],
         mem: &GuestMemoryMmap,
+        bounce: &mut [u8],
     ) -> Result<(), (DiskError, u32)> {
         let mut offset = sector * SECTOR_SIZE;
         for b in data {
@@ -198,10 +300,10 @@ impl Block {
                 let n = ((b.len - done) as usize).min(CHUNK);
                 // Inside a buffer the chain check proved does not wrap.
                 let from = b.addr.unchecked_add(u64::from(done));
-                mem.read_slice(&mut self.bounce[..n], from)
+                mem.read_slice(&mut bounce[..n], from)
                     .map_err(|e| (DiskError::Io(std::io::Error::other(e)), 0))?;
                 self.disk
-                    .write_at(&self.bounce[..n], offset)
+                    .write_at(&bounce[..n], offset)
                     .map_err(|e| (e, 0))?;
                 done += n as u32;
                 offset += n as u64;
@@ -211,15 +313,15 @@ impl Block {
     }
 
     fn for_each_segment(
-        &mut self,
+        &self,
         segments: &[Segment],
-        mut op: impl FnMut(&mut dyn DiskBackend, u64, u64, bool) -> Result<(), DiskError>,
+        mut op: impl FnMut(&dyn SharedDisk, u64, u64, bool) -> Result<(), DiskError>,
     ) -> Result<u32, (DiskError, u32)> {
         for s in segments {
             // Bounds-checked against the capacity in `request`, so the
             // products cannot overflow.
             op(
-                self.disk.as_mut(),
+                self.disk.as_ref(),
                 s.sector * SECTOR_SIZE,
                 u64::from(s.sectors) * SECTOR_SIZE,
                 s.unmap,
@@ -320,19 +422,16 @@ impl VirtioDevice for Block {
     }
 
     fn reset(&mut self) {
+        // No request is in flight between notifications; the idle I/O
+        // threads go too.
         self.requests.reset();
+        self.workers.stop();
     }
 
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
         // The queue is taken out while its chains are handled with `self`.
         let mut requests = std::mem::take(&mut self.requests);
-        let result = requests.process(index, |chain, mem| match chain {
-            Ok(chain) => self.handle_chain(chain, mem),
-            Err(e) => {
-                guest_warn!(self.log, "virtio-blk: bad descriptor chain: {e}");
-                0
-            }
-        });
+        let result = requests.process_batch(index, |chains, mem| self.handle_batch(chains, mem));
         self.requests = requests;
         result
     }

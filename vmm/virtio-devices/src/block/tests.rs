@@ -62,6 +62,11 @@ impl<'a> Harness<'a> {
     fn new(mem: &'a GuestMemoryMmap, disk: MemDisk, options: BlockOptions) -> Self {
         let disk = Arc::new(Mutex::new(disk));
         let dev = Block::new(Box::new(SharedDisk(disk.clone())), options);
+        Self::with_device(mem, dev, disk)
+    }
+
+    /// `disk` is what `disk_bytes` shows (the device's disk, or any).
+    fn with_device(mem: &'a GuestMemoryMmap, dev: Block, disk: Arc<Mutex<MemDisk>>) -> Self {
         let mut mmio = MmioDriver::new(Box::new(dev), mem);
         let queue = GuestDriver::new(mem, 16);
         mmio.bring_up(0, &[&queue]);
@@ -112,6 +117,42 @@ impl<'a> Harness<'a> {
         descs.extend_from_slice(data);
         descs.push(Desc::write(STATUS, 1));
         self.submit(&descs)
+    }
+
+    /// Puts every request (type, sector, data descriptors) on the ring,
+    /// notifies once, and returns each one's (status byte, used length).
+    /// Request `i` has its header at `HDR + 16 i` and status at `STATUS + i`.
+    fn submit_batch(&mut self, requests: &[(u32, u64, Vec<Desc>)]) -> Vec<(u8, u32)> {
+        let mut heads = Vec::new();
+        for (i, (request_type, sector, data)) in requests.iter().enumerate() {
+            let hdr = HDR + 16 * i as u64;
+            let status = STATUS + i as u64;
+            let mut h = [0u8; 16];
+            h[0..4].copy_from_slice(&request_type.to_le_bytes());
+            h[8..16].copy_from_slice(&sector.to_le_bytes());
+            self.mem.write_slice(&h, GuestAddress(hdr)).unwrap();
+            self.mem.write_obj(UNTOUCHED, GuestAddress(status)).unwrap();
+            let mut descs = vec![Desc::read(hdr, 16)];
+            descs.extend_from_slice(data);
+            descs.push(Desc::write(status, 1));
+            heads.push(self.queue.add_chain(&descs));
+        }
+        self.mmio.notify(0);
+        let n = requests.len() as u16;
+        assert_eq!(
+            self.queue.used_idx(),
+            self.used_seen.wrapping_add(n),
+            "the device must return every chain of the batch"
+        );
+        let mut result = vec![(0u8, 0u32); requests.len()];
+        for k in 0..n {
+            let (id, len) = self.queue.used_elem(self.used_seen.wrapping_add(k));
+            let i = heads.iter().position(|&h| u32::from(h) == id).unwrap();
+            let status = self.mem.read_obj(GuestAddress(STATUS + i as u64)).unwrap();
+            result[i] = (status, len);
+        }
+        self.used_seen = self.used_seen.wrapping_add(n);
+        result
     }
 
     fn disk_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
@@ -834,4 +875,191 @@ fn fuzz_entry_points_survive_random_bytes() {
         }
         crate::fuzz::mmio_registers(&data);
     }
+}
+
+/// A disk that records when each operation starts and ends, and whose
+/// reads can wait until a number of them are inside at once.
+struct ProbeDisk {
+    bytes: Mutex<Vec<u8>>,
+    events: Mutex<Vec<String>>,
+    /// Reads wait (up to a timeout) until this many are in progress.
+    rendezvous: usize,
+    arrivals: Mutex<usize>,
+    arrived: std::sync::Condvar,
+}
+
+impl ProbeDisk {
+    fn new(rendezvous: usize) -> ProbeDisk {
+        ProbeDisk {
+            bytes: Mutex::new(vec![0; DISK_SIZE]),
+            events: Mutex::new(Vec::new()),
+            rendezvous,
+            arrivals: Mutex::new(0),
+            arrived: std::sync::Condvar::new(),
+        }
+    }
+
+    fn log(&self, event: String) {
+        self.events.lock().unwrap().push(event);
+    }
+
+    fn position(&self, event: &str) -> usize {
+        let events = self.events.lock().unwrap();
+        events
+            .iter()
+            .position(|e| e == event)
+            .unwrap_or_else(|| panic!("no event {event:?} in {events:?}"))
+    }
+}
+
+impl ::block::SharedDisk for ProbeDisk {
+    fn size(&self) -> u64 {
+        DISK_SIZE as u64
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> ::block::DiskResult<()> {
+        self.log(format!("read {offset} start"));
+        // Reads meet in groups of `rendezvous`: each waits for the rest of
+        // its group to arrive.
+        let mut arrivals = self.arrivals.lock().unwrap();
+        *arrivals += 1;
+        let group_end = arrivals.div_ceil(self.rendezvous.max(1)) * self.rendezvous;
+        self.arrived.notify_all();
+        let (arrivals, timeout) = self
+            .arrived
+            .wait_timeout_while(arrivals, std::time::Duration::from_millis(500), |n| {
+                *n < group_end
+            })
+            .unwrap();
+        drop(arrivals);
+        if timeout.timed_out() {
+            return Err(DiskError::Io(std::io::Error::other(
+                "reads did not overlap",
+            )));
+        }
+        let start = offset as usize;
+        buf.copy_from_slice(&self.bytes.lock().unwrap()[start..start + buf.len()]);
+        self.log(format!("read {offset} end"));
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> ::block::DiskResult<()> {
+        self.log(format!("write {offset} start"));
+        // Long enough for a request run out of turn to start meanwhile.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let start = offset as usize;
+        self.bytes.lock().unwrap()[start..start + buf.len()].copy_from_slice(buf);
+        self.log(format!("write {offset} end"));
+        Ok(())
+    }
+    fn flush(&self) -> ::block::DiskResult<()> {
+        self.log("flush start".into());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        self.log("flush end".into());
+        Ok(())
+    }
+    fn discard(&self, _: u64, _: u64) -> ::block::DiskResult<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool) -> ::block::DiskResult<()> {
+        Ok(())
+    }
+}
+
+fn probe_harness(mem: &GuestMemoryMmap, disk: Arc<ProbeDisk>, io_threads: usize) -> Harness<'_> {
+    let options = BlockOptions {
+        io_threads,
+        ..BlockOptions::default()
+    };
+    let dev = Block::shared(disk, options);
+    Harness::with_device(mem, dev, Arc::new(Mutex::new(MemDisk::new(DISK_SIZE))))
+}
+
+fn four_reads() -> Vec<(u32, u64, Vec<Desc>)> {
+    (0..4u64)
+        .map(|i| {
+            (
+                VIRTIO_BLK_T_IN,
+                i * 8,
+                vec![Desc::write(DATA + i * 4096, 4096)],
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_requests_of_one_notification_are_on_the_disk_at_once() {
+    let mem = test_memory();
+    // Each read waits until all four are in progress: only concurrent
+    // execution lets them finish.
+    let mut h = probe_harness(&mem, Arc::new(ProbeDisk::new(4)), 4);
+    assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+    // Again, on the same threads.
+    assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+}
+
+#[test]
+fn without_io_threads_requests_run_one_after_the_other() {
+    // The converse of the test above: the probe sees no overlap.
+    let mem = test_memory();
+    let mut h = probe_harness(&mem, Arc::new(ProbeDisk::new(2)), 0);
+    // The first read waits in vain for the second, which only starts after.
+    let got = h.submit_batch(&four_reads()[..2]);
+    assert_eq!(got, vec![(IOERR, 1), (OK, 4097)]);
+}
+
+#[test]
+fn a_flush_waits_for_the_requests_before_it_and_holds_back_the_ones_after() {
+    let mem = test_memory();
+    let disk = Arc::new(ProbeDisk::new(0));
+    let mut h = probe_harness(&mem, disk.clone(), 4);
+    h.fill_guest(DATA, 512, 0x11);
+    h.fill_guest(DATA + 4096, 512, 0x22);
+    h.fill_guest(DATA + 8192, 512, 0x33);
+    let got = h.submit_batch(&[
+        (VIRTIO_BLK_T_OUT, 0, vec![Desc::read(DATA, 512)]),
+        (VIRTIO_BLK_T_OUT, 8, vec![Desc::read(DATA + 4096, 512)]),
+        (VIRTIO_BLK_T_FLUSH, 0, vec![]),
+        (VIRTIO_BLK_T_OUT, 16, vec![Desc::read(DATA + 8192, 512)]),
+        (VIRTIO_BLK_T_IN, 0, vec![Desc::write(DATA + 12288, 512)]),
+    ]);
+    assert_eq!(got, vec![(OK, 1), (OK, 1), (OK, 1), (OK, 1), (OK, 513)]);
+    let flush_start = disk.position("flush start");
+    let flush_end = disk.position("flush end");
+    assert!(disk.position("write 0 end") < flush_start);
+    assert!(disk.position("write 4096 end") < flush_start);
+    assert!(disk.position("write 8192 start") > flush_end);
+    assert!(disk.position("read 0 start") > flush_end);
+    // The read after the flush sees the write before it.
+    assert_eq!(h.guest_bytes(DATA + 12288, 512), vec![0x11; 512]);
+}
+
+#[test]
+fn a_batch_answers_every_request_in_its_own_chain() {
+    let mem = test_memory();
+    let mut h = Harness::writable(&mem);
+    h.fill_guest(DATA + 4096, 512, 0x5a);
+    let got = h.submit_batch(&[
+        (VIRTIO_BLK_T_IN, 3, vec![Desc::write(DATA, 1024)]),
+        // Unknown request type: refused before it runs.
+        (0xff, 0, vec![Desc::read(DATA + 2048, 512)]),
+        (VIRTIO_BLK_T_OUT, 9, vec![Desc::read(DATA + 4096, 512)]),
+        // Past the end of the disk.
+        (
+            VIRTIO_BLK_T_IN,
+            DISK_SECTORS,
+            vec![Desc::write(DATA + 8192, 512)],
+        ),
+        (VIRTIO_BLK_T_GET_ID, 0, vec![Desc::write(DATA + 12288, 20)]),
+    ]);
+    assert_eq!(got[0], (OK, 1025));
+    assert_eq!(got[1].0, UNSUPP);
+    assert_eq!(got[2], (OK, 1));
+    assert_eq!(got[3].0, IOERR);
+    assert_eq!(got[4].0, OK);
+    let mut expect = vec![3u8; 512];
+    expect.extend(vec![4u8; 512]);
+    assert_eq!(h.guest_bytes(DATA, 1024), expect);
+    assert_eq!(h.disk_bytes(9 * 512, 512), vec![0x5a; 512]);
 }

@@ -1,0 +1,145 @@
+//! The I/O threads of a virtio-blk device: they run the requests of one
+//! batch concurrently, and the notifying thread waits until all are done.
+//!
+//! Started on the first batch of more than one request (a guest that sends
+//! one request at a time never gets them) and stopped at reset. Each thread
+//! has its own bounce buffer. A request that cannot be handed to a thread
+//! (none could be started, or all died) runs on the notifying thread.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use vm_memory::GuestMemoryMmap;
+
+use super::request::Request;
+use super::{Executor, new_bounce_buffer};
+
+/// A request to run; it gets the running thread's bounce buffer.
+type Job = Box<dyn FnOnce(&mut [u8]) + Send>;
+
+struct Pool {
+    jobs: mpsc::Sender<Job>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+pub(super) struct IoWorkers {
+    threads: usize,
+    pool: Option<Pool>,
+}
+
+impl IoWorkers {
+    pub(super) fn new(threads: usize) -> IoWorkers {
+        IoWorkers {
+            threads,
+            pool: None,
+        }
+    }
+
+    /// Runs `requests` (request, its place in the batch) and returns when
+    /// all are done, with each used length in `used`. `bounce` serves the
+    /// ones run on this thread.
+    pub(super) fn run(
+        &mut self,
+        requests: Vec<(usize, Request)>,
+        executor: &Arc<Executor>,
+        mem: &GuestMemoryMmap,
+        used: &mut [u32],
+        bounce: &mut [u8],
+    ) {
+        let (done_tx, done_rx) = mpsc::channel();
+        for (i, req) in requests {
+            let job: Job = Box::new({
+                let executor = executor.clone();
+                let mem = mem.clone();
+                let done = done_tx.clone();
+                move |bounce| {
+                    let used_len = executor.run(&req, &mem, bounce);
+                    // The batch waits for every sender to go: no error.
+                    let _ = done.send((i, used_len));
+                }
+            });
+            let refused = match self.pool() {
+                Some(pool) => pool.jobs.send(job).err().map(|e| e.0),
+                None => Some(job),
+            };
+            if let Some(job) = refused {
+                job(bounce);
+            }
+        }
+        drop(done_tx);
+        // Ends when every job has reported or been dropped (a request that
+        // panicked keeps used length 0: no status, the guest sees an error).
+        for (i, used_len) in done_rx {
+            used[i] = used_len;
+        }
+    }
+
+    /// The running pool, started on first use.
+    fn pool(&mut self) -> Option<&Pool> {
+        if self.pool.is_none() && self.threads > 0 {
+            self.pool = start(self.threads);
+        }
+        self.pool.as_ref()
+    }
+
+    /// Stops the threads (none is busy: batches finish before they return).
+    pub(super) fn stop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            drop(pool.jobs);
+            for t in pool.threads {
+                if t.join().is_err() {
+                    tracing::error!("virtio-blk: an I/O thread panicked");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for IoWorkers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn start(threads: usize) -> Option<Pool> {
+    let (jobs, rx) = mpsc::channel::<Job>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut handles = Vec::with_capacity(threads);
+    for n in 0..threads {
+        let rx = rx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("virtio-blk-io{n}"))
+            .spawn(move || worker(&rx));
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                tracing::warn!("virtio-blk: cannot start I/O thread {n}: {e}");
+                break;
+            }
+        }
+    }
+    if handles.is_empty() {
+        return None;
+    }
+    Some(Pool {
+        jobs,
+        threads: handles,
+    })
+}
+
+fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
+    let mut bounce = new_bounce_buffer();
+    loop {
+        // The lock is held only while waiting for the next job.
+        let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(job) => job,
+            Err(mpsc::RecvError) => return, // the device stopped the pool
+        };
+        // A panic is a bug in a request's path; the thread stays for the
+        // next ones.
+        if std::panic::catch_unwind(AssertUnwindSafe(|| job(&mut bounce))).is_err() {
+            tracing::error!("virtio-blk: a request panicked");
+        }
+    }
+}
