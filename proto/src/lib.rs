@@ -9,6 +9,7 @@
 //!   (Go field names as keys).
 //! - [`crd`]: CustomResourceDefinitions generated from the types.
 //! - [`wire`]: a canonical listing of the compiled protos, for contract tests.
+//! - [`unix`]: unix socket paths of any length and gRPC channels over them.
 //!
 //! Unknown JSON fields are kept everywhere (`extra` maps), so a component that
 //! reads, changes and writes back an object never erases what it does not know.
@@ -17,4 +18,5 @@ pub mod crd;
 pub mod domain;
 pub mod grpc;
 pub mod kubevirt;
+pub mod unix;
 pub mod wire;

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use proto::domain::Domain;
 use proto::grpc::cmd::info::CmdInfoRequest;
 use proto::grpc::cmd::info::cmd_info_client::CmdInfoClient;
@@ -16,7 +15,7 @@ use proto::grpc::cmd::v1::{
     self as cmdv1, EmptyRequest, Response, VirtualMachineOptions, Vmi, VmiRequest,
 };
 use proto::kubevirt::VirtualMachineInstance;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// The cmd versions this handler speaks (`supportedCmdVersions`).
@@ -156,32 +155,14 @@ pub struct LauncherClient {
     version: u32,
 }
 
-/// Opens a tonic channel over a unix socket (the URI is a placeholder; the connector
-/// ignores it, and `:authority` is `localhost` as in `grpc.WithAuthority`).
+/// Opens a tonic channel over a unix socket (see [`proto::unix::channel`]).
 pub async fn unix_channel(path: &Path, timeout: Duration) -> Result<Channel, CmdError> {
-    let connect_error = |reason: String| CmdError::Connect {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let endpoint = Endpoint::try_from("http://localhost")
-        .map_err(|e| connect_error(e.to_string()))?
-        .connect_timeout(timeout);
-    let socket = path.to_path_buf();
-    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
-        async move {
-            let stream = super::socket::connect_async(&socket).await?;
-            Ok::<_, std::io::Error>(TokioIo::new(stream))
-        }
-    }));
-    match tokio::time::timeout(timeout, connect).await {
-        Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(e)) => Err(connect_error(format!(
-            "{e}: {:?}",
-            std::error::Error::source(&e)
-        ))),
-        Err(_) => Err(connect_error(format!("timed out after {timeout:?}"))),
-    }
+    proto::unix::channel(path, timeout)
+        .await
+        .map_err(|e| CmdError::Connect {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
 }
 
 fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {

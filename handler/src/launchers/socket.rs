@@ -1,10 +1,10 @@
 //! Where a launcher's sockets are and who is listening on them (contract §3.1).
 
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use proto::kubevirt::VirtualMachineInstance;
+pub use proto::unix::{SocketPath, connect, connect_async};
 
 /// The cmd socket once the launcher is ready (`StandardLauncherSocketFileName`).
 pub const LAUNCHER_SOCK: &str = "launcher-sock";
@@ -98,62 +98,6 @@ pub fn find_socket(
         1 => Ok(found.into_iter().next().expect("length checked above")),
         n => Err(FindSocketError::Ambiguous(n)),
     }
-}
-
-/// Longest path a `sockaddr_un` holds (with its NUL).
-const SUN_PATH_MAX: usize = 107;
-
-/// A unix socket path short enough for `connect`/`bind`. Kubelet paths with a state
-/// directory in front can exceed the 108 bytes of `sockaddr_un`: then the socket's
-/// directory is opened (`O_PATH`) and reached as `/proc/self/fd/<n>/<name>`, valid while
-/// this value lives.
-pub struct SocketPath {
-    path: PathBuf,
-    _dir: Option<std::fs::File>,
-}
-
-impl SocketPath {
-    pub fn new(path: &Path) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::OpenOptionsExt;
-        if path.as_os_str().len() <= SUN_PATH_MAX {
-            return Ok(SocketPath {
-                path: path.to_path_buf(),
-                _dir: None,
-            });
-        }
-        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-            return Err(std::io::Error::other(format!(
-                "socket path {} has no directory",
-                path.display()
-            )));
-        };
-        let dir = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-            .open(dir)?;
-        let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
-        Ok(SocketPath {
-            path: short,
-            _dir: Some(dir),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-/// `UnixStream::connect` for paths of any length.
-pub fn connect(path: &Path) -> std::io::Result<UnixStream> {
-    let short = SocketPath::new(path)?;
-    UnixStream::connect(short.path())
-}
-
-/// Async connect for paths of any length.
-pub async fn connect_async(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
-    let short = SocketPath::new(path)?;
-    tokio::net::UnixStream::connect(short.path()).await
 }
 
 /// The PID of the process listening on a unix socket, through `SO_PEERCRED` of a

@@ -400,24 +400,12 @@ pub async fn serve(
 /// A client for the cmd service over a unix socket (self-check, tests).
 pub async fn connect(
     socket: &std::path::Path,
-) -> Result<cmd::cmd_client::CmdClient<tonic::transport::Channel>, tonic::transport::Error> {
+) -> std::io::Result<cmd::cmd_client::CmdClient<tonic::transport::Channel>> {
     let channel = unix_channel(socket).await?;
     Ok(cmd::cmd_client::CmdClient::new(channel))
 }
 
-/// A gRPC channel to a unix socket (the URI is a placeholder; the connector dials the socket).
-pub async fn unix_channel(
-    socket: &std::path::Path,
-) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let socket = socket.to_path_buf();
-    tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_timeout(std::time::Duration::from_secs(2))
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
+/// A gRPC channel to a unix socket (any path length; see [`proto::unix`]).
+pub async fn unix_channel(socket: &std::path::Path) -> std::io::Result<tonic::transport::Channel> {
+    proto::unix::channel(socket, std::time::Duration::from_secs(2)).await
 }
