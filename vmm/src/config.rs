@@ -31,6 +31,48 @@ pub struct DiskConfig {
     pub path: PathBuf,
     pub format: DiskFormat,
     pub read_only: bool,
+    pub cache: DiskCache,
+}
+
+/// Host caching of a disk, as KubeVirt's `disk.cache` (libvirt's driver
+/// cache attribute) names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DiskCache {
+    /// `O_DIRECT`: guest I/O bypasses the host page cache; guest flushes
+    /// still reach the disk.
+    None,
+    /// Page cache, and every write is flushed before the guest sees it
+    /// complete (the guest's own flushes change nothing).
+    WriteThrough,
+    /// Page cache; data is durable when the guest flushes.
+    #[default]
+    WriteBack,
+}
+
+impl DiskCache {
+    /// The KubeVirt / libvirt name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskCache::None => "none",
+            DiskCache::WriteThrough => "writethrough",
+            DiskCache::WriteBack => "writeback",
+        }
+    }
+}
+
+impl std::str::FromStr for DiskCache {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(DiskCache::None),
+            "writethrough" => Ok(DiskCache::WriteThrough),
+            "writeback" => Ok(DiskCache::WriteBack),
+            other => Err(format!(
+                "unknown cache mode {other:?} (none, writethrough or writeback)"
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -22,7 +22,7 @@ pub mod timing;
 pub mod vm;
 
 pub use config::{
-    ApStart, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+    ApStart, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

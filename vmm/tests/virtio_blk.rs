@@ -223,3 +223,55 @@ fn a_misbehaving_driver_gets_its_requests_back_and_the_device_keeps_working() {
     // Only the guest's own well-formed requests reached the disk.
     assert_guest_changes(&std::fs::read(&disk).unwrap(), 0x44);
 }
+
+#[test]
+fn every_cache_mode_gives_the_guest_the_same_disk() {
+    // cache=none reads and writes with O_DIRECT (a qcow2 overlay over a
+    // raw base: metadata, data and the backing file all direct);
+    // writethrough flushes every write. The guest must see no difference.
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    for cache in ["none", "writethrough", "writeback"] {
+        let raw = raw_disk(&dir, &format!("{cache}.raw"), 1 << 20, 0x55);
+        let base = raw_disk(&dir, &format!("{cache}-base.raw"), 1 << 20, 0x66);
+        let overlay = dir.path().join(format!("{cache}.qcow2"));
+        block::qcow2::create(
+            &overlay,
+            &block::qcow2::CreateOptions {
+                backing_file: Some(base.to_str().unwrap().to_string()),
+                backing_format: Some(block::Format::Raw),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let out = run_blk(
+            &kernel,
+            &[
+                format!("path={},format=raw,cache={cache}", raw.display()),
+                format!("path={},format=qcow2,cache={cache}", overlay.display()),
+            ],
+        );
+        for check in [
+            "virtio-blk-read",
+            "virtio-blk-batch",
+            "virtio-blk1-read",
+            "virtio-blk1-batch",
+        ] {
+            assert_pass(&out, check);
+        }
+        assert_guest_changes(&std::fs::read(&raw).unwrap(), 0x55);
+        let flat = dir.path().join(format!("{cache}-flat.raw"));
+        let converted = std::process::Command::new("qemu-img")
+            .args(["convert", "-f", "qcow2", "-O", "raw"])
+            .args([&overlay, &flat])
+            .output()
+            .expect("qemu-img is required for this test (Debian package qemu-utils)");
+        assert!(converted.status.success(), "cache={cache}: {converted:?}");
+        assert_guest_changes(&std::fs::read(&flat).unwrap(), 0x66);
+        assert_eq!(
+            std::fs::read(&base).unwrap(),
+            vec![0x66; 1 << 20],
+            "base untouched"
+        );
+    }
+}

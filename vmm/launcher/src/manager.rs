@@ -170,12 +170,23 @@ impl Manager {
         }
         ctx.kernel_boot = disks::kernel_boot(paths, vmi)?;
         let mut domain = converter::convert(vmi, &ctx)?;
-        let config = to_vm::vm_config(&domain)?;
+        // Refuses what the VMM cannot run before anything is created.
+        to_vm::vm_config(&domain)?;
 
         // Side effects only once the VMI is known to be runnable.
         for plan in &plans {
             disks::materialize(plan, vmi, paths, None)?;
         }
+        // The files exist now: decide each disk's cache mode (reported in
+        // the domain, as KubeVirt's domain XML does) and configure the VM
+        // with it.
+        if let Some(devices) = domain.spec.devices.as_mut() {
+            disks::cache_mode::set_driver_cache_modes(
+                &mut devices.disks,
+                disks::cache_mode::supports_direct_io,
+            )?;
+        }
+        let config = to_vm::vm_config(&domain)?;
         let private = paths.vmi_private_dir(&uid);
         std::fs::create_dir_all(&private)
             .map_err(|e| Failure(format!("{}: {e}", private.display())))?;

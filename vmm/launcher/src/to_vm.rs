@@ -3,7 +3,7 @@
 
 use proto::domain::Domain;
 use std::path::PathBuf;
-use vmm::{DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig};
+use vmm::{DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ToVmError {
@@ -11,6 +11,8 @@ pub enum ToVmError {
     Missing(&'static str),
     #[error("disk {0}: format {1:?} is not raw or qcow2")]
     DiskFormat(String, String),
+    #[error("disk {0}: {1}")]
+    DiskCache(String, String),
     #[error("interface {0}: MAC {1:?} is invalid")]
     Mac(String, String),
     #[error("{0} vCPUs is more than the VMM supports")]
@@ -62,10 +64,19 @@ pub fn vm_config(domain: &Domain) -> Result<VmConfig, ToVmError> {
         } else {
             &disk.source.file
         };
+        // Unset until the launcher has probed for direct I/O
+        // (`disks::cache_mode`); KubeVirt's first choice is `none`.
+        let cache = match disk.driver.as_ref().map(|d| d.cache.as_str()) {
+            None | Some("") => DiskCache::None,
+            Some(mode) => mode
+                .parse()
+                .map_err(|e| ToVmError::DiskCache(name.clone(), e))?,
+        };
         config.disks.push(DiskConfig {
             path: PathBuf::from(path),
             format,
             read_only: disk.read_only.is_some(),
+            cache,
         });
     }
     for iface in &devices.interfaces {

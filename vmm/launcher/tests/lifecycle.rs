@@ -105,6 +105,12 @@ async fn sync_pause_unpause_shutdown_delete() {
         value["Spec"]["Devices"]["Disks"][0]["Source"]["File"],
         overlay.to_string_lossy().as_ref()
     );
+    // No cache mode in the VMI: direct I/O works on the test's file
+    // system (ext4), so KubeVirt's rule picks `none`.
+    assert_eq!(
+        value["Spec"]["Devices"]["Disks"][0]["Driver"]["Cache"],
+        "none"
+    );
 
     // The guest ran its checks; the blk check wrote into the overlay only.
     let serial = pod.paths.serial_socket(UID);

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    ApStart, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig, parse_mac,
+    ApStart, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+    parse_mac,
 };
 
 #[derive(Debug, Parser)]
@@ -54,7 +55,9 @@ pub struct RunArgs {
     pub memory: u64,
     #[arg(long, default_value_t = 1)]
     pub vcpus: u8,
-    /// A virtio-blk disk: path=PATH,format=raw|qcow2[,readonly=on|off]. Repeatable.
+    /// A virtio-blk disk:
+    /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback].
+    /// Repeatable. cache defaults to writeback.
     #[arg(long, value_parser = parse_disk)]
     pub disk: Vec<DiskConfig>,
     /// A virtio-net device on an existing tap: tap=NAME[,mac=MAC]. Repeatable.
@@ -120,6 +123,7 @@ fn on_off(key: &str, value: &str) -> Result<bool, String> {
 
 pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
     let (mut path, mut format, mut read_only) = (None, None, false);
+    let mut cache = DiskCache::default();
     for (key, value) in pairs(text)? {
         match key {
             "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
@@ -131,6 +135,7 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
                 )
             }
             "readonly" => read_only = on_off(key, value)?,
+            "cache" => cache = value.parse()?,
             _ => return Err(format!("unknown or empty disk option {key:?}")),
         }
     }
@@ -139,6 +144,7 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
         // Never guessed from the file: a guest could have written any header.
         format: format.ok_or("a disk needs format=raw|qcow2 (it is never guessed)")?,
         read_only,
+        cache,
     })
 }
 
@@ -195,13 +201,26 @@ mod tests {
             (PathBuf::from("/a b"), DiskFormat::Qcow2, true)
         );
         assert!(!parse_disk("path=/x,format=raw").unwrap().read_only);
+        assert_eq!(
+            parse_disk("path=/x,format=raw").unwrap().cache,
+            DiskCache::WriteBack
+        );
+        for (text, cache) in [
+            ("none", DiskCache::None),
+            ("writethrough", DiskCache::WriteThrough),
+            ("writeback", DiskCache::WriteBack),
+        ] {
+            let d = parse_disk(&format!("path=/x,format=raw,cache={text}")).unwrap();
+            assert_eq!(d.cache, cache);
+        }
         for bad in [
             "path=/x",
             "format=raw",
             "path=/x,format=vmdk",
             "path=/x,format=raw,readonly=maybe",
             "path=,format=raw",
-            "path=/x,format=raw,cache=none",
+            "path=/x,format=raw,cache=unsafe",
+            "path=/x,format=raw,cache=",
             "junk",
         ] {
             assert!(parse_disk(bad).is_err(), "{bad}");

@@ -13,7 +13,7 @@ use virtio_devices::rng::Rng;
 use virtio_devices::{InterruptTrigger, MmioTransport, VirtioDevice};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use crate::config::VmConfig;
+use crate::config::{DiskCache, VmConfig};
 use crate::devices::bus::{Bus, BusDevice, lock};
 use crate::devices::irq::IrqLine;
 use crate::kvm::layout::{
@@ -76,10 +76,10 @@ fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error>
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     for (i, disk) in config.disks.iter().enumerate() {
         // Several requests of a batch in flight at once (see
-        // `virtio_devices::block`); page-cached I/O (cache=writeback).
+        // `virtio_devices::block`).
         let opts = block::OpenOptions {
             read_only: disk.read_only,
-            direct: false,
+            direct: disk.cache == DiskCache::None,
         };
         let backend =
             block::ConcurrentDisk::open(&disk.path, disk.format, opts).map_err(|source| {
@@ -90,6 +90,7 @@ fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error>
             })?;
         let options = BlockOptions {
             serial: format!("vmm-disk{i}"),
+            write_through: disk.cache == DiskCache::WriteThrough,
             ..BlockOptions::default()
         };
         devices.push(Box::new(Block::shared(Arc::new(backend), options)));

@@ -9,7 +9,7 @@ mod net;
 
 use std::time::Duration;
 
-use crate::config::{DiskConfig, DiskFormat, NetConfig, SerialTarget, VmConfig};
+use crate::config::{DiskCache, DiskConfig, DiskFormat, NetConfig, SerialTarget, VmConfig};
 use crate::devices::legacy::serial::SerialCapture;
 use crate::test_guest::{self, CheckResult};
 use crate::vm::Vm;
@@ -114,6 +114,7 @@ pub fn run(options: &Options) -> i32 {
         path: disk.clone(),
         format: DiskFormat::Raw,
         read_only: false,
+        cache: DiskCache::default(),
     });
     if net {
         config.nets.push(NetConfig {

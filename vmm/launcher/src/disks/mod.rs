@@ -5,6 +5,7 @@
 //! needs: qcow2 overlays over read-only bases, empty disks, the cloud-init
 //! ISO. It never touches a base image: container disks are only read.
 
+pub mod cache_mode;
 pub mod cloudinit;
 
 use crate::paths::Paths;

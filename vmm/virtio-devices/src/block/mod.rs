@@ -55,6 +55,9 @@ pub struct BlockOptions {
     pub discard: bool,
     /// Offer `VIRTIO_BLK_F_WRITE_ZEROES` (writable disks only).
     pub write_zeroes: bool,
+    /// Flush after every write and write-zeroes before completing it
+    /// (cache=writethrough): the guest never has unflushed data.
+    pub write_through: bool,
     /// Threads that run the requests of a batch concurrently (started on
     /// the first batch of more than one request); 0 runs every request on
     /// the notifying thread, one after the other.
@@ -67,6 +70,7 @@ impl Default for BlockOptions {
             serial: String::new(),
             discard: true,
             write_zeroes: true,
+            write_through: false,
             io_threads: DEFAULT_IO_THREADS,
         }
     }
@@ -92,6 +96,7 @@ pub struct Block {
 struct Executor {
     disk: Arc<dyn SharedDisk>,
     serial: [u8; 20],
+    write_through: bool,
 }
 
 impl Block {
@@ -130,6 +135,7 @@ impl Block {
             executor: Arc::new(Executor {
                 disk,
                 serial: request::device_id_bytes(&options.serial),
+                write_through: options.write_through,
             }),
             config: config_space(&limits),
             limits,
@@ -240,6 +246,16 @@ impl Executor {
                 .for_each_segment(segments, |disk, off, len, unmap| {
                     disk.write_zeroes(off, len, unmap)
                 }),
+        };
+        let writes = matches!(
+            req.kind,
+            RequestKind::Write { .. } | RequestKind::WriteZeroes { .. }
+        );
+        let result = match result {
+            Ok(written) if writes && self.write_through => {
+                self.disk.flush().map(|()| written).map_err(|e| (e, 0))
+            }
+            other => other,
         };
         match result {
             Ok(written) => (VIRTIO_BLK_S_OK as u8, written),

@@ -306,6 +306,41 @@ fn flush_reaches_the_disk() {
 }
 
 #[test]
+fn write_through_flushes_every_write_and_nothing_else() {
+    let mem = test_memory();
+    let options = BlockOptions {
+        write_through: true,
+        ..BlockOptions::default()
+    };
+    let mut h = Harness::new(&mem, MemDisk::new(DISK_SIZE), options);
+    let flushes = |h: &Harness| h.disk.lock().unwrap().flushes;
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_OUT, 0, &[Desc::read(DATA, 512)]).0,
+        OK
+    );
+    assert_eq!(flushes(&h), 1, "a write is flushed before it completes");
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_IN, 0, &[Desc::write(DATA, 512)]).0,
+        OK
+    );
+    assert_eq!(flushes(&h), 1, "a read is not");
+    let n = h.segments(&[(1, 1, 0)]);
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_WRITE_ZEROES, 0, &[Desc::read(DATA, n)])
+            .0,
+        OK
+    );
+    assert_eq!(flushes(&h), 2, "write-zeroes is a write");
+    // A refused write is not flushed.
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_OUT, DISK_SECTORS, &[Desc::read(DATA, 512)])
+            .0,
+        IOERR
+    );
+    assert_eq!(flushes(&h), 2);
+}
+
+#[test]
 fn flush_with_data_is_refused() {
     let mem = test_memory();
     let mut h = Harness::writable(&mem);
