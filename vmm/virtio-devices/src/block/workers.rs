@@ -1,9 +1,9 @@
 //! The I/O threads of a virtio-blk device: they run the requests of one
 //! batch concurrently, and the notifying thread waits until all are done.
 //!
-//! Started on the first batch of more than one request (a guest that sends
-//! one request at a time never gets them) and stopped at reset. Each thread
-//! has its own bounce buffer. A request that cannot be handed to a thread
+//! Started as batches need them, up to the configured number (a guest that
+//! sends one request at a time never gets any), and stopped at reset. Each
+//! thread has its own bounce buffer. A request that cannot be handed to a thread
 //! (none could be started, or all died) runs on the notifying thread.
 
 use std::panic::AssertUnwindSafe;
@@ -20,6 +20,8 @@ type Job = Box<dyn FnOnce(&mut [u8]) + Send>;
 
 struct Pool {
     jobs: mpsc::Sender<Job>,
+    /// Shared by the threads; kept to start more of them.
+    queue: Arc<Mutex<mpsc::Receiver<Job>>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -48,6 +50,7 @@ impl IoWorkers {
         bounce: &mut [u8],
     ) {
         let (done_tx, done_rx) = mpsc::channel();
+        self.grow(requests.len());
         for (i, req) in requests {
             let job: Job = Box::new({
                 let executor = executor.clone();
@@ -59,7 +62,7 @@ impl IoWorkers {
                     let _ = done.send((i, used_len));
                 }
             });
-            let refused = match self.pool() {
+            let refused = match &self.pool {
                 Some(pool) => pool.jobs.send(job).err().map(|e| e.0),
                 None => Some(job),
             };
@@ -75,12 +78,41 @@ impl IoWorkers {
         }
     }
 
-    /// The running pool, started on first use.
-    fn pool(&mut self) -> Option<&Pool> {
-        if self.pool.is_none() && self.threads > 0 {
-            self.pool = start(self.threads);
+    /// Starts threads until there are `wanted` (at most the configured
+    /// number).
+    fn grow(&mut self, wanted: usize) {
+        let wanted = wanted.min(self.threads);
+        let pool = match &mut self.pool {
+            Some(pool) => pool,
+            None if wanted > 0 => {
+                let (jobs, queue) = mpsc::channel::<Job>();
+                self.pool.insert(Pool {
+                    jobs,
+                    queue: Arc::new(Mutex::new(queue)),
+                    threads: Vec::new(),
+                })
+            }
+            None => return,
+        };
+        while pool.threads.len() < wanted {
+            let n = pool.threads.len();
+            let queue = pool.queue.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("virtio-blk-io{n}"))
+                .spawn(move || worker(&queue));
+            match spawned {
+                Ok(h) => pool.threads.push(h),
+                Err(e) => {
+                    // Fewer threads (or none: requests then run on the
+                    // notifying thread, see `run`).
+                    tracing::warn!("virtio-blk: cannot start I/O thread {n}: {e}");
+                    break;
+                }
+            }
         }
-        self.pool.as_ref()
+        if pool.threads.is_empty() {
+            self.pool = None;
+        }
     }
 
     /// Stops the threads (none is busy: batches finish before they return).
@@ -100,32 +132,6 @@ impl Drop for IoWorkers {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn start(threads: usize) -> Option<Pool> {
-    let (jobs, rx) = mpsc::channel::<Job>();
-    let rx = Arc::new(Mutex::new(rx));
-    let mut handles = Vec::with_capacity(threads);
-    for n in 0..threads {
-        let rx = rx.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("virtio-blk-io{n}"))
-            .spawn(move || worker(&rx));
-        match spawned {
-            Ok(h) => handles.push(h),
-            Err(e) => {
-                tracing::warn!("virtio-blk: cannot start I/O thread {n}: {e}");
-                break;
-            }
-        }
-    }
-    if handles.is_empty() {
-        return None;
-    }
-    Some(Pool {
-        jobs,
-        threads: handles,
-    })
 }
 
 fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
