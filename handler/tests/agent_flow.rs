@@ -4,6 +4,9 @@
 //! ignores the shutdown request is killed once the grace period expires (VMI Failed), and
 //! a restarted agent rebuilds its state from the launcher without acting on the VM.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use proto::domain::{Domain, Empty, Features, GracePeriodMetadata, LifeCycle, StateChangeReason};
 use proto::grpc::cmd::info::cmd_info_server::{CmdInfo, CmdInfoServer};
 use proto::grpc::cmd::info::{CmdInfoRequest, CmdInfoResponse};
-use proto::grpc::cmd::v1::cmd_server::{Cmd, CmdServer};
+use proto::grpc::cmd::v1::cmd_server::CmdServer;
 use proto::grpc::cmd::v1::{self as cmdv1};
 use proto::grpc::notify::v1::DomainEventRequest;
 use proto::grpc::notify::v1::notify_client::NotifyClient;
@@ -124,10 +127,7 @@ fn ok() -> Response<cmdv1::Response> {
     })
 }
 
-macro_rules! fake_cmd {
-    ($($stub:ident($req:ident) -> $resp:ident;)*) => {
-        #[tonic::async_trait]
-        impl Cmd for FakeVm {
+impl_fake_cmd!(FakeVm {
             async fn sync_virtual_machine(
                 &self,
                 r: Request<cmdv1::VmiRequest>,
@@ -225,50 +225,7 @@ macro_rules! fake_cmd {
                     domain: domain.unwrap_or_default(),
                 }))
             }
-            $(
-                async fn $stub(
-                    &self,
-                    _r: Request<cmdv1::$req>,
-                ) -> Result<Response<cmdv1::$resp>, Status> {
-                    Err(Status::unimplemented(stringify!($stub)))
-                }
-            )*
-        }
-    };
-}
-
-fake_cmd! {
-    pause_virtual_machine(VmiRequest) -> Response;
-    unpause_virtual_machine(VmiRequest) -> Response;
-    freeze_virtual_machine(FreezeRequest) -> Response;
-    unfreeze_virtual_machine(VmiRequest) -> Response;
-    reset_virtual_machine(VmiRequest) -> Response;
-    soft_reboot_virtual_machine(VmiRequest) -> Response;
-    migrate_virtual_machine(MigrationRequest) -> Response;
-    sync_migration_target(VmiRequest) -> Response;
-    cancel_virtual_machine_migration(VmiRequest) -> Response;
-    signal_target_pod_cleanup(VmiRequest) -> Response;
-    finalize_virtual_machine_migration(VmiRequest) -> Response;
-    hotplug_host_devices(VmiRequest) -> Response;
-    get_domain_stats(EmptyRequest) -> DomainStatsResponse;
-    get_guest_info(EmptyRequest) -> GuestInfoResponse;
-    get_users(EmptyRequest) -> GuestUserListResponse;
-    get_filesystems(EmptyRequest) -> GuestFilesystemsResponse;
-    exec(ExecRequest) -> ExecResponse;
-    guest_ping(GuestPingRequest) -> GuestPingResponse;
-    virtual_machine_memory_dump(MemoryDumpRequest) -> Response;
-    get_qemu_version(EmptyRequest) -> QemuVersionResponse;
-    sync_virtual_machine_cp_us(VmiRequest) -> Response;
-    sync_virtual_machine_memory(VmiRequest) -> Response;
-    get_sev_info(EmptyRequest) -> SevInfoResponse;
-    get_launch_measurement(VmiRequest) -> LaunchMeasurementResponse;
-    inject_launch_secret(InjectLaunchSecretRequest) -> Response;
-    get_domain_dirty_rate_stats(EmptyRequest) -> DirtyRateStatsResponse;
-    get_screenshot(VmiRequest) -> ScreenshotResponse;
-    backup_virtual_machine(BackupRequest) -> Response;
-    redefine_checkpoint(RedefineCheckpointRequest) -> RedefineCheckpointResponse;
-    get_vm_stats(VmStatsRequest) -> VmStatsResponse;
-}
+});
 
 #[tonic::async_trait]
 impl CmdInfo for FakeVm {

@@ -2,6 +2,9 @@
 //! against a small in-test launcher (`Cmd` + `CmdInfo`), and the notify server (plus the
 //! notify pipe) against a real tonic client, checking the contract's error semantics.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,7 +17,7 @@ use handler::launchers::{CmdError, VmiCommand};
 use proto::domain::{Domain, LifeCycle};
 use proto::grpc::cmd::info::cmd_info_server::{CmdInfo, CmdInfoServer};
 use proto::grpc::cmd::info::{CmdInfoRequest, CmdInfoResponse};
-use proto::grpc::cmd::v1::cmd_server::{Cmd, CmdServer};
+use proto::grpc::cmd::v1::cmd_server::CmdServer;
 use proto::grpc::cmd::v1::{self as cmdv1};
 use proto::grpc::notify::info::NotifyInfoRequest;
 use proto::grpc::notify::info::notify_info_client::NotifyInfoClient;
@@ -65,10 +68,7 @@ fn ok() -> cmdv1::Response {
     }
 }
 
-macro_rules! fake_cmd {
-    ($($stub:ident($req:ident) -> $resp:ident;)*) => {
-        #[tonic::async_trait]
-        impl Cmd for FakeLauncher {
+impl_fake_cmd!(FakeLauncher {
             async fn sync_virtual_machine(
                 &self,
                 r: Request<cmdv1::VmiRequest>,
@@ -120,50 +120,7 @@ macro_rules! fake_cmd {
                     domain: b.domain,
                 }))
             }
-            $(
-                async fn $stub(
-                    &self,
-                    _r: Request<cmdv1::$req>,
-                ) -> Result<Response<cmdv1::$resp>, Status> {
-                    Err(Status::unimplemented(stringify!($stub)))
-                }
-            )*
-        }
-    };
-}
-
-fake_cmd! {
-    pause_virtual_machine(VmiRequest) -> Response;
-    unpause_virtual_machine(VmiRequest) -> Response;
-    freeze_virtual_machine(FreezeRequest) -> Response;
-    unfreeze_virtual_machine(VmiRequest) -> Response;
-    reset_virtual_machine(VmiRequest) -> Response;
-    soft_reboot_virtual_machine(VmiRequest) -> Response;
-    migrate_virtual_machine(MigrationRequest) -> Response;
-    sync_migration_target(VmiRequest) -> Response;
-    cancel_virtual_machine_migration(VmiRequest) -> Response;
-    signal_target_pod_cleanup(VmiRequest) -> Response;
-    finalize_virtual_machine_migration(VmiRequest) -> Response;
-    hotplug_host_devices(VmiRequest) -> Response;
-    get_domain_stats(EmptyRequest) -> DomainStatsResponse;
-    get_guest_info(EmptyRequest) -> GuestInfoResponse;
-    get_users(EmptyRequest) -> GuestUserListResponse;
-    get_filesystems(EmptyRequest) -> GuestFilesystemsResponse;
-    exec(ExecRequest) -> ExecResponse;
-    guest_ping(GuestPingRequest) -> GuestPingResponse;
-    virtual_machine_memory_dump(MemoryDumpRequest) -> Response;
-    get_qemu_version(EmptyRequest) -> QemuVersionResponse;
-    sync_virtual_machine_cp_us(VmiRequest) -> Response;
-    sync_virtual_machine_memory(VmiRequest) -> Response;
-    get_sev_info(EmptyRequest) -> SevInfoResponse;
-    get_launch_measurement(VmiRequest) -> LaunchMeasurementResponse;
-    inject_launch_secret(InjectLaunchSecretRequest) -> Response;
-    get_domain_dirty_rate_stats(EmptyRequest) -> DirtyRateStatsResponse;
-    get_screenshot(VmiRequest) -> ScreenshotResponse;
-    backup_virtual_machine(BackupRequest) -> Response;
-    redefine_checkpoint(RedefineCheckpointRequest) -> RedefineCheckpointResponse;
-    get_vm_stats(VmStatsRequest) -> VmStatsResponse;
-}
+});
 
 #[tonic::async_trait]
 impl CmdInfo for FakeLauncher {

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+#[macro_use]
+mod fake_cmd;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
