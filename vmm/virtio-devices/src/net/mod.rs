@@ -14,6 +14,8 @@
 //!   (Firecracker's CVE-2020-16843 was a receive path that stalled here).
 
 pub mod tap;
+#[cfg(any(test, feature = "test-tap"))]
+pub mod test_tap;
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};

@@ -1,0 +1,192 @@
+//! A tap in a private network namespace with a packet socket on its far
+//! end: what the virtio-net tests here and the VMM's end-to-end network
+//! tests use (`features = ["test-tap"]`). Needs root; fails, never skips,
+//! without it.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// IEEE 802 local experimental ethertype: nothing else on the tap uses it.
+/// The test guest sends and expects it too.
+pub const TEST_ETHERTYPE: u16 = 0x88b5;
+
+/// A frame from `src` to `dst` with the test ethertype.
+pub fn frame(src: [u8; 6], dst: [u8; 6], payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&TEST_ETHERTYPE.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "virtio-net tests need root: they create tap devices in private network namespaces"
+    );
+}
+
+/// Runs `f` on a thread of its own inside a new network namespace (only
+/// that thread moves; the namespace goes away with its last user).
+pub fn in_new_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    require_root();
+    std::thread::spawn(move || {
+        // SAFETY: unshare affects only the calling thread's namespaces.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        );
+        // No IPv6 autoconfiguration chatter on the tap (router
+        // solicitations would show up as received frames). /proc/sys/net
+        // follows the calling thread's namespace.
+        for knob in ["all", "default"] {
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1");
+        }
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// An `ifreq` naming interface `name`, for the tap and interface ioctls.
+pub fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    ifr
+}
+
+/// Creates persistent tap `name` and sets it up, as netsetup leaves a tap
+/// for the launcher.
+pub fn create_tap(name: &str) {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .expect("open /dev/net/tun");
+    let mut ifr = ifreq(name);
+    ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: valid fd and ifreq for the duration of the calls.
+    unsafe {
+        assert_eq!(
+            libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut ifr),
+            0,
+            "TUNSETIFF"
+        );
+        assert_eq!(
+            libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong),
+            0
+        );
+    }
+    drop(tun);
+    // SAFETY: a plain datagram socket for interface ioctls.
+    let sock = unsafe { OwnedFd::from_raw_fd(libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)) };
+    let mut ifr = ifreq(name);
+    // SAFETY: valid fd and ifreq.
+    unsafe {
+        assert_eq!(
+            libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr),
+            0
+        );
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        assert_eq!(
+            libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr),
+            0
+        );
+    }
+}
+
+/// An AF_PACKET socket on the tap: the far end of the wire.
+pub struct Wire {
+    fd: OwnedFd,
+}
+
+impl Wire {
+    pub fn bind(name: &str) -> Wire {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: creating a socket.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        assert!(raw >= 0, "packet socket: {}", io::Error::last_os_error());
+        // SAFETY: raw is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let cname = std::ffi::CString::new(name).unwrap();
+        // SAFETY: valid C string.
+        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        assert_ne!(index, 0, "no interface {name}");
+        // SAFETY: sockaddr_ll is plain old data.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = index as i32;
+        // SAFETY: addr is a valid sockaddr_ll of the given size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "bind: {}", io::Error::last_os_error());
+        Wire { fd }
+    }
+
+    pub fn send(&self, frame: &[u8]) {
+        // SAFETY: sends frame.len() bytes from frame.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "send: {}",
+            io::Error::last_os_error()
+        );
+    }
+
+    /// Next incoming frame with our ethertype, sent by the tap's reader (the
+    /// guest), within `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 70000];
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32 + 1) } <= 0 {
+                continue;
+            }
+            // SAFETY: sockaddr_ll is plain old data.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            // SAFETY: buffers valid for the sizes given.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                    (&mut from as *mut libc::sockaddr_ll).cast(),
+                    &mut from_len,
+                )
+            };
+            if n < 14 || from.sll_pkttype == libc::PACKET_OUTGOING {
+                continue;
+            }
+            let frame = &buf[..n as usize];
+            if frame[12..14] == TEST_ETHERTYPE.to_be_bytes() {
+                return Some(frame.to_vec());
+            }
+        }
+    }
+}
