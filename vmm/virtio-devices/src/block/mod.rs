@@ -100,8 +100,14 @@ struct Executor {
 }
 
 impl Block {
-    /// A device on a backend that serves one request at a time.
+    /// A device on a backend that serves one request at a time: requests
+    /// run on the notifying thread (`io_threads` is not used: threads
+    /// would only queue on the backend's lock).
     pub fn new(disk: Box<dyn DiskBackend>, options: BlockOptions) -> Block {
+        let options = BlockOptions {
+            io_threads: 0,
+            ..options
+        };
         Block::shared(Arc::new(SerializedDisk::new(disk)), options)
     }
 
