@@ -307,9 +307,7 @@ async fn start_vmi(
     ctx.writes.record(Write::VmiCreate);
     // The status is not part of a create when the CRD has a status subresource.
     let patch = json!({"status": {"virtualMachineRevisionName": revision}});
-    vmi_api
-        .patch_status(&vmi_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    proto::kubevirt::status_write::patch_vmi_status(vmi_api, &vmi_name, &patch).await?;
     ctx.writes.record(Write::VmiStatusPatch);
     tracing::info!(vm = %vm.name_any(), uid = ?created.metadata.uid, "started VM by creating a VMI");
     ctx.event(

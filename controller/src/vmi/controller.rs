@@ -130,9 +130,7 @@ pub async fn reconcile(
             "metadata": {"resourceVersion": current.resource_version()},
             "status": status,
         });
-        current = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        current = proto::kubevirt::status_write::patch_vmi_status(&api, &name, &patch).await?;
         ctx.writes.record(Write::VmiStatusPatch);
         ctx.wrote_vmi(&current);
     }

@@ -1,12 +1,12 @@
 //! Kubernetes mode: this node's VMIs through a kube-runtime watcher + reflector (label
 //! selector `kubevirt.io/nodeName=<node>`), status written as a JSON merge patch of the
-//! handler's fields to the status subresource, events through the Events API.
+//! handler's fields (to the status subresource, or to the VMI where the CRD has none, as
+//! KubeVirt v1.9.0's), events through the Events API.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -117,10 +117,7 @@ impl StatusWriter for KubeVmis {
             let name = vmi.metadata.name.as_deref().unwrap_or_default();
             let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), namespace);
             let patch = status_merge_patch(vmi.metadata.resource_version.as_deref(), status);
-            match api
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
+            match proto::kubevirt::status_write::patch_vmi_status(&api, name, &patch).await {
                 Ok(_) => Ok(()),
                 Err(kube::Error::Api(e)) if e.code == 409 => Err(StatusWriteError::Conflict),
                 Err(kube::Error::Api(e)) if e.code == 404 => Err(StatusWriteError::Gone),

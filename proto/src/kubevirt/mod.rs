@@ -6,6 +6,7 @@
 
 pub mod quantity;
 mod schema;
+pub mod status_write;
 pub mod vm;
 pub mod vmi;
 pub mod well_known;
