@@ -12,6 +12,8 @@ command -v objdump >/dev/null || need+=(binutils)           # test guest has no 
 command -v isoinfo >/dev/null || need+=(genisoimage)        # reading cloud-init ISOs in tests
 command -v xorriso >/dev/null || need+=(xorriso)            # reading cloud-init ISOs in tests
 command -v bsdtar >/dev/null || need+=(libarchive-tools)    # reading cloud-init ISOs in tests
+command -v setcap >/dev/null || PATH=$PATH:/usr/sbin command -v setcap >/dev/null \
+  || need+=(libcap2-bin)                                     # file capability of the monitor in tests
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

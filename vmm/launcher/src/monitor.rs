@@ -4,6 +4,13 @@
 //! reaps every child (as PID 1 it inherits orphans), forwards SIGTERM,
 //! SIGINT and SIGQUIT to the launcher as SIGTERM, and exits with the
 //! launcher's status after removing the container-disk sockets.
+//!
+//! The compute container runs as a non-root user with only
+//! `NET_BIND_SERVICE`; an exec by a non-root user would drop it. As in
+//! KubeVirt (the monitor binary carries the file capability, and
+//! `virt-launcher-monitor.go` starts the launcher with `AmbientCaps`), the
+//! monitor raises it as an ambient capability so that the launcher keeps
+//! it across the exec: its DHCP server binds port 67.
 
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -85,6 +92,7 @@ pub fn run(args: MonitorArgs) -> i32 {
         eprintln!("virt-launcher-monitor: cannot block signals: {e}");
         return 1;
     }
+    pass_on_net_bind_service();
     let binary = launcher_binary();
     let mut command = Command::new(&binary);
     command.args(&args.launcher_args);
@@ -133,6 +141,29 @@ pub fn run(args: MonitorArgs) -> i32 {
         let _ = handled.wait();
     }
     code
+}
+
+/// Raises `CAP_NET_BIND_SERVICE` as an ambient capability (inherited by the
+/// launcher across its exec) when this process is permitted to: the file
+/// capability of the monitor binary, or root. Without it the launcher runs
+/// without the capability, and its DHCP server reports the bind error.
+pub fn pass_on_net_bind_service() {
+    use caps::{CapSet, Capability};
+    let cap = Capability::CAP_NET_BIND_SERVICE;
+    match caps::has_cap(None, CapSet::Permitted, cap) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            eprintln!("virt-launcher-monitor: cannot read capabilities: {e}");
+            return;
+        }
+    }
+    // An ambient capability must be permitted and inheritable.
+    let raised = caps::raise(None, CapSet::Inheritable, cap)
+        .and_then(|()| caps::raise(None, CapSet::Ambient, cap));
+    if let Err(e) = raised {
+        eprintln!("virt-launcher-monitor: cannot pass NET_BIND_SERVICE to the launcher: {e}");
+    }
 }
 
 /// Reaps every exited child; returns the launcher's exit status once it is gone.
