@@ -31,7 +31,12 @@ fn run_monitor(file_cap: bool) -> Seen {
     std::fs::copy(env!("CARGO_BIN_EXE_virt-launcher-monitor"), &monitor).unwrap();
     std::fs::set_permissions(&monitor, std::fs::Permissions::from_mode(0o755)).unwrap();
     if file_cap {
-        let out = Command::new("setcap")
+        // Root's PATH usually has /usr/sbin; look there too.
+        let setcap = ["/usr/sbin/setcap", "/sbin/setcap"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("setcap");
+        let out = Command::new(setcap)
             .arg("cap_net_bind_service=+ep")
             .arg(&monitor)
             .output()
@@ -96,7 +101,7 @@ fn without_the_capability_the_launcher_still_starts_with_none() {
 #[test]
 fn the_fake_launcher_reads_real_status_lines() {
     // The parser against this process's own status, so a format change fails loudly.
-    let own = std::fs::read_to_string(Path::new("/proc/self/status")).unwrap();
+    let own = std::fs::read_to_string("/proc/self/status").unwrap();
     let seen = parse(&own);
     assert_ne!(seen.effective, 0, "the test runs as root");
 }
