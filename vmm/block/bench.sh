@@ -2,8 +2,9 @@
 # Side-by-side benchmark: our `img bench` against `qemu-img bench`, on the
 # same kind of files, in one run.
 #
-# Every case gets a fresh qcow2 overlay (64 KiB clusters) over a raw and over
-# a qcow2 base, for sequential and random ("-S" with a large odd stride, which
+# Every case gets a fresh qcow2 overlay (64 KiB clusters) over a raw base, a
+# qcow2 base and a compressed qcow2 base (`qemu-img convert -c` of base64
+# text, as container disk images often are), for sequential and random ("-S" with a large odd stride, which
 # qemu-img bench wraps around the disk) 4 KiB and 64 KiB reads and writes,
 # with cache=none (O_DIRECT) and cache=writeback.
 #
@@ -35,13 +36,19 @@ if [ ! -f base.raw ] || [ "$(stat -c %s base.raw)" -ne $((base_mb << 20)) ]; the
     head -c $((base_mb << 20)) /dev/urandom > base.raw
 fi
 [ -f base.qcow2 ] || "$qemu_img" convert -f raw -O qcow2 base.raw base.qcow2
+if [ ! -f base.qcow2c ]; then
+    # Compressible (about 3:4), unlike base.raw.
+    base64 -w 76 /dev/urandom | head -c $((base_mb << 20)) > text.raw
+    "$qemu_img" convert -c -f raw -O qcow2 text.raw base.qcow2c
+    rm -f text.raw
+fi
 
 size_bytes=$((base_mb << 20))
 # Run one tool on a fresh overlay; print the seconds it reports.
 run_case() { # tool base_fmt cache rw req_size stride count depth
     local tool=$1 bfmt=$2 cache=$3 rw=$4 rs=$5 stride=$6 count=$7 depth=$8
     rm -f ov.qcow2
-    "$qemu_img" create -q -f qcow2 -b "base.$bfmt" -F "$bfmt" ov.qcow2
+    "$qemu_img" create -q -f qcow2 -b "base.$bfmt" -F "${bfmt%c}" ov.qcow2
     sync
     local args=(bench -f qcow2 -t "$cache" -d "$depth" -c "$count" -s "$rs" -S "$stride")
     [ "$rw" = write ] && args+=(-w)
@@ -59,7 +66,7 @@ for depth in $depths; do
     header+=$(printf ' %10s %10s %6s' "QEMU d$depth" "ours d$depth" ratio)
 done
 echo "$header   (MB/s)"
-for bfmt in raw qcow2; do
+for bfmt in raw qcow2 qcow2c; do
     for cache in none writeback; do
         for rw in read write; do
             for rs in 4096 65536; do

@@ -14,9 +14,11 @@
 //! the old mapping (old data) until the L2 entry changes, which is only
 //! after the new data is written. Everything else that changes metadata
 //! stays in the engine, serialized, in its own ordering: copy-on-write of
-//! compressed, shared or preallocated-zero clusters, compressed reads, and
-//! discard and write-zeroes (which first wait until no allocation is in
-//! flight). Hence:
+//! compressed, shared or preallocated-zero clusters, and discard and
+//! write-zeroes (which first wait until no allocation is in flight).
+//! Compressed clusters are read and decompressed outside the lock, each
+//! thread keeping its last decompressed cluster (reads of the rest of it
+//! need no second decompression). Hence:
 //! - a host cluster is never handed out twice (only the engine allocates)
 //!   and two writers to the same new cluster never both allocate it;
 //! - a read racing with an allocating write sees the old or the new data;
@@ -29,11 +31,15 @@
 //! shared and `flush` takes it exclusively: it waits for in-flight I/O, which
 //! also makes every completed write part of the flush.
 
+use std::cell::RefCell;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::host_file::{DataHandle, DirectBuf};
+use crate::qcow2::compressed;
 use crate::qcow2::extent::{Allocation, Extent};
+use crate::qcow2::header::CompressionType;
 use crate::qcow2::{Qcow2Image, Qcow2Options};
 use crate::raw::RawFile;
 use crate::{DiskBackend, DiskError, DiskResult, Format, OpenOptions};
@@ -78,7 +84,26 @@ impl Engine {
     }
 }
 
+/// Distinguishes disks in the per-thread cache of decompressed clusters.
+static NEXT_DISK_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A thread's last decompressed cluster, and room for compressed input.
+struct DecompressedCluster {
+    /// (disk id, compressed offset, sectors); 0 for none.
+    key: (u64, u64, u64),
+    data: Vec<u8>,
+    input: Vec<u8>,
+}
+
+thread_local! {
+    static DECOMPRESSED: RefCell<DecompressedCluster> = const {
+        RefCell::new(DecompressedCluster { key: (0, 0, 0), data: Vec::new(), input: Vec::new() })
+    };
+}
+
 pub struct ConcurrentDisk {
+    /// Unique per open disk (key of the decompressed-cluster cache).
+    id: u64,
     state: Mutex<State>,
     /// Signalled when an allocation outside the lock finishes.
     allocated: Condvar,
@@ -136,6 +161,7 @@ impl ConcurrentDisk {
             Engine::Qcow2(q) => q.cluster_size().trailing_zeros(),
         };
         Ok(ConcurrentDisk {
+            id: NEXT_DISK_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State {
                 engine,
                 allocating: Vec::new(),
@@ -214,6 +240,18 @@ impl ConcurrentDisk {
                     drop(st);
                     self.data.read_data(piece, host)?;
                 }
+                Extent::Compressed { offset, sectors } => {
+                    let (len, kind) = match &st.engine {
+                        Engine::Qcow2(q) => {
+                            (q.compressed_len(offset, sectors)?, q.compression_type())
+                        }
+                        Engine::Raw(_) => unreachable!("raw disks have no compressed clusters"),
+                    };
+                    drop(st);
+                    // The gate stays held: the compressed bytes cannot be
+                    // freed (only `flush` frees) while they are read.
+                    self.read_compressed(piece, pos, (offset, sectors), len, kind)?;
+                }
                 Extent::Zero => piece.fill(0),
                 Extent::Backing => {
                     drop(st);
@@ -224,6 +262,37 @@ impl ConcurrentDisk {
             done += n as usize;
         }
         Ok(())
+    }
+
+    /// Fills `piece` (inside one guest cluster, at guest `pos`) from the
+    /// compressed cluster `(offset, sectors)`, `len` bytes of input.
+    fn read_compressed(
+        &self,
+        piece: &mut [u8],
+        pos: u64,
+        (offset, sectors): (u64, u64),
+        len: usize,
+        kind: CompressionType,
+    ) -> DiskResult<()> {
+        let cs = 1usize << self.cluster_bits;
+        let in_cluster = (pos as usize) & (cs - 1);
+        DECOMPRESSED.with(|cell| {
+            let mut cache = cell.borrow_mut();
+            let key = (self.id, offset, sectors);
+            if cache.key != key {
+                let c = &mut *cache;
+                c.key = (0, 0, 0);
+                c.input.resize(len, 0);
+                c.data.resize(cs, 0);
+                self.data.read_data(&mut c.input, offset)?;
+                compressed::decompress(kind, &c.input, &mut c.data).map_err(|e| {
+                    DiskError::Corrupt(format!("compressed cluster at {offset:#x}: {e}"))
+                })?;
+                c.key = key;
+            }
+            piece.copy_from_slice(&cache.data[in_cluster..in_cluster + piece.len()]);
+            Ok(())
+        })
     }
 
     fn read_backing(&self, buf: &mut [u8], pos: u64) -> DiskResult<()> {

@@ -19,7 +19,10 @@ pub(crate) enum Extent {
     Zero,
     /// Not allocated here: the backing chain's bytes (zeroes without one).
     Backing,
-    /// Needs the engine itself (allocation, copy-on-write, compression).
+    /// (Reads only) one compressed cluster: its byte offset in the file and
+    /// the sectors its entry names. The caller reads and decompresses it.
+    Compressed { offset: u64, sectors: u64 },
+    /// Needs the engine itself (allocation, copy-on-write).
     Engine,
 }
 
@@ -31,7 +34,9 @@ impl Qcow2Image {
             (Mapping::Data { host, .. }, false) => Extent::Host(host),
             (Mapping::Zero { .. }, false) => Extent::Zero,
             (Mapping::Unallocated, false) => Extent::Backing,
-            (Mapping::Compressed { .. }, false) => Extent::Engine,
+            (Mapping::Compressed { offset, sectors }, false) => {
+                Extent::Compressed { offset, sectors }
+            }
         }
     }
 
@@ -49,8 +54,8 @@ impl Qcow2Image {
         let in_off = offset & self.cluster_mask();
         let first = Self::extent_of(self.mapping(vc)?, write);
         let mut n = (cs - in_off).min(len);
-        // Compressed clusters are read one at a time by the engine.
-        let extends = first != Extent::Engine || write;
+        // Compressed clusters come one at a time.
+        let extends = !matches!(first, Extent::Compressed { .. });
         while extends && n < len {
             let k = (in_off + n) >> self.cluster_bits;
             let next = Self::extent_of(self.mapping(vc + k)?, write);

@@ -365,20 +365,30 @@ impl Qcow2Image {
 
     /// Decompresses the cluster behind a compressed L2 entry into the cache
     /// slot and returns it.
+    /// How many bytes to read for the compressed cluster at `offset` whose
+    /// entry names `sectors` sectors; refuses one past the end of the image.
+    pub(crate) fn compressed_len(&self, offset: u64, sectors: u64) -> DiskResult<usize> {
+        if offset >= self.alloc_end {
+            return Err(corrupt(format!(
+                "compressed cluster at {offset:#x} lies past the end of the image"
+            )));
+        }
+        let start_sector = offset & !511;
+        let len = (sectors * 512).saturating_sub(offset - start_sector);
+        // Bounded by the entry's field width: at most ~2 clusters.
+        Ok(len.min(2 * self.cluster_size + 512) as usize)
+    }
+
+    pub(crate) fn compression_type(&self) -> header::CompressionType {
+        self.header.compression_type
+    }
+
     fn decompress_cluster(&mut self, offset: u64, sectors: u64) -> DiskResult<&[u8]> {
         let key = offset | sectors << 56;
         let fresh = !matches!(&self.decompressed, Some((k, _)) if *k == key);
         if fresh {
             let cs = self.cluster_size as usize;
-            let start_sector = offset & !511;
-            let len = (sectors * 512).saturating_sub(offset - start_sector);
-            // Bounded by the entry's field width: at most ~2 clusters.
-            let len = len.min(2 * self.cluster_size + 512) as usize;
-            if offset >= self.alloc_end {
-                return Err(corrupt(format!(
-                    "compressed cluster at {offset:#x} lies past the end of the image"
-                )));
-            }
+            let len = self.compressed_len(offset, sectors)?;
             self.compressed_buf.resize(len, 0);
             self.file.read_meta(&mut self.compressed_buf, offset)?;
             let mut out = match self.decompressed.take() {
