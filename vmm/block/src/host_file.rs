@@ -169,8 +169,16 @@ pub struct DirectBuf {
 
 impl DirectBuf {
     pub fn new(len: usize, fill: u8) -> DirectBuf {
+        let mut buf = DirectBuf::zeroed(len);
+        buf.as_mut_slice().fill(fill);
+        buf
+    }
+
+    /// Zeroes without writing them: the pages become resident only when
+    /// used.
+    pub fn zeroed(len: usize) -> DirectBuf {
         let mut inner = AlignedBuf::new();
-        inner.slice(len).fill(fill);
+        inner.slice(len);
         DirectBuf { inner, len }
     }
 

@@ -17,7 +17,7 @@ mod workers;
 
 use std::sync::Arc;
 
-use ::block::{DiskBackend, DiskError, SerializedDisk, SharedDisk};
+use ::block::{DirectBuf, DiskBackend, DiskError, SerializedDisk, SharedDisk};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
     VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -88,7 +88,7 @@ pub struct Block {
     requests: RequestQueue,
     workers: IoWorkers,
     /// For requests run on the notifying thread.
-    bounce: Vec<u8>,
+    bounce: DirectBuf,
     log: GuestErrorLog,
 }
 
@@ -211,21 +211,22 @@ impl Block {
         used: &mut [u32],
     ) {
         if requests.len() > 1 {
-            let bounce = &mut self.bounce;
+            let bounce = self.bounce.as_mut_slice();
             self.workers
                 .run(requests, &self.executor, mem, used, bounce);
             return;
         }
         for (i, req) in requests {
-            used[i] = self.executor.run(&req, mem, &mut self.bounce);
+            used[i] = self.executor.run(&req, mem, self.bounce.as_mut_slice());
         }
     }
 }
 
-/// A bounce buffer of [`CHUNK`] bytes. Zeroed allocation: pages become
-/// resident only when used.
-fn new_bounce_buffer() -> Vec<u8> {
-    vec![0; CHUNK]
+/// A bounce buffer of [`CHUNK`] bytes, page aligned so that O_DIRECT
+/// requests from it need no second copy in the disk layer. Zeroed
+/// allocation: pages become resident only when used.
+fn new_bounce_buffer() -> DirectBuf {
+    DirectBuf::zeroed(CHUNK)
 }
 
 impl Executor {

@@ -155,7 +155,7 @@ fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
         };
         // A panic is a bug in a request's path; the thread stays for the
         // next ones.
-        if std::panic::catch_unwind(AssertUnwindSafe(|| job(&mut bounce))).is_err() {
+        if std::panic::catch_unwind(AssertUnwindSafe(|| job(bounce.as_mut_slice()))).is_err() {
             tracing::error!("virtio-blk: a request panicked");
         }
     }
