@@ -177,6 +177,9 @@ impl Manager {
         for plan in &plans {
             disks::materialize(plan, vmi, paths, None)?;
         }
+        if let Some(kb) = &ctx.kernel_boot {
+            disks::link_kernel_boot(paths, kb)?;
+        }
         // The files exist now: decide each disk's cache mode (reported in
         // the domain, as KubeVirt's domain XML does) and configure the VM
         // with it.

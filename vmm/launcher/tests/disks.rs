@@ -126,3 +126,84 @@ fn hostile_or_unsupported_volumes_are_refused() {
     let plan = disks::plan(&paths, &v, 0).unwrap();
     assert!(disks::materialize(&plan, &v, &paths, None).is_err());
 }
+
+fn kernel_boot_vmi(kernel: &str, initrd: &str) -> proto::kubevirt::VirtualMachineInstance {
+    parse_vmi(&format!(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: v\n  namespace: ns\n  uid: u-1\nspec:\n  domain:\n    firmware:\n      kernelBoot:\n        kernelArgs: console=ttyS0\n        container:\n          image: k\n          kernelPath: {kernel}\n          initrdPath: {initrd}\n"
+    ))
+    .unwrap()
+}
+
+#[test]
+fn kernel_boot_artifacts_are_linked_where_kubevirt_names_them() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let boot = paths.kernel_boot_dir.join("boot");
+    std::fs::create_dir_all(&boot).unwrap();
+    std::fs::write(boot.join("vmlinuz-6.1"), b"kernel").unwrap();
+    // An image's own symlink that stays inside the image is fine.
+    std::fs::write(boot.join("initramfs.img"), b"initrd").unwrap();
+    std::os::unix::fs::symlink("initramfs.img", boot.join("initrd")).unwrap();
+
+    let v = kernel_boot_vmi("/boot/vmlinuz-6.1", "/boot/initrd");
+    let kb = disks::kernel_boot(&paths, &v).unwrap().unwrap();
+    let links = paths.container_disk_dir.join("kernel-boot");
+    assert_eq!(kb.kernel_link, links.join("vmlinuz-6.1"));
+    assert_eq!(kb.initrd_link, Some(links.join("initrd")));
+    for _ in 0..2 {
+        // Twice: a restarted launcher finds its links and replaces them.
+        disks::link_kernel_boot(&paths, &kb).unwrap();
+    }
+    assert_eq!(std::fs::read(&kb.kernel_link).unwrap(), b"kernel");
+    assert_eq!(
+        std::fs::read(kb.initrd_link.as_ref().unwrap()).unwrap(),
+        b"initrd"
+    );
+    assert_eq!(
+        std::fs::read_link(&kb.kernel_link).unwrap(),
+        boot.join("vmlinuz-6.1").canonicalize().unwrap()
+    );
+}
+
+#[test]
+fn kernel_boot_artifacts_that_leave_the_image_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let boot = paths.kernel_boot_dir.join("boot");
+    std::fs::create_dir_all(&boot).unwrap();
+    std::fs::write(boot.join("vmlinuz"), b"kernel").unwrap();
+    // A file of the launcher's that the image points at.
+    let secret = root.path().join("launcher-secret");
+    std::fs::write(&secret, b"secret").unwrap();
+    std::os::unix::fs::symlink(&secret, boot.join("initrd")).unwrap();
+    std::fs::create_dir_all(boot.join("dir")).unwrap();
+
+    let v = kernel_boot_vmi("/boot/vmlinuz", "/boot/initrd");
+    let kb = disks::kernel_boot(&paths, &v).unwrap().unwrap();
+    let err = disks::link_kernel_boot(&paths, &kb).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("spec.domain.firmware.kernelBoot.container.initrdPath:"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("leads outside"), "{err}");
+    assert!(!kb.initrd_link.as_ref().unwrap().exists());
+
+    for (kernel, what) in [("/boot/missing", "kernelPath"), ("/boot/dir", "kernelPath")] {
+        let v = kernel_boot_vmi(kernel, "/boot/vmlinuz");
+        let kb = disks::kernel_boot(&paths, &v).unwrap().unwrap();
+        let err = disks::link_kernel_boot(&paths, &kb).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "spec.domain.firmware.kernelBoot.container.{what}:"
+            )),
+            "{err}"
+        );
+    }
+    // Lexical escapes never get as far as a link.
+    let v = kernel_boot_vmi("/../../etc/passwd", "/boot/initrd");
+    assert!(disks::kernel_boot(&paths, &v).is_err());
+    // Two artifacts under one name would share one link.
+    let v = kernel_boot_vmi("/boot/vmlinuz", "/other/vmlinuz");
+    assert!(disks::kernel_boot(&paths, &v).is_err());
+}

@@ -105,6 +105,14 @@ async fn sync_pause_unpause_shutdown_delete() {
         value["Spec"]["Devices"]["Disks"][0]["Source"]["File"],
         overlay.to_string_lossy().as_ref()
     );
+    // The kernel as KubeVirt's launcher names it: a link under the
+    // container-disk directory into the kernel-boot image.
+    let kernel_link = pod.paths.container_disk_dir.join("kernel-boot/guest.elf");
+    assert_eq!(
+        value["Spec"]["OS"]["Kernel"],
+        kernel_link.to_string_lossy().as_ref()
+    );
+    assert!(std::fs::read_link(&kernel_link).is_ok());
     // No cache mode in the VMI: direct I/O works on the test's file
     // system (ext4), so KubeVirt's rule picks `none`.
     assert_eq!(

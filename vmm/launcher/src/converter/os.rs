@@ -52,9 +52,9 @@ pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, spec: &mut DomainS
             arch: "x86_64".into(),
             machine,
         },
-        kernel: kb.kernel.to_string_lossy().into_owned(),
+        kernel: kb.kernel_link.to_string_lossy().into_owned(),
         initrd: kb
-            .initrd
+            .initrd_link
             .as_ref()
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_default(),
@@ -87,6 +87,8 @@ mod tests {
             kernel_boot: Some(KernelBoot {
                 kernel: "/var/run/kubevirt-kernel-boot/boot/vmlinuz".into(),
                 initrd: None,
+                kernel_link: "/var/run/kubevirt/container-disks/kernel-boot/vmlinuz".into(),
+                initrd_link: None,
                 args: "console=ttyS0".into(),
             }),
             ..Default::default()
@@ -104,7 +106,11 @@ mod tests {
         .unwrap();
         let os = spec.os.unwrap();
         assert_eq!(os.r#type.machine, "q35");
-        assert_eq!(os.kernel, "/var/run/kubevirt-kernel-boot/boot/vmlinuz");
+        // The launcher view, as KubeVirt names it.
+        assert_eq!(
+            os.kernel,
+            "/var/run/kubevirt/container-disks/kernel-boot/vmlinuz"
+        );
         assert_eq!(os.kernel_args, "console=ttyS0");
         assert!(spec.features.unwrap().acpi.is_some());
     }

@@ -383,28 +383,56 @@ fn link_container_disk(
             files.remove(0)
         }
     };
-    let canonical = target
-        .canonicalize()
-        .map_err(|e| err(format!("{}: {e}", target.display())))?;
-    let root = image_volume
-        .canonicalize()
-        .map_err(|e| err(format!("{}: {e}", image_volume.display())))?;
+    link_inside(image_volume, &target, link).map_err(|refusal| match refusal {
+        LinkRefusal::Rule(reason) => err(reason),
+        LinkRefusal::Io(e) => e,
+    })
+}
+
+/// Why [`link_inside`] made no link.
+enum LinkRefusal {
+    /// The target breaks a rule (missing, outside the root, not a file).
+    Rule(String),
+    Io(DiskError),
+}
+
+/// Points `link` at `target`, which must be a regular file inside `root`
+/// also after following the image's own symlinks (an image must not make
+/// the VMM open a file of the launcher's). A link to elsewhere left by an
+/// earlier start is replaced; a plain file there (a bind-mounted disk,
+/// image volumes off) is kept.
+fn link_inside(root: &Path, target: &Path, link: &Path) -> Result<(), LinkRefusal> {
+    let rule =
+        |what: &Path, e: std::io::Error| LinkRefusal::Rule(format!("{}: {e}", what.display()));
+    let canonical = target.canonicalize().map_err(|e| rule(target, e))?;
+    let root = root.canonicalize().map_err(|e| rule(root, e))?;
     if !canonical.starts_with(&root) {
-        return Err(err(format!(
-            "{} leads outside the image volume",
+        return Err(LinkRefusal::Rule(format!(
+            "{} leads outside {}",
+            target.display(),
+            root.display()
+        )));
+    }
+    if !canonical.is_file() {
+        return Err(LinkRefusal::Rule(format!(
+            "{} is not a regular file",
             target.display()
         )));
     }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LinkRefusal::Io(DiskError::Io { path, source })
+    };
     if let Some(dir) = link.parent() {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     match std::fs::read_link(link) {
         Ok(existing) if existing == canonical => return Ok(()),
-        Ok(_) => std::fs::remove_file(link).map_err(io_err(link))?,
-        Err(_) if link.exists() => return Ok(()), // a bind-mounted file (image volumes off)
+        Ok(_) => std::fs::remove_file(link).map_err(io(link))?,
+        Err(_) if link.exists() => return Ok(()),
         Err(_) => {}
     }
-    std::os::unix::fs::symlink(&canonical, link).map_err(io_err(link))
+    std::os::unix::fs::symlink(&canonical, link).map_err(io(link))
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), DiskError> {
@@ -415,8 +443,14 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), DiskError> {
 /// Kernel-boot artifacts resolved inside the kernel-boot image mount.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelBoot {
+    /// The kernel inside the kernel-boot mount.
     pub kernel: PathBuf,
     pub initrd: Option<PathBuf>,
+    /// What the domain names, as in KubeVirt: links
+    /// `<container-disk-dir>/kernel-boot/<file name>` to the two above
+    /// ([`link_kernel_boot`]).
+    pub kernel_link: PathBuf,
+    pub initrd_link: Option<PathBuf>,
     pub args: String,
 }
 
@@ -470,9 +504,45 @@ pub fn kernel_boot(
         .as_deref()
         .map(|p| resolve(p, "initrdPath"))
         .transpose()?;
+    let link = |p: &Path| {
+        paths
+            .kernel_boot_links()
+            .join(p.file_name().unwrap_or_default())
+    };
+    let kernel_link = link(&kernel);
+    let initrd_link = initrd.as_deref().map(link);
+    if initrd_link.as_ref() == Some(&kernel_link) {
+        return Err(DiskError::Unsupported {
+            field: format!("{field}.container.initrdPath"),
+            reason: "kernel and initrd must have different file names".into(),
+        });
+    }
     Ok(Some(KernelBoot {
         kernel,
         initrd,
+        kernel_link,
+        initrd_link,
         args: kb.kernel_args.clone().unwrap_or_default(),
     }))
+}
+
+/// Makes the links the domain names (KubeVirt's launcher view of the
+/// kernel-boot artifacts, `containerdisk.GetKernelBootArtifactPathFromLauncherView`),
+/// each to a regular file inside the kernel-boot mount ([`link_inside`]).
+pub fn link_kernel_boot(paths: &Paths, kb: &KernelBoot) -> Result<(), DiskError> {
+    let field = "spec.domain.firmware.kernelBoot.container";
+    let mut pairs = vec![(&kb.kernel, &kb.kernel_link, "kernelPath")];
+    if let (Some(initrd), Some(link)) = (&kb.initrd, &kb.initrd_link) {
+        pairs.push((initrd, link, "initrdPath"));
+    }
+    for (artifact, link, what) in pairs {
+        link_inside(&paths.kernel_boot_dir, artifact, link).map_err(|refusal| match refusal {
+            LinkRefusal::Rule(reason) => DiskError::Unsupported {
+                field: format!("{field}.{what}"),
+                reason,
+            },
+            LinkRefusal::Io(e) => e,
+        })?;
+    }
+    Ok(())
 }
