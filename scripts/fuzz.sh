@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target of the project for SECONDS each (default 60),
+# one after the other, and fails on the first crash (its input is kept under
+# the target's fuzz/artifacts/). Needs a nightly toolchain and cargo-fuzz:
+#   rustup toolchain install nightly && cargo install cargo-fuzz
+# The same entry points also run on deterministic random input in the
+# normal test suite; this script is the long, coverage-guided run.
+set -euo pipefail
+
+seconds=${1:-60}
+root=$(cd "$(dirname "$0")/.." && pwd)
+targets=(
+    "vmm/block qcow2_header"
+    "vmm/block qcow2_ops"
+    "vmm/virtio-devices blk_queue"
+    "vmm/virtio-devices mmio_registers"
+    "vmm legacy_port_io"
+    "netsetup dhcp_answer"
+    "proto domain_json"
+    "proto vmi_manifest"
+    "handler notify_event"
+    "controller vmi_decide"
+    "controller render_launcher_pod"
+)
+for entry in "${targets[@]}"; do
+    read -r dir target <<<"$entry"
+    echo "== $dir: $target ($seconds s)"
+    (cd "$root/$dir/fuzz" && cargo +nightly fuzz run "$target" -- \
+        -max_total_time="$seconds" -rss_limit_mb=2048)
+done
+echo "fuzz.sh: every target ran $seconds s without a crash"
