@@ -215,7 +215,9 @@ fn killed_writer_leaves_a_consistent_image_with_all_flushed_writes() {
             script.push(format!("write -P {} {} {}", w.pattern, w.offset, w.len));
             writes.push(w);
         }
-        let kill_after = rng.random_range(5..writes.len() - 5);
+        // Never in the last quarter: the writer must still be writing (and
+        // not already exiting) when the kill comes.
+        let kill_after = rng.random_range(5..writes.len() * 3 / 4);
         let acked = run_and_kill(&mut rng, &img, "writeback", &script, kill_after).len();
         assert!(
             acked < writes.len(),
@@ -261,7 +263,9 @@ fn killed_concurrent_writer_leaves_a_consistent_image_with_all_flushed_writes() 
             script.push("flush".to_string());
         }
         let cache = if round % 3 == 1 { "none" } else { "writeback" };
-        let kill_after = rng.random_range(5..writes.len() - 5);
+        // Never in the last quarter: the writer must still be writing (and
+        // not already exiting) when the kill comes.
+        let kill_after = rng.random_range(5..writes.len() * 3 / 4);
         let acked = run_and_kill(&mut rng, &img, cache, &script, kill_after);
         assert!(
             acked.len() < writes.len(),

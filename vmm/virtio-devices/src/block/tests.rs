@@ -2,6 +2,7 @@
 //! written into guest memory, notification, used ring, disk contents.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
@@ -917,15 +918,17 @@ fn fuzz_entry_points_survive_random_bytes() {
 struct ProbeDisk {
     bytes: Mutex<Vec<u8>>,
     events: Mutex<Vec<String>>,
-    /// Reads wait (up to a timeout) until this many are in progress.
+    /// Reads wait (up to `patience`) until this many are in progress.
     rendezvous: usize,
+    patience: Duration,
     arrivals: Mutex<usize>,
     arrived: std::sync::Condvar,
 }
 
 impl ProbeDisk {
-    fn new(rendezvous: usize) -> ProbeDisk {
+    fn new(rendezvous: usize, patience: Duration) -> ProbeDisk {
         ProbeDisk {
+            patience,
             bytes: Mutex::new(vec![0; DISK_SIZE]),
             events: Mutex::new(Vec::new()),
             rendezvous,
@@ -964,9 +967,7 @@ impl ::block::SharedDisk for ProbeDisk {
         self.arrived.notify_all();
         let (arrivals, timeout) = self
             .arrived
-            .wait_timeout_while(arrivals, std::time::Duration::from_millis(500), |n| {
-                *n < group_end
-            })
+            .wait_timeout_while(arrivals, self.patience, |n| *n < group_end)
             .unwrap();
         drop(arrivals);
         if timeout.timed_out() {
@@ -982,7 +983,7 @@ impl ::block::SharedDisk for ProbeDisk {
     fn write_at(&self, buf: &[u8], offset: u64) -> ::block::DiskResult<()> {
         self.log(format!("write {offset} start"));
         // Long enough for a request run out of turn to start meanwhile.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
         let start = offset as usize;
         self.bytes.lock().unwrap()[start..start + buf.len()].copy_from_slice(buf);
         self.log(format!("write {offset} end"));
@@ -990,7 +991,7 @@ impl ::block::SharedDisk for ProbeDisk {
     }
     fn flush(&self) -> ::block::DiskResult<()> {
         self.log("flush start".into());
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
         self.log("flush end".into());
         Ok(())
     }
@@ -1028,7 +1029,12 @@ fn the_requests_of_one_notification_are_on_the_disk_at_once() {
     let mem = test_memory();
     // Each read waits until all four are in progress: only concurrent
     // execution lets them finish.
-    let mut h = probe_harness(&mem, Arc::new(ProbeDisk::new(4)), 4);
+    // Generous: a loaded CI machine may be slow to run the threads.
+    let mut h = probe_harness(
+        &mem,
+        Arc::new(ProbeDisk::new(4, Duration::from_secs(20))),
+        4,
+    );
     assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
     // Again, on the same threads.
     assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
@@ -1038,7 +1044,11 @@ fn the_requests_of_one_notification_are_on_the_disk_at_once() {
 fn without_io_threads_requests_run_one_after_the_other() {
     // The converse of the test above: the probe sees no overlap.
     let mem = test_memory();
-    let mut h = probe_harness(&mem, Arc::new(ProbeDisk::new(2)), 0);
+    let mut h = probe_harness(
+        &mem,
+        Arc::new(ProbeDisk::new(2, Duration::from_millis(300))),
+        0,
+    );
     // The first read waits in vain for the second, which only starts after.
     let got = h.submit_batch(&four_reads()[..2]);
     assert_eq!(got, vec![(IOERR, 1), (OK, 4097)]);
@@ -1047,7 +1057,7 @@ fn without_io_threads_requests_run_one_after_the_other() {
 #[test]
 fn a_flush_waits_for_the_requests_before_it_and_holds_back_the_ones_after() {
     let mem = test_memory();
-    let disk = Arc::new(ProbeDisk::new(0));
+    let disk = Arc::new(ProbeDisk::new(0, Duration::ZERO));
     let mut h = probe_harness(&mem, disk.clone(), 4);
     h.fill_guest(DATA, 512, 0x11);
     h.fill_guest(DATA + 4096, 512, 0x22);
