@@ -187,14 +187,7 @@ impl ConcurrentDisk {
 
     /// Checks that `[offset, offset + len)` lies inside the disk.
     fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(DiskError::OutOfRange {
-                offset,
-                len,
-                size: self.size,
-            }),
-        }
+        crate::check_range(offset, len, self.size)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -78,10 +78,15 @@ pub trait DiskBackend: Send {
 
     /// Checks that `[offset, offset + len)` lies inside the disk.
     fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
-        let size = self.size();
-        match offset.checked_add(len) {
-            Some(end) if end <= size => Ok(()),
-            _ => Err(DiskError::OutOfRange { offset, len, size }),
-        }
+        check_range(offset, len, self.size())
+    }
+}
+
+/// `[offset, offset + len)` inside a disk of `size` bytes, without
+/// wrapping; the one range rule of every disk type.
+pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> DiskResult<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(DiskError::OutOfRange { offset, len, size }),
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::{ConcurrentDisk, DiskBackend, DiskError, DiskResult};
+use crate::{ConcurrentDisk, DiskBackend, DiskResult};
 
 /// A virtual disk of a fixed size, addressed in bytes, safe to call from
 /// many threads. The methods mean what they mean on [`DiskBackend`].
@@ -21,11 +21,7 @@ pub trait SharedDisk: Send + Sync {
 
     /// Checks that `[offset, offset + len)` lies inside the disk.
     fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
-        let size = self.size();
-        match offset.checked_add(len) {
-            Some(end) if end <= size => Ok(()),
-            _ => Err(DiskError::OutOfRange { offset, len, size }),
-        }
+        crate::check_range(offset, len, self.size())
     }
 }
 

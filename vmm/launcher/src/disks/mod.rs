@@ -419,20 +419,22 @@ fn link_inside(root: &Path, target: &Path, link: &Path) -> Result<(), LinkRefusa
             target.display()
         )));
     }
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LinkRefusal::Io(DiskError::Io { path, source })
-    };
     if let Some(dir) = link.parent() {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        std::fs::create_dir_all(dir)
+            .map_err(io_err(dir))
+            .map_err(LinkRefusal::Io)?;
     }
     match std::fs::read_link(link) {
         Ok(existing) if existing == canonical => return Ok(()),
-        Ok(_) => std::fs::remove_file(link).map_err(io(link))?,
+        Ok(_) => std::fs::remove_file(link)
+            .map_err(io_err(link))
+            .map_err(LinkRefusal::Io)?,
         Err(_) if link.exists() => return Ok(()),
         Err(_) => {}
     }
-    std::os::unix::fs::symlink(&canonical, link).map_err(io(link))
+    std::os::unix::fs::symlink(&canonical, link)
+        .map_err(io_err(link))
+        .map_err(LinkRefusal::Io)
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), DiskError> {
