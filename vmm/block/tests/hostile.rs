@@ -336,6 +336,25 @@ fn bad_tables_give_errors_on_access() {
     let e = img.read_at(&mut buf, 0).unwrap_err();
     assert!(e.to_string().contains("compressed"), "{e}");
     drop(img);
+    // The same garbage through the concurrent reader, which decompresses
+    // outside the engine: the same error, and the good cluster still reads.
+    let ro = block::OpenOptions {
+        read_only: true,
+        direct: false,
+    };
+    let disk = block::ConcurrentDisk::open(&p, Format::Qcow2, ro).unwrap();
+    let e = disk.read_at(&mut buf, 0).unwrap_err();
+    assert!(matches!(e, DiskError::Corrupt(_)), "{e}");
+    assert!(e.to_string().contains("compressed"), "{e}");
+    disk.read_at(&mut buf, 4 << 20).unwrap();
+    assert!(buf.iter().all(|&b| b == 2));
+    drop(disk);
+    // A compressed entry past the end of the file: refused before any read.
+    patch(&p, l1e, &((1u64 << 62) | (1u64 << 40)).to_be_bytes());
+    let disk = block::ConcurrentDisk::open(&p, Format::Qcow2, ro).unwrap();
+    let e = disk.read_at(&mut buf, 0).unwrap_err();
+    assert!(e.to_string().contains("past the end"), "{e}");
+    drop(disk);
     // L1 entry not aligned.
     patch(&p, l1, &((1u64 << 63) | 0x10200).to_be_bytes());
     let mut img = block::open_disk(&p, Format::Qcow2, true).unwrap();

@@ -140,6 +140,31 @@ mod tests {
         );
     }
 
+    fn disk_with_cache(cache: &str) -> Domain {
+        Domain::from_json(&format!(
+            r#"{{"Spec":{{"Memory":{{"Value":1048576,"Unit":"b"}},"OS":{{"Type":{{"OS":"hvm"}},"Kernel":"/k"}},
+            "Devices":{{"Disks":[{{"Device":"disk","Type":"file","Source":{{"File":"/x"}},"Alias":{{"Name":"d","UserDefined":true}},
+            "Driver":{{"Name":"qemu","Type":"raw","Cache":"{cache}"}}}}]}}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn cache_modes_map_onto_the_vmm_and_unknown_ones_are_refused() {
+        for (mode, cache) in [
+            ("", DiskCache::None),
+            ("none", DiskCache::None),
+            ("writethrough", DiskCache::WriteThrough),
+            ("writeback", DiskCache::WriteBack),
+        ] {
+            let config = vm_config(&disk_with_cache(mode)).unwrap();
+            assert_eq!(config.disks[0].cache, cache, "{mode:?}");
+        }
+        let err = vm_config(&disk_with_cache("unsafe")).unwrap_err();
+        assert!(matches!(err, ToVmError::DiskCache(_, _)), "{err}");
+        assert!(err.to_string().contains("unsafe"), "{err}");
+    }
+
     #[test]
     fn incomplete_domains_are_errors() {
         let no_os = Domain::from_json(r#"{"Spec":{"Memory":{"Value":1,"Unit":"b"}}}"#).unwrap();
