@@ -10,6 +10,7 @@ pub mod concurrent;
 pub mod fuzz_support;
 mod host_file;
 pub mod img;
+mod io_buffers;
 mod open;
 pub mod qcow2;
 pub mod raw;
@@ -17,6 +18,7 @@ mod shared;
 
 pub use concurrent::ConcurrentDisk;
 pub use host_file::DirectBuf;
+pub use io_buffers::{HUGE_PAGE, IoBuffer, Pages, io_buffers};
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
 pub use qcow2::Qcow2Image;
 pub use raw::RawFile;

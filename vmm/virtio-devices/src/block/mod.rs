@@ -17,7 +17,7 @@ mod workers;
 
 use std::sync::Arc;
 
-use ::block::{DirectBuf, DiskBackend, DiskError, SerializedDisk, SharedDisk};
+use ::block::{DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
     VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -88,7 +88,7 @@ pub struct Block {
     requests: RequestQueue,
     workers: IoWorkers,
     /// For requests run on the notifying thread.
-    bounce: DirectBuf,
+    bounce: IoBuffer,
     log: GuestErrorLog,
 }
 
@@ -137,6 +137,17 @@ impl Block {
         if limits.write_zeroes {
             features |= feature_bit(VIRTIO_BLK_F_WRITE_ZEROES);
         }
+        // One bounce buffer per I/O thread and one for the notifying
+        // thread, from one mapping. With I/O threads (cache=none and
+        // writethrough disks, where host I/O has latency) it is one huge
+        // page: each request buffer is then physically contiguous.
+        let pages = if options.io_threads > 0 {
+            Pages::Huge
+        } else {
+            Pages::Small
+        };
+        let mut buffers = bounce_buffers(options.io_threads + 1, pages);
+        let bounce = buffers.swap_remove(0);
         Block {
             executor: Arc::new(Executor {
                 disk,
@@ -147,8 +158,8 @@ impl Block {
             limits,
             features,
             requests: RequestQueue::default(),
-            workers: IoWorkers::new(options.io_threads),
-            bounce: new_bounce_buffer(),
+            workers: IoWorkers::new(options.io_threads, buffers),
+            bounce,
             log: GuestErrorLog::default(),
         }
     }
@@ -222,11 +233,17 @@ impl Block {
     }
 }
 
-/// A bounce buffer of [`CHUNK`] bytes, page aligned so that O_DIRECT
-/// requests from it need no second copy in the disk layer. Zeroed
-/// allocation: pages become resident only when used.
-fn new_bounce_buffer() -> DirectBuf {
-    DirectBuf::zeroed(CHUNK)
+/// `count` bounce buffers of [`CHUNK`] bytes, page aligned so that O_DIRECT
+/// requests from them need no second copy in the disk layer. Zeroed
+/// mappings: pages become resident only when used. Running out of memory
+/// here ends the process, as any allocation does.
+fn bounce_buffers(count: usize, pages: Pages) -> Vec<IoBuffer> {
+    ::block::io_buffers(count, CHUNK, pages).unwrap_or_else(|e| {
+        tracing::error!("virtio-blk: cannot map {count} bounce buffers: {e}");
+        std::alloc::handle_alloc_error(
+            std::alloc::Layout::from_size_align(CHUNK, 4096).expect("a valid layout"),
+        )
+    })
 }
 
 impl Executor {

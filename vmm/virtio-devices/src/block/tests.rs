@@ -923,6 +923,8 @@ struct ProbeDisk {
     patience: Duration,
     arrivals: Mutex<usize>,
     arrived: std::sync::Condvar,
+    /// Where each read's buffer starts.
+    read_buffers: Mutex<Vec<usize>>,
 }
 
 impl ProbeDisk {
@@ -934,6 +936,7 @@ impl ProbeDisk {
             rendezvous,
             arrivals: Mutex::new(0),
             arrived: std::sync::Condvar::new(),
+            read_buffers: Mutex::new(Vec::new()),
         }
     }
 
@@ -959,6 +962,10 @@ impl ::block::SharedDisk for ProbeDisk {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> ::block::DiskResult<()> {
         self.log(format!("read {offset} start"));
+        self.read_buffers
+            .lock()
+            .unwrap()
+            .push(buf.as_ptr() as usize);
         // Reads meet in groups of `rendezvous`: each waits for the rest of
         // its group to arrive.
         let mut arrivals = self.arrivals.lock().unwrap();
@@ -1038,6 +1045,27 @@ fn the_requests_of_one_notification_are_on_the_disk_at_once() {
     assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
     // Again, on the same threads.
     assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+}
+
+#[test]
+fn concurrent_requests_get_their_own_bounce_buffers_on_one_huge_page() {
+    let mem = test_memory();
+    let disk = Arc::new(ProbeDisk::new(4, Duration::from_secs(20)));
+    let mut h = probe_harness(&mem, disk.clone(), 4);
+    assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+    let first: std::collections::BTreeSet<usize> =
+        disk.read_buffers.lock().unwrap().drain(..).collect();
+    // Four requests at once, four buffers: none shared between threads.
+    assert_eq!(first.len(), 4, "{first:x?}");
+    // Cut from one mapping that starts on a huge page and fits in it.
+    let lowest = *first.first().unwrap();
+    assert_eq!(lowest % ::block::HUGE_PAGE, 0, "{first:x?}");
+    assert!(first.iter().all(|a| a - lowest < ::block::HUGE_PAGE));
+    // The threads keep their buffers from batch to batch.
+    assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+    let second: std::collections::BTreeSet<usize> =
+        disk.read_buffers.lock().unwrap().drain(..).collect();
+    assert_eq!(first, second);
 }
 
 #[test]

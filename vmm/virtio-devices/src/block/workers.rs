@@ -3,7 +3,8 @@
 //!
 //! Started as batches need them, up to the configured number (a guest that
 //! sends one request at a time never gets any), and stopped at reset. Each
-//! thread has its own bounce buffer. A request that cannot be handed to a thread
+//! thread has its own bounce buffer, handed to it at start and back at stop.
+//! A request that cannot be handed to a thread
 //! (none could be started, or all died) runs on the notifying thread.
 
 use std::panic::AssertUnwindSafe;
@@ -13,7 +14,9 @@ use std::thread::JoinHandle;
 use vm_memory::GuestMemoryMmap;
 
 use super::request::Request;
-use super::{Executor, new_bounce_buffer};
+use ::block::{IoBuffer, Pages};
+
+use super::{Executor, bounce_buffers};
 
 /// A request to run; it gets the running thread's bounce buffer.
 type Job = Box<dyn FnOnce(&mut [u8]) + Send>;
@@ -22,19 +25,24 @@ struct Pool {
     jobs: mpsc::Sender<Job>,
     /// Shared by the threads; kept to start more of them.
     queue: Arc<Mutex<mpsc::Receiver<Job>>>,
-    threads: Vec<JoinHandle<()>>,
+    /// Each thread gives its bounce buffer back when it ends.
+    threads: Vec<JoinHandle<IoBuffer>>,
 }
 
 pub(super) struct IoWorkers {
     threads: usize,
     pool: Option<Pool>,
+    /// Bounce buffers for threads yet to start.
+    spare: Vec<IoBuffer>,
 }
 
 impl IoWorkers {
-    pub(super) fn new(threads: usize) -> IoWorkers {
+    /// Up to `threads` threads; `buffers` are their bounce buffers.
+    pub(super) fn new(threads: usize, buffers: Vec<IoBuffer>) -> IoWorkers {
         IoWorkers {
             threads,
             pool: None,
+            spare: buffers,
         }
     }
 
@@ -108,9 +116,15 @@ impl IoWorkers {
         while pool.threads.len() < wanted {
             let n = pool.threads.len();
             let queue = pool.queue.clone();
+            // Only a thread that panicked outside a request loses its
+            // buffer; its successor gets a fresh one.
+            let bounce = self
+                .spare
+                .pop()
+                .unwrap_or_else(|| bounce_buffers(1, Pages::Small).remove(0));
             let spawned = std::thread::Builder::new()
                 .name(format!("virtio-blk-io{n}"))
-                .spawn(move || worker(&queue));
+                .spawn(move || worker(&queue, bounce));
             match spawned {
                 Ok(h) => pool.threads.push(h),
                 Err(e) => {
@@ -131,8 +145,9 @@ impl IoWorkers {
         if let Some(pool) = self.pool.take() {
             drop(pool.jobs);
             for t in pool.threads {
-                if t.join().is_err() {
-                    tracing::error!("virtio-blk: an I/O thread panicked");
+                match t.join() {
+                    Ok(bounce) => self.spare.push(bounce),
+                    Err(_) => tracing::error!("virtio-blk: an I/O thread panicked"),
                 }
             }
         }
@@ -145,13 +160,12 @@ impl Drop for IoWorkers {
     }
 }
 
-fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
-    let mut bounce = new_bounce_buffer();
+fn worker(rx: &Mutex<mpsc::Receiver<Job>>, mut bounce: IoBuffer) -> IoBuffer {
     loop {
         // The lock is held only while waiting for the next job.
         let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
             Ok(job) => job,
-            Err(mpsc::RecvError) => return, // the device stopped the pool
+            Err(mpsc::RecvError) => return bounce, // the device stopped the pool
         };
         // A panic is a bug in a request's path; the thread stays for the
         // next ones.
