@@ -92,8 +92,8 @@ fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error>
             serial: format!("vmm-disk{i}"),
             write_through: disk.cache == DiskCache::WriteThrough,
             // I/O threads pay off where host I/O has latency (O_DIRECT, a
-            // flush per write: 1.7-3.4x in `cargo bench -p virtio-devices`);
-            // page-cache copies are faster on the vCPU thread (0.4-0.85x
+            // flush per write: 2.3-3.3x in `cargo bench -p virtio-devices`);
+            // page-cache copies are faster on the vCPU thread (0.3-0.85x
             // with threads on 2 cores).
             io_threads: match disk.cache {
                 DiskCache::WriteBack => 0,
