@@ -12,6 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 targets=(
     "vmm/block qcow2_header"
     "vmm/block qcow2_ops"
+    "vmm/block qcow2_concurrent_ops"
     "vmm/virtio-devices blk_queue"
     "vmm/virtio-devices mmio_registers"
     "vmm legacy_port_io"

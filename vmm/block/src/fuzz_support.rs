@@ -3,8 +3,8 @@
 
 use std::io::Write;
 
-use crate::DiskBackend;
 use crate::qcow2::{CreateOptions, Qcow2Image, Qcow2Options, create, header::Header};
+use crate::{ConcurrentDisk, DiskBackend, DiskResult, Format, OpenOptions, SharedDisk};
 
 /// Parses arbitrary bytes as a qcow2 first cluster, then (when it parses)
 /// as a whole image file. Must never panic, loop or allocate without bound.
@@ -42,9 +42,67 @@ pub fn header_input(data: &[u8]) {
     let _ = crate::qcow2::check::check(&path);
 }
 
+/// The engine a request sequence drives.
+enum Engine {
+    /// `Qcow2Image`: one request at a time, through `&mut self`.
+    Serial(Qcow2Image),
+    /// `ConcurrentDisk`: what the VMM and virtio-blk use (driven from one
+    /// thread here, so runs are deterministic).
+    Concurrent(ConcurrentDisk),
+}
+
+impl Engine {
+    fn write(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
+        match self {
+            Engine::Serial(img) => img.write_at(buf, offset),
+            Engine::Concurrent(disk) => SharedDisk::write_at(disk, buf, offset),
+        }
+    }
+    fn read(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
+        match self {
+            Engine::Serial(img) => img.read_at(buf, offset),
+            Engine::Concurrent(disk) => SharedDisk::read_at(disk, buf, offset),
+        }
+    }
+    fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> DiskResult<()> {
+        match self {
+            Engine::Serial(img) => img.write_zeroes(offset, len, unmap),
+            Engine::Concurrent(disk) => SharedDisk::write_zeroes(disk, offset, len, unmap),
+        }
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
+        match self {
+            Engine::Serial(img) => img.discard(offset, len),
+            Engine::Concurrent(disk) => SharedDisk::discard(disk, offset, len),
+        }
+    }
+    fn flush(&mut self) -> DiskResult<()> {
+        match self {
+            Engine::Serial(img) => img.flush(),
+            Engine::Concurrent(disk) => SharedDisk::flush(disk),
+        }
+    }
+    fn close(self) -> DiskResult<()> {
+        match self {
+            Engine::Serial(img) => img.close(),
+            Engine::Concurrent(disk) => disk.close(),
+        }
+    }
+}
+
 /// Interprets bytes as a sequence of read/write/discard/zero/flush requests on
-/// a small image, checking every read against an in-memory model of the disk.
+/// a small image through the one-request engine, checking every read against
+/// an in-memory model of the disk.
 pub fn ops_input(data: &[u8]) {
+    run_ops(data, false);
+}
+
+/// The same sequences through `ConcurrentDisk`, the engine virtio-blk uses.
+pub fn concurrent_ops_input(data: &[u8]) {
+    run_ops(data, true);
+}
+
+fn run_ops(data: &[u8], concurrent: bool) {
     let Some((&cfg, ops)) = data.split_first() else {
         return;
     };
@@ -63,7 +121,13 @@ pub fn ops_input(data: &[u8]) {
         },
     )
     .expect("creating a small image");
-    let mut img = Qcow2Image::open(&path, Qcow2Options::default()).expect("opening it");
+    let mut img = if concurrent {
+        Engine::Concurrent(
+            ConcurrentDisk::open(&path, Format::Qcow2, OpenOptions::default()).expect("opening it"),
+        )
+    } else {
+        Engine::Serial(Qcow2Image::open(&path, Qcow2Options::default()).expect("opening it"))
+    };
     let mut model = vec![0u8; size as usize];
     let mut buf = Vec::new();
     for op in ops.chunks_exact(6) {
@@ -75,13 +139,13 @@ pub fn ops_input(data: &[u8]) {
             0 | 1 => {
                 buf.clear();
                 buf.resize(len as usize, byte);
-                img.write_at(&buf, offset).expect("write");
+                img.write(&buf, offset).expect("write");
                 model[offset as usize..(offset + len) as usize].fill(byte);
             }
             2 => {
                 buf.clear();
                 buf.resize(len as usize, 0);
-                img.read_at(&mut buf, offset).expect("read");
+                img.read(&mut buf, offset).expect("read");
                 assert!(
                     buf[..] == model[offset as usize..(offset + len) as usize],
                     "read at {offset}+{len} differs from what was written"

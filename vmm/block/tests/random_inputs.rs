@@ -1,7 +1,7 @@
 //! The fuzz targets' entry points on deterministic random inputs, so CI
 //! runs them without a nightly toolchain.
 
-use block::fuzz_support::{header_input, ops_input};
+use block::fuzz_support::{concurrent_ops_input, header_input, ops_input};
 use block::qcow2::{CreateOptions, create};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -58,5 +58,15 @@ fn random_request_sequences_match_a_model() {
         let len = rng.random_range(1..600);
         let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         ops_input(&data);
+    }
+}
+
+#[test]
+fn random_request_sequences_through_the_concurrent_engine_match_a_model() {
+    let mut rng = StdRng::seed_from_u64(8);
+    for _ in 0..24 {
+        let len = rng.random_range(1..600);
+        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        concurrent_ops_input(&data);
     }
 }

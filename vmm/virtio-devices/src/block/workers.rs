@@ -4,8 +4,8 @@
 //! Started as batches need them, up to the configured number (a guest that
 //! sends one request at a time never gets any), and stopped at reset. Each
 //! thread has its own bounce buffer, handed to it at start and back at stop.
-//! A request that cannot be handed to a thread
-//! (none could be started, or all died) runs on the notifying thread.
+//! A request that cannot be handed to a thread (none could be started, or
+//! all died) runs on the notifying thread.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, mpsc};
@@ -116,8 +116,8 @@ impl IoWorkers {
         while pool.threads.len() < wanted {
             let n = pool.threads.len();
             let queue = pool.queue.clone();
-            // Only a thread that panicked outside a request loses its
-            // buffer; its successor gets a fresh one.
+            // Only a thread that failed to start, or panicked outside a
+            // request, loses its buffer; a successor gets a fresh one.
             let bounce = self
                 .spare
                 .pop()
