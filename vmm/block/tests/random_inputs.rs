@@ -51,22 +51,22 @@ fn header_parser_survives_mutated_headers() {
     }
 }
 
-#[test]
-fn random_request_sequences_match_a_model() {
-    let mut rng = StdRng::seed_from_u64(7);
+/// 24 random request sequences from `seed` through `run`.
+fn random_request_sequences(seed: u64, run: fn(&[u8])) {
+    let mut rng = StdRng::seed_from_u64(seed);
     for _ in 0..24 {
         let len = rng.random_range(1..600);
         let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-        ops_input(&data);
+        run(&data);
     }
 }
 
 #[test]
+fn random_request_sequences_match_a_model() {
+    random_request_sequences(7, ops_input);
+}
+
+#[test]
 fn random_request_sequences_through_the_concurrent_engine_match_a_model() {
-    let mut rng = StdRng::seed_from_u64(8);
-    for _ in 0..24 {
-        let len = rng.random_range(1..600);
-        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-        concurrent_ops_input(&data);
-    }
+    random_request_sequences(8, concurrent_ops_input);
 }
