@@ -45,7 +45,7 @@ pub fn header_input(data: &[u8]) {
 /// The engine a request sequence drives.
 enum Engine {
     /// `Qcow2Image`: one request at a time, through `&mut self`.
-    Serial(Qcow2Image),
+    Serial(Box<Qcow2Image>),
     /// `ConcurrentDisk`: what the VMM and virtio-blk use (driven from one
     /// thread here, so runs are deterministic).
     Concurrent(ConcurrentDisk),
@@ -126,7 +126,9 @@ fn run_ops(data: &[u8], concurrent: bool) {
             ConcurrentDisk::open(&path, Format::Qcow2, OpenOptions::default()).expect("opening it"),
         )
     } else {
-        Engine::Serial(Qcow2Image::open(&path, Qcow2Options::default()).expect("opening it"))
+        Engine::Serial(Box::new(
+            Qcow2Image::open(&path, Qcow2Options::default()).expect("opening it"),
+        ))
     };
     let mut model = vec![0u8; size as usize];
     let mut buf = Vec::new();
