@@ -61,25 +61,24 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = base as usize;
-        let start = base.next_multiple_of(align);
-        let head = start - base;
+        let base = base.cast::<u8>();
+        let head = (base as usize).next_multiple_of(align) - base as usize;
         let tail = reserve - head - len;
-        // SAFETY: both ranges lie inside the mapping just made and outside
-        // the part kept; unmapping page-aligned parts of a mapping is
-        // allowed. A failure would only leave them mapped (a leak).
-        unsafe {
+        // SAFETY: `head + len + tail == reserve`: every pointer below stays
+        // inside the mapping just made. The head and tail lie outside the
+        // part kept, and unmapping page-aligned parts of a mapping is
+        // allowed; a failure would only leave them mapped (a leak).
+        let start = unsafe {
+            let start = base.add(head);
             if head > 0 {
-                libc::munmap(base as *mut libc::c_void, head);
+                libc::munmap(base.cast(), head);
             }
             if tail > 0 {
-                libc::munmap((start + len) as *mut libc::c_void, tail);
+                libc::munmap(start.add(len).cast(), tail);
             }
-        }
-        Ok(Mapping {
-            addr: start as *mut u8,
-            len,
-        })
+            start
+        };
+        Ok(Mapping { addr: start, len })
     }
 }
 
@@ -102,7 +101,7 @@ pub enum Pages {
     Huge,
 }
 
-/// A zeroed, page-aligned buffer for one request at a time, owned by one
+/// A zeroed, 4 KiB-aligned buffer for one request at a time, owned by one
 /// thread at a time. Slots of one `io_buffers` call share a mapping.
 pub struct IoBuffer {
     map: Arc<Mapping>,
@@ -127,9 +126,9 @@ impl IoBuffer {
     }
 }
 
-/// `count` disjoint buffers of `len` bytes each, every one page aligned
-/// (`len` rounded up to 4 KiB between slots), from one mapping. Fails only
-/// when the memory cannot be had.
+/// `count` disjoint buffers of `len` bytes each (empty ones when `len` is
+/// 0), every one 4 KiB aligned (`len` rounded up to 4 KiB between slots),
+/// from one mapping. Fails only when the memory cannot be had.
 pub fn io_buffers(count: usize, len: usize, pages: Pages) -> io::Result<Vec<IoBuffer>> {
     let too_large = || io::Error::new(io::ErrorKind::OutOfMemory, "I/O buffers too large");
     let stride = len

@@ -235,13 +235,16 @@ impl Block {
 
 /// `count` bounce buffers of [`CHUNK`] bytes, page aligned so that O_DIRECT
 /// requests from them need no second copy in the disk layer. Zeroed
-/// mappings: pages become resident only when used. Running out of memory
+/// mappings: small pages become resident only when used; a huge page
+/// (2 MiB, all the buffers) with the first request. Running out of memory
 /// here ends the process, as any allocation does.
 fn bounce_buffers(count: usize, pages: Pages) -> Vec<IoBuffer> {
     ::block::io_buffers(count, CHUNK, pages).unwrap_or_else(|e| {
         tracing::error!("virtio-blk: cannot map {count} bounce buffers: {e}");
+        let size = count.saturating_mul(CHUNK).max(CHUNK);
         std::alloc::handle_alloc_error(
-            std::alloc::Layout::from_size_align(CHUNK, 4096).expect("a valid layout"),
+            std::alloc::Layout::from_size_align(size, 4096)
+                .unwrap_or(std::alloc::Layout::new::<[u8; CHUNK]>()),
         )
     })
 }
