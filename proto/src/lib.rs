@@ -7,6 +7,7 @@
 //!   `VirtualMachine`) with the labels, annotations and finalizers around them.
 //! - [`domain`]: the domain object the launcher reports, in KubeVirt's JSON
 //!   (Go field names as keys).
+//! - [`domain_stats`]: the statistics `GetDomainStats` returns (`stats.DomainStats`).
 //! - [`crd`]: CustomResourceDefinitions generated from the types.
 //! - [`wire`]: a canonical listing of the compiled protos, for contract tests.
 //! - [`unix`]: unix socket paths of any length and gRPC channels over them.
@@ -16,6 +17,7 @@
 
 pub mod crd;
 pub mod domain;
+pub mod domain_stats;
 pub mod grpc;
 pub mod kubevirt;
 pub mod unix;

@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod kvm;
 pub mod lifecycle;
 pub mod selftest;
+pub mod stats;
 pub mod test_guest;
 pub mod timing;
 pub mod vm;
@@ -26,4 +27,5 @@ pub use config::{
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};
+pub use stats::VmStats;
 pub use vm::{Vm, VmHandle};

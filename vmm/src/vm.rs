@@ -1,5 +1,6 @@
 //! Building a VM from a [`VmConfig`] and running it on its own threads.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::devices::legacy::{
 use crate::kvm::vcpu::{Buses, Vcpu};
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};
+use crate::stats::{DeviceCounters, VcpuTids, VmStats};
 
 /// Why a VM could not start, or a lifecycle request failed.
 #[derive(Debug, thiserror::Error)]
@@ -104,11 +106,14 @@ impl Vm {
             .collect::<kvm::Result<Vec<_>>>()?;
 
         let buses = Arc::new(Buses { pio, mmio });
-        let threads = spawn_vcpus(vcpus, &control, &buses)?;
+        let vcpu_tids: VcpuTids = (0..vcpus.len()).map(|_| AtomicI32::new(0)).collect();
+        let threads = spawn_vcpus(vcpus, &control, &buses, &vcpu_tids)?;
         Ok(VmHandle {
             control,
             i8042,
-            virtio,
+            virtio: virtio.transports,
+            counters: virtio.counters,
+            vcpu_tids,
             threads: Mutex::new(threads),
             _resources: Resources {
                 _vm: vm,
@@ -186,6 +191,7 @@ fn spawn_vcpus(
     vcpus: Vec<Vcpu>,
     control: &Arc<Control>,
     buses: &Arc<Buses>,
+    tids: &VcpuTids,
 ) -> Result<Vec<JoinHandle<()>>> {
     use std::os::unix::thread::JoinHandleExt;
     // Threads wait until their ids are registered, so no kick can miss them.
@@ -193,9 +199,14 @@ fn spawn_vcpus(
     let mut threads = Vec::with_capacity(vcpus.len());
     for vcpu in vcpus {
         let (control_t, buses_t, gate_t) = (control.clone(), buses.clone(), gate.clone());
+        let tids_t = tids.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("vcpu{}", vcpu.index()))
             .spawn(move || {
+                if let Some(slot) = tids_t.get(usize::from(vcpu.index())) {
+                    // SAFETY: gettid has no preconditions.
+                    slot.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+                }
                 gate_t.wait();
                 vcpu.run(&control_t, &buses_t);
             });
@@ -235,6 +246,8 @@ pub struct VmHandle {
     control: Arc<Control>,
     i8042: Arc<Mutex<I8042>>,
     virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    counters: DeviceCounters,
+    vcpu_tids: VcpuTids,
     threads: Mutex<Vec<JoinHandle<()>>>,
     _resources: Resources,
 }
@@ -283,6 +296,11 @@ impl VmHandle {
     /// already ended.
     pub fn kill(&self) {
         self.control.finish(VmExit::Killed);
+    }
+
+    /// The devices' counters and the vCPUs' CPU time, now.
+    pub fn stats(&self) -> VmStats {
+        crate::stats::snapshot(&self.counters, &self.vcpu_tids)
     }
 
     /// How the VM ended, if it has.

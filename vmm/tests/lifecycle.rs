@@ -205,3 +205,50 @@ fn a_console_client_reads_serial_output_from_a_unix_socket() {
     };
     assert!(closed, "the console connection stayed open: {after:?}");
 }
+
+#[test]
+fn stats_count_the_guests_disk_requests_and_vcpu_time() {
+    common::require_kvm();
+    let dir = common::tempdir();
+    let disk = dir.path().join("disk.raw");
+    std::fs::write(&disk, vec![0x11u8; 1 << 20]).unwrap();
+    let capture = SerialCapture::new();
+    let mut config = VmConfig::new(test_guest::kernel());
+    config.cmdline = "checks=virtio-blk exit=tick wait=120".into();
+    config.serial = SerialTarget::Capture(capture.clone());
+    config.disks.push(vmm::DiskConfig {
+        path: disk,
+        format: vmm::DiskFormat::Raw,
+        read_only: false,
+        cache: vmm::DiskCache::WriteBack,
+    });
+    let vm = Vm::start(config).expect("start the test guest");
+    assert!(
+        capture.wait_for("WAITING for Ctrl-Alt-Del", BOOT),
+        "{}",
+        String::from_utf8_lossy(&capture.contents())
+    );
+    let stats = vm.stats();
+    assert_eq!(stats.disks.len(), 1);
+    assert!(stats.nets.is_empty());
+    let d = stats.disks[0];
+    // The guest's checks read, write, flush and write zeroes.
+    assert!(d.rd_reqs >= 2 && d.rd_bytes >= 1024, "{d:?}");
+    assert!(d.wr_reqs >= 2 && d.wr_bytes >= 1024, "{d:?}");
+    assert!(d.fl_reqs >= 1, "{d:?}");
+    assert_eq!(d.capacity, 1 << 20);
+    // One vCPU, running: its thread has used CPU time (an emulated guest
+    // burns plenty of it to get here).
+    assert_eq!(stats.vcpu_times.len(), 1);
+    assert!(
+        stats.vcpu_times[0].is_some_and(|t| t > Duration::ZERO),
+        "{:?}",
+        stats.vcpu_times
+    );
+    vm.kill();
+    vm.wait();
+    // Counters stay readable after the end; the vCPU thread is gone.
+    let after = vm.stats();
+    assert_eq!(after.disks[0].rd_reqs, d.rd_reqs);
+    assert_eq!(after.vcpu_times, vec![None]);
+}

@@ -22,6 +22,7 @@ pub mod paths;
 pub mod run;
 pub mod server;
 pub mod signals;
+pub mod stats;
 pub mod to_vm;
 
 /// Current time as Kubernetes writes it.

@@ -459,26 +459,15 @@ impl Manager {
         Self::running_vm(&self.lock()).is_ok()
     }
 
-    /// Basic statistics (`GetDomainStats`), `None` without a domain.
+    /// Statistics (`GetDomainStats`, KubeVirt's `stats.DomainStats` JSON),
+    /// `None` without a domain.
     pub fn stats_json(&self) -> Option<String> {
         let state = self.lock();
         let domain = state.domain.as_ref()?;
-        let vcpus = domain.spec.vcpu.as_ref().map(|v| v.cpus).unwrap_or(1);
-        let memory_kib = domain
-            .spec
-            .memory
-            .as_ref()
-            .map(|m| m.value / 1024)
-            .unwrap_or(0);
-        Some(
-            serde_json::json!({
-                "Name": domain.spec.name,
-                "UUID": domain.spec.uuid,
-                "NrVirtCpu": vcpus,
-                "Memory": {"ActualBalloon": memory_kib, "ActualBalloonSet": true},
-            })
-            .to_string(),
-        )
+        let vm = state.vm.as_ref().map(|vm| vm.stats());
+        let stats =
+            crate::stats::domain_stats(domain, vm.as_ref(), crate::stats::ProcessUsage::current());
+        Some(serde_json::to_string(&stats).expect("plain structs serialize"))
     }
 }
 

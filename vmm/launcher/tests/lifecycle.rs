@@ -142,6 +142,36 @@ async fn sync_pause_unpause_shutdown_delete() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // Statistics in KubeVirt's `stats.DomainStats` shape: the guest's disk
+    // requests on `vda` (alias `containerdisk`), one running vCPU with CPU
+    // time, the launcher's CPU time and memory.
+    let reply = cmd
+        .get_domain_stats(EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.response.as_ref().unwrap().success);
+    let stats: serde_json::Value = serde_json::from_str(&reply.domain_stats).unwrap();
+    assert_eq!(stats["Name"], "ns1_testvmi");
+    let block = &stats["Block"][0];
+    assert_eq!(block["Name"], "vda");
+    assert_eq!(block["Alias"], "containerdisk");
+    assert_eq!(block["Path"], overlay.to_string_lossy().as_ref());
+    assert_eq!(block["RdReqsSet"], true);
+    assert!(block["RdReqs"].as_u64().unwrap() >= 2, "{block}");
+    assert!(block["WrBytes"].as_u64().unwrap() >= 512, "{block}");
+    assert!(block["FlReqs"].as_u64().unwrap() >= 1, "{block}");
+    assert_eq!(block["Errors"], 0);
+    assert_eq!(block["Capacity"], 1 << 20);
+    assert!(block["Physical"].as_u64().unwrap() > 0, "{block}");
+    assert_eq!(stats["Vcpu"].as_array().unwrap().len(), 1);
+    assert_eq!(stats["Vcpu"][0]["State"], 1);
+    assert!(stats["Vcpu"][0]["Time"].as_u64().unwrap() > 0, "{stats}");
+    assert!(stats["Cpu"]["Time"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(stats["Memory"]["RSSSet"], true);
+    assert!(stats["Memory"]["RSS"].as_u64().unwrap() > 0);
+    assert_eq!(stats["Net"].as_array().map(Vec::len), Some(0));
+
     // Sync again: idempotent, no restart.
     let reply = cmd
         .sync_virtual_machine(vmi_request(vmi.clone()))

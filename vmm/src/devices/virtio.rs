@@ -19,6 +19,7 @@ use crate::devices::irq::IrqLine;
 use crate::kvm::layout::{
     VIRTIO_FIRST_IRQ, VIRTIO_MAX_DEVICES, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE,
 };
+use crate::stats::DeviceCounters;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -71,9 +72,11 @@ pub fn default_mac(index: usize) -> [u8; 6] {
     ]
 }
 
-/// The devices the configuration asks for, in a fixed order: disks, nets, rng.
-fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error> {
+/// The devices the configuration asks for, in a fixed order: disks, nets,
+/// rng; and their counters.
+fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    let mut counters = DeviceCounters::default();
     for (i, disk) in config.disks.iter().enumerate() {
         // Several requests of a batch in flight at once (see
         // `virtio_devices::block`).
@@ -103,7 +106,9 @@ fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error>
             },
             ..BlockOptions::default()
         };
-        devices.push(Box::new(Block::shared(Arc::new(backend), options)));
+        let device = Block::shared(Arc::new(backend), options);
+        counters.disks.push(device.counters());
+        devices.push(Box::new(device));
     }
     for (i, net) in config.nets.iter().enumerate() {
         let mac = net.mac.unwrap_or_else(|| default_mac(i));
@@ -111,12 +116,19 @@ fn build_devices(config: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error>
             tap: net.tap.clone(),
             source,
         })?;
+        counters.nets.push(device.counters());
         devices.push(Box::new(device));
     }
     if config.rng {
         devices.push(Box::new(Rng::new()));
     }
-    Ok(devices)
+    Ok((devices, counters))
+}
+
+/// The devices on the bus, and their counters.
+pub struct Attached {
+    pub transports: Vec<Arc<Mutex<MmioTransport>>>,
+    pub counters: DeviceCounters,
 }
 
 /// Creates the configured devices, puts them on the MMIO bus with their
@@ -127,8 +139,8 @@ pub fn attach(
     mem: &GuestMemoryMmap,
     mmio: &mut Bus,
     cmdline: &mut Cmdline,
-) -> Result<Vec<Arc<Mutex<MmioTransport>>>, Error> {
-    let devices = build_devices(config)?;
+) -> Result<Attached, Error> {
+    let (devices, counters) = build_devices(config)?;
     if devices.len() > VIRTIO_MAX_DEVICES as usize {
         return Err(Error::TooMany(devices.len()));
     }
@@ -153,7 +165,10 @@ pub fn attach(
             .map_err(|e| Error::Setup(format!("kernel command line: {e}")))?;
         transports.push(transport);
     }
-    Ok(transports)
+    Ok(Attached {
+        transports,
+        counters,
+    })
 }
 
 #[cfg(test)]

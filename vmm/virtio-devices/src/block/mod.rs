@@ -12,10 +12,12 @@
 //! is never handed to the backend as a Rust slice (the guest may change it
 //! concurrently).
 
+mod counters;
 pub mod request;
 mod workers;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use ::block::{DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
 use virtio_bindings::virtio_blk::{
@@ -92,9 +94,13 @@ pub struct Block {
     log: GuestErrorLog,
 }
 
+use counters::Accounted;
+pub use counters::{BlockCounters, BlockCounts};
+
 /// What runs a parsed request, on any thread.
 struct Executor {
     disk: Arc<dyn SharedDisk>,
+    counters: Arc<BlockCounters>,
     serial: [u8; 20],
     write_through: bool,
 }
@@ -150,6 +156,7 @@ impl Block {
         let bounce = buffers.swap_remove(0);
         Block {
             executor: Arc::new(Executor {
+                counters: Arc::new(BlockCounters::new(limits.capacity * SECTOR_SIZE)),
                 disk,
                 serial: request::device_id_bytes(&options.serial),
                 write_through: options.write_through,
@@ -167,6 +174,11 @@ impl Block {
     /// Disk size in sectors, as the guest sees it.
     pub fn capacity(&self) -> u64 {
         self.limits.capacity
+    }
+
+    /// The device's request counters, live (for `GetDomainStats`).
+    pub fn counters(&self) -> Arc<BlockCounters> {
+        self.executor.counters.clone()
     }
 
     /// Checks one chain. A refused request is answered here (its used
@@ -249,11 +261,34 @@ fn bounce_buffers(count: usize, pages: Pages) -> Vec<IoBuffer> {
     })
 }
 
+/// What a request counts as in the device's statistics.
+fn accounted(kind: &RequestKind) -> Accounted {
+    let bytes = |data: &[Buffer]| data.iter().map(|b| u64::from(b.len)).sum();
+    match kind {
+        RequestKind::Read { data, .. } => Accounted::Read(bytes(data)),
+        RequestKind::Write { data, .. } => Accounted::Write(bytes(data)),
+        RequestKind::WriteZeroes { segments } => Accounted::Write(
+            segments
+                .iter()
+                .map(|s| u64::from(s.sectors) * SECTOR_SIZE)
+                .sum(),
+        ),
+        RequestKind::Flush => Accounted::Flush,
+        RequestKind::GetId { .. } | RequestKind::Discard { .. } => Accounted::Uncounted,
+    }
+}
+
 impl Executor {
     /// Runs one request; returns the used length (data and status bytes
     /// written into the chain).
     fn run(&self, req: &Request, mem: &GuestMemoryMmap, bounce: &mut [u8]) -> u32 {
+        let started = Instant::now();
         let (status, written) = self.execute(req, mem, bounce);
+        self.counters.record(
+            accounted(&req.kind),
+            status == VIRTIO_BLK_S_OK as u8,
+            started.elapsed(),
+        );
         write_status(mem, req.status, status, written)
     }
 

@@ -342,6 +342,56 @@ fn write_through_flushes_every_write_and_nothing_else() {
 }
 
 #[test]
+fn counters_count_what_succeeded_and_the_failures() {
+    let mem = test_memory();
+    let disk = Arc::new(Mutex::new(MemDisk::new(DISK_SIZE)));
+    let dev = Block::new(Box::new(SharedDisk(disk.clone())), BlockOptions::default());
+    let counters = dev.counters();
+    let mut h = Harness::with_device(&mem, dev, disk);
+    let fresh = BlockCounts {
+        capacity: DISK_SIZE as u64,
+        ..BlockCounts::default()
+    };
+    assert_eq!(counters.snapshot(), fresh);
+    let ok = |r: (u8, u32)| assert_eq!(r.0, OK);
+    ok(h.request(VIRTIO_BLK_T_OUT, 0, &[Desc::read(DATA, 1024)]));
+    ok(h.request(
+        VIRTIO_BLK_T_IN,
+        0,
+        &[Desc::write(DATA, 512), Desc::write(DATA + 4096, 1536)],
+    ));
+    ok(h.request(VIRTIO_BLK_T_FLUSH, 0, &[]));
+    let n = h.segments(&[(1, 2, 0)]);
+    ok(h.request(VIRTIO_BLK_T_WRITE_ZEROES, 0, &[Desc::read(DATA, n)]));
+    // Not counted: ID and discard requests.
+    ok(h.request(VIRTIO_BLK_T_GET_ID, 0, &[Desc::write(DATA, 20)]));
+    let n = h.segments(&[(4, 1, 0)]);
+    ok(h.request(VIRTIO_BLK_T_DISCARD, 0, &[Desc::read(DATA, n)]));
+    // Refused before it runs (past the end): not counted at all.
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_IN, DISK_SECTORS, &[Desc::write(DATA, 512)])
+            .0,
+        IOERR
+    );
+    // Failed on the disk: an error, no read.
+    h.disk.lock().unwrap().fail = Some(|| DiskError::Io(std::io::Error::other("bad sector")));
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_IN, 0, &[Desc::write(DATA, 512)]).0,
+        IOERR
+    );
+    let c = counters.snapshot();
+    assert_eq!(
+        (
+            c.rd_reqs, c.rd_bytes, c.wr_reqs, c.wr_bytes, c.fl_reqs, c.errors
+        ),
+        (1, 2048, 2, 1024 + 1024, 1, 1),
+        "{c:?}"
+    );
+    assert!(c.rd_total_ns > 0 && c.wr_total_ns > 0 && c.fl_total_ns > 0);
+    assert_eq!(c.capacity, DISK_SIZE as u64);
+}
+
+#[test]
 fn flush_with_data_is_refused() {
     let mem = test_memory();
     let mut h = Harness::writable(&mem);

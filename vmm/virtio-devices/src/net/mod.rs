@@ -13,6 +13,7 @@
 //!   nothing is corrupted, and delivery resumes as soon as buffers come back
 //!   (Firecracker's CVE-2020-16843 was a receive path that stalled here).
 
+mod counters;
 pub mod tap;
 #[cfg(any(test, feature = "test-tap"))]
 pub mod test_tap;
@@ -36,6 +37,8 @@ use crate::feature_bit;
 use crate::interrupt::DeviceInterrupt;
 use crate::log_limit::{GuestErrorLog, guest_warn};
 use crate::queue::{DeviceQueue, QueueError};
+use counters::NetEvent;
+pub use counters::{NetCounters, NetCounts};
 pub use tap::{Tap, TapError, VNET_HDR_LEN};
 
 pub const RX_QUEUE: u16 = 0;
@@ -104,6 +107,7 @@ pub struct Net {
     rx: Option<RxWorker>,
     paused: bool,
     log: GuestErrorLog,
+    counters: Arc<NetCounters>,
 }
 
 impl Net {
@@ -122,7 +126,13 @@ impl Net {
             rx: None,
             paused: false,
             log: GuestErrorLog::default(),
+            counters: Arc::default(),
         })
+    }
+
+    /// The device's traffic counters, live (for `GetDomainStats`).
+    pub fn counters(&self) -> Arc<NetCounters> {
+        self.counters.clone()
     }
 
     /// Kernel thread id of the running receive thread, if any (0 until it
@@ -167,10 +177,14 @@ impl Net {
             match &popped.chain {
                 Ok(chain) => {
                     if let Err(e) = self.transmit(chain, &tx.mem) {
+                        self.counters.record(NetEvent::SendDropped);
                         guest_warn!(self.log, "virtio-net: transmit dropped: {e}");
                     }
                 }
-                Err(e) => guest_warn!(self.log, "virtio-net: bad transmit chain: {e}"),
+                Err(e) => {
+                    self.counters.record(NetEvent::SendDropped);
+                    guest_warn!(self.log, "virtio-net: bad transmit chain: {e}");
+                }
             }
             tx.queue
                 .add_used(&tx.mem, popped.head, 0)
@@ -209,14 +223,20 @@ impl Net {
         if flags != 0 || gso != 0 {
             return Err(TxError::OffloadNotNegotiated { flags, gso });
         }
-        if let Err(e) = self.tap.write_frame(&self.tx_buf) {
-            // The host side (link down, tap gone) is not the guest's fault;
-            // the frame is lost as on a real wire.
-            guest_warn!(
-                self.log,
-                "virtio-net: tap {} write failed: {e}",
-                self.tap.name()
-            );
+        match self.tap.write_frame(&self.tx_buf) {
+            Ok(()) => self.counters.record(NetEvent::Sent(
+                self.tx_buf.len().saturating_sub(VNET_HDR_LEN),
+            )),
+            Err(e) => {
+                // The host side (link down, tap gone) is not the guest's
+                // fault; the frame is lost as on a real wire.
+                self.counters.record(NetEvent::SendError);
+                guest_warn!(
+                    self.log,
+                    "virtio-net: tap {} write failed: {e}",
+                    self.tap.name()
+                );
+            }
         }
         Ok(())
     }
@@ -280,6 +300,7 @@ impl VirtioDevice for Net {
             interrupt: ctx.interrupt.clone(),
             used_pending: false,
             log: GuestErrorLog::default(),
+            counters: self.counters.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("virtio-net-rx".into())
@@ -345,6 +366,7 @@ struct RxState {
     /// Chains were returned since the last interrupt.
     used_pending: bool,
     log: GuestErrorLog,
+    counters: Arc<NetCounters>,
 }
 
 enum Delivery {
@@ -455,6 +477,7 @@ fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
                     if pending.is_none() && !tap_failed {
                         match tap.read_frame(&mut frame) {
                             Ok(n) if n > MAX_FRAME => {
+                                rx.counters.record(NetEvent::ReceiveDropped);
                                 tracing::warn!(
                                     "virtio-net: dropped an oversized frame from tap {}",
                                     tap.name()
@@ -465,6 +488,7 @@ fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                             Err(e) => {
+                                rx.counters.record(NetEvent::ReceiveError);
                                 tracing::error!(
                                     "virtio-net: tap {} read failed, receive stopped: {e}",
                                     tap.name()
@@ -475,7 +499,15 @@ fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
                     }
                     let Some(n) = pending else { break };
                     match rx.deliver(&mut frame[..n]) {
-                        Ok(Delivery::Delivered | Delivery::Dropped) => pending = None,
+                        Ok(Delivery::Delivered) => {
+                            rx.counters
+                                .record(NetEvent::Received(n.saturating_sub(VNET_HDR_LEN)));
+                            pending = None;
+                        }
+                        Ok(Delivery::Dropped) => {
+                            rx.counters.record(NetEvent::ReceiveDropped);
+                            pending = None;
+                        }
                         Ok(Delivery::NoBuffer) => break,
                         Err(e) => {
                             tracing::warn!("virtio-net: receive queue unusable: {e}");

@@ -28,12 +28,14 @@ struct Harness<'a> {
     wire: Wire,
     rx_seen: u16,
     rx_posted: u64,
+    counters: Arc<NetCounters>,
 }
 
 impl<'a> Harness<'a> {
     fn new(mem: &'a GuestMemoryMmap, tap: &str) -> Self {
         create_tap(tap);
         let net = Net::new(tap, GUEST_MAC).expect("open the tap");
+        let counters = net.counters();
         let mut mmio = MmioDriver::new(Box::new(net), mem);
         let rxq = GuestDriver::at(mem, 16, 0x1000);
         let txq = GuestDriver::at(mem, 16, 0x8000);
@@ -46,6 +48,7 @@ impl<'a> Harness<'a> {
             wire: Wire::bind(tap),
             rx_seen: 0,
             rx_posted: 0,
+            counters,
         }
     }
 
@@ -152,6 +155,9 @@ fn a_guest_frame_reaches_the_tap() {
         assert_eq!(used, 0);
         assert_eq!(h.wire.recv(Duration::from_secs(2)).as_deref(), Some(&f[..]));
         assert_eq!(h.mmio.interrupts(), 1);
+        // Counted as Ethernet bytes, without the virtio-net header.
+        let c = h.counters.snapshot();
+        assert_eq!((c.tx_pkts, c.tx_bytes, c.tx_drop), (1, f.len() as u64, 0));
     });
 }
 
@@ -180,6 +186,7 @@ fn bad_transmit_chains_are_returned_and_nothing_is_sent() {
             vec![Desc::read(MEM_SIZE - 10, total)],
             vec![Desc::read(u64::MAX - 20, total)],
         ];
+        let refused = cases.len() as u64;
         for c in cases {
             assert_eq!(h.send(&c), 0, "{c:?}");
         }
@@ -187,6 +194,8 @@ fn bad_transmit_chains_are_returned_and_nothing_is_sent() {
         // A good frame still goes out afterwards.
         h.send(&[Desc::read(TX_BUFS, total)]);
         assert_eq!(h.wire.recv(Duration::from_secs(2)).as_deref(), Some(&f[..]));
+        let c = h.counters.snapshot();
+        assert_eq!((c.tx_drop, c.tx_pkts, c.tx_errs), (refused, 1, 0));
     });
 }
 
@@ -207,6 +216,11 @@ fn a_frame_from_the_tap_lands_in_a_guest_buffer() {
             Some(&f[..])
         );
         assert!(h.mmio.interrupts() >= 1);
+        // At least this frame (the host may send its own, such as IPv6
+        // neighbour discovery, through the tap too).
+        let c = h.counters.snapshot();
+        assert!(c.rx_pkts >= 1 && c.rx_bytes >= f.len() as u64, "{c:?}");
+        assert_eq!(c.tx_pkts, 0);
     });
 }
 
@@ -283,6 +297,8 @@ fn bad_receive_chains_are_skipped_and_oversized_frames_dropped() {
         assert_eq!(len, 30);
         assert_eq!(bytes[VNET_HDR_LEN..], small[..]);
         assert_eq!(h.mmio.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+        // The big frame did not fit the buffer that was left.
+        assert!(h.counters.snapshot().rx_drop >= 1);
     });
 }
 
