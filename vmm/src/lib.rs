@@ -2,12 +2,13 @@
 //!
 //! [`Vm::start`] builds a VM from a [`VmConfig`] and runs it on its own
 //! threads; the returned [`VmHandle`] pauses, resumes, asks the guest to shut
-//! down, kills, and reports how the VM ended ([`VmExit`]).
+//! down, kills, reports how the VM ended ([`VmExit`]) and what its devices
+//! and vCPUs have done so far ([`VmStats`]).
 //!
 //! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `devices` (bus, legacy
-//! devices, virtio wiring), `vm`/`lifecycle` (the API), `cli` (argument
-//! parsing for the `vmm` binary), `test_guest` (the embedded test guest),
-//! `selftest`.
+//! devices, virtio wiring), `vm`/`lifecycle` (the API), `stats` (device
+//! counters, CPU time), `cli` (argument parsing for the `vmm` binary),
+//! `test_guest` (the embedded test guest), `selftest`.
 
 pub mod cli;
 pub mod config;

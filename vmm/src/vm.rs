@@ -203,12 +203,17 @@ fn spawn_vcpus(
         let spawned = std::thread::Builder::new()
             .name(format!("vcpu{}", vcpu.index()))
             .spawn(move || {
-                if let Some(slot) = tids_t.get(usize::from(vcpu.index())) {
+                let slot = tids_t.get(usize::from(vcpu.index()));
+                if let Some(slot) = slot {
                     // SAFETY: gettid has no preconditions.
                     slot.store(unsafe { libc::gettid() }, Ordering::Relaxed);
                 }
                 gate_t.wait();
                 vcpu.run(&control_t, &buses_t);
+                // The id may be reused by another thread once this one ends.
+                if let Some(slot) = slot {
+                    slot.store(0, Ordering::Relaxed);
+                }
             });
         match spawned {
             Ok(handle) => threads.push(handle),
