@@ -5,9 +5,8 @@
 //! The tap comes from netsetup; the packet socket is a few libc calls (no
 //! crate in our set wraps AF_PACKET).
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -39,36 +38,7 @@ pub fn prepare_link(name: &str) -> io::Result<()> {
     let sysctl = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
     // No IPv6 in this kernel is fine too.
     let _ = std::fs::write(sysctl, "1");
-    // SAFETY: plain socket(2).
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh socket we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ifreq is plain data; all-zero is valid.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    if name.is_empty() || name.len() >= ifr.ifr_name.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad interface name",
-        ));
-    }
-    for (dst, src) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq, which lives
-    // across both calls.
-    unsafe {
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    virtio_devices::net::host_link::set_up(name)
 }
 
 /// A raw socket on one link, for frames of [`ETHERTYPE`] only.
@@ -78,43 +48,7 @@ struct PacketSocket {
 
 impl PacketSocket {
     fn bind(name: &str) -> io::Result<Self> {
-        let cname = CString::new(name)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
-        // SAFETY: the string is NUL-terminated.
-        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if index == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let protocol = ETHERTYPE.to_be();
-        // SAFETY: plain socket(2).
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                i32::from(protocol),
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh socket we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sockaddr_ll is plain data.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = protocol;
-        addr.sll_ifindex = index as i32;
-        // SAFETY: addr is a valid sockaddr_ll of the size we pass.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &addr as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = virtio_devices::net::host_link::packet_socket(name, ETHERTYPE)?;
         let timeout = libc::timeval {
             tv_sec: 0,
             tv_usec: 100_000,

@@ -14,6 +14,7 @@
 //!   (Firecracker's CVE-2020-16843 was a receive path that stalled here).
 
 mod counters;
+pub mod host_link;
 pub mod tap;
 #[cfg(any(test, feature = "test-tap"))]
 pub mod test_tap;

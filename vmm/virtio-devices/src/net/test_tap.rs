@@ -4,7 +4,7 @@
 //! without it.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// IEEE 802 local experimental ethertype: nothing else on the tap uses it.
@@ -88,21 +88,7 @@ pub fn create_tap(name: &str) {
         );
     }
     drop(tun);
-    // SAFETY: a plain datagram socket for interface ioctls.
-    let sock = unsafe { OwnedFd::from_raw_fd(libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)) };
-    let mut ifr = ifreq(name);
-    // SAFETY: valid fd and ifreq.
-    unsafe {
-        assert_eq!(
-            libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr),
-            0
-        );
-        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        assert_eq!(
-            libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr),
-            0
-        );
-    }
+    super::host_link::set_up(name).unwrap_or_else(|e| panic!("set {name} up: {e}"));
 }
 
 /// An AF_PACKET socket on the tap: the far end of the wire.
@@ -112,30 +98,8 @@ pub struct Wire {
 
 impl Wire {
     pub fn bind(name: &str) -> Wire {
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: creating a socket.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
-        assert!(raw >= 0, "packet socket: {}", io::Error::last_os_error());
-        // SAFETY: raw is a fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let cname = std::ffi::CString::new(name).unwrap();
-        // SAFETY: valid C string.
-        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        assert_ne!(index, 0, "no interface {name}");
-        // SAFETY: sockaddr_ll is plain old data.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = proto;
-        addr.sll_ifindex = index as i32;
-        // SAFETY: addr is a valid sockaddr_ll of the given size.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "bind: {}", io::Error::last_os_error());
+        let fd = super::host_link::packet_socket(name, super::host_link::ALL_FRAMES)
+            .unwrap_or_else(|e| panic!("packet socket on {name}: {e}"));
         Wire { fd }
     }
 
