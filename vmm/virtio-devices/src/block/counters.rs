@@ -21,8 +21,8 @@ pub struct BlockCounters {
     fl_reqs: AtomicU64,
     fl_ns: AtomicU64,
     errors: AtomicU64,
-    /// Disk size in bytes, as the guest sees it.
-    capacity: AtomicU64,
+    /// Disk size in bytes, as the guest sees it (fixed).
+    capacity: u64,
 }
 
 /// A snapshot of [`BlockCounters`]. Requests count once they succeed; a
@@ -60,9 +60,10 @@ fn nanos(d: Duration) -> u64 {
 
 impl BlockCounters {
     pub(super) fn new(capacity: u64) -> BlockCounters {
-        let counters = BlockCounters::default();
-        counters.capacity.store(capacity, Ordering::Relaxed);
-        counters
+        BlockCounters {
+            capacity,
+            ..BlockCounters::default()
+        }
     }
 
     pub(super) fn record(&self, what: Accounted, ok: bool, took: Duration) {
@@ -97,7 +98,7 @@ impl BlockCounters {
             fl_reqs: get(&self.fl_reqs),
             fl_total_ns: get(&self.fl_ns),
             errors: get(&self.errors),
-            capacity: get(&self.capacity),
+            capacity: self.capacity,
         }
     }
 }
