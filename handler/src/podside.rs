@@ -12,9 +12,6 @@ use proto::kubevirt::VirtualMachineInstance;
 
 use crate::vmis::status::PodInterface;
 
-/// The primary pod interface (`eth0`).
-pub const POD_IFACE: &str = "eth0";
-
 #[derive(Debug, thiserror::Error)]
 pub enum PodSideError {
     #[error(

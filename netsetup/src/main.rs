@@ -1,5 +1,6 @@
 //! `netsetup`: the masquerade pod network and the guest's DHCP server, for operators and tests.
 
+use proto::contract::pod_network;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -57,9 +58,9 @@ impl Namespace {
 struct MasqueradeArgs {
     #[command(flatten)]
     namespace: Namespace,
-    #[arg(long, default_value = "eth0")]
+    #[arg(long, default_value = pod_network::PRIMARY_POD_IFACE)]
     iface: String,
-    #[arg(long, default_value = "tap0")]
+    #[arg(long, default_value = pod_network::PRIMARY_TAP)]
     tap_name: String,
     /// uid (and gid) owning the tap: 107 for non-root VMIs, 0 for root ones.
     #[arg(long, default_value_t = masquerade::NON_ROOT_UID)]
@@ -115,7 +116,7 @@ fn parse_port(text: &str) -> Result<Port, String> {
 struct DhcpArgs {
     #[command(flatten)]
     namespace: Namespace,
-    #[arg(long, default_value = "k6t-eth0")]
+    #[arg(long, default_value_t = pod_network::bridge_name(pod_network::PRIMARY_POD_IFACE))]
     bridge: String,
     #[arg(long, default_value = "/etc/resolv.conf")]
     resolv_conf: PathBuf,

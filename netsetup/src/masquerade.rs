@@ -68,8 +68,8 @@ impl MasqueradeConfig {
     pub fn new(netns: NetnsTarget) -> Self {
         MasqueradeConfig {
             netns,
-            iface: "eth0".into(),
-            tap_name: "tap0".into(),
+            iface: PRIMARY_POD_IFACE.into(),
+            tap_name: PRIMARY_TAP.into(),
             tap_owner_uid: NON_ROOT_UID,
             tap_owner_gid: NON_ROOT_UID,
             ports: Vec::new(),
@@ -82,7 +82,7 @@ impl MasqueradeConfig {
 
     /// The bridge: `k6t-` + the pod interface name without a `pod` prefix.
     pub fn bridge_name(&self) -> String {
-        bridge_name_for(&self.iface)
+        bridge_name(&self.iface)
     }
 
     /// Checks the inputs alone, before touching the namespace.
@@ -142,10 +142,8 @@ impl MasqueradeConfig {
     }
 }
 
-/// `k6t-<iface without "pod" prefix>`.
-pub fn bridge_name_for(iface: &str) -> String {
-    format!("k6t-{}", iface.strip_prefix("pod").unwrap_or(iface))
-}
+pub use proto::contract::pod_network::bridge_name;
+use proto::contract::pod_network::{PRIMARY_POD_IFACE, PRIMARY_TAP};
 
 fn valid_ifname(name: &str) -> bool {
     !name.is_empty()
@@ -644,8 +642,8 @@ mod tests {
 
     #[test]
     fn bridge_name_drops_pod_prefix() {
-        assert_eq!(bridge_name_for("eth0"), "k6t-eth0");
-        assert_eq!(bridge_name_for("pod16477688c0e"), "k6t-16477688c0e");
+        assert_eq!(bridge_name("eth0"), "k6t-eth0");
+        assert_eq!(bridge_name("pod16477688c0e"), "k6t-16477688c0e");
     }
 
     #[test]

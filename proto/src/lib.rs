@@ -11,10 +11,13 @@
 //! - [`crd`]: CustomResourceDefinitions generated from the types.
 //! - [`wire`]: a canonical listing of the compiled protos, for contract tests.
 //! - [`unix`]: unix socket paths of any length and gRPC channels over them.
+//! - [`contract`]: names and paths several processes must agree on (pod network, pod
+//!   mounts, kernel boot), each written once.
 //!
 //! Unknown JSON fields are kept everywhere (`extra` maps), so a component that
 //! reads, changes and writes back an object never erases what it does not know.
 
+pub mod contract;
 pub mod crd;
 pub mod domain;
 pub mod domain_stats;

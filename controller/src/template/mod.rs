@@ -42,7 +42,6 @@ pub const GRACE_PERIOD_PADDING_SECONDS: i64 = 15;
 pub const EPHEMERAL_STORAGE_OVERHEAD: &str = "50M";
 
 const VIRT_PRIVATE_DIR: &str = "/var/run/kubevirt-private";
-const VIRT_IMAGE_VOLUME_DIR: &str = "/var/run/kubevirt-image-volume";
 const CONTAINER_BINARY_DIR: &str = "/container-disk-binary";
 const LAUNCHER_VOLUME: &str = "launcher-volume";
 const OBSOLETE_HOST_MODEL_LABEL: &str = "node-labeller.kubevirt.io/obsolete-host-model";
@@ -787,14 +786,8 @@ fn image_pull_secrets(
             push(secret);
         }
     }
-    if let Some(secret) = vmi
-        .spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|k| k.container.as_ref())
-        .and_then(|c| c.image_pull_secret.as_deref())
+    if let Some(secret) =
+        proto::contract::kernel_boot::container(vmi).and_then(|c| c.image_pull_secret.as_deref())
     {
         push(secret);
     }

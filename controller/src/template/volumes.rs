@@ -1,11 +1,12 @@
 //! The pod's volumes and the compute container's mounts (`rendervolumes.go`).
 
+use super::VIRT_PRIVATE_DIR;
 use super::{LAUNCHER_VOLUME, RenderContext, TemplateConfig, TemplateError};
-use super::{VIRT_IMAGE_VOLUME_DIR, VIRT_PRIVATE_DIR};
 use k8s_openapi::api::core::v1::{
     EmptyDirVolumeSource, HostPathVolumeSource, ImageVolumeSource,
     PersistentVolumeClaimVolumeSource, SecretVolumeSource, Volume, VolumeDevice, VolumeMount,
 };
+use proto::contract::pod_paths::image_volume_disk_dir;
 use proto::kubevirt::VirtualMachineInstance;
 
 /// What the controller knows about a PVC the VMI uses.
@@ -229,20 +230,11 @@ pub(super) fn render(
         });
         mounts.push(VolumeMount {
             read_only: Some(true),
-            ..mount(
-                &volume.name,
-                &format!("{VIRT_IMAGE_VOLUME_DIR}/disk_{index}"),
-            )
+            ..mount(&volume.name, &image_volume_disk_dir(index))
         });
         needs_launcher_volume |= !disk.image.contains("@sha256:");
     }
-    let kernel_boot = vmi
-        .spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|k| k.container.as_ref());
+    let kernel_boot = proto::contract::kernel_boot::container(vmi);
     if kernel_boot.is_some() {
         return Err(TemplateError::Unsupported("kernel boot containers".into()));
     }

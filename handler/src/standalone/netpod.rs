@@ -15,8 +15,7 @@ use futures::TryStreamExt;
 use netsetup::links::{self, LinkChange};
 use netsetup::netns::{self, NetnsTarget};
 
-/// The pod interface name.
-pub const POD_IFACE: &str = "eth0";
+use proto::contract::pod_network::PRIMARY_POD_IFACE as POD_IFACE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodNetError {

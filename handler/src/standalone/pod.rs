@@ -37,8 +37,7 @@ pub const POD_DEVICES: &[(&str, &str, u32)] = &[
     ("dev-kvm", "/dev/kvm", 0o660),
     ("dev-net-tun", "/dev/net/tun", 0o666),
 ];
-pub const IMAGE_VOLUME_DIR: &str = "/var/run/kubevirt-image-volume";
-pub const KERNEL_BOOT_DIR: &str = "/var/run/kubevirt-kernel-boot";
+use proto::contract::pod_paths::{KERNEL_BOOT_DIR, image_volume_disk_dir};
 
 /// What is persisted about a pod so a restarted handler can adopt it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -135,7 +134,7 @@ pub fn image_binds(
         };
         let source = image_path(images, &cd.image, &volume.name)?;
         let meta = std::fs::metadata(source).map_err(|e| PodError::Image(source.into(), e))?;
-        let root = Path::new(IMAGE_VOLUME_DIR).join(format!("disk_{index}"));
+        let root = PathBuf::from(image_volume_disk_dir(index));
         if meta.is_dir() {
             binds.push(BindMount {
                 source: source.to_path_buf(),
@@ -156,13 +155,7 @@ pub fn image_binds(
             });
         }
     }
-    let kernel_boot = vmi
-        .spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|k| k.container.as_ref());
+    let kernel_boot = proto::contract::kernel_boot::container(vmi);
     if let Some(container) = kernel_boot {
         let source = image_path(images, &container.image, "kernel-boot")?;
         let meta = std::fs::metadata(source).map_err(|e| PodError::Image(source.into(), e))?;

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// The primary pod interface and the masquerade bridge.
-pub const POD_IFACE: &str = "eth0";
-pub const BRIDGE: &str = "k6t-eth0";
+use proto::contract::pod_network::{PRIMARY_POD_IFACE as POD_IFACE, PRIMARY_TAP};
+/// The masquerade bridge of the primary pod interface (`k6t-eth0`).
+fn bridge() -> String {
+    proto::contract::pod_network::bridge_name(POD_IFACE)
+}
 /// KubeVirt's default guest network for masquerade.
 pub const DEFAULT_VM_CIDR: &str = "10.0.2.0/24";
 
@@ -31,7 +33,7 @@ pub fn pod_interface(sys_class_net: &Path) -> PodInterface {
             .and_then(|m| m.parse().ok())
             .unwrap_or(1500),
         mac: read(&eth0.join("address")).filter(|m| !m.is_empty()),
-        tap_exists: sys_class_net.join(crate::converter::POD_TAP).exists(),
+        tap_exists: sys_class_net.join(PRIMARY_TAP).exists(),
     }
 }
 
@@ -41,7 +43,7 @@ pub enum NetworkError {
     BadCidr(usize, String),
     #[error("DHCP configuration: {0}")]
     Dhcp(#[from] netsetup::dhcp::DhcpConfigError),
-    #[error("DHCP server on {BRIDGE}: {0}")]
+    #[error("DHCP server on k6t-eth0: {0}")]
     Server(#[from] netsetup::dhcp::ServerError),
 }
 
@@ -103,7 +105,7 @@ pub fn start_dhcp(
         vmi.spec.subdomain.as_deref(),
         pod.mtu,
     )?;
-    let server = DhcpServer::bind(BRIDGE, config)?;
+    let server = DhcpServer::bind(&bridge(), config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop_thread = stop.clone();
     let thread = std::thread::Builder::new()

@@ -7,10 +7,7 @@ use proto::domain::{
 };
 use proto::kubevirt::VirtualMachineInstance;
 
-/// The bridge's MAC in the pod; a guest may not use it.
-const RESERVED_MAC: &str = "02:00:00:00:00:00";
-/// The tap of the primary pod network.
-pub const POD_TAP: &str = "tap0";
+use proto::contract::pod_network::{BRIDGE_MAC as RESERVED_MAC, PRIMARY_TAP as POD_TAP};
 
 pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devices) -> Result<()> {
     let interfaces = &vmi.spec.domain.devices.interfaces;
@@ -91,7 +88,7 @@ pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devi
         let target = if ctx.pod_interface.tap_exists {
             POD_TAP
         } else {
-            "eth0"
+            proto::contract::pod_network::PRIMARY_POD_IFACE
         };
         devices.interfaces.push(Interface {
             r#type: "ethernet".into(),

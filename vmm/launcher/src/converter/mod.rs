@@ -15,8 +15,6 @@ mod metadata;
 mod os;
 mod serial;
 
-pub use interfaces::POD_TAP;
-
 use crate::disks::{DiskPlan, KernelBoot};
 use crate::paths::Paths;
 use proto::domain::{Devices, Domain};

@@ -462,16 +462,10 @@ pub fn kernel_boot(
     paths: &Paths,
     vmi: &VirtualMachineInstance,
 ) -> Result<Option<KernelBoot>, DiskError> {
-    let Some(kb) = vmi
-        .spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-    else {
+    let Some(kb) = proto::contract::kernel_boot::kernel_boot(vmi) else {
         return Ok(None);
     };
-    let field = "spec.domain.firmware.kernelBoot";
+    let field = proto::contract::kernel_boot::FIELD;
     let Some(container) = &kb.container else {
         return Err(DiskError::Unsupported {
             field: format!("{field}.container"),

@@ -1,0 +1,15 @@
+//! Facts that several processes must agree on, each written once.
+//!
+//! The controller renders a launcher pod, the handler prepares it, netsetup plumbs its
+//! network and the launcher runs inside it: each of them names the same interfaces,
+//! paths and image mounts. Those names are KubeVirt v1.9.0's (a stock handler or launcher
+//! must find them where its own counterpart puts them), so they live here, next to the
+//! wire types, instead of as copies in each crate.
+//!
+//! - [`pod_network`]: interface, bridge and tap names in the launcher pod's netns.
+//! - [`pod_paths`]: where the launcher pod mounts images, sockets and disks.
+//! - [`kernel_boot`]: reading `spec.domain.firmware.kernelBoot.container` from a VMI.
+
+pub mod kernel_boot;
+pub mod pod_network;
+pub mod pod_paths;
