@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) -eq 0 ]] || { echo "bench.sh: run as root" >&2; exit 1; }
 target=${CARGO_TARGET_DIR:-$(pwd)/target}
-cargo build -p handler -p virt-launcher -p vmm --bins >&2
+cargo build -p virt-handler -p virt-launcher -p vmm-cli --bins >&2
 counts=("$@")
 [[ ${#counts[@]} -gt 0 ]] || counts=(1 20)
 

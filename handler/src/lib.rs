@@ -9,15 +9,15 @@
 //! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
 //! - [`podside`]: pod network phase 1 (masquerade via `netsetup`) and device ownership.
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
-//! - [`standalone`]: the same agent without Kubernetes: netns "pods", launcher processes,
-//!   manifests on disk.
 //! - [`metrics`]: the Prometheus endpoint.
+//!
+//! The `virt-handler` command is the `virt-handler` crate (`handler/cli`); standalone mode
+//! (the same agent without Kubernetes) is the `handler-standalone` crate.
 
 pub mod agent;
 pub mod domains;
 pub mod launchers;
 pub mod metrics;
 pub mod podside;
-pub mod standalone;
 pub mod sync;
 pub mod vmis;

@@ -21,7 +21,7 @@ fi
 
 target=${CARGO_TARGET_DIR:-$repo/target}
 echo "== building virt-handler, virt-launcher, vmm"
-cargo build -p handler -p virt-launcher -p vmm --bins
+cargo build -p virt-handler -p virt-launcher -p vmm-cli --bins
 
 work=${WORK:-$(mktemp -d /tmp/kubevirt-demo.XXXXXX)}
 mkdir -p "$work"

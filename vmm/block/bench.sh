@@ -13,7 +13,7 @@
 # qemu-img bench's default), both tools at the same depth.
 # Each case runs REPEAT times per tool, alternating, and keeps the best run:
 # shared machines are noisy.
-# Our side runs the block crate's `block-img` driver (same code as `vmm img`).
+# Our side runs `vmm img` (the vmm-cli crate's driver of the block engines).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,8 +27,8 @@ qemu_img=${QEMU_IMG:-/usr/bin/qemu-img}
 
 [ -x "$qemu_img" ] || { echo "qemu-img missing: apt-get install -y qemu-utils" >&2; exit 1; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-(cd "$root" && cargo build --quiet --release -p block --bin block-img)
-ours="$CARGO_TARGET_DIR/release/block-img"
+(cd "$root" && cargo build --quiet --release -p vmm-cli --bin vmm)
+vmm="$CARGO_TARGET_DIR/release/vmm"
 
 mkdir -p "$work"
 cd "$work"
@@ -57,7 +57,7 @@ run_case() { # tool base_fmt cache rw req_size stride count depth
     if [ "$tool" = qemu ]; then
         out=$("$qemu_img" "${args[@]}" ov.qcow2)
     else
-        out=$("$ours" "${args[@]}" ov.qcow2)
+        out=$("$vmm" img "${args[@]}" ov.qcow2)
     fi
     sed -n 's/^Run completed in \([0-9.]*\) seconds.*/\1/p' <<<"$out"
 }

@@ -7,19 +7,16 @@
 //!
 //! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `devices` (bus, legacy
 //! devices, virtio wiring), `vm`/`lifecycle` (the API), `stats` (device
-//! counters, CPU time), `cli` (argument parsing for the `vmm` binary),
-//! `test_guest` (the embedded test guest), `selftest`.
+//! counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
+//! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
 
-pub mod cli;
 pub mod config;
 pub mod devices;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kvm;
 pub mod lifecycle;
-pub mod selftest;
 pub mod stats;
-pub mod test_guest;
 pub mod timing;
 pub mod vm;
 

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use vmm::vm::Error;
-use vmm::{SerialCapture, SerialTarget, Vm, VmConfig, VmExit, VmHandle, VmState, test_guest};
+use vmm::{SerialCapture, SerialTarget, Vm, VmConfig, VmExit, VmHandle, VmState};
 
 const BOOT: Duration = Duration::from_secs(60);
 
@@ -16,7 +16,7 @@ const BOOT: Duration = Duration::from_secs(60);
 fn start(cmdline: &str, vcpus: u8) -> (VmHandle, SerialCapture) {
     common::require_kvm();
     let capture = SerialCapture::new();
-    let mut config = VmConfig::new(test_guest::kernel());
+    let mut config = VmConfig::new(common::test_guest_kernel());
     config.cmdline = cmdline.to_string();
     config.vcpus = vcpus;
     config.serial = SerialTarget::Capture(capture.clone());
@@ -160,7 +160,7 @@ fn a_console_client_reads_serial_output_from_a_unix_socket() {
     common::require_kvm();
     let dir = common::tempdir();
     let socket = dir.path().join("console.sock");
-    let mut config = VmConfig::new(test_guest::kernel());
+    let mut config = VmConfig::new(common::test_guest_kernel());
     config.cmdline = "checks=serial,idt exit=halt wait=120".into();
     config.serial = SerialTarget::UnixSocket(socket.clone());
     let vm = Vm::start(config).expect("start");
@@ -213,7 +213,7 @@ fn stats_count_the_guests_disk_requests_and_vcpu_time() {
     let disk = dir.path().join("disk.raw");
     std::fs::write(&disk, vec![0x11u8; 1 << 20]).unwrap();
     let capture = SerialCapture::new();
-    let mut config = VmConfig::new(test_guest::kernel());
+    let mut config = VmConfig::new(common::test_guest_kernel());
     config.cmdline = "checks=virtio-blk exit=tick wait=120".into();
     config.serial = SerialTarget::Capture(capture.clone());
     config.disks.push(vmm::DiskConfig {

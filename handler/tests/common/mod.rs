@@ -22,11 +22,22 @@ pub fn require_root_and_kvm() {
     );
 }
 
-/// `<target>/<profile>`, where cargo put virt-handler (and puts the launcher).
+/// The workspace's root: the nearest folder above this crate holding `Cargo.lock`.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .find(|d| d.join("Cargo.lock").exists())
+        .expect("the crate lives inside the workspace")
+        .to_path_buf()
+}
+
+/// `<target>/<profile>`, where cargo puts the workspace's binaries: the test binary runs
+/// from `<target>/<profile>/deps/`.
 pub fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_virt-handler"))
-        .parent()
-        .expect("binary has a directory")
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in <target>/<profile>/deps")
         .to_path_buf()
 }
 
@@ -44,7 +55,7 @@ pub fn helper_binaries() -> &'static (PathBuf, PathBuf) {
             let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
             let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
             cargo
-                .args(["build", "-p", "virt-launcher", "-p", "vmm", "--bins"])
+                .args(["build", "-p", "virt-launcher", "-p", "vmm-cli", "--bins"])
                 .env("CARGO_TARGET_DIR", target)
                 .current_dir(env!("CARGO_MANIFEST_DIR"));
             if profile == "release" {
@@ -53,7 +64,7 @@ pub fn helper_binaries() -> &'static (PathBuf, PathBuf) {
             let status = cargo.status().expect("running cargo to build the launcher");
             assert!(
                 status.success(),
-                "cannot build the launcher binaries (cargo build -p virt-launcher -p vmm --bins): {status}"
+                "cannot build the launcher binaries (cargo build -p virt-launcher -p vmm-cli --bins): {status}"
             );
         }
         for b in [&monitor, &launcher, &vmm] {
@@ -93,16 +104,13 @@ pub fn demo(name: &str, grace: u32) -> Demo {
         std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .expect("chmod");
     }
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../images/examples/vmi-testguest.yaml"
-    ))
-    .expect("example manifest")
-    .replace("name: testguest", &format!("name: {name}"))
-    .replace(
-        "terminationGracePeriodSeconds: 30",
-        &format!("terminationGracePeriodSeconds: {grace}"),
-    );
+    let text = std::fs::read_to_string(workspace_root().join("images/examples/vmi-testguest.yaml"))
+        .expect("example manifest")
+        .replace("name: testguest", &format!("name: {name}"))
+        .replace(
+            "terminationGracePeriodSeconds: 30",
+            &format!("terminationGracePeriodSeconds: {grace}"),
+        );
     let manifest = dir.path().join(format!("{name}.yaml"));
     std::fs::write(&manifest, text).expect("manifest");
     Demo {

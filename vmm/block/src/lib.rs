@@ -9,7 +9,6 @@ pub mod concurrent;
 #[doc(hidden)]
 pub mod fuzz_support;
 mod host_file;
-pub mod img;
 mod io_buffers;
 mod open;
 pub mod qcow2;

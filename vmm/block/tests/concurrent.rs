@@ -238,61 +238,6 @@ fn concurrent_disk_refuses_bad_requests() {
     assert_eq!(buf, [0u8; 16]);
 }
 
-/// `img bench -d 16 -w` writes what `qemu-img bench -d 16 -w` writes: the
-/// same request pattern (with wrap-around), all requests done, clean image.
-#[test]
-fn bench_at_depth_writes_what_qemu_img_bench_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().join("base.raw");
-    write_file(&base, &mixed_data(DISK, 5));
-    let mut overlays = Vec::new();
-    for tool in ["qemu", "ours"] {
-        let ov = dir.path().join(format!("{tool}.qcow2"));
-        let (b, o) = (base.to_str().unwrap(), ov.to_str().unwrap());
-        qemu_img(&["create", "-q", "-f", "qcow2", "-b", b, "-F", "raw", o]);
-        // 1100 requests of 3000 bytes, stride 1237 * 4096 bytes: wraps the
-        // 4 MiB disk many times and lands on unaligned, shared clusters.
-        let args = [
-            "bench",
-            "-q",
-            "-f",
-            "qcow2",
-            "-w",
-            "-d",
-            "16",
-            "-c",
-            "600",
-            "-s",
-            "3000",
-            "-S",
-            "5066752",
-            "-o",
-            "1000",
-            "--pattern",
-            "171",
-            o,
-        ];
-        if tool == "qemu" {
-            qemu_img(&args);
-        } else {
-            common::run_ok(common::block_img().args(args));
-        }
-        overlays.push(ov);
-    }
-    assert_qemu_check_clean(&overlays[1]);
-    assert_identical(&overlays[0], "qcow2", &overlays[1], "qcow2");
-    // And the data really changed (a bench that wrote nothing would pass the
-    // comparison above only if qemu-img wrote nothing too).
-    assert!(read_all(&overlays[1], Format::Qcow2) != mixed_data(DISK, 5));
-
-    let ov = overlays[1].to_str().unwrap();
-    let out = common::run(common::block_img().args(["bench", "-f", "qcow2", "-d", "0", ov]));
-    assert!(!out.status.success(), "depth 0 must be refused");
-    common::run_ok(
-        common::block_img().args(["bench", "-q", "-f", "qcow2", "-d", "64", "-c", "500", ov]),
-    );
-}
-
 /// Compressed clusters (zlib and zstd, `qemu-img convert -c`) are read and
 /// decompressed outside the engine's lock, each thread keeping its last
 /// cluster: 8 threads reading random, often cluster-crossing ranges of

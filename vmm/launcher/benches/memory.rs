@@ -61,7 +61,7 @@ fn one_run() -> (f64, f64, f64) {
     let paths = launcher::paths::Paths::under(root.path());
     let kernel = paths.kernel_boot_dir.join("boot/guest.elf");
     std::fs::create_dir_all(kernel.parent().unwrap()).unwrap();
-    std::fs::write(&kernel, vmm::test_guest::ELF).unwrap();
+    std::fs::write(&kernel, test_guest::ELF).unwrap();
     let disk = paths.image_volume(0).join("disk");
     std::fs::create_dir_all(&disk).unwrap();
     std::fs::write(disk.join("base.raw"), vec![0u8; 1 << 20]).unwrap();

@@ -41,11 +41,6 @@ pub fn qemu_io(args: &[&str]) -> String {
     run_ok(Command::new(qemu_tool("qemu-io")).args(args))
 }
 
-/// Our own `img` driver (the crate's `block-img` binary).
-pub fn block_img() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_block-img"))
-}
-
 /// `qemu-img check` must report no leaks and no corruptions.
 pub fn assert_qemu_check_clean(path: &Path) {
     let out = run(Command::new(qemu_tool("qemu-img"))

@@ -39,7 +39,7 @@ impl Pod {
         // The kernel-boot image: the test guest.
         let kernel = paths.kernel_boot_dir.join("boot/guest.elf");
         std::fs::create_dir_all(kernel.parent().unwrap()).unwrap();
-        std::fs::write(&kernel, vmm::test_guest::ELF).unwrap();
+        std::fs::write(&kernel, test_guest::ELF).unwrap();
         std::fs::create_dir_all(paths.resolv_conf.parent().unwrap()).unwrap();
         std::fs::write(
             &paths.resolv_conf,

@@ -1,0 +1,215 @@
+//! `virt-handler`: the node agent. Without a subcommand it runs against Kubernetes (as the
+//! DaemonSet does); `virt-handler standalone VMI.yaml...` runs VMIs on this machine alone.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use handler::agent::{Agent, AgentConfig};
+use handler::domains::{DomainCache, notify};
+use handler::launchers::{LauncherPaths, Launchers};
+use handler::metrics::Metrics;
+use handler::vmis::kube::KubeVmis;
+use handler_standalone::{self as standalone, StandaloneOptions, store::StatusOutput};
+
+#[derive(Parser, Debug)]
+#[command(name = "virt-handler", version, about = "KubeVirt's node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    cluster: Cluster,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run VMIs from manifests on this machine, without Kubernetes.
+    Standalone(Standalone),
+}
+
+/// Flags of both modes (KubeVirt's names where it has them).
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// This node's name (default: $NODE_NAME, else the host name).
+    #[arg(long = "hostname-override", global = true)]
+    node: Option<String>,
+    /// Ask every launcher for its domain this often.
+    #[arg(long, default_value_t = 300, global = true)]
+    domain_resync_period_seconds: u64,
+    /// A launcher socket unreachable this long counts as gone (seconds).
+    #[arg(long, default_value_t = 30, global = true)]
+    watchdog_timeout: u64,
+    /// Serve Prometheus metrics here (e.g. 0.0.0.0:8185).
+    #[arg(long, global = true)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+/// Flags of the Kubernetes mode.
+#[derive(Args, Debug, Clone)]
+struct Cluster {
+    /// The handler's share dir (its notify socket).
+    #[arg(long, default_value = "/var/run/kubevirt")]
+    kubevirt_share_dir: PathBuf,
+    /// The handler's private dir (ghost records, pod-interface cache).
+    #[arg(long, default_value = "/var/run/kubevirt-private")]
+    kubevirt_private_dir: PathBuf,
+    /// The kubelet pods directory as mounted in the handler.
+    #[arg(long, default_value = "/pods")]
+    pods_dir: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Standalone {
+    /// VirtualMachineInstance manifests (YAML or JSON).
+    #[arg(required = true)]
+    manifests: Vec<PathBuf>,
+    /// Map a containerDisk / kernelBoot image name to a local file or directory.
+    #[arg(long = "image", value_name = "NAME=PATH", value_parser = parse_image)]
+    images: Vec<(String, PathBuf)>,
+    /// Where pods, sockets and records live while running.
+    #[arg(long, default_value = "/var/run/virt-handler-standalone")]
+    state_dir: PathBuf,
+    /// virt-launcher-monitor (default: next to this program, else /usr/bin).
+    #[arg(long)]
+    launcher: Option<PathBuf>,
+    /// Print the status on stdout instead of writing <manifest>.status.yaml.
+    #[arg(long)]
+    status_stdout: bool,
+    /// Stop gracefully once every VMI's console printed a line containing TEXT.
+    #[arg(long, value_name = "TEXT")]
+    stop_after_console: Option<String>,
+}
+
+fn parse_image(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=PATH, got {text:?}"))?;
+    if name.is_empty() || path.is_empty() {
+        return Err(format!("expected NAME=PATH, got {text:?}"));
+    }
+    let path = std::fs::canonicalize(path).map_err(|e| format!("{path}: {e}"))?;
+    Ok((name.to_string(), path))
+}
+
+fn default_node() -> String {
+    if let Ok(node) = std::env::var("NODE_NAME")
+        && !node.is_empty()
+    {
+        return node;
+    }
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn default_launcher() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("virt-launcher-monitor")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "/usr/bin/virt-launcher-monitor".into())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Standalone(s)) => run_standalone(cli.common, s).await,
+        None => run_cluster(cli.common, cli.cluster).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("virt-handler: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_standalone(common: Common, s: Standalone) -> Result<()> {
+    let manifests = s
+        .manifests
+        .iter()
+        .map(|m| std::fs::canonicalize(m).with_context(|| format!("{}", m.display())))
+        .collect::<Result<Vec<_>>>()?;
+    standalone::run(StandaloneOptions {
+        manifests,
+        images: s.images,
+        state_dir: s.state_dir,
+        node: common.node.unwrap_or_else(default_node),
+        launcher: s.launcher.unwrap_or_else(default_launcher),
+        status_output: if s.status_stdout {
+            StatusOutput::Stdout
+        } else {
+            StatusOutput::NextToManifest
+        },
+        stop_after_console: s.stop_after_console,
+        resync_period: Duration::from_secs(common.domain_resync_period_seconds.max(1)),
+        watchdog_timeout: Duration::from_secs(common.watchdog_timeout.max(1)),
+        metrics: common.metrics_listen,
+    })
+    .await
+}
+
+async fn run_cluster(common: Common, cluster: Cluster) -> Result<()> {
+    let node = common.node.unwrap_or_else(default_node);
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let (vmis, vmi_changes, watch_task) = KubeVmis::start(client, &node);
+    let vmis = Arc::new(vmis);
+    let (cache, cache_changes) = DomainCache::new();
+    let cache = Arc::new(cache);
+    let launchers = Arc::new(Launchers::new(
+        LauncherPaths {
+            pods_dir: cluster.pods_dir.clone(),
+            share_dir: cluster.kubevirt_share_dir.clone(),
+            ghost_dir: cluster.kubevirt_private_dir.join("ghost-records"),
+        },
+        &node,
+    ));
+    let metrics = Arc::new(Metrics::new());
+    let notify_server = notify::start(
+        &cluster.kubevirt_share_dir,
+        Arc::clone(&cache),
+        vmis.clone(),
+    )?;
+    let metrics_task = match common.metrics_listen {
+        Some(addr) => Some(handler::metrics::serve(Arc::clone(&metrics), addr).await?.1),
+        None => None,
+    };
+    vmis.wait_until_ready().await;
+    let mut config = AgentConfig::new(&node, cluster.kubevirt_private_dir.clone());
+    config.resync_period = Duration::from_secs(common.domain_resync_period_seconds.max(1));
+    config.watchdog_timeout = Duration::from_secs(common.watchdog_timeout.max(1));
+    let agent = Agent::new(config, vmis.clone(), vmis, cache, launchers, metrics);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let agent_task = tokio::spawn(agent.run(cache_changes, vmi_changes, stopped));
+    tracing::info!(%node, "virt-handler running");
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = sigterm.recv() => {}
+    }
+    let _ = stop.send(true);
+    let _ = agent_task.await;
+    watch_task.abort();
+    let _ = notify_server.stop().await;
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! Command-line parsing for the `vmm` command. Parsing only: every command
+//! turns into library calls in main.rs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use vmm::config::{
+    ApStart, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+    parse_mac,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vmm",
+    version,
+    about = "A KVM virtual machine monitor built on rust-vmm"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot a kernel and run until the guest ends. Exit status: 0 after a
+    /// guest reset, the guest's code after a write to port 0xf4, 125 after a
+    /// guest crash, 126 on a VMM error.
+    Run(RunArgs),
+    /// Write the embedded test guest (an ELF kernel) to a file.
+    TestGuest {
+        #[arg(long)]
+        output: PathBuf,
+    },
+    /// Boot the embedded test guest with one of each device and report
+    /// PASS/FAIL per check. Exit status 0 only if every check passes.
+    Selftest(SelftestArgs),
+    /// Disk image tools (create, info, check, bench, io) over the `block`
+    /// crate's engines, with qemu-img's and qemu-io's flags.
+    #[command(subcommand)]
+    Img(crate::img::ImgCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kernel image: ELF vmlinux or bzImage.
+    #[arg(long)]
+    pub kernel: PathBuf,
+    #[arg(long)]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line (virtio-mmio devices are appended to it).
+    #[arg(long, default_value = vmm::config::DEFAULT_CMDLINE)]
+    pub cmdline: String,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = vmm::config::DEFAULT_MEMORY_MIB)]
+    pub memory: u64,
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u8,
+    /// A virtio-blk disk:
+    /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback].
+    /// Repeatable. cache defaults to writeback.
+    #[arg(long, value_parser = parse_disk)]
+    pub disk: Vec<DiskConfig>,
+    /// A virtio-net device on an existing tap: tap=NAME[,mac=MAC]. Repeatable.
+    #[arg(long, value_parser = parse_net)]
+    pub net: Vec<NetConfig>,
+    /// Add a virtio-rng device.
+    #[arg(long)]
+    pub rng: bool,
+    /// How secondary vCPUs start: `init-sipi` (waiting for the guest to
+    /// start them, as Linux does) or `direct` (at the kernel entry, runnable
+    /// at once).
+    #[arg(long, default_value = "init-sipi", value_parser = parse_ap_start)]
+    pub ap_start: ApStart,
+    /// Serial console: stdout, file:PATH or unix:PATH.
+    #[arg(long, default_value = "stdout", value_parser = parse_serial)]
+    pub serial: SerialTarget,
+}
+
+impl RunArgs {
+    pub fn into_config(self) -> VmConfig {
+        VmConfig {
+            kernel: KernelSource::Path(self.kernel),
+            initrd: self.initrd,
+            cmdline: self.cmdline,
+            memory_mib: self.memory,
+            vcpus: self.vcpus,
+            disks: self.disk,
+            nets: self.net,
+            rng: self.rng,
+            serial: self.serial,
+            ap_start: self.ap_start,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct SelftestArgs {
+    /// vCPUs for the test guest.
+    #[arg(long, default_value_t = 2)]
+    pub vcpus: u8,
+    /// Print the guest's serial output as well.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// `key=value` pairs separated by commas.
+fn pairs(text: &str) -> Result<Vec<(&str, &str)>, String> {
+    text.split(',')
+        .map(|pair| {
+            pair.split_once('=')
+                .ok_or_else(|| format!("expected key=value, got {pair:?}"))
+        })
+        .collect()
+}
+
+fn on_off(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{key} must be on or off, got {value:?}")),
+    }
+}
+
+pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
+    let (mut path, mut format, mut read_only) = (None, None, false);
+    let mut cache = DiskCache::default();
+    for (key, value) in pairs(text)? {
+        match key {
+            "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
+            "format" => {
+                format = Some(
+                    value
+                        .parse::<DiskFormat>()
+                        .map_err(|_| format!("unknown disk format {value:?} (raw or qcow2)"))?,
+                )
+            }
+            "readonly" => read_only = on_off(key, value)?,
+            "cache" => cache = value.parse()?,
+            _ => return Err(format!("unknown or empty disk option {key:?}")),
+        }
+    }
+    Ok(DiskConfig {
+        path: path.ok_or("a disk needs path=PATH")?,
+        // Never guessed from the file: a guest could have written any header.
+        format: format.ok_or("a disk needs format=raw|qcow2 (it is never guessed)")?,
+        read_only,
+        cache,
+    })
+}
+
+pub fn parse_net(text: &str) -> Result<NetConfig, String> {
+    let (mut tap, mut mac) = (None, None);
+    for (key, value) in pairs(text)? {
+        match key {
+            "tap" if !value.is_empty() && value.len() < libc::IFNAMSIZ => {
+                tap = Some(value.to_string())
+            }
+            "tap" => return Err(format!("invalid tap name {value:?}")),
+            "mac" => {
+                mac =
+                    Some(parse_mac(value).ok_or_else(|| format!("invalid MAC address {value:?}"))?)
+            }
+            _ => return Err(format!("unknown net option {key:?}")),
+        }
+    }
+    Ok(NetConfig {
+        tap: tap.ok_or("a net device needs tap=NAME")?,
+        mac,
+    })
+}
+
+pub fn parse_ap_start(text: &str) -> Result<ApStart, String> {
+    match text {
+        "direct" => Ok(ApStart::Direct),
+        "init-sipi" => Ok(ApStart::InitSipi),
+        _ => Err(format!("expected direct or init-sipi, got {text:?}")),
+    }
+}
+
+pub fn parse_serial(text: &str) -> Result<SerialTarget, String> {
+    match text.split_once(':') {
+        _ if text == "stdout" => Ok(SerialTarget::Stdout),
+        _ if text == "null" => Ok(SerialTarget::Null),
+        Some(("file", path)) if !path.is_empty() => Ok(SerialTarget::File(path.into())),
+        Some(("unix", path)) if !path.is_empty() => Ok(SerialTarget::UnixSocket(path.into())),
+        _ => Err(format!(
+            "serial must be stdout, null, file:PATH or unix:PATH, got {text:?}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disks_need_an_explicit_format() {
+        let d = parse_disk("path=/a b,format=qcow2,readonly=on").unwrap();
+        assert_eq!(
+            (d.path, d.format, d.read_only),
+            (PathBuf::from("/a b"), DiskFormat::Qcow2, true)
+        );
+        assert!(!parse_disk("path=/x,format=raw").unwrap().read_only);
+        assert_eq!(
+            parse_disk("path=/x,format=raw").unwrap().cache,
+            DiskCache::WriteBack
+        );
+        for (text, cache) in [
+            ("none", DiskCache::None),
+            ("writethrough", DiskCache::WriteThrough),
+            ("writeback", DiskCache::WriteBack),
+        ] {
+            let d = parse_disk(&format!("path=/x,format=raw,cache={text}")).unwrap();
+            assert_eq!(d.cache, cache);
+        }
+        for bad in [
+            "path=/x",
+            "format=raw",
+            "path=/x,format=vmdk",
+            "path=/x,format=raw,readonly=maybe",
+            "path=,format=raw",
+            "path=/x,format=raw,cache=unsafe",
+            "path=/x,format=raw,cache=",
+            "junk",
+        ] {
+            assert!(parse_disk(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn nets_take_a_tap_and_an_optional_mac() {
+        let n = parse_net("tap=tap0,mac=52:54:00:00:00:01").unwrap();
+        assert_eq!(
+            (n.tap.as_str(), n.mac),
+            ("tap0", Some([0x52, 0x54, 0, 0, 0, 1]))
+        );
+        assert_eq!(parse_net("tap=t").unwrap().mac, None);
+        for bad in [
+            "mac=52:54:00:00:00:01",
+            "tap=",
+            "tap=aaaaaaaaaaaaaaaaaaaa",
+            "tap=t,mac=xx",
+            "tap=t,queues=2",
+        ] {
+            assert!(parse_net(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn serial_targets() {
+        assert!(matches!(parse_serial("stdout"), Ok(SerialTarget::Stdout)));
+        assert!(
+            matches!(parse_serial("file:/tmp/x"), Ok(SerialTarget::File(p)) if p == std::path::Path::new("/tmp/x"))
+        );
+        assert!(matches!(
+            parse_serial("unix:/tmp/s"),
+            Ok(SerialTarget::UnixSocket(_))
+        ));
+        for bad in ["", "file:", "tcp:1", "stderr"] {
+            assert!(parse_serial(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn run_arguments_become_a_config() {
+        let cli = Cli::try_parse_from([
+            "vmm",
+            "run",
+            "--kernel",
+            "/k",
+            "--memory",
+            "256",
+            "--vcpus",
+            "2",
+            "--disk",
+            "path=/d,format=raw",
+            "--rng",
+            "--serial",
+            "file:/s",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let config = args.into_config();
+        assert_eq!(
+            (
+                config.memory_mib,
+                config.vcpus,
+                config.disks.len(),
+                config.rng
+            ),
+            (256, 2, 1, true)
+        );
+        assert!(Cli::try_parse_from(["vmm", "run"]).is_err());
+        assert!(Cli::try_parse_from(["vmm", "run", "--kernel", "/k", "--vcpus", "300"]).is_err());
+    }
+}

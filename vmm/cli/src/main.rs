@@ -1,0 +1,119 @@
+//! The `vmm` command: parses arguments ([`args`]) and calls the libraries
+//! (`vmm` for VMs, `block` through [`img`] for disk images).
+
+mod args;
+mod img;
+mod selftest;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use args::{Cli, Command};
+use clap::Parser;
+use vmm::lifecycle::INTERNAL_ERROR_EXIT_STATUS;
+use vmm::{Vm, VmHandle};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let status = match cli.command {
+        Command::Run(args) => run(args.into_config()),
+        Command::TestGuest { output } => match std::fs::write(&output, test_guest::ELF) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("vmm: cannot write {}: {e}", output.display());
+                1
+            }
+        },
+        Command::Selftest(args) => selftest::run(&selftest::Options {
+            vcpus: args.vcpus,
+            verbose: args.verbose,
+        }),
+        Command::Img(command) => match img::run(command) {
+            Ok(status) => status,
+            Err(e) => {
+                eprintln!("vmm img: {e:#}");
+                1
+            }
+        },
+    };
+    ExitCode::from(u8::try_from(status).unwrap_or(1))
+}
+
+fn run(config: vmm::VmConfig) -> i32 {
+    // Blocked before any VM thread exists, so every thread inherits the mask
+    // and only the watcher below receives them.
+    let signals = match block_termination_signals() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("vmm: cannot block SIGTERM/SIGINT: {e}");
+            return INTERNAL_ERROR_EXIT_STATUS;
+        }
+    };
+    let handle = match Vm::start(config) {
+        Ok(handle) => Arc::new(handle),
+        Err(e) => {
+            eprintln!("vmm: cannot start the VM: {e}");
+            return INTERNAL_ERROR_EXIT_STATUS;
+        }
+    };
+    let watched = handle.clone();
+    let watcher = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || forward_termination_signals(&signals, &watched));
+    if let Err(e) = watcher {
+        eprintln!("vmm: cannot watch for SIGTERM/SIGINT: {e}");
+    }
+    let exit = handle.wait();
+    if std::env::var_os("VMM_TIMINGS").is_some() {
+        eprintln!("{}", vmm::timing::report_line());
+    }
+    eprintln!("vmm: VM ended: {exit}");
+    exit.exit_status()
+}
+
+fn block_termination_signals() -> std::io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use;
+    // pthread_sigmask only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        Ok(set)
+    }
+}
+
+/// SIGTERM or SIGINT: the first asks the guest to shut down (Ctrl-Alt-Del
+/// through the i8042; Linux reboots, which ends the VM), the second kills it.
+fn forward_termination_signals(set: &libc::sigset_t, vm: &VmHandle) {
+    let mut asked = false;
+    loop {
+        let mut signal = 0;
+        // SAFETY: `set` holds signals blocked in every thread; sigwait
+        // writes the one received into `signal`.
+        if unsafe { libc::sigwait(set, &mut signal) } != 0 || vm.exit().is_some() {
+            return;
+        }
+        if asked {
+            eprintln!("vmm: signal {signal} again: killing the VM");
+            vm.kill();
+            return;
+        }
+        eprintln!("vmm: signal {signal}: asking the guest to shut down (again to kill)");
+        if vm.request_shutdown().is_err() {
+            return;
+        }
+        asked = true;
+    }
+}
