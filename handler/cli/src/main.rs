@@ -16,7 +16,15 @@ use handler::vmis::kube::KubeVmis;
 use handler_standalone::{self as standalone, StandaloneOptions, store::StatusOutput};
 
 #[derive(Parser, Debug)]
-#[command(name = "virt-handler", version, about = "KubeVirt's node agent")]
+#[command(
+    name = "virt-handler",
+    version,
+    about = "KubeVirt's node agent: brings the VMIs scheduled to this node to life through their launchers and keeps their status true",
+    long_about = "KubeVirt's node agent: brings the VMIs scheduled to this node to life through their \
+                  launchers and keeps their status true.\n\nWithout a subcommand it runs against \
+                  Kubernetes, as KubeVirt's DaemonSet does; `virt-handler standalone VMI.yaml...` \
+                  runs VMIs from manifests on this machine without a cluster."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -124,6 +132,8 @@ async fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        // Colour only on a terminal: logs in files and pipes stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

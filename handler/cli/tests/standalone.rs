@@ -151,12 +151,33 @@ fn link_exists(name: &str) -> bool {
     Path::new("/sys/class/net").join(name).exists()
 }
 
-fn status_phase(demo: &Demo) -> String {
+fn status(demo: &Demo) -> serde_yaml::Value {
     let mut path = demo.manifest.as_os_str().to_owned();
     path.push(".status.yaml");
     let text = std::fs::read_to_string(&path).expect("status file next to the manifest");
-    let status: serde_yaml::Value = serde_yaml::from_str(&text).expect("status YAML");
-    status["phase"].as_str().unwrap_or_default().to_string()
+    serde_yaml::from_str(&text).expect("status YAML")
+}
+
+fn status_phase(demo: &Demo) -> String {
+    status(demo)["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `(status, reason)` of the VMI's `Ready` condition in the status file.
+fn ready(demo: &Demo) -> (String, String) {
+    let status = status(demo);
+    let conditions = status["conditions"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    let ready = conditions
+        .iter()
+        .find(|c| c["type"].as_str() == Some("Ready"))
+        .unwrap_or_else(|| panic!("no Ready condition in {status:?}"));
+    let text = |k: &str| ready[k].as_str().unwrap_or_default().to_string();
+    (text("status"), text("reason"))
 }
 
 #[test]
@@ -176,6 +197,16 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
     assert!(running.contains(", 1 status writes)"), "{running}");
     let done = handler.wait_for("console: DONE passed=", BOOT_TIMEOUT);
     assert!(done.contains("failed=0"), "guest checks failed: {done}");
+    // The stand-in controller syncs Ready on its next pass over the pods.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&demo).0 != "True" {
+        assert!(
+            Instant::now() < deadline,
+            "a running guest in a ready pod is Ready: {:?}",
+            ready(&demo)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // As Ctrl-C or a service manager would stop it.
     handler.signal(nix::sys::signal::Signal::SIGTERM);
     handler.wait_for(
@@ -197,6 +228,8 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
         "{out:?}"
     );
     assert_eq!(status_phase(&demo), "Succeeded");
+    // As virt-controller: a finished VMI is not Ready (its pod is gone).
+    assert_eq!(ready(&demo), ("False".into(), "PodNotExists".into()));
     // Everything it created is gone: launcher, veth, state directory.
     assert!(!alive(pid), "launcher {pid} still running");
     assert!(!link_exists(&veth), "host veth {veth} left behind");
@@ -313,7 +346,9 @@ fn the_same_vmi_twice_is_refused_before_anything_is_created() {
 fn stop_after_console_stops_gracefully_once_every_guest_reported() {
     require_root_and_kvm();
     let demo = demo("sa-console", 30);
-    let state = demo.dir.path().join("state");
+    // Under /run, like the default state dir (/var/run/virt-handler-standalone): the
+    // launcher's private tmpfs over /run must not hide the pod's files from its mounts.
+    let state = Path::new("/run").join(format!("vh-sa-console-{}", std::process::id()));
     let mut handler = Handler::start(&demo, &state, &["--stop-after-console", "DONE passed="]);
     handler.wait_for("console: DONE passed=", BOOT_TIMEOUT);
     handler.wait_for(

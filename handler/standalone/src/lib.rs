@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::jiff::Timestamp;
+use proto::kubevirt::ready::LauncherPod;
 use proto::kubevirt::{
     Phase, PhaseTransitionTimestamp, Time, VirtualMachineInstance, VirtualMachineInstanceStatus,
     well_known,
@@ -527,13 +528,23 @@ async fn supervise(
                     || (v.metadata.deletion_timestamp.is_some() && v.phase() != Phase::Running)
             }
         };
-        // Pod readiness: the launcher's cmd socket exists (renamed from the init socket
-        // once it answers) and the launcher lives.
-        if let Some(v) = &vmi
-            && !v.phase().is_final()
-        {
+        // The pod as the controller sees it: going down once its VMI is over or its
+        // launcher is gone; else ready when the launcher's cmd socket exists (renamed from
+        // the init socket once it answers), as the kubelet's readiness probe would say.
+        if vmi.is_some() {
             let socket = PodPaths::new(&dirs.pods, &pod.record.pod_uid).launcher_socket();
-            store.set_ready(&pod.record.vmi_key, alive && socket.exists());
+            let seen = if over || !alive || pod.terminated {
+                LauncherPod::GoingDown
+            } else if socket.exists() {
+                LauncherPod::Up(Some(("True", "", "")))
+            } else {
+                LauncherPod::Up(Some((
+                    "False",
+                    "ContainersNotReady",
+                    "containers with unready status: [compute]",
+                )))
+            };
+            store.sync_ready(&pod.record.vmi_key, seen);
         }
         if alive
             && pod.console.is_none()
@@ -572,6 +583,7 @@ async fn supervise(
             remove_pod(dirs, &pod.record).await;
             let key = &pod.record.vmi_key;
             if let Some(vmi) = store.get(key) {
+                store.sync_ready(key, LauncherPod::Missing);
                 say(&format!("[{key}] pod removed; VMI {}", vmi.phase()));
             } else {
                 say(&format!("[{key}] pod removed"));

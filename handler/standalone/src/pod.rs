@@ -10,6 +10,7 @@
 //! launcher's namespace (on a private tmpfs over `/run`) and vanish with it.
 
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -63,8 +64,10 @@ pub enum PodError {
     Image(PathBuf, std::io::Error),
     #[error("invalid path {0:?} in the VMI (must be absolute, without '..')")]
     BadPath(String),
-    #[error("cannot start the launcher {0}: {1}")]
+    #[error("cannot start the launcher {0} in its pod (or set up the pod's mounts): {1}")]
     Spawn(PathBuf, std::io::Error),
+    #[error("cannot mount {0} into the launcher's pod: {1}")]
+    BindSource(PathBuf, std::io::Error),
     #[error("path contains a NUL byte: {0:?}")]
     Nul(PathBuf),
 }
@@ -301,6 +304,11 @@ struct ChildSetup {
     mkdirs: Vec<CString>,
     touch: Vec<CString>,
     binds: Vec<(CString, CString, bool)>,
+    /// One detached copy (`open_tree`) of each bind source, taken before the child mounts
+    /// its tmpfs over `/run`: a source under `/run` (the default state directory is there)
+    /// is hidden once that tmpfs is mounted, so the copies are attached afterwards with
+    /// `move_mount`. Allocated here, filled in the child.
+    trees: Vec<libc::c_int>,
     hostname: Vec<u8>,
     uid: u32,
 }
@@ -347,8 +355,12 @@ impl ChildSetup {
                     touch.push(cstring(&target)?);
                 }
             }
+            // Checked here so a missing source is named, not an errno from the child.
+            std::fs::symlink_metadata(&b.source)
+                .map_err(|e| PodError::BindSource(b.source.clone(), e))?;
             binds.push((cstring(&b.source)?, cstring(&target)?, b.read_only));
         }
+        let trees = vec![-1; binds.len()];
         Ok(ChildSetup {
             netns_fd,
             run_dir: cstring(&run)?,
@@ -363,13 +375,17 @@ impl ChildSetup {
                 .collect::<Result<_, _>>()?,
             touch,
             binds,
+            trees,
             hostname: plan.hostname.as_bytes().to_vec(),
             uid: plan.uid,
         })
     }
 
     /// Runs in the forked child: only async-signal-safe calls, no allocation.
-    fn apply(&self) -> std::io::Result<()> {
+    fn apply(&mut self) -> std::io::Result<()> {
+        // <linux/mount.h>; the libc crate does not define them for glibc targets.
+        const OPEN_TREE_CLONE: libc::c_uint = 1;
+        const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
         fn check(r: libc::c_int) -> std::io::Result<()> {
             if r < 0 {
                 Err(std::io::Error::last_os_error())
@@ -404,6 +420,16 @@ impl ChildSetup {
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                 null.cast(),
             ))?;
+            for ((source, _, _), tree) in self.binds.iter().zip(self.trees.iter_mut()) {
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    source.as_ptr(),
+                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+                );
+                check(fd as libc::c_int)?;
+                *tree = fd as libc::c_int;
+            }
             check(libc::mount(
                 self.tmpfs.as_ptr(),
                 self.run_dir.as_ptr(),
@@ -422,14 +448,15 @@ impl ChildSetup {
                 check(fd)?;
                 libc::close(fd);
             }
-            for (source, target, read_only) in &self.binds {
-                check(libc::mount(
-                    source.as_ptr(),
+            for ((_, target, read_only), tree) in self.binds.iter().zip(&self.trees) {
+                check(libc::syscall(
+                    libc::SYS_move_mount,
+                    *tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
                     target.as_ptr(),
-                    null,
-                    libc::MS_BIND,
-                    null.cast(),
-                ))?;
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ) as libc::c_int)?;
                 if *read_only {
                     check(libc::mount(
                         null,
@@ -521,8 +548,7 @@ unsafe fn drop_to_user(uid: u32) -> std::io::Result<()> {
 
 /// Starts the launcher per `plan` inside `network`'s namespace. Returns its PID.
 pub fn spawn_launcher(plan: &LaunchPlan, network: &PodNetwork) -> Result<u32, PodError> {
-    use std::os::fd::AsRawFd;
-    let setup = ChildSetup::new(plan, network.netns.as_raw_fd())?;
+    let mut setup = ChildSetup::new(plan, network.netns.as_raw_fd())?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use k8s_openapi::jiff::Timestamp;
+use proto::kubevirt::ready::{LauncherPod, ready_condition};
 use proto::kubevirt::{Time, VirtualMachineInstance, VirtualMachineInstanceStatus};
 use tokio::sync::mpsc;
 
@@ -144,34 +145,39 @@ impl StandaloneStore {
         }
     }
 
-    /// The controller's `Ready` condition, from the launcher pod's readiness (its cmd
-    /// socket answering). Written like another writer's change: the handler's next
-    /// write computed from an older version gets a conflict and reads again.
-    pub fn set_ready(&self, key: &str, ready: bool) {
+    /// The controller's `Ready` condition, derived from the launcher pod as virt-controller
+    /// does (`proto::kubevirt::ready`): false until the guest runs, then the pod's
+    /// readiness (its cmd socket answering). Written like another writer's change: the
+    /// handler's next write computed from an older version gets a conflict and reads again.
+    pub fn sync_ready(&self, key: &str, pod: LauncherPod) {
         let mut entries = self.lock();
         let Some(e) = entries.get_mut(key) else {
             return;
         };
+        let (status_text, reason, message) = ready_condition(e.vmi.phase(), pod);
         let status = e.vmi.status.get_or_insert_with(Default::default);
-        let wanted = if ready { "True" } else { "False" };
-        if status
-            .conditions
-            .iter()
-            .any(|c| c.condition_type == "Ready" && c.status == wanted)
-        {
+        let reason = (!reason.is_empty()).then_some(reason);
+        let message = (!message.is_empty()).then_some(message);
+        if status.conditions.iter().any(|c| {
+            c.condition_type == "Ready"
+                && c.status == status_text
+                && c.reason == reason
+                && c.message == message
+        }) {
             return;
         }
         status.conditions.retain(|c| c.condition_type != "Ready");
         status.conditions.push(proto::kubevirt::Condition {
             condition_type: "Ready".into(),
-            status: wanted.into(),
+            status: status_text,
             last_probe_time: None,
             last_transition_time: Some(Time(Timestamp::now())),
-            reason: (!ready).then(|| "PodNotReady".to_string()),
-            message: None,
+            reason,
+            message,
             extra: Default::default(),
         });
         bump(&mut e.vmi);
+        self.show_status(key, e);
         let vmi = e.vmi.clone();
         drop(entries);
         self.persist(key, &vmi);

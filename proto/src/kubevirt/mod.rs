@@ -5,6 +5,7 @@
 //! read-modify-write never drops what another writer put there.
 
 pub mod quantity;
+pub mod ready;
 mod schema;
 pub mod status_write;
 pub mod vm;
@@ -24,15 +25,29 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 /// Errors while reading a resource from a manifest or a wire message.
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
+    // The parser's message is part of ours and not also a `source`: error chains
+    // printed with `{:#}` would show it twice.
     #[error("invalid JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     #[error("invalid YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(serde_yaml::Error),
     #[error("expected kind {expected}, found {found:?}")]
     WrongKind {
         expected: &'static str,
         found: String,
     },
+}
+
+impl From<serde_json::Error> for ParseError {
+    fn from(e: serde_json::Error) -> Self {
+        ParseError::Json(e)
+    }
+}
+
+impl From<serde_yaml::Error> for ParseError {
+    fn from(e: serde_yaml::Error) -> Self {
+        ParseError::Yaml(e)
+    }
 }
 
 /// Parses a VMI given as JSON or YAML (YAML is a superset of JSON, but the
@@ -66,4 +81,21 @@ fn parse_kind<T: serde::de::DeserializeOwned>(
         });
     }
     Ok(serde_json::from_value(value)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parse_error_says_the_parsers_message_once() {
+        for text in ["metadata: {name: x\nspec: [\n", "{\"metadata\": 3}"] {
+            let err = parse_vmi(text).expect_err("invalid");
+            // Chains printed as `outer: inner` (anyhow's `{:#}`) must not repeat it.
+            assert!(std::error::Error::source(&err).is_none(), "{err}");
+            let shown = err.to_string();
+            let detail = shown.split_once(": ").expect("kind: detail").1;
+            assert_eq!(shown.matches(detail).count(), 1, "{shown}");
+        }
+    }
 }

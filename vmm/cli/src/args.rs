@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// Serial console: stdout, file:PATH or unix:PATH.
     #[arg(long, default_value = "stdout", value_parser = parse_serial)]
     pub serial: SerialTarget,
+    /// Seconds a guest gets to shut down after SIGTERM/SIGINT before the VM is
+    /// stopped (as KubeVirt's grace period bounds its launcher's); 0 stops it at once.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub shutdown_timeout: u64,
 }
 
 impl RunArgs {

@@ -7,6 +7,7 @@ mod selftest;
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use args::{Cli, Command};
 use clap::Parser;
@@ -20,10 +21,15 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        // Colour only on a terminal: logs in files and pipes stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let status = match cli.command {
-        Command::Run(args) => run(args.into_config()),
+        Command::Run(args) => {
+            let shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
+            run(args.into_config(), shutdown_timeout)
+        }
         Command::TestGuest { output } => match std::fs::write(&output, test_guest::ELF) {
             Ok(()) => 0,
             Err(e) => {
@@ -46,7 +52,7 @@ fn main() -> ExitCode {
     ExitCode::from(u8::try_from(status).unwrap_or(1))
 }
 
-fn run(config: vmm::VmConfig) -> i32 {
+fn run(config: vmm::VmConfig, shutdown_timeout: Duration) -> i32 {
     // Blocked before any VM thread exists, so every thread inherits the mask
     // and only the watcher below receives them.
     let signals = match block_termination_signals() {
@@ -66,7 +72,7 @@ fn run(config: vmm::VmConfig) -> i32 {
     let watched = handle.clone();
     let watcher = std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || forward_termination_signals(&signals, &watched));
+        .spawn(move || forward_termination_signals(&signals, &watched, shutdown_timeout));
     if let Err(e) = watcher {
         eprintln!("vmm: cannot watch for SIGTERM/SIGINT: {e}");
     }
@@ -95,8 +101,13 @@ fn block_termination_signals() -> std::io::Result<libc::sigset_t> {
 }
 
 /// SIGTERM or SIGINT: the first asks the guest to shut down (Ctrl-Alt-Del
-/// through the i8042; Linux reboots, which ends the VM), the second kills it.
-fn forward_termination_signals(set: &libc::sigset_t, vm: &VmHandle) {
+/// through the i8042; Linux reboots, which ends the VM) and gives it
+/// `shutdown_timeout` to do so; the second, or the end of that time, kills it.
+fn forward_termination_signals(
+    set: &libc::sigset_t,
+    vm: &Arc<VmHandle>,
+    shutdown_timeout: Duration,
+) {
     let mut asked = false;
     loop {
         let mut signal = 0;
@@ -110,10 +121,41 @@ fn forward_termination_signals(set: &libc::sigset_t, vm: &VmHandle) {
             vm.kill();
             return;
         }
-        eprintln!("vmm: signal {signal}: asking the guest to shut down (again to kill)");
+        eprintln!(
+            "vmm: signal {signal}: asking the guest to shut down within {}s (again to kill)",
+            shutdown_timeout.as_secs()
+        );
         if vm.request_shutdown().is_err() {
             return;
         }
         asked = true;
+        let deadline = Arc::clone(vm);
+        let timer = std::thread::Builder::new()
+            .name("shutdown-timeout".into())
+            .spawn(move || stop_after(&deadline, shutdown_timeout));
+        if let Err(e) = timer {
+            eprintln!("vmm: cannot time the shutdown ({e}): killing the VM");
+            vm.kill();
+            return;
+        }
+    }
+}
+
+/// Kills the VM unless it ends within `timeout`: a guest that ignores the
+/// request (one still in early boot, say) must not keep the VMM alive.
+fn stop_after(vm: &VmHandle, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if vm.exit().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if vm.exit().is_none() {
+        eprintln!(
+            "vmm: the guest did not shut down within {}s (--shutdown-timeout): stopping the VM",
+            timeout.as_secs()
+        );
+        vm.kill();
     }
 }

@@ -353,3 +353,49 @@ fn sigterm_asks_the_guest_to_shut_down_and_a_second_one_kills() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(137), "{status}");
 }
+
+#[test]
+fn a_guest_ignoring_sigterm_is_stopped_after_the_shutdown_timeout() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    // The smp check waits 5 s for vCPUs that do not exist and does not read its
+    // keyboard meanwhile: the request goes unanswered for longer than the timeout.
+    let mut child = vmm()
+        .args(["run", "--shutdown-timeout", "1", "--kernel"])
+        .arg(&kernel)
+        .args(["--cmdline", "checks=smp cpus=3 exit=halt wait=120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.starts_with("BOOT"))));
+    let asked = Instant::now();
+    // SAFETY: plain kill(2) on our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = asked + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "vmm outlived its shutdown timeout"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        asked.elapsed() >= Duration::from_secs(1),
+        "stopped before the timeout"
+    );
+    assert_eq!(status.code(), Some(137), "{status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("did not shut down within 1s (--shutdown-timeout): stopping the VM"),
+        "{err}"
+    );
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "virt-launcher",
-    about = "Runs one VMI's VM and serves KubeVirt's cmd API",
+    about = "Runs one VMI's VM in this process (KVM, no QEMU or libvirt) and serves KubeVirt's cmd API on the pod's launcher socket; started by virt-launcher-monitor",
     // As with Go flags, a repeated flag takes its last value.
     args_override_self = true
 )]

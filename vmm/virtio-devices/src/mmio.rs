@@ -35,7 +35,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::device::{ActivateContext, VirtioDevice};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
-use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
 
 /// "virt" in little endian.
@@ -220,7 +220,7 @@ impl MmioTransport {
         data.fill(0);
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
             if !config_access_ok(offset, data.len()) {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     offset,
                     len = data.len(),
@@ -233,7 +233,7 @@ impl MmioTransport {
             return;
         }
         let Some(reg) = register(offset, data.len()) else {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 offset,
                 len = data.len(),
@@ -278,7 +278,7 @@ impl MmioTransport {
             // The config space never changes under the driver.
             VIRTIO_MMIO_CONFIG_GENERATION => 0,
             _ => {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     offset,
                     "virtio-mmio: read of a write-only or unknown register"
@@ -294,7 +294,7 @@ impl MmioTransport {
         self.collect_device_reset_request();
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
             if !config_access_ok(offset, data.len()) {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     offset,
                     len = data.len(),
@@ -303,7 +303,7 @@ impl MmioTransport {
                 return;
             }
             if self.status & (FAILED | NEEDS_RESET) != 0 || self.status & DRIVER == 0 {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     offset,
                     status = self.status,
@@ -316,7 +316,7 @@ impl MmioTransport {
             return;
         }
         let Some(reg) = register(offset, data.len()) else {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 offset,
                 len = data.len(),
@@ -345,7 +345,7 @@ impl MmioTransport {
             VIRTIO_MMIO_STATUS => self.write_status(value),
             VIRTIO_MMIO_SHM_SEL => {}
             _ => {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     offset,
                     value,
@@ -374,7 +374,7 @@ impl MmioTransport {
 
     fn write_driver_features(&mut self, value: u32) {
         if self.status & !NEEDS_RESET != ACK | DRIVER {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 status = self.status,
                 "virtio-mmio: driver features written outside the DRIVER state"
@@ -387,7 +387,7 @@ impl MmioTransport {
                 self.acked_features = (self.acked_features & 0xffff_ffff) | (u64::from(value) << 32)
             }
             sel if value != 0 => {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     sel,
                     value,
@@ -406,7 +406,7 @@ impl MmioTransport {
         let configuring = self.status & !NEEDS_RESET == ACK | DRIVER | FEATURES_OK
             && self.status & NEEDS_RESET == 0;
         if !configuring {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 reg,
                 value,
@@ -420,7 +420,7 @@ impl MmioTransport {
             .ok()
             .and_then(|i| self.queues.get_mut(i))
         else {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 queue = sel,
                 reg,
@@ -429,7 +429,7 @@ impl MmioTransport {
             return;
         };
         if queue.ready && !(reg == VIRTIO_MMIO_QUEUE_READY && value == 0) {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 queue = sel,
                 reg,
@@ -458,7 +458,7 @@ impl MmioTransport {
             || self.status & (NEEDS_RESET | FAILED) != 0
             || !self.activated
         {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 queue = value,
                 status = self.status,
@@ -470,7 +470,7 @@ impl MmioTransport {
         let index = match u16::try_from(value) {
             Ok(i) if usize::from(i) < self.queues.len() => i,
             _ => {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     queue = value,
                     "virtio-mmio: notification for a queue the device does not have"
@@ -502,7 +502,7 @@ impl MmioTransport {
             return;
         }
         if self.status & (NEEDS_RESET | FAILED) != 0 {
-            guest_warn!(
+            guest_error!(
                 self.log,
                 value,
                 status = self.status,
@@ -518,7 +518,7 @@ impl MmioTransport {
                 if self.features_acceptable() {
                     self.status = value;
                 } else {
-                    guest_warn!(
+                    guest_error!(
                         self.log,
                         acked = self.acked_features,
                         offered = self.device.features(),
@@ -529,7 +529,7 @@ impl MmioTransport {
             (o, v) if o == ACK | DRIVER | FEATURES_OK && v == o | DRIVER_OK => self.activate(),
             (o, v) if o == v => {}
             _ => {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     old,
                     new = value,
@@ -556,7 +556,7 @@ impl MmioTransport {
         let queues = match queues {
             Ok(q) => q,
             Err(e) => {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     "virtio-mmio: cannot activate device {}: {e}",
                     self.device.device_type()

@@ -8,7 +8,7 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use crate::chain::ValidatedChain;
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
 use crate::feature_bit;
-use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::request_queue::RequestQueue;
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -62,7 +62,7 @@ impl Rng {
     /// Fills the chain's writable buffers; returns the bytes written.
     fn fill_chain(&mut self, chain: &ValidatedChain, mem: &GuestMemoryMmap) -> u32 {
         if !chain.readable().is_empty() {
-            guest_warn!(self.log, "virtio-rng: request has device-readable buffers");
+            guest_error!(self.log, "virtio-rng: request has device-readable buffers");
             return 0;
         }
         let mut chunk = [0u8; CHUNK];
@@ -110,7 +110,7 @@ impl VirtioDevice for Rng {
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
-        guest_warn!(
+        guest_error!(
             self.log,
             offset,
             len = data.len(),
@@ -132,7 +132,7 @@ impl VirtioDevice for Rng {
         let result = requests.process(index, |chain, mem| match chain {
             Ok(chain) => self.fill_chain(chain, mem),
             Err(e) => {
-                guest_warn!(self.log, "virtio-rng: bad descriptor chain: {e}");
+                guest_error!(self.log, "virtio-rng: bad descriptor chain: {e}");
                 0
             }
         });

@@ -33,7 +33,7 @@ use vm_memory::{Address, Bytes, GuestMemoryMmap};
 use crate::chain::{Buffer, ChainError, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
 use crate::feature_bit;
-use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::queue::PoppedChain;
 use crate::request_queue::RequestQueue;
 use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
@@ -189,11 +189,11 @@ impl Block {
         mem: &GuestMemoryMmap,
     ) -> Result<Request, u32> {
         let chain = chain.map_err(|e| {
-            guest_warn!(self.log, "virtio-blk: bad descriptor chain: {e}");
+            guest_error!(self.log, "virtio-blk: bad descriptor chain: {e}");
             0u32
         })?;
         request::parse(chain, mem, &self.limits).map_err(|refused| {
-            guest_warn!(self.log, "virtio-blk: request refused: {}", refused.error);
+            guest_error!(self.log, "virtio-blk: request refused: {}", refused.error);
             match refused.status {
                 Some(at) => write_status(mem, at, refused.error.status(), 0),
                 None => 0,
@@ -487,7 +487,7 @@ impl VirtioDevice for Block {
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // Only `writeback` is writable, and only with VIRTIO_BLK_F_CONFIG_WCE,
         // which is not offered.
-        guest_warn!(
+        guest_error!(
             self.log,
             offset,
             len = data.len(),

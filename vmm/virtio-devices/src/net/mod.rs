@@ -36,7 +36,7 @@ use crate::chain::{Buffer, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
 use crate::feature_bit;
 use crate::interrupt::DeviceInterrupt;
-use crate::log_limit::{GuestErrorLog, guest_warn};
+use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::queue::{DeviceQueue, QueueError};
 use counters::NetEvent;
 pub use counters::{NetCounters, NetCounts};
@@ -179,12 +179,12 @@ impl Net {
                 Ok(chain) => {
                     if let Err(e) = self.transmit(chain, &tx.mem) {
                         self.counters.record(NetEvent::SendDropped);
-                        guest_warn!(self.log, "virtio-net: transmit dropped: {e}");
+                        guest_error!(self.log, "virtio-net: transmit dropped: {e}");
                     }
                 }
                 Err(e) => {
                     self.counters.record(NetEvent::SendDropped);
-                    guest_warn!(self.log, "virtio-net: bad transmit chain: {e}");
+                    guest_error!(self.log, "virtio-net: bad transmit chain: {e}");
                 }
             }
             tx.queue
@@ -232,7 +232,7 @@ impl Net {
                 // The host side (link down, tap gone) is not the guest's
                 // fault; the frame is lost as on a real wire.
                 self.counters.record(NetEvent::SendError);
-                guest_warn!(
+                guest_error!(
                     self.log,
                     "virtio-net: tap {} write failed: {e}",
                     self.tap.name()
@@ -274,7 +274,7 @@ impl VirtioDevice for Net {
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // The MAC is writable only in legacy devices.
-        guest_warn!(
+        guest_error!(
             self.log,
             offset,
             len = data.len(),
@@ -394,7 +394,7 @@ impl RxState {
             let chain = match popped.chain {
                 Ok(chain) if chain.readable().is_empty() => chain,
                 Ok(_) => {
-                    guest_warn!(
+                    guest_error!(
                         self.log,
                         "virtio-net: receive chain has device-readable buffers"
                     );
@@ -402,14 +402,14 @@ impl RxState {
                     continue;
                 }
                 Err(e) => {
-                    guest_warn!(self.log, "virtio-net: bad receive chain: {e}");
+                    guest_error!(self.log, "virtio-net: bad receive chain: {e}");
                     self.return_chain(popped.head, 0)?;
                     continue;
                 }
             };
             let capacity = ValidatedChain::total_len(chain.buffers());
             if capacity < frame.len() as u64 {
-                guest_warn!(
+                guest_error!(
                     self.log,
                     "virtio-net: receive buffer of {capacity} bytes cannot hold a {}-byte frame; frame dropped",
                     frame.len()
