@@ -66,7 +66,11 @@ fn the_base_vmi_runs() {
 }
 
 /// A name, changes to the base VMI, the field the refusal must name (`None`: it runs).
-type Row = (&'static str, Vec<(&'static str, Value)>, Option<&'static str>);
+type Row = (
+    &'static str,
+    Vec<(&'static str, Value)>,
+    Option<&'static str>,
+);
 
 /// Each row changes the base VMI and names the field the refusal must name.
 #[test]
@@ -589,4 +593,20 @@ fn random_values_never_panic() {
             }
         }
     }
+}
+
+/// The project's demo VMI runs; KubeVirt's kernel-boot example runs; its firmware-booted
+/// examples cannot.
+#[test]
+fn examples() {
+    let parse = |text| crate::kubevirt::parse_vmi(text).expect("the example parses");
+    let demo = parse(include_str!("../../../../images/examples/vmi-testguest.yaml"));
+    assert_eq!(check(&demo), Ok(()));
+    let kernel_boot = parse(include_str!("../../../tests/testdata/vmi-kernel-boot.yaml"));
+    assert_eq!(check(&kernel_boot), Ok(()));
+    let migratable = parse(include_str!("../../../tests/testdata/vmi-migratable.yaml"));
+    assert_eq!(
+        check(&migratable).unwrap_err().field,
+        "spec.domain.firmware.kernelBoot"
+    );
 }
