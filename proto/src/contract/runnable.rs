@@ -379,6 +379,32 @@ fn volumes(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
 /// The volume kinds the launcher turns into disks: container disks, ephemeral PVCs, PVCs and
 /// DataVolumes (their PVCs), host disks, empty disks, cloud-init NoCloud and ConfigDrive.
 fn volume_source(volume: &Volume, field: &str) -> Result<(), Refusal> {
+    // A hotpluggable volume is not in the launcher pod: it would be attached to the running
+    // VM, which this launcher cannot do.
+    let hotpluggable = [
+        (
+            "persistentVolumeClaim",
+            volume
+                .persistent_volume_claim
+                .as_ref()
+                .is_some_and(|p| p.hotpluggable == Some(true)),
+        ),
+        (
+            "dataVolume",
+            volume
+                .data_volume
+                .as_ref()
+                .and_then(|d| d.get("hotpluggable"))
+                .and_then(Value::as_bool)
+                == Some(true),
+        ),
+    ];
+    if let Some((kind, _)) = hotpluggable.iter().find(|(_, hot)| *hot) {
+        return Err(Refusal::new(
+            format!("{field}.{kind}.hotpluggable"),
+            "volume hotplug is not supported by this launcher",
+        ));
+    }
     if volume.container_disk.is_some()
         || volume.persistent_volume_claim.is_some()
         || volume.data_volume.is_some()

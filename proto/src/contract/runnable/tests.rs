@@ -312,6 +312,14 @@ fn refusals_name_the_field() {
             None,
         ),
         (
+            "hotpluggable dataVolume",
+            vec![(
+                "/spec/volumes/0",
+                json!({"name": "root", "dataVolume": {"name": "dv", "hotpluggable": true}}),
+            )],
+            Some("spec.volumes[0].dataVolume.hotpluggable"),
+        ),
+        (
             "ephemeral without PVC",
             vec![("/spec/volumes/0", json!({"name": "root", "ephemeral": {}}))],
             Some("spec.volumes[0].ephemeral"),
@@ -600,7 +608,9 @@ fn random_values_never_panic() {
 #[test]
 fn examples() {
     let parse = |text| crate::kubevirt::parse_vmi(text).expect("the example parses");
-    let demo = parse(include_str!("../../../../images/examples/vmi-testguest.yaml"));
+    let demo = parse(include_str!(
+        "../../../../images/examples/vmi-testguest.yaml"
+    ));
     assert_eq!(check(&demo), Ok(()));
     let kernel_boot = parse(include_str!("../../../tests/testdata/vmi-kernel-boot.yaml"));
     assert_eq!(check(&kernel_boot), Ok(()));
