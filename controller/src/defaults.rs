@@ -1,13 +1,29 @@
 //! The defaults KubeVirt's API webhook gives every VMI at creation (v1.9.0
-//! `pkg/defaults/defaults.go` `SetDefaultVirtualMachineInstanceSpec`, the parts that shape the
-//! launcher pod or the guest). This deployment has no virt-api: the VM controller applies
-//! them to the VMIs it creates, and the template renders from a defaulted copy.
+//! `pkg/defaults/defaults.go` `SetDefaultVirtualMachineInstance`, `pkg/defaults/arm64.go`,
+//! and `mutators/vmi-mutator.go`, the parts that shape the launcher pod or the guest). This
+//! deployment has no virt-api: the VM controller applies them to the VMIs it creates, and the
+//! template renders from a defaulted copy.
+//!
+//! Not applied: the amd64 disk bus default (`sata` for a disk without a bus,
+//! `setDefaultAmd64DisksBus`): this project's launcher has virtio disks only, and reads a disk
+//! without a bus as virtio.
 
 use crate::template::TemplateConfig;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proto::kubevirt::{
-    Cpu, Disk, EmptyBinding, FeatureState, Features, Interface, Machine, Memory, Network,
-    PodNetwork, VirtualMachineInstanceSpec, quantity,
+    Cpu, Disk, EmptyBinding, FeatureState, Features, Firmware, Interface, Machine, Memory, Network,
+    PodNetwork, VirtualMachineInstance, VirtualMachineInstanceSpec, quantity,
 };
+use serde_json::json;
+
+/// `kubevirt.io/pci-topology-version`: which PCI hotplug-port layout the VM was created with.
+pub const PCI_TOPOLOGY_VERSION_ANNOTATION: &str = "kubevirt.io/pci-topology-version";
+/// The layout the webhook gives new VMIs (`PciTopologyVersionV3`).
+pub const PCI_TOPOLOGY_VERSION: &str = "v3";
+/// `v1.DefaultCPUModel`, the model of a VMI that names none (amd64).
+pub const DEFAULT_CPU_MODEL: &str = "host-model";
+/// The model of an arm64 VMI that names none (`defaultCPUModelArm64`).
+pub const DEFAULT_CPU_MODEL_ARM64: &str = "host-passthrough";
 
 /// The machine type for an architecture (`GetMachineType` defaults).
 pub fn default_machine_type(arch: &str) -> &'static str {
@@ -15,6 +31,33 @@ pub fn default_machine_type(arch: &str) -> &'static str {
         "arm64" => "virt",
         "s390x" => "s390-ccw-virtio",
         _ => "q35",
+    }
+}
+
+/// Applies the webhook's defaults to a new VMI: the spec's, then the metadata's.
+pub fn apply_vmi(vmi: &mut VirtualMachineInstance, config: &TemplateConfig) {
+    apply(&mut vmi.spec, config);
+    apply_metadata(&mut vmi.metadata, &vmi.spec);
+}
+
+/// The annotation the webhook adds (`setDefaultPciTopologyVersion`), where the machine
+/// supports PCIe hotplug (`SupportsPCIeHotplug`: amd64 q35 or arm64 virt).
+pub fn apply_metadata(metadata: &mut ObjectMeta, spec: &VirtualMachineInstanceSpec) {
+    let arch_ok = matches!(
+        spec.architecture.as_deref(),
+        None | Some("amd64" | "arm64" | "")
+    );
+    let machine_ok = spec
+        .domain
+        .machine
+        .as_ref()
+        .is_none_or(|m| m.machine_type.contains("q35") || m.machine_type.starts_with("virt"));
+    if arch_ok && machine_ok {
+        metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .entry(PCI_TOPOLOGY_VERSION_ANNOTATION.to_string())
+            .or_insert_with(|| PCI_TOPOLOGY_VERSION.to_string());
     }
 }
 
@@ -139,6 +182,45 @@ pub fn apply(spec: &mut VirtualMachineInstanceSpec, config: &TemplateConfig) {
         }
     }
 
+    // The CPU model: the cluster's, else host-passthrough on arm64 (which also boots UEFI
+    // with secure boot off and has virtio disks), else host-model (`setDefaultCPUArch`).
+    let arm64 = spec.architecture.as_deref() == Some("arm64");
+    if arm64 {
+        let cpu = spec.domain.cpu.get_or_insert_with(Cpu::default);
+        if cpu.model.as_deref().is_none_or(str::is_empty) {
+            cpu.model = Some(DEFAULT_CPU_MODEL_ARM64.into());
+        }
+        let firmware = spec.domain.firmware.get_or_insert_with(Firmware::default);
+        let loader = firmware
+            .bootloader
+            .get_or_insert_with(|| json!({"efi": {}}));
+        if let Some(efi) = loader.get_mut("efi").and_then(|e| e.as_object_mut()) {
+            efi.entry("secureBoot").or_insert(json!(false));
+        }
+        for disk in &mut spec.domain.devices.disks {
+            if let Some(target) = disk.disk.as_mut()
+                && target.bus.as_deref().is_none_or(str::is_empty)
+            {
+                target.bus = Some("virtio".into());
+            }
+            if let Some(target) = disk.cdrom.as_mut()
+                && target.bus.as_deref().is_none_or(str::is_empty)
+            {
+                target.bus = Some("virtio".into());
+            }
+        }
+    }
+    let cpu = spec.domain.cpu.get_or_insert_with(Cpu::default);
+    if cpu.model.as_deref().is_none_or(str::is_empty) {
+        cpu.model = Some(
+            config
+                .cpu_model
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| DEFAULT_CPU_MODEL.into()),
+        );
+    }
+
     // `features: {}` means ACPI on.
     let features = spec.domain.features.get_or_insert_with(Features::default);
     if features.acpi.is_none() {
@@ -171,7 +253,7 @@ mod tests {
         assert_eq!(v["domain"]["machine"], json!({"type": "q35"}));
         assert_eq!(
             v["domain"]["cpu"],
-            json!({"sockets": 1, "cores": 1, "threads": 1})
+            json!({"sockets": 1, "cores": 1, "threads": 1, "model": "host-model"})
         );
         assert_eq!(v["domain"]["memory"]["guest"], json!("1Gi"));
         assert_eq!(
@@ -203,7 +285,15 @@ mod tests {
         apply(&mut s, &TemplateConfig::default());
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["domain"]["machine"], json!({"type": "virt"}));
-        assert_eq!(v["domain"]["cpu"], json!({"cores": 4}));
+        // arm64: host-passthrough, UEFI without secure boot.
+        assert_eq!(
+            v["domain"]["cpu"],
+            json!({"cores": 4, "model": "host-passthrough"})
+        );
+        assert_eq!(
+            v["domain"]["firmware"],
+            json!({"bootloader": {"efi": {"secureBoot": false}}})
+        );
         assert_eq!(v["domain"]["resources"]["requests"], json!({"cpu": "3"}));
         assert_eq!(v["domain"]["memory"]["guest"], json!("2Gi"));
         assert!(v["domain"]["devices"].get("interfaces").is_none());
@@ -223,6 +313,43 @@ mod tests {
             v["domain"]["devices"]["interfaces"],
             json!([{"name": "default", "masquerade": {}}])
         );
+    }
+
+    #[test]
+    fn the_cluster_cpu_model_and_the_pci_topology_annotation() {
+        let config = TemplateConfig {
+            cpu_model: Some("Haswell".into()),
+            ..TemplateConfig::default()
+        };
+        let mut vmi: VirtualMachineInstance = serde_json::from_value(
+            json!({"metadata": {"name": "v"}, "spec": {"domain": {"devices": {}}}}),
+        )
+        .unwrap();
+        apply_vmi(&mut vmi, &config);
+        assert_eq!(
+            vmi.spec.domain.cpu.unwrap().model.as_deref(),
+            Some("Haswell")
+        );
+        assert_eq!(
+            vmi.metadata.annotations.unwrap()[PCI_TOPOLOGY_VERSION_ANNOTATION],
+            "v3"
+        );
+        // Not for machines without PCIe hotplug; an existing value is kept.
+        let mut vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "metadata": {"name": "v", "annotations": {PCI_TOPOLOGY_VERSION_ANNOTATION: "v2"}},
+            "spec": {"domain": {"devices": {}}}}))
+        .unwrap();
+        apply_vmi(&mut vmi, &config);
+        assert_eq!(
+            vmi.metadata.annotations.unwrap()[PCI_TOPOLOGY_VERSION_ANNOTATION],
+            "v2"
+        );
+        let mut vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "metadata": {"name": "v"},
+            "spec": {"architecture": "s390x", "domain": {"devices": {}}}}))
+        .unwrap();
+        apply_vmi(&mut vmi, &config);
+        assert!(vmi.metadata.annotations.is_none());
     }
 
     #[test]

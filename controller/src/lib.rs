@@ -6,6 +6,7 @@
 //! Decisions are pure functions ([`vm::decide`], [`vmi::decide`], [`template`]); the
 //! controllers around them only read caches and write what the decisions say.
 
+pub mod admission;
 pub mod defaults;
 pub mod leader;
 pub mod quantity;

@@ -33,6 +33,10 @@ struct Args {
     /// Let VMIs run without /dev/kvm (no kvm and vhost-net device requests).
     #[arg(long)]
     allow_emulation: bool,
+    /// KubeVirt's `Root` feature gate: launcher pods run as root (uid 0, SYS_NICE) unless a
+    /// VMI's creator asked for a non-root one. Off: always uid 107.
+    #[arg(long)]
+    root: bool,
 }
 
 #[tokio::main]
@@ -60,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
             launcher_image: args.launcher_image,
             launcher_qemu_timeout_seconds: args.launcher_qemu_timeout,
             allow_emulation: args.allow_emulation,
+            root: args.root,
             ..TemplateConfig::default()
         },
         namespace: args.watch_namespace,

@@ -73,6 +73,15 @@ impl Qty {
         }
     }
 
+    /// apimachinery's `Sub` for a smaller `other` (the resources never go negative): the
+    /// receiver's format is kept, as with [`Qty::plus`].
+    pub fn minus(self, other: Qty) -> Qty {
+        Qty {
+            milli: self.milli.saturating_sub(other.milli),
+            format: self.format,
+        }
+    }
+
     pub fn to_quantity(self) -> Quantity {
         Quantity(self.to_string())
     }

@@ -254,6 +254,10 @@ fn vm(name: &str, strategy: &str) -> VirtualMachine {
                     "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}],
                                 "interfaces": [{"name": "default", "masquerade": {}}]},
                     "memory": {"guest": "128Mi"},
+                    // The launcher boots kernels only: a VMI without kernel boot gets no pod.
+                    "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0", "container": {
+                        "image": "quay.io/kubevirt/alpine-ext-kernel-boot-demo:v1.9.0",
+                        "kernelPath": "/boot/vmlinuz-virt", "initrdPath": "/boot/initramfs-virt"}}},
                 },
                 "networks": [{"name": "default", "pod": {}}],
                 "terminationGracePeriodSeconds": 0,
@@ -397,6 +401,24 @@ async fn always_vm_gets_a_vmi_and_pod_handed_to_the_node_and_halted_removes_them
             .as_ref()
             .unwrap()[0],
         "/usr/bin/virt-launcher-monitor"
+    );
+    // Kernel boot: the kernel image mounted where the launcher looks for it.
+    let mounts = pod.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .clone()
+        .unwrap();
+    assert!(
+        mounts.iter().any(|m| m.name == "kernel-boot-volume"
+            && m.mount_path == "/var/run/kubevirt-kernel-boot"
+            && m.read_only == Some(true)),
+        "{mounts:?}"
+    );
+    // What the webhook and the template report in the VMI's status.
+    let status = vmi.status.as_ref().unwrap();
+    assert_eq!(status.runtime_user, Some(107));
+    assert_eq!(
+        status.memory.as_ref().unwrap().extra.get("memoryOverhead"),
+        Some(&json!("268Mi"))
     );
 
     let vm_status = wait_for("VM status Starting", || async {
@@ -573,6 +595,86 @@ async fn refused_pod_becomes_a_readable_event() {
             .unwrap()
             .items
             .is_empty()
+    );
+}
+
+/// A VMI this project's launcher cannot run (no kernel boot: it has no firmware to boot a
+/// disk) is refused as KubeVirt reports a failed pod creation: it stays Pending with
+/// `Synchronized=False` (reason `FailedCreate`, the message naming the field) and one Warning
+/// event, and no pod is ever created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmi_the_launcher_cannot_run_gets_a_condition_an_event_and_no_pod() {
+    let setup = Setup::new("ctl-refuse", true).await;
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let mut spec = serde_json::to_value(vm("x", "Always").spec.template.spec).unwrap();
+    spec["domain"].as_object_mut().unwrap().remove("firmware");
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "bios"},
+        "spec": spec,
+    }))
+    .unwrap();
+    vmis.create(&PostParams::default(), &vmi)
+        .await
+        .expect("VMI");
+    let synchronized = wait_for("a Synchronized=False condition", || async {
+        get(&vmis, "bios").await.and_then(|v| {
+            v.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.condition_type == "Synchronized")
+        })
+    })
+    .await;
+    assert_eq!(synchronized.status, "False");
+    assert_eq!(synchronized.reason.as_deref(), Some("FailedCreate"));
+    let message = synchronized.message.unwrap_or_default();
+    assert!(
+        message.contains("spec.domain.firmware.kernelBoot") && message.contains("kernel boot"),
+        "{message}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = setup.api();
+    let refusals = || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bios")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("FailedCreate")
+            })
+            .collect::<Vec<_>>()
+    };
+    let event = wait_for("a Warning event naming the field", || async {
+        refusals().await.into_iter().next()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("spec.domain.firmware.kernelBoot"), "{note}");
+    // Later reconciles neither create a pod nor repeat the event.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let vmi = get(&vmis, "bios").await.unwrap();
+    assert_eq!(vmi.phase(), Phase::Pending);
+    assert_eq!(vmi.status.as_ref().unwrap().runtime_user, Some(107));
+    let pods: Api<Pod> = setup.api();
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "no launcher pod"
+    );
+    assert_eq!(setup.writes.get(Write::PodCreate), 0);
+    let repeated = refusals().await;
+    assert_eq!(repeated.len(), 1, "{repeated:?}");
+    assert!(
+        repeated[0].series.is_none(),
+        "the event was not repeated: {:?}",
+        repeated[0].series
     );
 }
 

@@ -12,7 +12,7 @@
 //! - [`wire`]: a canonical listing of the compiled protos, for contract tests.
 //! - [`unix`]: unix socket paths of any length and gRPC channels over them.
 //! - [`contract`]: names and paths several processes must agree on (pod network, pod
-//!   mounts, kernel boot), each written once.
+//!   mounts, kernel boot, node labels) and which VMIs the launcher can run, each written once.
 //!
 //! Unknown JSON fields are kept everywhere (`extra` maps), so a component that
 //! reads, changes and writes back an object never erases what it does not know.

@@ -2,21 +2,24 @@
 //! (`pkg/virt-controller/services/{template,rendercontainer,rendervolumes,renderresources}.go`).
 //!
 //! Pure functions: the VMI, the cluster settings and what the caller looked up (PVCs, a random
-//! jitter) go in, a `Pod` comes out. Parts of the API this controller does not support (multus
-//! networks, hugepages, GPUs and host devices, sidecars, virtiofs, probes) are refused with
-//! [`TemplateError::Unsupported`] rather than rendered wrongly.
+//! jitter) go in, a `Pod` comes out. The pod is KubeVirt's even for VMIs this project's
+//! launcher will not run (the controller refuses those before it renders, with
+//! `proto::contract::runnable`). Parts of the API whose pod this template cannot render
+//! (multus networks, GPUs and host devices, hook sidecars, virtiofs, plugin bindings) are
+//! refused with [`TemplateError::Unsupported`] rather than rendered wrongly.
 
 mod overhead;
+mod probes;
 mod resources;
+mod scheduling;
 mod volumes;
 
 pub use overhead::{FIXED_OVERHEAD_MIB, memory_overhead};
-pub use volumes::PvcInfo;
+pub use volumes::{PvcInfo, claim_name};
 
 use crate::quantity::Qty;
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
     PodReadinessGate, PodSecurityContext, PodSpec, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -44,11 +47,15 @@ pub const EPHEMERAL_STORAGE_OVERHEAD: &str = "50M";
 const VIRT_PRIVATE_DIR: &str = "/var/run/kubevirt-private";
 const CONTAINER_BINARY_DIR: &str = "/container-disk-binary";
 const LAUNCHER_VOLUME: &str = "launcher-volume";
-const OBSOLETE_HOST_MODEL_LABEL: &str = "node-labeller.kubevirt.io/obsolete-host-model";
-const MACHINE_TYPE_LABEL_PREFIX: &str = "machine-type.node.kubevirt.io/";
-const CPU_MODEL_LABEL_PREFIX: &str = "cpu-model.node.kubevirt.io/";
-const CPU_MANAGER_LABEL: &str = "cpumanager";
 const SKIP_BACKUP_HOOKS_ANNOTATION: &str = "kubevirt.io/skip-backup-hooks";
+/// The launcher pod's memory overhead in bytes (`v1.MemoryOverheadAnnotationBytes`).
+pub const MEMORY_OVERHEAD_ANNOTATION: &str = "kubevirt.io/memory-overhead-bytes";
+/// Istio sidecar injection: an annotation on the VMI, copied to a label on the pod.
+const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
+/// Istio's annotations naming the in-pod bridge whose traffic the sidecar leaves alone
+/// (`pkg/network/istio`; the first is deprecated in favour of the second, both are set).
+const ISTIO_KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
+const ISTIO_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
 const LOG_VERBOSITY_LABEL: &str = "logVerbosity";
 const DEBUG_LOGS_LABEL: &str = "debugLogs";
 const DEFAULT_LAUNCHER_LOG_VERBOSITY: u32 = 2;
@@ -80,7 +87,10 @@ pub struct TemplateConfig {
     pub ephemeral_disk_dir: String,
     pub container_disk_dir: String,
     pub hotplug_disk_dir: String,
+    /// `--ovmf-path` per architecture (`ArchitectureConfiguration.{amd64,arm64,s390x}.ovmfPath`).
     pub ovmf_path: String,
+    pub ovmf_path_arm64: String,
+    pub ovmf_path_s390x: String,
     pub disk_memory_limit_bytes: u64,
     pub hypervisor: String,
     pub allow_emulation: bool,
@@ -88,6 +98,13 @@ pub struct TemplateConfig {
     pub image_volume: bool,
     pub libvirt_hook_server_and_client: bool,
     pub upgrade_ordinal_ifaces: bool,
+    /// `VmiMemoryOverheadReport` (beta): the overhead as a pod annotation and in the VMI's
+    /// `status.memory.memoryOverhead`.
+    pub memory_overhead_report: bool,
+    /// The `Root` feature gate (alpha, off): launcher pods run as root.
+    pub root: bool,
+    /// `cpuModel` of the KubeVirt CR: the model of VMIs that name none (amd64).
+    pub cpu_model: Option<String>,
     pub cpu_allocation_ratio: u32,
     /// Percent; 100 means no overcommit.
     pub memory_overcommit: u32,
@@ -112,12 +129,17 @@ impl Default for TemplateConfig {
             container_disk_dir: "/var/run/kubevirt/container-disks".into(),
             hotplug_disk_dir: "/var/run/kubevirt/hotplug-disks".into(),
             ovmf_path: "/usr/share/edk2/ovmf".into(),
+            ovmf_path_arm64: "/usr/share/AAVMF".into(),
+            ovmf_path_s390x: String::new(),
             disk_memory_limit_bytes: 2000 * 1024 * 1024,
             hypervisor: "kvm".into(),
             allow_emulation: false,
             image_volume: true,
             libvirt_hook_server_and_client: true,
             upgrade_ordinal_ifaces: true,
+            memory_overhead_report: true,
+            root: false,
+            cpu_model: None,
             cpu_allocation_ratio: 10,
             memory_overcommit: 100,
             serial_console_log_disabled: false,
@@ -138,14 +160,32 @@ pub struct RenderContext {
     pub qemu_timeout_jitter_seconds: u32,
 }
 
-/// Whether the launcher runs as user 107. The API webhook sets `status.runtimeUser` on every
-/// VMI (107 unless the Root feature gate is on); this deployment has no webhook, so a VMI
-/// without it gets the webhook's default.
-pub fn is_non_root(vmi: &VirtualMachineInstance) -> bool {
+impl TemplateConfig {
+    /// `GetOVMFPath`: the firmware directory for the VMI's architecture.
+    pub fn ovmf_path_for(&self, arch: &str) -> &str {
+        match arch {
+            "arm64" => &self.ovmf_path_arm64,
+            "s390x" => &self.ovmf_path_s390x,
+            _ => &self.ovmf_path,
+        }
+    }
+}
+
+/// The user the launcher runs as, as KubeVirt's admission webhook decides it
+/// (`vmi-mutator.go`: `markAsNonroot` unless the Root feature gate is on).
+///
+/// Never taken from the object alone: on KubeVirt's own CRD (no status subresource) whoever
+/// creates a VMI can write its status, `runtimeUser: 0` included. Without the Root gate the
+/// webhook overwrites it with 107, and so does this. With the gate, the webhook keeps what the
+/// creator wrote (0 when unset), and so does this.
+pub fn runtime_user(vmi: &VirtualMachineInstance, config: &TemplateConfig) -> u64 {
+    if !config.root {
+        return NON_ROOT_UID.into();
+    }
     vmi.status
         .as_ref()
         .and_then(|s| s.runtime_user)
-        .is_none_or(|uid| uid != 0)
+        .unwrap_or(0)
 }
 
 /// Renders the launcher pod of `vmi`.
@@ -169,14 +209,16 @@ pub fn render_launcher_pod(
         .uid
         .as_deref()
         .ok_or(TemplateError::Missing("uid"))?;
+    let user = runtime_user(vmi, config);
     // Render what KubeVirt renders: from the VMI as its API webhook would have stored it.
     let mut defaulted = vmi.clone();
-    crate::defaults::apply(&mut defaulted.spec, config);
+    crate::defaults::apply_vmi(&mut defaulted, config);
     let vmi = &defaulted;
     refuse_unsupported(vmi)?;
 
-    let non_root = is_non_root(vmi);
-    let user_id: i64 = if non_root { NON_ROOT_UID.into() } else { 0 };
+    let non_root = user != 0;
+    let user_id = i64::try_from(user)
+        .map_err(|_| TemplateError::Invalid(format!("status.runtimeUser {user}")))?;
     let launcher_grace = vmi.grace_period_seconds() + GRACE_PERIOD_PADDING_SECONDS;
     let pod_grace = launcher_grace + GRACE_PERIOD_PADDING_SECONDS;
 
@@ -189,7 +231,15 @@ pub fn render_launcher_pod(
     let resources = resources::render(vmi, config, overhead)?;
     let volumes = volumes::render(vmi, config, context)?;
 
-    let command = launcher_command(vmi, config, context, name, uid, namespace, launcher_grace);
+    let command = launcher_command(
+        vmi,
+        config,
+        context,
+        &arch,
+        non_root,
+        [name, uid, namespace],
+        launcher_grace,
+    );
     let mut env = Vec::new();
     if non_root {
         for (key, value) in [
@@ -255,6 +305,8 @@ pub fn render_launcher_pod(
         resources: Some(resources),
         ports: non_empty(container_ports(vmi)),
         env: Some(env),
+        liveness_probe: probes::render(vmi, &vmi.spec.liveness_probe, "spec.livenessProbe")?,
+        readiness_probe: probes::render(vmi, &vmi.spec.readiness_probe, "spec.readinessProbe")?,
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
@@ -263,11 +315,12 @@ pub fn render_launcher_pod(
     if serial_console_log_enabled(vmi, config) {
         init_containers.push(guest_console_log_container(vmi, config, uid, verbosity)?);
     }
+    let kernel_boot = proto::contract::kernel_boot::container(vmi);
     if config.image_volume {
+        // One per image volume, to make the kubelet resolve the image's digest (a new pod has
+        // no digests to reuse yet, so even a pinned image gets one).
         for volume in &vmi.spec.volumes {
-            if let Some(disk) = &volume.container_disk
-                && !disk.image.contains("@sha256:")
-            {
+            if let Some(disk) = &volume.container_disk {
                 init_containers.push(image_volume_init_container(
                     vmi,
                     &volume.name,
@@ -276,9 +329,17 @@ pub fn render_launcher_pod(
                 )?);
             }
         }
-    } else if volumes.has_container_disks {
+        if let Some(container) = kernel_boot {
+            init_containers.push(image_volume_init_container(
+                vmi,
+                proto::contract::pod_paths::KERNEL_BOOT_VOLUME,
+                &container.image,
+                container.image_pull_policy.as_deref(),
+            )?);
+        }
+    } else if volumes.has_container_disks || kernel_boot.is_some() {
         return Err(TemplateError::Unsupported(
-            "containerDisks without the ImageVolume feature gate".into(),
+            "containerDisks and kernel-boot containers without the ImageVolume feature gate".into(),
         ));
     }
 
@@ -288,17 +349,22 @@ pub fn render_launcher_pod(
     pod_labels.insert(CREATED_BY_LABEL.into(), uid.into());
     pod_labels.insert(VM_NAME_LABEL.into(), host_name.clone());
     pod_labels.insert(VMI_ID_LABEL.into(), vmi_id(name));
+    let vmi_annotations = vmi.metadata.annotations.clone().unwrap_or_default();
+    if let Some(inject) = vmi_annotations.get(ISTIO_INJECT) {
+        pod_labels.insert(ISTIO_INJECT.into(), inject.clone());
+    }
+    let istio_proxy = vmi_annotations
+        .get(ISTIO_INJECT)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
 
     let spec = &vmi.spec;
-    let mut affinity: Option<Affinity> = spec
-        .affinity
-        .clone()
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| TemplateError::Invalid(format!("spec.affinity: {e}")))?;
-    let cpu_model = spec.domain.cpu.as_ref().and_then(|c| c.model.as_deref());
-    if matches!(cpu_model, None | Some("") | Some("host-model")) {
-        affinity = Some(reject_node_label(affinity, OBSOLETE_HOST_MODEL_LABEL));
+    let affinity = scheduling::affinity(vmi)?;
+    let mut annotations = pod_annotations(vmi, name, namespace);
+    if config.memory_overhead_report {
+        annotations.insert(
+            MEMORY_OVERHEAD_ANNOTATION.into(),
+            overhead.value().to_string(),
+        );
     }
 
     let service_account_volume = spec
@@ -319,7 +385,7 @@ pub fn render_launcher_pod(
         metadata: ObjectMeta {
             generate_name: Some(format!("virt-launcher-{name}-")),
             labels: Some(pod_labels),
-            annotations: Some(pod_annotations(vmi, name, namespace)),
+            annotations: Some(annotations),
             owner_references: Some(vec![vmi_owner_reference(name, uid)]),
             ..Default::default()
         },
@@ -331,7 +397,7 @@ pub fn render_launcher_pod(
             restart_policy: Some("Never".into()),
             containers: vec![compute],
             init_containers: non_empty(init_containers),
-            node_selector: Some(node_selector(vmi, config)),
+            node_selector: Some(scheduling::node_selector(vmi, config)),
             volumes: Some(volumes.volumes),
             image_pull_secrets: non_empty(image_pull_secrets(vmi)),
             dns_config: from_json(&spec.dns_config, "spec.dnsConfig")?,
@@ -349,7 +415,7 @@ pub fn render_launcher_pod(
             priority_class_name: spec.priority_class_name.clone().filter(|p| !p.is_empty()),
             affinity,
             service_account_name,
-            automount_service_account_token: Some(service_account_volume.is_some()),
+            automount_service_account_token: Some(service_account_volume.is_some() || istio_proxy),
             ..Default::default()
         }),
         status: None,
@@ -363,9 +429,9 @@ fn launcher_command(
     vmi: &VirtualMachineInstance,
     config: &TemplateConfig,
     context: &RenderContext,
-    name: &str,
-    uid: &str,
-    namespace: &str,
+    arch: &str,
+    non_root: bool,
+    [name, uid, namespace]: [&str; 3],
     launcher_grace: i64,
 ) -> Vec<String> {
     let jitter = context.qemu_timeout_jitter_seconds % QEMU_TIMEOUT_JITTER_RANGE;
@@ -391,7 +457,7 @@ fn launcher_command(
         "--hook-sidecars",
         "0",
         "--ovmf-path",
-        &config.ovmf_path,
+        config.ovmf_path_for(arch),
         "--disk-memory-limit",
         &config.disk_memory_limit_bytes.to_string(),
         "--hypervisor",
@@ -400,7 +466,7 @@ fn launcher_command(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if is_non_root(vmi) {
+    if non_root {
         command.push("--run-as-nonroot".into());
     }
     if config.image_volume {
@@ -420,10 +486,11 @@ fn launcher_command(
     if config.allow_emulation {
         command.push("--allow-emulation".into());
     }
-    if annotations
-        .iter()
-        .any(|(k, v)| k.starts_with("kubevirt.io/keep-launcher-alive-after-failure") && v == "true")
-    {
+    // `checkForKeepLauncherAfterFailure`: an empty value or one starting with `true`.
+    if annotations.iter().any(|(k, v)| {
+        k.starts_with("kubevirt.io/keep-launcher-alive-after-failure")
+            && (v.is_empty() || v.starts_with("true"))
+    }) {
         command.push("--keep-after-failure".into());
     }
     if annotations.contains_key("kubevirt.io/func-test-virt-launcher-fail-fast") {
@@ -442,21 +509,8 @@ fn refuse_unsupported(vmi: &VirtualMachineInstance) -> Result<(), TemplateError>
             )));
         }
     }
-    if spec
-        .domain
-        .memory
-        .as_ref()
-        .is_some_and(|m| m.hugepages.is_some())
-    {
-        return Err(TemplateError::Unsupported("hugepages".into()));
-    }
     if spec.networks.iter().any(|n| n.multus.is_some()) {
         return Err(TemplateError::Unsupported("multus networks".into()));
-    }
-    if spec.liveness_probe.is_some() || spec.readiness_probe.is_some() {
-        return Err(TemplateError::Unsupported(
-            "liveness and readiness probes".into(),
-        ));
     }
     let annotations = vmi.metadata.annotations.clone().unwrap_or_default();
     if annotations.contains_key("hooks.kubevirt.io/hookSidecars") {
@@ -719,6 +773,22 @@ fn pod_annotations(
         "descheduler.alpha.kubernetes.io/request-evict-only".into(),
         String::new(),
     );
+    // With masquerade the guest sits behind the in-pod bridge: Istio's sidecar must leave
+    // its traffic to the guest (`annotations.Generator`, whatever the injection says).
+    if vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .any(|i| i.masquerade.is_some())
+    {
+        let bridge = proto::contract::pod_network::bridge_name(
+            proto::contract::pod_network::PRIMARY_POD_IFACE,
+        );
+        annotations.insert(ISTIO_KUBEVIRT_INTERFACES.into(), bridge.clone());
+        annotations.insert(ISTIO_REROUTE_VIRTUAL_INTERFACES.into(), bridge);
+    }
     // Velero backup hooks freeze the guest file systems around a backup.
     let skip_hooks = vmi_annotations
         .get(SKIP_BACKUP_HOOKS_ANNOTATION)
@@ -795,96 +865,6 @@ fn image_pull_secrets(
         .into_iter()
         .map(|name| k8s_openapi::api::core::v1::LocalObjectReference { name })
         .collect()
-}
-
-/// `nodeselectorrenderer.go`: schedulable nodes, the architecture, cluster and VMI selectors,
-/// then labels for the machine type, a named CPU model and dedicated CPUs.
-fn node_selector(
-    vmi: &VirtualMachineInstance,
-    config: &TemplateConfig,
-) -> BTreeMap<String, String> {
-    let mut selector = BTreeMap::new();
-    selector.insert(
-        proto::kubevirt::well_known::SCHEDULABLE_LABEL.to_string(),
-        "true".to_string(),
-    );
-    if let Some(arch) = vmi.spec.architecture.as_deref().filter(|a| !a.is_empty()) {
-        selector.insert("kubernetes.io/arch".into(), arch.to_lowercase());
-    }
-    selector.extend(config.node_selectors.clone());
-    selector.extend(vmi.spec.node_selector.clone().unwrap_or_default());
-    if is_cpu_dedicated(vmi) {
-        selector.insert(format!("kubevirt.io/{CPU_MANAGER_LABEL}"), "true".into());
-    }
-    if let Some(model) = vmi
-        .spec
-        .domain
-        .cpu
-        .as_ref()
-        .and_then(|c| c.model.as_deref())
-        && !model.is_empty()
-        && model != "host-model"
-        && model != "host-passthrough"
-    {
-        selector.insert(format!("{CPU_MODEL_LABEL_PREFIX}{model}"), "true".into());
-    }
-    let machine = vmi
-        .status
-        .as_ref()
-        .and_then(|s| s.machine.as_ref())
-        .map(|m| m.machine_type.clone())
-        .filter(|t| !t.is_empty())
-        .or_else(|| {
-            vmi.spec
-                .domain
-                .machine
-                .as_ref()
-                .map(|m| m.machine_type.clone())
-                .filter(|t| !t.is_empty())
-        })
-        // The API webhook defaults the machine type to q35 on x86; without a webhook we do.
-        .unwrap_or_else(|| "q35".to_string());
-    selector.insert(
-        format!("{MACHINE_TYPE_LABEL_PREFIX}{machine}"),
-        "true".into(),
-    );
-    selector
-}
-
-/// Adds "`label` must not exist" to every required node-affinity term.
-fn reject_node_label(affinity: Option<Affinity>, label: &str) -> Affinity {
-    let requirement = NodeSelectorRequirement {
-        key: label.into(),
-        operator: "DoesNotExist".into(),
-        values: None,
-    };
-    let term = NodeSelectorTerm {
-        match_expressions: Some(vec![requirement.clone()]),
-        match_fields: None,
-    };
-    let mut affinity = affinity.unwrap_or_default();
-    let node_affinity = affinity
-        .node_affinity
-        .get_or_insert_with(NodeAffinity::default);
-    match node_affinity
-        .required_during_scheduling_ignored_during_execution
-        .as_mut()
-    {
-        Some(required) => {
-            for term in &mut required.node_selector_terms {
-                term.match_expressions
-                    .get_or_insert_with(Vec::new)
-                    .push(requirement.clone());
-            }
-        }
-        None => {
-            node_affinity.required_during_scheduling_ignored_during_execution =
-                Some(NodeSelector {
-                    node_selector_terms: vec![term],
-                });
-        }
-    }
-    affinity
 }
 
 /// vCPUs of the topology: the product of the set fields (`hardware.GetNumberOfVCPUs`).
@@ -997,5 +977,7 @@ fn has_virtio_interface(vmi: &VirtualMachineInstance) -> bool {
         .any(|i| matches!(i.model.as_deref(), None | Some("") | Some("virtio")))
 }
 
+#[cfg(test)]
+mod feature_tests;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The compute container's requests and limits (`renderresources.go`), rules in v1.9.0's order:
-//! ephemeral storage, device-plugin resources, memory request, CPU, memory overhead.
+//! ephemeral storage, device-plugin resources, memory request, CPU, hugepages or memory
+//! overhead, memory encryption devices.
 
 use super::{
     EPHEMERAL_STORAGE_OVERHEAD, TemplateConfig, TemplateError, has_virtio_interface,
@@ -37,7 +38,7 @@ pub(super) fn render(
         "limits",
     )?;
     let mut calculated_requests = Resources::new();
-    let calculated_limits = Resources::new();
+    let mut calculated_limits = Resources::new();
 
     // Ephemeral storage for the launcher's own files.
     let storage = Qty::parse(&Quantity(EPHEMERAL_STORAGE_OVERHEAD.into()))
@@ -147,24 +148,87 @@ pub(super) fn render(
         }
     }
 
-    // The overhead goes on top of the request (unless the guest overhead is overcommitted)
-    // and on any memory limit.
-    let overcommit_overhead = domain
-        .resources
+    let hugepages = domain
+        .memory
         .as_ref()
-        .and_then(|r| r.overcommit_guest_overhead)
-        .unwrap_or(false);
-    let request = vm_requests.get("memory").copied().unwrap_or(Qty::ZERO);
-    vm_requests.insert(
-        "memory".into(),
-        if overcommit_overhead {
-            request
-        } else {
-            request.plus(overhead)
-        },
-    );
-    if let Some(limit) = vm_limits.get_mut("memory") {
-        *limit = limit.plus(overhead);
+        .and_then(|m| m.hugepages.as_ref())
+        .filter(|h| !h.is_null());
+    if let Some(hugepages) = hugepages {
+        // `WithHugePages`: the guest memory comes from hugepages (at most the guest size);
+        // the memory request keeps the overhead and what the request has beyond the guest.
+        let page_size = hugepages
+            .get("pageSize")
+            .and_then(|p| p.as_str())
+            .ok_or_else(|| {
+                TemplateError::Invalid("spec.domain.memory.hugepages.pageSize".into())
+            })?;
+        let guest = domain
+            .memory
+            .as_ref()
+            .and_then(|m| m.guest.as_ref())
+            .map(|g| {
+                Qty::parse(g)
+                    .map_err(|e| TemplateError::Invalid(format!("spec.domain.memory.guest: {e}")))
+            })
+            .transpose()?;
+        let requested = vm_requests.get("memory").copied().unwrap_or(Qty::ZERO);
+        let limited = vm_limits.get("memory").copied();
+        let mut from_hugepages = requested;
+        let mut request_rest = Qty::ZERO;
+        let mut limit_rest = Qty::ZERO;
+        if let Some(guest) = guest {
+            if requested.value() > guest.value() {
+                from_hugepages = guest;
+                request_rest = Qty::ZERO.plus(requested).minus(guest);
+            }
+            if let Some(limit) = limited
+                && limit.value() > guest.value()
+            {
+                limit_rest = Qty::ZERO.plus(limit).minus(guest);
+            }
+        }
+        let resource = format!("hugepages-{page_size}");
+        calculated_requests.insert(resource.clone(), from_hugepages);
+        calculated_limits.insert(resource, from_hugepages);
+        vm_requests.insert("memory".into(), request_rest.plus(overhead));
+        if limited.is_some() {
+            vm_limits.insert("memory".into(), limit_rest.plus(overhead));
+        }
+    } else {
+        // The overhead goes on top of the request (unless the guest overhead is
+        // overcommitted) and on any memory limit.
+        let overcommit_overhead = domain
+            .resources
+            .as_ref()
+            .and_then(|r| r.overcommit_guest_overhead)
+            .unwrap_or(false);
+        let request = vm_requests.get("memory").copied().unwrap_or(Qty::ZERO);
+        vm_requests.insert(
+            "memory".into(),
+            if overcommit_overhead {
+                request
+            } else {
+                request.plus(overhead)
+            },
+        );
+        if let Some(limit) = vm_limits.get_mut("memory") {
+            *limit = limit.plus(overhead);
+        }
+    }
+
+    // Memory encryption needs the device plugin's device, in requests and limits alike.
+    let security = super::scheduling::launch_security(vmi);
+    let has = |kind: &str| security.is_some_and(|s| s.get(kind).is_some_and(|v| !v.is_null()));
+    for (present, device) in [
+        (has("sev") || has("snp"), "devices.kubevirt.io/sev"),
+        (has("tdx"), "devices.kubevirt.io/tdx"),
+    ] {
+        if present {
+            for map in [&mut calculated_requests, &mut calculated_limits] {
+                let count = map.get(device).copied().unwrap_or(Qty::ZERO);
+                map.insert(device.into(), count.plus(one));
+            }
+        }
     }
 
     let merge = |calculated: Resources, vm: Resources| {

@@ -6,10 +6,10 @@ use super::*;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-const UID: &str = "11111111-2222-3333-4444-555555555555";
-const IMAGE: &str = "quay.io/kubevirt/virt-launcher:v1.9.0";
+pub(super) const UID: &str = "11111111-2222-3333-4444-555555555555";
+pub(super) const IMAGE: &str = "quay.io/kubevirt/virt-launcher:v1.9.0";
 
-fn config() -> TemplateConfig {
+pub(super) fn config() -> TemplateConfig {
     TemplateConfig {
         launcher_image: IMAGE.into(),
         ..TemplateConfig::default()
@@ -17,7 +17,7 @@ fn config() -> TemplateConfig {
 }
 
 /// `examples/vmi-migratable.yaml` as the API webhook leaves it (runtimeUser 107).
-fn migratable() -> VirtualMachineInstance {
+pub(super) fn migratable() -> VirtualMachineInstance {
     let text = include_str!("../../../proto/tests/testdata/vmi-migratable.yaml");
     let mut vmi = proto::kubevirt::parse_vmi(text).expect("the example parses");
     vmi.metadata.namespace = Some("default".into());
@@ -33,13 +33,13 @@ fn migratable() -> VirtualMachineInstance {
     vmi
 }
 
-fn render(vmi: &VirtualMachineInstance) -> Value {
+pub(super) fn render(vmi: &VirtualMachineInstance) -> Value {
     let pod = render_launcher_pod(vmi, &config(), &RenderContext::default()).expect("renders");
     serde_json::to_value(pod).expect("serializes")
 }
 
 /// Compares `actual` with `expected` key by key, so a failure names the field.
-fn assert_fields(actual: &Value, expected: &Value, path: &str) {
+pub(super) fn assert_fields(actual: &Value, expected: &Value, path: &str) {
     match (actual, expected) {
         (Value::Object(a), Value::Object(e)) => {
             let keys: std::collections::BTreeSet<_> = a.keys().chain(e.keys()).collect();
@@ -90,6 +90,13 @@ fn vmi_migratable_pod_matches_kubevirt() {
                 "pre.hook.backup.velero.io/timeout": "60s",
                 "post.hook.backup.velero.io/container": "compute",
                 "post.hook.backup.velero.io/command": freezer("unfreeze"),
+                // The webhook's default on the VMI, copied to the pod.
+                "kubevirt.io/pci-topology-version": "v3",
+                // Masquerade: Istio leaves the bridge's traffic alone.
+                "traffic.sidecar.istio.io/kubevirtInterfaces": "k6t-eth0",
+                "istio.io/reroute-virtual-interfaces": "k6t-eth0",
+                // VmiMemoryOverheadReport: 268Mi.
+                "kubevirt.io/memory-overhead-bytes": "281018368",
             },
             "ownerReferences": [{
                 "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
@@ -301,7 +308,14 @@ fn dedicated_cpus_get_whole_cores_and_the_cpumanager_label() {
 fn root_vmi_runs_as_root_with_sys_nice() {
     let mut vmi = migratable();
     vmi.status.as_mut().unwrap().runtime_user = Some(0);
-    let pod = render(&vmi);
+    let root = TemplateConfig {
+        root: true,
+        ..config()
+    };
+    let pod = serde_json::to_value(
+        render_launcher_pod(&vmi, &root, &RenderContext::default()).expect("renders"),
+    )
+    .unwrap();
     assert_eq!(
         pod["spec"]["securityContext"],
         json!({"fsGroup": 107, "runAsUser": 0})
@@ -493,10 +507,27 @@ fn bad_and_unsupported_inputs_are_errors() {
     ));
 
     let mut vmi = migratable();
-    vmi.spec.liveness_probe = Some(json!({"exec": {"command": ["true"]}}));
+    vmi.metadata.annotations =
+        Some([("hooks.kubevirt.io/hookSidecars".into(), "[]".into())].into());
     assert!(matches!(
         render_launcher_pod(&vmi, &config(), &RenderContext::default()),
         Err(TemplateError::Unsupported(_))
+    ));
+
+    let mut vmi = migratable();
+    vmi.spec.readiness_probe = Some(json!({"tcpSocket": {"port": "many"}, "periodSeconds": "x"}));
+    assert!(matches!(
+        render_launcher_pod(&vmi, &config(), &RenderContext::default()),
+        Err(TemplateError::Invalid(_))
+    ));
+
+    let mut vmi = migratable();
+    let mut memory = vmi.spec.domain.memory.clone().unwrap();
+    memory.hugepages = Some(json!({}));
+    vmi.spec.domain.memory = Some(memory);
+    assert!(matches!(
+        render_launcher_pod(&vmi, &config(), &RenderContext::default()),
+        Err(TemplateError::Invalid(_))
     ));
 }
 
@@ -516,6 +547,39 @@ fn debug_label_and_verbosity_set_env() {
         pod["spec"]["initContainers"][0]["env"],
         json!([{"name": "VIRT_LAUNCHER_LOG_VERBOSITY", "value": "6"}])
     );
+}
+
+/// `status.runtimeUser` is whatever the VMI's creator wrote on KubeVirt's CRD: without the Root
+/// feature gate it must not give a root pod (KubeVirt's webhook makes it 107).
+#[test]
+fn runtime_user_zero_without_the_root_gate_is_non_root() {
+    let mut vmi = migratable();
+    vmi.status.as_mut().unwrap().runtime_user = Some(0);
+    let pod = render(&vmi);
+    assert_eq!(
+        pod["spec"]["securityContext"],
+        json!({"fsGroup": 107, "runAsUser": 107, "runAsGroup": 107, "runAsNonRoot": true})
+    );
+    let compute = &pod["spec"]["containers"][0];
+    assert_eq!(
+        compute["securityContext"]["capabilities"],
+        json!({"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]})
+    );
+    assert!(
+        compute["command"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--run-as-nonroot"))
+    );
+    // With the gate, a VMI whose creator asked for a non-root launcher keeps it.
+    vmi.status.as_mut().unwrap().runtime_user = Some(107);
+    let root = TemplateConfig {
+        root: true,
+        ..config()
+    };
+    let pod = render_launcher_pod(&vmi, &root, &RenderContext::default()).unwrap();
+    let security = pod.spec.unwrap().security_context.unwrap();
+    assert_eq!(security.run_as_user, Some(107));
 }
 
 /// Random VMIs (from random JSON bytes) never make the renderer panic.
@@ -612,7 +676,8 @@ fn vmi_nocloud_volumes() {
         .unwrap()
         .clone();
     assert!(mounts.contains(&json!({"name": "containerdisk", "mountPath": "/var/run/kubevirt-image-volume/disk_2", "readOnly": true})));
-    // A digest-pinned image needs no digest-resolving init container nor the launcher volume.
+    // A digest-pinned image still gets its init container and the launcher volume: a new
+    // pod has no image digests to reuse (v1.9.0 passes none to `renderLaunchManifest`).
     let mut pinned = vmi.clone();
     for volume in &mut pinned.spec.volumes {
         if let Some(disk) = volume.container_disk.as_mut() {
@@ -620,13 +685,15 @@ fn vmi_nocloud_volumes() {
         }
     }
     let pod = render(&pinned);
-    assert_eq!(
-        pod["spec"]["initContainers"].as_array().unwrap().len(),
-        1,
-        "only guest-console-log"
-    );
+    let init: Vec<&str> = pod["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(init, ["guest-console-log", "volumecontainerdisk"]);
     assert!(
-        !pod["spec"]["volumes"]
+        pod["spec"]["volumes"]
             .as_array()
             .unwrap()
             .iter()

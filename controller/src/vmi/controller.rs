@@ -2,7 +2,7 @@
 
 use super::decide::{PodView, VmiPlan, decide};
 use crate::run::{CACHE_WAIT, Context};
-use crate::template::{PvcInfo, RenderContext, render_launcher_pod};
+use crate::template::{PvcInfo, RenderContext, TemplateConfig, render_launcher_pod};
 use crate::writes::Write;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ReflectHandle, Store};
 use kube::{Api, ResourceExt};
-use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, NODE_NAME_LABEL, NON_ROOT_UID};
+use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, NODE_NAME_LABEL};
 use proto::kubevirt::{
     Condition, Phase, PhaseTransitionTimestamp, VirtualMachineInstance, VolumeStatus,
 };
@@ -102,7 +102,7 @@ pub async fn reconcile(
     let name = vmi.name_any();
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let pods = controlled_pods(&ctx, &namespace, &uid);
-    let plan = decide(&vmi, &pods, owner_vm_exists(&ctx, &vmi));
+    let mut plan = decide(&vmi, &pods, owner_vm_exists(&ctx, &vmi));
     tracing::debug!(vmi = %name, ?plan, "VMI plan");
     let api: Api<VirtualMachineInstance> = ctx.api(&namespace);
     let mut current: VirtualMachineInstance = (*vmi).clone();
@@ -114,18 +114,45 @@ pub async fn reconcile(
     }
 
     let mut created_pod = None;
+    let mut sync_failure = None;
     if plan.create_pod {
-        match create_pod(&ctx, &current).await {
+        let attempt = match crate::admission::refusal(&current, &ctx.options.template) {
+            // What virt-api would have refused at creation: no pod, ever, for this spec.
+            Some(refusal) => Err(SyncFailure {
+                reason: FAILED_CREATE.into(),
+                message: format!("{RENDER_FAILED}: {refusal}"),
+                permanent: true,
+            }),
+            None => create_pod(&ctx, &current).await,
+        };
+        match attempt {
             Ok(pod) => created_pod = Some(pod),
-            Err(message) => {
-                // Stay Pending; the event says why, the error policy retries.
-                return Err(Error::Render(message));
+            Err(failure) => {
+                without_pod(&mut plan, &current);
+                sync_failure = Some(failure);
             }
         }
     }
 
-    let status_patch = status_patch(&current, &plan, &pods, created_pod.as_ref());
-    if let Some(status) = status_patch {
+    let patch_body = status_patch(
+        &current,
+        &plan,
+        &pods,
+        created_pod.as_ref(),
+        sync_failure.as_ref(),
+        &ctx.options.template,
+    );
+    // A refusal is said once, when its condition first appears.
+    let refusal_known = sync_failure.as_ref().is_some_and(|f| {
+        current.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.condition_type == SYNCHRONIZED
+                    && c.status == "False"
+                    && c.message.as_deref() == Some(f.message.as_str())
+            })
+        })
+    });
+    if let Some(status) = patch_body {
         let patch = json!({
             "metadata": {"resourceVersion": current.resource_version()},
             "status": status,
@@ -137,6 +164,18 @@ pub async fn reconcile(
     if let Some(failure) = &plan.failure {
         ctx.event(&current, true, &failure.reason, failure.message.clone())
             .await;
+    }
+    if let Some(failure) = sync_failure {
+        if failure.permanent {
+            // A new spec would need a new VMI: nothing to retry.
+            if !refusal_known {
+                ctx.event(&current, true, &failure.reason, failure.message.clone())
+                    .await;
+            }
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        // The event is out already; the error policy retries.
+        return Err(Error::Render(failure.message));
     }
 
     if let Some(node) = &plan.node_name {
@@ -246,20 +285,53 @@ async fn patch_metadata(
     Ok(patched)
 }
 
-/// Renders and creates the launcher pod; on failure, a readable event on the VMI and the
-/// message as the error.
-async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, String> {
+/// The plan once its pod could not be made: the VMI stays Pending, without a pod.
+fn without_pod(plan: &mut VmiPlan, vmi: &VirtualMachineInstance) {
+    plan.phase = (vmi.phase() == Phase::Unset).then_some(Phase::Pending);
+    plan.ready = super::decide::ready_condition(Phase::Pending, None);
+}
+
+/// `status.currentCPUTopology`.
+const CURRENT_CPU_TOPOLOGY: &str = "currentCPUTopology";
+/// `VirtualMachineInstanceSynchronized`: false while the controller cannot make the pod.
+const SYNCHRONIZED: &str = "Synchronized";
+/// `FailedCreatePodReason`: the reason of a failed pod creation, in events and conditions.
+const FAILED_CREATE: &str = "FailedCreate";
+/// `FailedPvcNotFoundReason`.
+const FAILED_PVC_NOT_FOUND: &str = "FailedPvcNotFound";
+/// `services.FailedToRenderLaunchManifestErrFormat`, without its `%v`.
+const RENDER_FAILED: &str = "failed to render launch manifest";
+
+/// Why no launcher pod exists for a VMI that needs one: KubeVirt's sync error, shown as the
+/// VMI's `Synchronized=False` condition (`CheckFailure`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SyncFailure {
+    reason: String,
+    message: String,
+    /// Retrying cannot help: the VMI's spec is the problem.
+    permanent: bool,
+}
+
+impl SyncFailure {
+    fn retry(reason: &str, message: String) -> Self {
+        SyncFailure {
+            reason: reason.into(),
+            message,
+            permanent: false,
+        }
+    }
+}
+
+/// Renders and creates the launcher pod; on failure, KubeVirt's events
+/// (`lifecycle.go` `sync`) and the sync failure for the VMI's conditions.
+async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, SyncFailure> {
     let namespace = vmi.namespace().unwrap_or_default();
     let mut pvcs = BTreeMap::new();
-    let claims = vmi.spec.volumes.iter().filter_map(|v| {
-        v.persistent_volume_claim
-            .as_ref()
-            .or(v
-                .ephemeral
-                .as_ref()
-                .and_then(|e| e.persistent_volume_claim.as_ref()))
-            .map(|c| c.claim_name.clone())
-    });
+    let claims = vmi
+        .spec
+        .volumes
+        .iter()
+        .filter_map(crate::template::claim_name);
     let pvc_api: Api<PersistentVolumeClaim> = ctx.api(&namespace);
     for claim in claims {
         match pvc_api.get_opt(&claim).await {
@@ -268,7 +340,12 @@ async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, 
                 pvcs.insert(claim, PvcInfo { block });
             }
             Ok(None) => {}
-            Err(e) => return Err(format!("looking up PVC {claim}: {e}")),
+            Err(e) => {
+                return Err(SyncFailure::retry(
+                    FAILED_CREATE,
+                    format!("looking up PVC {claim}: {e}"),
+                ));
+            }
         }
     }
     let render_context = RenderContext {
@@ -280,13 +357,14 @@ async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, 
     let pod = match render_launcher_pod(vmi, &ctx.options.template, &render_context) {
         Ok(pod) => pod,
         Err(e) => {
-            let message = format!("failed to render launch manifest: {e}");
+            let message = format!("{RENDER_FAILED}: {e}");
+            // KubeVirt has an event for a missing PVC only; the condition says the rest.
             let reason = match e {
-                crate::template::TemplateError::PvcNotFound(_) => "FailedPvcNotFound",
-                _ => "FailedCreate",
+                crate::template::TemplateError::PvcNotFound(_) => FAILED_PVC_NOT_FOUND,
+                _ => FAILED_CREATE,
             };
             ctx.event(vmi, true, reason, message.clone()).await;
-            return Err(message);
+            return Err(SyncFailure::retry(reason, message));
         }
     };
     let pod_api: Api<Pod> = ctx.api(&namespace);
@@ -320,16 +398,19 @@ async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, 
             ctx.event(
                 vmi,
                 true,
-                "FailedCreate",
-                format!("failed to render launch manifest: {message}"),
+                FAILED_CREATE,
+                format!("{RENDER_FAILED}: {message}"),
             )
             .await;
-            Err(message)
+            Err(SyncFailure::retry(FAILED_CREATE, message))
         }
         Err(e) => {
-            let message = format!("Error creating pod: {e}");
-            ctx.event(vmi, true, "FailedCreate", message.clone()).await;
-            Err(message)
+            ctx.event(vmi, true, FAILED_CREATE, format!("Error creating pod: {e}"))
+                .await;
+            Err(SyncFailure::retry(
+                FAILED_CREATE,
+                format!("failed to create virtual machine pod: {e}"),
+            ))
         }
     }
 }
@@ -340,14 +421,66 @@ fn status_patch(
     plan: &VmiPlan,
     pods: &[PodView],
     created: Option<&Pod>,
+    sync: Option<&SyncFailure>,
+    config: &TemplateConfig,
 ) -> Option<serde_json::Value> {
     let old = vmi.status.clone().unwrap_or_default();
     let mut new = old.clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let current = created
+        .map(PodView::from_pod)
+        .or_else(|| super::decide::current_pod(pods).cloned());
 
-    // The webhook's defaults (no webhook in this deployment).
-    if new.runtime_user.is_none() {
-        new.runtime_user = Some(NON_ROOT_UID.into());
+    // The runtime user: the one the pod runs as, else the one the pod will run as, decided
+    // as KubeVirt's webhook decides it. Never what the VMI's creator wrote.
+    new.runtime_user = Some(
+        current
+            .as_ref()
+            .and_then(|p| p.runtime_user)
+            .unwrap_or_else(|| crate::template::runtime_user(vmi, config)),
+    );
+    // The webhook's other status defaults (`setGuestMemoryStatus`,
+    // `setCurrentCPUTopologyStatus`), from the spec it would have stored.
+    if matches!(vmi.phase(), Phase::Unset | Phase::Pending) {
+        let mut spec = vmi.spec.clone();
+        crate::defaults::apply(&mut spec, config);
+        if let Some(guest) = spec.domain.memory.as_ref().and_then(|m| m.guest.clone()) {
+            let memory = new.memory.get_or_insert_with(Default::default);
+            if memory.guest_at_boot.is_none() {
+                memory.guest_at_boot = Some(guest.clone());
+                memory.guest_current = Some(guest.clone());
+                memory.guest_requested = Some(guest);
+            }
+        }
+        // KubeVirt's key is `currentCPUTopology`; proto's typed field serializes as
+        // `currentCpuTopology`, so the key is written as KubeVirt spells it.
+        if !new.extra.contains_key(CURRENT_CPU_TOPOLOGY)
+            && let Some(cpu) = &spec.domain.cpu
+        {
+            // `v1.CPUTopology`: zero counts are left out (`omitempty`).
+            let topology: serde_json::Map<String, serde_json::Value> = [
+                ("cores", cpu.cores),
+                ("sockets", cpu.sockets),
+                ("threads", cpu.threads),
+            ]
+            .into_iter()
+            .filter_map(|(key, n)| n.filter(|n| *n != 0).map(|n| (key.to_string(), json!(n))))
+            .collect();
+            new.extra.insert(
+                CURRENT_CPU_TOPOLOGY.into(),
+                serde_json::Value::Object(topology),
+            );
+        }
+    }
+    // `VmiMemoryOverheadReport`: the overhead the pod was sized with.
+    if config.memory_overhead_report
+        && let Some(bytes) = current.as_ref().and_then(|p| p.memory_overhead)
+    {
+        let overhead = crate::quantity::Qty::bytes(bytes, crate::quantity::Format::BinarySi);
+        new.memory
+            .get_or_insert_with(Default::default)
+            .extra
+            .insert("memoryOverhead".into(), json!(overhead.to_string()));
     }
     let phase = plan.phase.unwrap_or(vmi.phase());
     if vmi.phase() == Phase::Unset && phase != Phase::Pending {
@@ -361,9 +494,6 @@ fn status_patch(
 
     // From the current pod: its image (`setLauncherContainerInfo`) and, while scheduling, its
     // QoS class. Once the pods are gone the image version is cleared.
-    let current = created
-        .map(PodView::from_pod)
-        .or_else(|| super::decide::current_pod(pods).cloned());
     match &current {
         Some(pod) => {
             if pod.compute_image.is_some() {
@@ -415,12 +545,27 @@ fn status_patch(
         new.migration_transport = Some("Unix".into());
     }
 
+    // A missing PVC makes the VMI unschedulable (`lifecycle.go` `updateStatus`).
+    let unschedulable = match sync {
+        Some(failure) if failure.reason == FAILED_PVC_NOT_FOUND => {
+            Some(("Unschedulable", failure.message.as_str()))
+        }
+        _ => plan
+            .unschedulable
+            .as_ref()
+            .map(|(reason, message)| (reason.as_str(), message.as_str())),
+    };
     set_condition(
         &mut new.conditions,
         "PodScheduled",
-        plan.unschedulable
-            .as_ref()
-            .map(|(reason, message)| ("False", reason.as_str(), message.as_str())),
+        unschedulable.map(|(reason, message)| ("False", reason, message)),
+        &now,
+    );
+    // `CheckFailure`: why no pod could be made, until one is.
+    set_condition(
+        &mut new.conditions,
+        SYNCHRONIZED,
+        sync.map(|f| ("False", f.reason.as_str(), f.message.as_str())),
         &now,
     );
     // Ready as KubeVirt computes it; a failure explains itself in the message.
@@ -541,7 +686,15 @@ mod tests {
             "spec": {"containers": [{"name": "compute", "image": "launcher:1"}]},
             "status": {"qosClass": "Burstable"}}))
         .unwrap();
-        let patch = status_patch(&v, &plan, &[], Some(&created)).expect("a write");
+        let patch = status_patch(
+            &v,
+            &plan,
+            &[],
+            Some(&created),
+            None,
+            &TemplateConfig::default(),
+        )
+        .expect("a write");
         assert_eq!(patch["phase"], json!("Scheduling"));
         let phases: Vec<_> = patch["phaseTransitionTimestamps"]
             .as_array()
@@ -555,6 +708,118 @@ mod tests {
         assert_eq!(patch["launcherContainerImageVersion"], json!("launcher:1"));
         assert_eq!(patch["qosClass"], json!("Burstable"));
         assert_eq!(patch["conditions"][0]["reason"], json!("GuestNotRunning"));
+        // The webhook's status defaults, from the defaulted spec.
+        assert_eq!(
+            patch["currentCPUTopology"],
+            json!({"cores": 1, "sockets": 1, "threads": 1})
+        );
+    }
+
+    /// A VMI the launcher cannot run (or whose pod cannot be made) stays Pending, without a
+    /// pod, with KubeVirt's `Synchronized=False` condition; once a pod exists it goes.
+    #[test]
+    fn a_failed_pod_creation_is_a_synchronized_condition() {
+        let v = vmi(json!({}));
+        let mut plan = decide(&v, &[], true);
+        assert!(plan.create_pod);
+        without_pod(&mut plan, &v);
+        let failure = SyncFailure {
+            reason: FAILED_CREATE.into(),
+            message: "failed to render launch manifest: spec.domain.firmware.kernelBoot: required"
+                .into(),
+            permanent: true,
+        };
+        let config = TemplateConfig::default();
+        let patch = status_patch(&v, &plan, &[], None, Some(&failure), &config).expect("a write");
+        assert_eq!(patch["phase"], json!("Pending"));
+        let condition = |patch: &serde_json::Value, kind: &str| {
+            patch["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == kind)
+                .cloned()
+        };
+        let synchronized = condition(&patch, "Synchronized").expect("Synchronized");
+        assert_eq!(synchronized["status"], json!("False"));
+        assert_eq!(synchronized["reason"], json!("FailedCreate"));
+        assert_eq!(synchronized["message"], json!(failure.message));
+        assert_eq!(
+            condition(&patch, "Ready").unwrap()["reason"],
+            json!("PodNotExists")
+        );
+        assert!(patch.get("activePods").is_none(), "{patch}");
+
+        // Stored, then the same failure again: nothing to write.
+        let mut stored = v.clone();
+        let mut status: proto::kubevirt::VirtualMachineInstanceStatus =
+            serde_json::from_value(patch.clone()).unwrap();
+        status.phase_transition_timestamps.clear();
+        stored.status = Some(status);
+        let mut plan = decide(&stored, &[], true);
+        without_pod(&mut plan, &stored);
+        assert_eq!(
+            status_patch(&stored, &plan, &[], None, Some(&failure), &config),
+            None
+        );
+
+        // A missing PVC also makes the VMI unschedulable.
+        let missing = SyncFailure::retry(FAILED_PVC_NOT_FOUND, "didn't find PVC x".into());
+        let patch = status_patch(&v, &plan, &[], None, Some(&missing), &config).unwrap();
+        let scheduled = condition(&patch, "PodScheduled").expect("PodScheduled");
+        assert_eq!(
+            (scheduled["status"].clone(), scheduled["reason"].clone()),
+            (json!("False"), json!("Unschedulable"))
+        );
+        assert_eq!(
+            condition(&patch, "Synchronized").unwrap()["reason"],
+            json!("FailedPvcNotFound")
+        );
+
+        // The pod made at last: the condition goes.
+        let plan = decide(&stored, &[], true);
+        let created: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "pod-uid"},
+            "spec": {"containers": [{"name": "compute", "image": "launcher:1"}]}}))
+        .unwrap();
+        let patch = status_patch(&stored, &plan, &[], Some(&created), None, &config).unwrap();
+        assert!(
+            condition(&patch, "Synchronized").is_none(),
+            "the condition stays: {patch}"
+        );
+    }
+
+    /// On KubeVirt's CRD whoever creates a VMI writes its status: `runtimeUser: 0` must not
+    /// make a root launcher unless the Root feature gate is on.
+    #[test]
+    fn the_runtime_user_is_decided_not_read() {
+        let v = vmi(json!({"runtimeUser": 0}));
+        let plan = decide(&v, &[], true);
+        let patch = status_patch(&v, &plan, &[], None, None, &TemplateConfig::default()).unwrap();
+        assert_eq!(patch["runtimeUser"], json!(107));
+        let root = TemplateConfig {
+            root: true,
+            ..TemplateConfig::default()
+        };
+        let v = vmi(json!({"runtimeUser": 0}));
+        let patch = status_patch(&v, &plan, &[], None, None, &root);
+        assert!(
+            patch
+                .as_ref()
+                .is_none_or(|p| p.get("runtimeUser").is_none()),
+            "{patch:?}"
+        );
+        // Once the pod exists, the user it runs as.
+        let created: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "pod-uid",
+                         "annotations": {"kubevirt.io/memory-overhead-bytes": "281018368"}},
+            "spec": {"containers": [{"name": "compute", "image": "launcher:1",
+                                     "securityContext": {"runAsUser": 107}}]}}))
+        .unwrap();
+        let patch = status_patch(&v, &plan, &[], Some(&created), None, &root).unwrap();
+        assert_eq!(patch["runtimeUser"], json!(107));
+        // `VmiMemoryOverheadReport`: the pod's overhead, as a quantity.
+        assert_eq!(patch["memory"]["memoryOverhead"], json!("268Mi"));
     }
 
     #[test]
@@ -565,7 +830,8 @@ mod tests {
                             "message": "Guest VM is not reported as running"}]}));
         let pods = [pod("Running", true)];
         let plan = decide(&v, &pods, true);
-        let patch = status_patch(&v, &plan, &pods, None).expect("a write");
+        let patch = status_patch(&v, &plan, &pods, None, None, &TemplateConfig::default())
+            .expect("a write");
         assert_eq!(patch["phase"], json!("Scheduled"));
         assert_eq!(patch["nodeName"], json!("n1"));
         assert_eq!(patch["migrationTransport"], json!("Unix"));
@@ -581,7 +847,10 @@ mod tests {
         // Pod not ready yet and nothing new: no write at all.
         let pods = [pod("Pending", false)];
         let plan = decide(&v, &pods, true);
-        assert_eq!(status_patch(&v, &plan, &pods, None), None);
+        assert_eq!(
+            status_patch(&v, &plan, &pods, None, None, &TemplateConfig::default()),
+            None
+        );
     }
 
     #[test]
@@ -590,7 +859,8 @@ mod tests {
         let v = vmi(json!({"phase": "Failed", "runtimeUser": 107,
             "launcherContainerImageVersion": "launcher:1", "activePods": {}}));
         let plan = decide(&v, &[], true);
-        let patch = status_patch(&v, &plan, &[], None).expect("a write");
+        let patch =
+            status_patch(&v, &plan, &[], None, None, &TemplateConfig::default()).expect("a write");
         assert_eq!(
             patch["launcherContainerImageVersion"],
             serde_json::Value::Null

@@ -35,6 +35,10 @@ pub struct PodView {
     pub qos_class: Option<String>,
     /// Image of the `compute` container.
     pub compute_image: Option<String>,
+    /// `runAsUser` of the `compute` container: the user the launcher really runs as.
+    pub runtime_user: Option<u64>,
+    /// The pod's `kubevirt.io/memory-overhead-bytes` annotation, when it parses.
+    pub memory_overhead: Option<u64>,
     pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
@@ -91,13 +95,25 @@ impl PodView {
                     c.message.clone().unwrap_or_default(),
                 )
             });
-        let compute_image = pod.spec.as_ref().and_then(|s| {
+        let compute = pod.spec.as_ref().and_then(|s| {
             s.containers
                 .iter()
                 .find(|c| c.name == crate::template::COMPUTE_CONTAINER)
-                .and_then(|c| c.image.clone())
         });
+        let compute_image = compute.and_then(|c| c.image.clone());
+        let runtime_user = compute
+            .and_then(|c| c.security_context.as_ref())
+            .and_then(|c| c.run_as_user)
+            .and_then(|uid| u64::try_from(uid).ok());
+        let memory_overhead = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::template::MEMORY_OVERHEAD_ANNOTATION))
+            .and_then(|bytes| bytes.parse().ok());
         PodView {
+            runtime_user,
+            memory_overhead,
             qos_class: status.qos_class.clone(),
             compute_image,
             ready_condition,

@@ -277,6 +277,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         if vmi.metadata.name.as_deref().unwrap_or("").is_empty() {
             bail!("{}: the VMI has no metadata.name", path.display());
         }
+        proto::contract::runnable::check(&vmi).with_context(|| format!("{}", path.display()))?;
         let key = handler::vmis::key_of(&admit_vmi(vmi.clone(), &options.node, "x"));
         if manifests
             .iter()

@@ -65,6 +65,8 @@ pub struct Context {
 
 /// Converts a VMI into the domain the launcher will run.
 pub fn convert(vmi: &VirtualMachineInstance, ctx: &Context) -> Result<Domain> {
+    // What every process agrees this launcher can run; the configurators below add detail.
+    proto::contract::runnable::check(vmi).map_err(|r| ConvertError::new(r.field, r.reason))?;
     let namespace = vmi.metadata.namespace.clone().unwrap_or_default();
     let name = vmi
         .metadata
@@ -88,6 +90,9 @@ pub fn convert(vmi: &VirtualMachineInstance, ctx: &Context) -> Result<Domain> {
     spec.devices = Some(devices);
     Ok(domain)
 }
+
+#[cfg(test)]
+mod runnable_agreement;
 
 #[cfg(test)]
 pub(crate) mod test_support {
