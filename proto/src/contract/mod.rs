@@ -8,8 +8,10 @@
 //!
 //! - [`pod_network`]: interface, bridge and tap names in the launcher pod's netns.
 //! - [`pod_paths`]: where the launcher pod mounts images, sockets and disks.
+//! - [`dhcp_cache`]: the bridge binding's `vif-cache-<iface>.json`, handler → launcher.
 //! - [`kernel_boot`]: reading `spec.domain.firmware.kernelBoot.container` from a VMI.
 
+pub mod dhcp_cache;
 pub mod kernel_boot;
 pub mod pod_network;
 pub mod pod_paths;
