@@ -27,7 +27,7 @@ pub enum PodSideError {
     #[error("invalid port {0} in interface ports")]
     InvalidPort(i32),
     #[error("pod network set-up failed: {0}")]
-    Network(#[from] masquerade::MasqueradeError),
+    Network(#[from] netsetup::binding::BindingError),
     #[error("cannot give {path} to user {uid}: {source}")]
     Ownership {
         path: PathBuf,
