@@ -1,13 +1,17 @@
 //! What the handler prepares in the launcher's pod before the first `SyncVirtualMachine`
-//! (contract §3.4 `handleStartingVMI`): the pod network's phase 1 (masquerade through
-//! `netsetup`, in the namespace of the launcher's PID) and device ownership for the
-//! launcher's user. Also the pod-interface cache the status reads the pod IPs from.
+//! (KubeVirt v1.9.0 `handleStartingVMI`): the pod network's phase 1 through `netsetup`
+//! in the namespace of the launcher's PID (masquerade or bridge binding, as the VMI's
+//! interface says), the bridge binding's DHCP cache written into the pod, and device
+//! ownership for the launcher's user. Also the pod-interface cache the status reads the
+//! pod IPs from.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use netsetup::bridge::{self, BridgeConfig};
 use netsetup::masquerade::{self, MasqueradeConfig};
 use netsetup::netns::NetnsTarget;
+use proto::contract::dhcp_cache;
 use proto::kubevirt::VirtualMachineInstance;
 
 use crate::vmis::status::PodInterface;
@@ -15,9 +19,11 @@ use crate::vmis::status::PodInterface;
 #[derive(Debug, thiserror::Error)]
 pub enum PodSideError {
     #[error(
-        "interface {iface}: binding {binding} is not supported by this handler (only masquerade)"
+        "interface {iface}: binding {binding} is not supported by this handler (masquerade and bridge are)"
     )]
     UnsupportedBinding { iface: String, binding: String },
+    #[error("interface {iface}: {mac:?} is not a MAC address")]
+    InvalidMac { iface: String, mac: String },
     #[error("interface {0} has no network of the same name in spec.networks")]
     NoNetwork(String),
     #[error("only one pod network interface is supported, found {0}")]
@@ -27,7 +33,7 @@ pub enum PodSideError {
     #[error("invalid port {0} in interface ports")]
     InvalidPort(i32),
     #[error("pod network set-up failed: {0}")]
-    Network(#[from] masquerade::MasqueradeError),
+    Network(#[from] netsetup::binding::BindingError),
     #[error("cannot give {path} to user {uid}: {source}")]
     Ownership {
         path: PathBuf,
@@ -36,10 +42,111 @@ pub enum PodSideError {
     },
     #[error("pod-interface cache {0}: {1}")]
     Cache(PathBuf, std::io::Error),
+    #[error("bridge binding's DHCP cache {0} in the pod: {1}")]
+    DhcpCache(String, std::io::Error),
+}
+
+/// How the VMI's pod network interface is built.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodNetworkPlan {
+    Masquerade(MasqueradeConfig),
+    Bridge(BridgeConfig),
+}
+
+/// The plan for the VMI's pod network interface (its name and binding), or `None` if it
+/// has none.
+pub fn pod_network_plan(
+    vmi: &VirtualMachineInstance,
+    pid: u32,
+    owner: u32,
+) -> Result<Option<(String, PodNetworkPlan)>, PodSideError> {
+    let interfaces = &vmi.spec.domain.devices.interfaces;
+    let mut pod_ifaces = Vec::new();
+    for (index, iface) in interfaces.iter().enumerate() {
+        let network = vmi
+            .spec
+            .networks
+            .iter()
+            .find(|n| n.name == iface.name)
+            .ok_or_else(|| PodSideError::NoNetwork(iface.name.clone()))?;
+        if network.pod.is_none() {
+            continue;
+        }
+        if iface.masquerade.is_none() && iface.bridge.is_none() {
+            return Err(PodSideError::UnsupportedBinding {
+                iface: iface.name.clone(),
+                binding: iface.binding_name().unwrap_or("none").to_string(),
+            });
+        }
+        pod_ifaces.push(index);
+    }
+    let index = match pod_ifaces.as_slice() {
+        [] => return Ok(None),
+        [index] => *index,
+        more => return Err(PodSideError::TooManyPodInterfaces(more.len())),
+    };
+    let iface = &interfaces[index];
+    if iface.bridge.is_some() {
+        return Ok(Some((
+            iface.name.clone(),
+            PodNetworkPlan::Bridge(bridge_plan(vmi, index, pid, owner)?),
+        )));
+    }
+    Ok(masquerade_plan(vmi, pid, owner)?.map(|(name, c)| (name, PodNetworkPlan::Masquerade(c))))
+}
+
+/// The bridge binding for interface `index`: the tap's owner, the bridge address picked
+/// by the interface's position, and the guest MAC the DHCP server may answer
+/// (`macAddress`, else the one in the VMI's status, else the pod's; KubeVirt's
+/// `resolveMacAddress`).
+fn bridge_plan(
+    vmi: &VirtualMachineInstance,
+    index: usize,
+    pid: u32,
+    owner: u32,
+) -> Result<BridgeConfig, PodSideError> {
+    let iface = &vmi.spec.domain.devices.interfaces[index];
+    let status_mac = vmi
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.interfaces
+                .iter()
+                .find(|i| i.name.as_deref() == Some(&iface.name))
+        })
+        .and_then(|i| i.mac.clone())
+        .filter(|m| !m.is_empty());
+    let guest_mac = match iface.mac_address.clone().or(status_mac) {
+        None => None,
+        Some(text) => Some(parse_mac(&text).ok_or_else(|| PodSideError::InvalidMac {
+            iface: iface.name.clone(),
+            mac: text,
+        })?),
+    };
+    let mut config = BridgeConfig::new(NetnsTarget::Pid(pid));
+    config.tap_owner_uid = owner;
+    config.tap_owner_gid = owner;
+    config.iface_index = index;
+    config.guest_mac = guest_mac;
+    Ok(config)
+}
+
+/// A MAC as Go's `net.ParseMAC` reads the 6-byte forms: `:` or `-` between hex pairs.
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let sep = if text.contains('-') { '-' } else { ':' };
+    let bytes: Vec<u8> = text
+        .split(sep)
+        .map(|b| {
+            (b.len() == 2)
+                .then(|| u8::from_str_radix(b, 16).ok())
+                .flatten()
+        })
+        .collect::<Option<_>>()?;
+    bytes.try_into().ok()
 }
 
 /// The masquerade plan for the VMI's pod network interface, or `None` if it has none.
-pub fn masquerade_plan(
+fn masquerade_plan(
     vmi: &VirtualMachineInstance,
     pid: u32,
     owner: u32,
@@ -202,17 +309,43 @@ pub fn prepare(
 ) -> Result<BTreeMap<String, PodInterface>, PodSideError> {
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let mut ifaces = BTreeMap::new();
-    if let Some((name, config)) = masquerade_plan(vmi, pid, owner)? {
-        let outcome = masquerade::setup(&config)?;
-        let mut ips = Vec::new();
-        if let Some(v4) = outcome.pod_ipv4 {
-            ips.push(v4.to_string());
+    let entry = match pod_network_plan(vmi, pid, owner)? {
+        None => None,
+        Some((name, PodNetworkPlan::Masquerade(config))) => {
+            let outcome = masquerade::setup(&config)?;
+            let mut ips = Vec::new();
+            if let Some(v4) = outcome.pod_ipv4 {
+                ips.push(v4.to_string());
+            }
+            if let Some(v6) = outcome.pod_ipv6 {
+                ips.push(v6.to_string());
+            }
+            Some((name, config.iface.clone(), ips))
         }
-        if let Some(v6) = outcome.pod_ipv6 {
-            ips.push(v6.to_string());
+        Some((name, PodNetworkPlan::Bridge(config))) => {
+            let outcome = bridge::setup(&config)?;
+            let path = dhcp_cache::path_in_pod(&config.iface);
+            let json = serde_json::to_vec_pretty(&outcome.dhcp).expect("plain struct serializes");
+            write_into_pod(
+                &crate::launchers::socket::launcher_root(pid),
+                &path,
+                &json,
+                netsetup::masquerade::NON_ROOT_UID,
+            )
+            .map_err(|e| PodSideError::DhcpCache(path, e))?;
+            // No DHCPv6 for bridge: the pod's IPv6 never reaches the guest, so only the
+            // IPv4 address is the VMI's (KubeVirt's discover drops it too).
+            let ips = outcome
+                .pod_ipv4
+                .map(|v4| v4.to_string())
+                .into_iter()
+                .collect();
+            Some((name, config.iface.clone(), ips))
         }
+    };
+    if let Some((name, iface, ips)) = entry.filter(|(_, _, ips)| !ips.is_empty()) {
         let entry = PodInterface {
-            iface: config.iface.clone(),
+            iface,
             pod_ip: ips.first().cloned().unwrap_or_default(),
             pod_ips: ips,
         };
@@ -223,6 +356,68 @@ pub fn prepare(
         own_devices(&crate::launchers::socket::launcher_root(pid), owner)?;
     }
     Ok(ifaces)
+}
+
+/// Writes `bytes` to `path_in_pod` under `root` (the launcher's root), as KubeVirt writes
+/// its caches: mode 0604, owned by the qemu user. The pod controls its filesystem, so no
+/// link is followed out of it: the directory is resolved as the pod sees it, then
+/// walked one component at a time without following links, and the file is written
+/// under a fresh name and renamed over the target (which replaces a planted link
+/// instead of writing through it).
+pub fn write_into_pod(
+    root: &Path,
+    path_in_pod: &str,
+    bytes: &[u8],
+    owner: u32,
+) -> std::io::Result<()> {
+    use nix::fcntl::{OFlag, openat, renameat};
+    use nix::sys::stat::{Mode, fchmod};
+    use std::io::Write;
+
+    let path = Path::new(path_in_pod);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::other("not a file path"));
+    };
+    let resolved = crate::launchers::socket::resolve_in_root(root, dir)?;
+    let inside = resolved
+        .strip_prefix(root)
+        .map_err(|_| std::io::Error::other("the directory resolves outside the pod"))?;
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let mut dir_fd = openat(nix::fcntl::AT_FDCWD, root, dir_flags, Mode::empty())?;
+    for component in inside.components() {
+        dir_fd = openat(
+            &dir_fd,
+            component.as_os_str(),
+            dir_flags | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )?;
+    }
+    let temp = format!(".{}.{:016x}", name.to_string_lossy(), rand::random::<u64>());
+    let file_flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(
+        &dir_fd,
+        temp.as_str(),
+        file_flags,
+        Mode::from_bits_truncate(0o604),
+    )?;
+    let written = (|| {
+        fchmod(&fd, Mode::from_bits_truncate(0o604))?;
+        nix::unistd::fchown(&fd, Some(owner.into()), Some(owner.into()))?;
+        let mut file = std::fs::File::from(fd);
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        renameat(&dir_fd, temp.as_str(), &dir_fd, name)?;
+        Ok::<(), std::io::Error>(())
+    })();
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(
+            &dir_fd,
+            temp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    }
+    written
 }
 
 /// Gives the pod's device nodes (under `root`, the launcher's root) to `owner`.
@@ -279,13 +474,30 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_errors() {
-        let bridge = vmi(
-            r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[{"name":"default","bridge":{}}]}},
+        let passt = vmi(
+            r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[{"name":"default","passtBinding":{}}]}},
                 "networks":[{"name":"default","pod":{}}]}}"#,
         );
         assert!(matches!(
-            masquerade_plan(&bridge, 1, 107),
-            Err(PodSideError::UnsupportedBinding { .. })
+            pod_network_plan(&passt, 1, 107),
+            Err(PodSideError::UnsupportedBinding { ref binding, .. }) if binding == "passtBinding"
+        ));
+        let two = vmi(
+            r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[
+                    {"name":"a","bridge":{}},{"name":"b","masquerade":{}}]}},
+                "networks":[{"name":"a","pod":{}},{"name":"b","pod":{}}]}}"#,
+        );
+        assert!(matches!(
+            pod_network_plan(&two, 1, 107),
+            Err(PodSideError::TooManyPodInterfaces(2))
+        ));
+        let bad_mac = vmi(
+            r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[{"name":"default","bridge":{},"macAddress":"02:00:00:00:00"}]}},
+                "networks":[{"name":"default","pod":{}}]}}"#,
+        );
+        assert!(matches!(
+            pod_network_plan(&bad_mac, 1, 107),
+            Err(PodSideError::InvalidMac { .. })
         ));
         let bad_cidr = vmi(
             r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[{"name":"default","masquerade":{}}]}},
@@ -312,6 +524,106 @@ mod tests {
         ));
         let none = vmi(r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}}}"#);
         assert!(masquerade_plan(&none, 1, 107).expect("ok").is_none());
+    }
+
+    #[test]
+    fn bridge_plan_picks_index_owner_and_guest_mac() {
+        // A Multus interface first: the pod interface is at index 1 (169.254.75.11).
+        let spec = r#"{"metadata":{"name":"v","uid":"u"},
+                "spec":{"domain":{"devices":{"interfaces":[{"name":"net1","bridge":{}},{"name":"default","bridge":{}MAC}]}},
+                  "networks":[{"name":"net1","multus":{"networkName":"x"}},{"name":"default","pod":{}}]}STATUS}"#;
+        let plan = |mac: &str, status: &str| {
+            let v = vmi(&spec.replace("MAC", mac).replace("STATUS", status));
+            match pod_network_plan(&v, 42, 0).expect("plan").expect("some") {
+                (name, PodNetworkPlan::Bridge(c)) => {
+                    assert_eq!(name, "default");
+                    c
+                }
+                other => panic!("not bridge: {other:?}"),
+            }
+        };
+        let c = plan("", "");
+        assert_eq!(c.iface_index, 1);
+        assert_eq!(c.netns, NetnsTarget::Pid(42));
+        assert_eq!((c.tap_owner_uid, c.tap_owner_gid), (0, 0));
+        assert_eq!(c.iface, "eth0");
+        assert_eq!(c.guest_mac, None, "the pod's MAC");
+        let status = r#","status":{"interfaces":[{"name":"default","mac":"02:aa:bb:cc:dd:ee"}]}"#;
+        assert_eq!(
+            plan("", status).guest_mac,
+            Some([0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee]),
+            "the status MAC when the spec has none"
+        );
+        assert_eq!(
+            plan(r#","macAddress":"DE-AD-00-00-BE-AF""#, status).guest_mac,
+            Some([0xde, 0xad, 0, 0, 0xbe, 0xaf]),
+            "the spec MAC first"
+        );
+    }
+
+    #[test]
+    fn mac_parsing_follows_go() {
+        assert_eq!(
+            parse_mac("0a:58:0A:f4:01:05"),
+            Some([0x0a, 0x58, 0x0a, 0xf4, 1, 5])
+        );
+        assert_eq!(
+            parse_mac("0a-58-0a-f4-01-05"),
+            Some([0x0a, 0x58, 0x0a, 0xf4, 1, 5])
+        );
+        for bad in [
+            "",
+            "0a:58:0a:f4:01",
+            "0a:58:0a:f4:01:05:06",
+            "0a:58:0a:f4:01:5",
+            "zz:58:0a:f4:01:05",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_dhcp_cache_lands_inside_the_pod_and_never_follows_its_links() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        let path = "/var/run/kubevirt-private/vif-cache-eth0.json";
+        // Most images have /var/run -> /run: absolute links resolve inside the pod.
+        std::fs::create_dir_all(root.path().join("var")).unwrap();
+        std::fs::create_dir_all(root.path().join("run/kubevirt-private")).unwrap();
+        std::os::unix::fs::symlink("/run", root.path().join("var/run")).unwrap();
+        write_into_pod(root.path(), path, b"{}", 107).expect("write");
+        let written = root.path().join("run/kubevirt-private/vif-cache-eth0.json");
+        assert_eq!(std::fs::read(&written).unwrap(), b"{}");
+        let meta = std::fs::metadata(&written).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (107, 107));
+        assert_eq!(meta.permissions().mode() & 0o777, 0o604);
+
+        // A link planted at the file's name is replaced, its target left alone.
+        let victim = outside.path().join("victim");
+        std::fs::write(&victim, b"host file").unwrap();
+        std::fs::remove_file(&written).unwrap();
+        std::os::unix::fs::symlink(&victim, &written).unwrap();
+        write_into_pod(root.path(), path, b"new", 107).expect("write over a link");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"host file");
+        assert!(!std::fs::symlink_metadata(&written).unwrap().is_symlink());
+        assert_eq!(std::fs::read(&written).unwrap(), b"new");
+
+        // A private dir that links out of the pod resolves inside it, where nothing is.
+        std::fs::remove_dir_all(root.path().join("run/kubevirt-private")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("run/kubevirt-private"))
+            .unwrap();
+        assert!(write_into_pod(root.path(), path, b"x", 107).is_err());
+        assert!(!outside.path().join("vif-cache-eth0.json").exists());
+        // Nothing is left behind in the pod either.
+        let leftovers: Vec<_> = std::fs::read_dir(root.path().join("run"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            leftovers,
+            vec![std::ffi::OsString::from("kubevirt-private")]
+        );
     }
 
     #[test]

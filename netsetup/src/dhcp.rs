@@ -1,11 +1,14 @@
-//! The launcher's DHCPv4 server for the guest (contract §5.2, masquerade binding).
+//! The launcher's DHCPv4 server for the guest (KubeVirt v1.9.0 `pkg/network/dhcp/`), for
+//! the masquerade binding (the guest gets `vmNetworkCIDR` + 2, any client is served) and
+//! the bridge binding (the guest gets the pod's own address, gateway and routes, and only
+//! the guest's MAC is served: the bridge also reaches the pod network).
 //!
 //! [`answer`] is the whole protocol as a pure function from a request datagram to the
 //! reply datagram; [`DhcpServer`] only moves bytes between it and a UDP socket bound to
 //! the bridge. Packets come from the guest, so they are untrusted: anything malformed gives
 //! an error (the server logs it and drops the packet), never a panic.
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -13,6 +16,8 @@ use std::time::Duration;
 use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode, UnknownOption};
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use ipnet::Ipv4Net;
+
+use proto::contract::dhcp_cache::DhcpConfig as DhcpCache;
 
 use crate::resolv::ResolvConf;
 
@@ -32,11 +37,19 @@ const MAX_OPTION_LEN: usize = 255;
 /// What the guest is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DhcpConfig {
-    /// The gateway on the bridge: server identifier and router.
+    /// The server identifier: the gateway on the bridge (masquerade) or the bridge's
+    /// fake address (bridge).
     pub server_ip: Ipv4Addr,
     /// The address the guest gets.
     pub guest_ip: Ipv4Addr,
     pub subnet_mask: Ipv4Addr,
+    /// Option 3, when there is one.
+    pub router: Option<Ipv4Addr>,
+    /// Option 121 (RFC 3442), in this order: destination and next hop (`0.0.0.0` for
+    /// on-link). Empty: no option.
+    pub classless_routes: Vec<(Ipv4Net, Ipv4Addr)>,
+    /// Only this client is answered; `None` answers any.
+    pub client_mac: Option<[u8; 6]>,
     pub dns: Vec<Ipv4Addr>,
     /// Search domains, in order (option 119).
     pub search: Vec<String>,
@@ -59,27 +72,38 @@ pub enum DhcpConfigError {
     NetworkTooSmall(Ipv4Net),
     #[error("MTU {0} does not fit the 16-bit DHCP option or is below the IPv4 minimum 68")]
     BadMtu(u32),
+    #[error("the bridge binding's DHCP cache has no valid IPv4 address for the guest")]
+    NoGuestAddress,
+    #[error("the bridge binding's DHCP cache has no valid guest MAC to serve")]
+    NoGuestMac,
+    #[error("the bridge binding's DHCP cache has an invalid route: {0}")]
+    BadRoute(String),
 }
 
-impl DhcpConfig {
-    /// KubeVirt's masquerade answer: gateway = network + 1, guest = network + 2, DNS and
-    /// search domains from the pod's `resolv.conf` (with `subdomain.<namespace domain>`
-    /// first when the VMI sets `spec.subdomain`), MTU of the pod interface.
-    pub fn masquerade(
-        network: Ipv4Net,
+/// What both bindings answer alike: DNS, search domains, hostname, MTU, lease.
+struct Common {
+    dns: Vec<Ipv4Addr>,
+    search: Vec<String>,
+    search_wire: Vec<u8>,
+    domain_name: Option<String>,
+    hostname: Option<String>,
+    mtu: u16,
+}
+
+impl Common {
+    /// DNS and search domains from the pod's `resolv.conf` (with
+    /// `subdomain.<namespace domain>` first when the VMI sets `spec.subdomain`), the
+    /// hostname, and the MTU of the pod interface.
+    fn new(
         resolv: &ResolvConf,
         hostname: Option<String>,
         subdomain: Option<&str>,
         mtu: u32,
     ) -> Result<Self, DhcpConfigError> {
-        if network.prefix_len() > 30 {
-            return Err(DhcpConfigError::NetworkTooSmall(network));
-        }
         let mtu = u16::try_from(mtu)
             .ok()
             .filter(|m| *m >= 68)
             .ok_or(DhcpConfigError::BadMtu(mtu))?;
-        let base = network.network().to_bits();
         let dns = if resolv.nameservers_v4.is_empty() {
             vec![DEFAULT_DNS]
         } else {
@@ -103,18 +127,141 @@ impl DhcpConfig {
         }
         let search_wire = encode_search(&search)?;
         let domain_name = search.iter().max_by_key(|d| d.len()).cloned();
-        Ok(DhcpConfig {
-            server_ip: Ipv4Addr::from_bits(base.wrapping_add(1)),
-            guest_ip: Ipv4Addr::from_bits(base.wrapping_add(2)),
-            subnet_mask: network.netmask(),
+        Ok(Common {
             dns,
             search,
             search_wire,
             domain_name,
             hostname: hostname.filter(|h| !h.is_empty()),
             mtu,
-            lease_secs: INFINITE_LEASE_SECS,
         })
+    }
+}
+
+impl DhcpConfig {
+    /// KubeVirt's masquerade answer: gateway = network + 1, guest = network + 2, DNS and
+    /// search domains from the pod's `resolv.conf` (see [`Common::new`]), MTU of the pod
+    /// interface; any client is served.
+    pub fn masquerade(
+        network: Ipv4Net,
+        resolv: &ResolvConf,
+        hostname: Option<String>,
+        subdomain: Option<&str>,
+        mtu: u32,
+    ) -> Result<Self, DhcpConfigError> {
+        if network.prefix_len() > 30 {
+            return Err(DhcpConfigError::NetworkTooSmall(network));
+        }
+        let common = Common::new(resolv, hostname, subdomain, mtu)?;
+        let base = network.network().to_bits();
+        let gateway = Ipv4Addr::from_bits(base.wrapping_add(1));
+        Ok(Self::with(
+            gateway,
+            Ipv4Addr::from_bits(base.wrapping_add(2)),
+            network.netmask(),
+            Some(gateway),
+            Vec::new(),
+            None,
+            common,
+        ))
+    }
+
+    /// KubeVirt's bridge answer, from the cache the handler wrote
+    /// (`vif-cache-<iface>.json`): the pod's address and mask, its gateway as router, its
+    /// routes as option 121 (default route last, so its next hop is reachable first),
+    /// served from `server_ip` (the bridge's `169.254.75.1<i>`) to the cached MAC only.
+    /// `Ok(None)` when the pod has no IPv4 (`IPAMDisabled`): KubeVirt starts no server.
+    pub fn bridge(
+        cache: &DhcpCache,
+        server_ip: Ipv4Addr,
+        resolv: &ResolvConf,
+        hostname: Option<String>,
+        subdomain: Option<&str>,
+        mtu: u32,
+    ) -> Result<Option<Self>, DhcpConfigError> {
+        if cache.ipam_disabled {
+            return Ok(None);
+        }
+        let (guest_ip, prefix_len) = cache.ipv4().ok_or(DhcpConfigError::NoGuestAddress)?;
+        let subnet =
+            Ipv4Net::new(guest_ip, prefix_len).map_err(|_| DhcpConfigError::NoGuestAddress)?;
+        let client_mac = cache
+            .mac_address()
+            .filter(|m| m[0] & 1 == 0)
+            .ok_or(DhcpConfigError::NoGuestMac)?;
+        let router = match cache.gateway {
+            None => None,
+            Some(IpAddr::V4(gw)) => Some(gw),
+            Some(other) => {
+                return Err(DhcpConfigError::BadRoute(format!(
+                    "gateway {other} is not IPv4"
+                )));
+            }
+        };
+        let mut routes = Vec::new();
+        for route in cache.routes.iter().flatten() {
+            let dst = match &route.dst {
+                None => Ipv4Net::default(),
+                Some(net) => match net.cidr() {
+                    Some((IpAddr::V4(ip), len)) => Ipv4Net::new(ip, len)
+                        .map_err(|e| DhcpConfigError::BadRoute(e.to_string()))?
+                        .trunc(),
+                    _ => {
+                        return Err(DhcpConfigError::BadRoute(format!(
+                            "destination {net:?} is not an IPv4 network"
+                        )));
+                    }
+                },
+            };
+            let gw = match route.gw {
+                None => Ipv4Addr::UNSPECIFIED,
+                Some(IpAddr::V4(gw)) => gw,
+                Some(other) => {
+                    return Err(DhcpConfigError::BadRoute(format!(
+                        "next hop {other} is not IPv4"
+                    )));
+                }
+            };
+            routes.push((dst, gw));
+        }
+        // `sortRoutes`: default routes last, the others in the cache's order.
+        routes.sort_by_key(|(dst, _)| dst.prefix_len() == 0);
+        let common = Common::new(resolv, hostname, subdomain, mtu)?;
+        Ok(Some(Self::with(
+            server_ip,
+            guest_ip,
+            subnet.netmask(),
+            router,
+            routes,
+            Some(client_mac),
+            common,
+        )))
+    }
+
+    fn with(
+        server_ip: Ipv4Addr,
+        guest_ip: Ipv4Addr,
+        subnet_mask: Ipv4Addr,
+        router: Option<Ipv4Addr>,
+        classless_routes: Vec<(Ipv4Net, Ipv4Addr)>,
+        client_mac: Option<[u8; 6]>,
+        common: Common,
+    ) -> Self {
+        DhcpConfig {
+            server_ip,
+            guest_ip,
+            subnet_mask,
+            router,
+            classless_routes,
+            client_mac,
+            dns: common.dns,
+            search: common.search,
+            search_wire: common.search_wire,
+            domain_name: common.domain_name,
+            hostname: common.hostname,
+            mtu: common.mtu,
+            lease_secs: INFINITE_LEASE_SECS,
+        }
     }
 }
 
@@ -191,7 +338,8 @@ pub enum DhcpError {
 }
 
 /// Answers one DHCP request datagram. `Ok(None)` means the request needs no answer
-/// (a message type the server ignores, or a client that chose another server).
+/// (a message type the server ignores, a client that chose another server, or, for the
+/// bridge binding, a client that is not the guest).
 pub fn answer(request: &[u8], config: &DhcpConfig) -> Result<Option<Vec<u8>>, DhcpError> {
     let request = keep_used_options(request)?;
     let msg = Message::decode(&mut Decoder::new(&request))
@@ -201,6 +349,12 @@ pub fn answer(request: &[u8], config: &DhcpConfig) -> Result<Option<Vec<u8>>, Dh
     }
     if msg.htype() != HType::Eth || msg.hlen() != 6 || msg.chaddr().len() < 6 {
         return Err(DhcpError::NotEthernet(u8::from(msg.htype()), msg.hlen()));
+    }
+    if let Some(mac) = config.client_mac
+        && msg.chaddr().get(..6) != Some(&mac[..])
+    {
+        // Bridge binding: another host on the pod network, not our guest.
+        return Ok(None);
     }
     let Some(DhcpOption::MessageType(kind)) = msg.opts().get(OptionCode::MessageType) else {
         return Err(DhcpError::NoMessageType);
@@ -313,7 +467,14 @@ fn encode_reply(
         reply.set_yiaddr(config.guest_ip);
         let opts = reply.opts_mut();
         opts.insert(DhcpOption::SubnetMask(config.subnet_mask));
-        opts.insert(DhcpOption::Router(vec![config.server_ip]));
+        if let Some(router) = config.router {
+            opts.insert(DhcpOption::Router(vec![router]));
+        }
+        if !config.classless_routes.is_empty() {
+            opts.insert(DhcpOption::ClasslessStaticRoute(
+                config.classless_routes.clone(),
+            ));
+        }
         opts.insert(DhcpOption::DomainNameServer(config.dns.clone()));
         if let Some(hostname) = &config.hostname {
             opts.insert(DhcpOption::Hostname(hostname.clone()));
@@ -717,5 +878,152 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    fn bridge_cache() -> DhcpCache {
+        use proto::contract::dhcp_cache::{NetlinkAddr, NetlinkRoute};
+        let ip = |t: &str| t.parse::<IpAddr>().unwrap();
+        DhcpCache {
+            ip: NetlinkAddr::from_cidr(ip("10.1.2.3"), 32),
+            mac: Some(vec![0x52, 0x54, 0, 0x12, 0x34, 0x56]),
+            gateway: Some(ip("169.254.1.1")),
+            // As the handler records them: the default route first (kernel order).
+            routes: Some(vec![
+                NetlinkRoute::new(None, Some(ip("169.254.1.1"))),
+                NetlinkRoute::new(Some((ip("169.254.1.1"), 32)), None),
+                NetlinkRoute::new(Some((ip("192.168.0.0"), 16)), Some(ip("169.254.1.1"))),
+            ]),
+            ..Default::default()
+        }
+    }
+
+    fn bridge_config() -> DhcpConfig {
+        DhcpConfig::bridge(
+            &bridge_cache(),
+            Ipv4Addr::new(169, 254, 75, 10),
+            &ResolvConf::parse("search ns.svc.cluster.local\nnameserver 10.96.0.10\n"),
+            Some("vmi".into()),
+            None,
+            1440,
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    #[test]
+    fn bridge_offer_carries_the_pod_address_gateway_and_routes() {
+        let reply = answer(&request(MessageType::Discover, None), &bridge_config())
+            .unwrap()
+            .unwrap();
+        let msg = decode(&reply);
+        assert_eq!(msg.yiaddr(), Ipv4Addr::new(10, 1, 2, 3));
+        let o = msg.opts();
+        assert_eq!(
+            o.get(OptionCode::ServerIdentifier),
+            Some(&DhcpOption::ServerIdentifier(Ipv4Addr::new(
+                169, 254, 75, 10
+            )))
+        );
+        assert_eq!(
+            o.get(OptionCode::SubnetMask),
+            Some(&DhcpOption::SubnetMask(Ipv4Addr::BROADCAST))
+        );
+        assert_eq!(
+            o.get(OptionCode::Router),
+            Some(&DhcpOption::Router(vec![Ipv4Addr::new(169, 254, 1, 1)]))
+        );
+        assert_eq!(
+            o.get(OptionCode::InterfaceMtu),
+            Some(&DhcpOption::InterfaceMtu(1440))
+        );
+        // Option 121 bytes as KubeVirt's formClasslessRoutes writes them: the default
+        // route moved last, on-link next hops as 0.0.0.0.
+        let mut wire = Vec::new();
+        o.get(OptionCode::ClasslessStaticRoute)
+            .expect("option 121")
+            .encode(&mut Encoder::new(&mut wire))
+            .unwrap();
+        assert_eq!(
+            wire,
+            [
+                121, 21, //
+                32, 169, 254, 1, 1, 0, 0, 0, 0, // 169.254.1.1/32 on-link
+                16, 192, 168, 169, 254, 1, 1, // 192.168.0.0/16 via 169.254.1.1
+                0, 169, 254, 1, 1, // default via 169.254.1.1
+            ]
+        );
+        let ack = decode(
+            &answer(
+                &request(MessageType::Request, Some(Ipv4Addr::new(10, 1, 2, 3))),
+                &bridge_config(),
+            )
+            .unwrap()
+            .unwrap(),
+        );
+        assert_eq!(
+            ack.opts().get(OptionCode::MessageType),
+            Some(&DhcpOption::MessageType(MessageType::Ack))
+        );
+    }
+
+    #[test]
+    fn bridge_serves_only_the_guest_mac() {
+        let mut other = decode(&request(MessageType::Discover, None));
+        other.set_chaddr(&[0x52, 0x54, 0, 0x12, 0x34, 0x57]);
+        assert_eq!(answer(&other.to_vec().unwrap(), &bridge_config()), Ok(None));
+        // Masquerade serves anyone.
+        assert!(
+            answer(&other.to_vec().unwrap(), &config())
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn bridge_cache_problems_are_errors() {
+        let server = Ipv4Addr::new(169, 254, 75, 10);
+        let build = |cache: &DhcpCache| {
+            DhcpConfig::bridge(cache, server, &ResolvConf::default(), None, None, 1500)
+        };
+        let disabled = DhcpCache {
+            ipam_disabled: true,
+            ..Default::default()
+        };
+        assert_eq!(build(&disabled).unwrap(), None);
+        let mut no_mac = bridge_cache();
+        no_mac.mac = None;
+        assert!(matches!(build(&no_mac), Err(DhcpConfigError::NoGuestMac)));
+        let mut multicast_mac = bridge_cache();
+        multicast_mac.mac = Some(vec![1, 0, 0x5e, 0, 0, 1]);
+        assert!(matches!(
+            build(&multicast_mac),
+            Err(DhcpConfigError::NoGuestMac)
+        ));
+        let mut no_ip = bridge_cache();
+        no_ip.ip = Default::default();
+        assert!(matches!(
+            build(&no_ip),
+            Err(DhcpConfigError::NoGuestAddress)
+        ));
+        let mut v6_route = bridge_cache();
+        v6_route.routes = Some(vec![proto::contract::dhcp_cache::NetlinkRoute::new(
+            Some(("fd00::".parse().unwrap(), 64)),
+            None,
+        )]);
+        assert!(matches!(
+            build(&v6_route),
+            Err(DhcpConfigError::BadRoute(_))
+        ));
+        let mut no_gateway = bridge_cache();
+        no_gateway.gateway = None;
+        no_gateway.routes = None;
+        let cfg = build(&no_gateway).unwrap().unwrap();
+        let offer = decode(
+            &answer(&request(MessageType::Discover, None), &cfg)
+                .unwrap()
+                .unwrap(),
+        );
+        assert!(offer.opts().get(OptionCode::Router).is_none());
+        assert!(offer.opts().get(OptionCode::ClasslessStaticRoute).is_none());
     }
 }

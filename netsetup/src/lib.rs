@@ -1,8 +1,12 @@
-//! KubeVirt's masquerade pod network, rebuilt in Rust (contract §5).
+//! KubeVirt's pod network bindings, rebuilt in Rust (KubeVirt v1.9.0 `pkg/network/`).
 //!
-//! - [`masquerade::setup`] / [`masquerade::teardown`]: the handler's phase 1 inside the pod's
-//!   network namespace (bridge `k6t-eth0`, tap `tap0`, sysctls, nftables NAT).
-//! - [`dhcp`]: the launcher's DHCPv4 server for the guest on the bridge.
+//! - [`masquerade::setup`] / [`masquerade::teardown`]: the handler's phase 1 of the
+//!   masquerade binding inside the pod's network namespace (bridge `k6t-eth0`, tap `tap0`,
+//!   sysctls, nftables NAT).
+//! - [`bridge::setup`] / [`bridge::teardown`]: the same for the bridge binding (the pod
+//!   interface bridged as `eth0-nic`, a dummy `eth0` keeping the pod IP, the tap), which
+//!   also returns the DHCP cache the launcher serves from.
+//! - [`dhcp`]: the launcher's DHCPv4 server for the guest on the bridge, for either binding.
 //!
 //! No `ip` or `nft` binary is used: links and addresses go through rtnetlink, rules through
 //! nf_tables netlink, and namespaces are entered with `setns` on a dedicated thread.
@@ -18,7 +22,7 @@
 //! config.ports = vec![Port { number: 80, protocol: L4Proto::Tcp }];
 //! let outcome = masquerade::setup(&config)?; // idempotent; rolls back on failure
 //! println!("pod IP for status.interfaces: {:?}", outcome.pod_ipv4);
-//! # Ok::<(), netsetup::masquerade::MasqueradeError>(())
+//! # Ok::<(), netsetup::binding::BindingError>(())
 //! ```
 //!
 //! Launcher side (already inside the pod's namespace):
@@ -38,6 +42,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod binding;
+pub mod bridge;
 pub mod dhcp;
 pub mod links;
 pub mod masquerade;

@@ -1,7 +1,7 @@
 //! Links and addresses of the current network namespace, through rtnetlink.
 //!
 //! Thin async helpers over the `rtnetlink` crate that return plain structs, so the
-//! masquerade logic can inspect and compare state without netlink types.
+//! bindings can inspect and compare state without netlink types.
 
 use std::net::IpAddr;
 
@@ -12,6 +12,9 @@ use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
 use rtnetlink::packet_route::link::{
     InfoData, InfoKind, InfoTun, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
 
 /// Netlink attribute numbers inside `IFLA_INFO_DATA` of a tun/tap link (linux/if_link.h).
@@ -186,49 +189,110 @@ fn addr_state(msg: &AddressMessage) -> Option<AddrState> {
     })
 }
 
-/// Creates a bridge with a fixed MAC and MTU (down) and returns its index.
+/// Creates a bridge (down) and returns its index. Without `mac` the kernel picks a
+/// random one; without `mtu` the bridge follows its ports' smallest MTU.
 pub async fn create_bridge(
     handle: &Handle,
     name: &str,
+    mac: Option<[u8; 6]>,
+    mtu: Option<u32>,
+) -> Result<u32, LinkError> {
+    let mut builder = rtnetlink::LinkBridge::new(name);
+    if let Some(mac) = mac {
+        builder = builder.address(mac.to_vec());
+    }
+    if let Some(mtu) = mtu {
+        builder = builder.mtu(mtu);
+    }
+    handle
+        .link()
+        .add(builder.build())
+        .execute()
+        .await
+        .map_err(LinkError::new(format!("cannot create bridge {name}")))?;
+    created_index(handle, name).await
+}
+
+/// Creates a link of a kind that needs no parent and carries no traffic while down
+/// (`dummy`, `ifb`), with a MAC, MTU and alias, and returns its index.
+pub async fn create_inert_link(
+    handle: &Handle,
+    name: &str,
+    kind: InfoKind,
     mac: [u8; 6],
     mtu: u32,
+    alias: &str,
 ) -> Result<u32, LinkError> {
-    let message = rtnetlink::LinkBridge::new(name)
-        .address(mac.to_vec())
-        .mtu(mtu)
-        .build();
+    let message =
+        rtnetlink::LinkMessageBuilder::<rtnetlink::LinkUnspec>::new_with_info_kind(kind.clone())
+            .name(name.to_string())
+            .address(mac.to_vec())
+            .mtu(mtu)
+            .build();
     handle
         .link()
         .add(message)
         .execute()
         .await
-        .map_err(LinkError::new(format!("cannot create bridge {name}")))?;
+        .map_err(LinkError::new(format!("cannot create {kind} link {name}")))?;
+    let index = created_index(handle, name).await?;
+    // The kernel ignores IFLA_IFALIAS when it creates a link.
+    change_link(
+        handle,
+        index,
+        LinkChange {
+            alias: Some(alias.to_string()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(index)
+}
+
+/// Whether the kernel refused a request as unsupported (`EOPNOTSUPP`), e.g. a link kind
+/// whose driver it was built without.
+pub fn is_unsupported(err: &LinkError) -> bool {
+    matches!(&err.source, rtnetlink::Error::NetlinkError(msg)
+        if msg.code.is_some_and(|c| c.get() == -libc::EOPNOTSUPP))
+}
+
+async fn created_index(handle: &Handle, name: &str) -> Result<u32, LinkError> {
     link_by_name(handle, name)
         .await?
         .map(|l| l.index)
         .ok_or_else(|| LinkError {
-            what: format!("bridge {name} vanished right after creation"),
+            what: format!("link {name} vanished right after creation"),
             source: rtnetlink::Error::RequestFailed,
         })
 }
 
-/// Sets MTU, controller (bridge), MAC, alias and state of an existing link in one request.
+/// Changes an existing link in one request; `None`/`false` leaves a property alone.
 #[derive(Debug, Default, Clone)]
 pub struct LinkChange {
+    pub name: Option<String>,
     pub mtu: Option<u32>,
     pub controller: Option<u32>,
+    /// Detach the link from its bridge.
+    pub no_controller: bool,
     pub mac: Option<[u8; 6]>,
     pub alias: Option<String>,
     pub up: bool,
+    pub down: bool,
 }
 
 pub async fn change_link(handle: &Handle, index: u32, change: LinkChange) -> Result<(), LinkError> {
     let mut builder = rtnetlink::LinkUnspec::new_with_index(index);
+    if let Some(name) = change.name {
+        builder = builder.name(name);
+    }
     if let Some(mtu) = change.mtu {
         builder = builder.mtu(mtu);
     }
     if let Some(controller) = change.controller {
         builder = builder.controller(controller);
+    }
+    if change.no_controller {
+        builder = builder.nocontroller();
     }
     if let Some(mac) = change.mac {
         builder = builder.address(mac.to_vec());
@@ -238,6 +302,9 @@ pub async fn change_link(handle: &Handle, index: u32, change: LinkChange) -> Res
     }
     if change.up {
         builder = builder.up();
+    }
+    if change.down {
+        builder = builder.down();
     }
     handle
         .link()
@@ -269,6 +336,187 @@ pub async fn add_address(
         .await
         .map_err(LinkError::new(format!(
             "cannot add {addr}/{prefix_len} to link #{index}"
+        )))
+}
+
+/// Removes every address of link `index` for which `pick` is true.
+pub async fn delete_addresses(
+    handle: &Handle,
+    index: u32,
+    pick: impl Fn(&AddrState) -> bool,
+) -> Result<(), LinkError> {
+    let messages: Vec<AddressMessage> = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(LinkError::new(format!(
+            "cannot list addresses of link #{index}"
+        )))?;
+    for msg in messages {
+        if addr_state(&msg).is_some_and(|a| a.link_index == index && pick(&a)) {
+            handle
+                .address()
+                .del(msg)
+                .execute()
+                .await
+                .map_err(LinkError::new(format!(
+                    "cannot remove an address of link #{index}"
+                )))?;
+        }
+    }
+    Ok(())
+}
+
+/// Turns MAC learning of bridge port `index` on or off
+/// (`ip link set DEV type bridge_slave learning on|off`).
+pub async fn set_port_learning(handle: &Handle, index: u32, on: bool) -> Result<(), LinkError> {
+    // RTM_NEWLINK on the existing link, as `ip link set` sends it: the kernel hands the
+    // port ("slave") data to the bridge. Without NLM_F_EXCL (the link exists) and without
+    // NLM_F_REPLACE, which the kernel refuses for an existing link.
+    handle
+        .link()
+        .add(rtnetlink::LinkBridgePort::new(index).learning(on).build())
+        .set_flags(rtnetlink::packet_core::NLM_F_REQUEST | rtnetlink::packet_core::NLM_F_ACK)
+        .execute()
+        .await
+        .map_err(LinkError::new(format!(
+            "cannot set learning on bridge port #{index}"
+        )))
+}
+
+/// A unicast route of the main table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteState {
+    /// Destination network (the network address) and prefix length; `/0` is the default.
+    pub dst: IpAddr,
+    pub prefix_len: u8,
+    /// Next hop; `None` for a route on the link itself.
+    pub gateway: Option<IpAddr>,
+    /// Outgoing link.
+    pub oif: u32,
+    /// Who made it (`RTPROT_*`: 2 kernel, 3 boot, 4 static...).
+    pub protocol: u8,
+    /// Metric; 0 when the kernel reports none.
+    pub priority: u32,
+}
+
+/// `RTPROT_KERNEL`: routes the kernel derives from addresses (and makes again with them).
+pub const RTPROT_KERNEL: u8 = 2;
+
+/// The unicast routes of the main table that leave through link `oif`, IPv4 first, each
+/// family in the kernel's dump order (what `ip route show dev X` lists).
+pub async fn routes_via(handle: &Handle, oif: u32) -> Result<Vec<RouteState>, LinkError> {
+    let mut out = Vec::new();
+    let queries = [
+        rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+        rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    ];
+    for query in queries {
+        let messages: Vec<RouteMessage> = handle
+            .route()
+            .get(query)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(LinkError::new("cannot list routes"))?;
+        out.extend(
+            messages
+                .iter()
+                .filter_map(route_state)
+                .filter(|r| r.oif == oif),
+        );
+    }
+    Ok(out)
+}
+
+fn route_state(msg: &RouteMessage) -> Option<RouteState> {
+    let header = &msg.header;
+    let table = msg
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(header.table));
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) || header.kind != RouteType::Unicast {
+        return None;
+    }
+    let ip = |a: &RouteAddress| match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    };
+    let mut dst = None;
+    let mut gateway = None;
+    let mut oif = None;
+    let mut priority = 0;
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(a) => dst = ip(a),
+            RouteAttribute::Gateway(a) => gateway = ip(a),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Priority(p) => priority = *p,
+            _ => {}
+        }
+    }
+    let dst = match (dst, header.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        (None, AddressFamily::Inet6) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    Some(RouteState {
+        dst,
+        prefix_len: header.destination_prefix_length,
+        gateway,
+        // Multipath routes have no single outgoing link: never "through" one link.
+        oif: oif?,
+        protocol: u8::from(header.protocol),
+        priority,
+    })
+}
+
+/// Adds `route` to the main table (scope link when it has no gateway).
+pub async fn add_route(handle: &Handle, route: &RouteState) -> Result<(), LinkError> {
+    let mut message = rtnetlink::RouteMessageBuilder::<IpAddr>::new().build();
+    message.header.address_family = if route.dst.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    message.header.destination_prefix_length = route.prefix_len;
+    message.header.protocol = RouteProtocol::from(route.protocol);
+    message.header.scope = if route.gateway.is_some() {
+        RouteScope::Universe
+    } else {
+        RouteScope::Link
+    };
+    if route.prefix_len > 0 {
+        message
+            .attributes
+            .push(RouteAttribute::Destination(route.dst.into()));
+    }
+    if let Some(gw) = route.gateway {
+        message.attributes.push(RouteAttribute::Gateway(gw.into()));
+    }
+    message.attributes.push(RouteAttribute::Oif(route.oif));
+    if route.priority > 0 {
+        message
+            .attributes
+            .push(RouteAttribute::Priority(route.priority));
+    }
+    handle
+        .route()
+        .add(message)
+        .execute()
+        .await
+        .map_err(LinkError::new(format!(
+            "cannot add route {}/{} via {:?}",
+            route.dst, route.prefix_len, route.gateway
         )))
 }
 

@@ -1,4 +1,5 @@
-//! `netsetup`: the masquerade pod network and the guest's DHCP server, for operators and tests.
+//! `netsetup`: the masquerade and bridge pod networks and the guest's DHCP server, for
+//! operators and tests.
 
 use proto::contract::pod_network;
 use std::net::IpAddr;
@@ -9,14 +10,16 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use ipnet::{Ipv4Net, Ipv6Net};
+use netsetup::bridge::{self, BridgeConfig};
 use netsetup::dhcp::{DhcpConfig, DhcpServer};
 use netsetup::masquerade::{self, MasqueradeConfig};
 use netsetup::netns::{self, NetnsTarget};
 use netsetup::nft::{L4Proto, Port};
 use netsetup::resolv::ResolvConf;
+use proto::contract::dhcp_cache::DhcpConfig as DhcpCache;
 
 #[derive(Parser)]
-#[command(about = "KubeVirt masquerade pod network: bridge, tap, NAT rules and DHCP")]
+#[command(about = "KubeVirt pod networks (masquerade and bridge bindings) and the guest's DHCP")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -28,6 +31,11 @@ enum Command {
     Masquerade(MasqueradeArgs),
     /// Remove what `masquerade` built.
     Teardown(MasqueradeArgs),
+    /// Bridge binding: bridge the pod interface (as <iface>-nic) with the tap, keep the pod
+    /// IP on a dummy <iface>, and print (or write) the DHCP cache (idempotent).
+    Bridge(BridgeArgs),
+    /// Give back the pod interface and remove what `bridge` built.
+    BridgeTeardown(BridgeArgs),
     /// Serve DHCPv4 to the guest on the bridge, inside the pod's namespace.
     Dhcp(DhcpArgs),
 }
@@ -98,6 +106,58 @@ impl MasqueradeArgs {
     }
 }
 
+#[derive(Args)]
+struct BridgeArgs {
+    #[command(flatten)]
+    namespace: Namespace,
+    #[arg(long, default_value = pod_network::PRIMARY_POD_IFACE)]
+    iface: String,
+    #[arg(long, default_value = pod_network::PRIMARY_TAP)]
+    tap_name: String,
+    /// uid (and gid) owning the tap: 107 for non-root VMIs, 0 for root ones.
+    #[arg(long, default_value_t = masquerade::NON_ROOT_UID)]
+    tap_owner: u32,
+    /// Position of the interface in spec.domain.devices.interfaces (bridge address
+    /// 169.254.75.1<index>).
+    #[arg(long, default_value_t = 0)]
+    iface_index: usize,
+    /// The guest's MAC, when the VMI sets one; default: the pod interface's.
+    #[arg(long, value_parser = parse_mac)]
+    guest_mac: Option<[u8; 6]>,
+    /// Write the DHCP cache (KubeVirt's vif-cache JSON) here instead of to stdout.
+    #[arg(long)]
+    write_cache: Option<PathBuf>,
+}
+
+impl BridgeArgs {
+    fn config(&self) -> BridgeConfig {
+        let mut config = BridgeConfig::new(self.namespace.target());
+        config.iface = self.iface.clone();
+        config.tap_name = self.tap_name.clone();
+        config.tap_owner_uid = self.tap_owner;
+        config.tap_owner_gid = self.tap_owner;
+        config.iface_index = self.iface_index;
+        config.guest_mac = self.guest_mac;
+        config
+    }
+}
+
+fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+    let bytes: Vec<u8> = text
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("bad MAC address {text:?}"))?;
+    <[u8; 6]>::try_from(bytes).map_err(|_| format!("bad MAC address {text:?}"))
+}
+
+fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 fn parse_port(text: &str) -> Result<Port, String> {
     let (number, protocol) = text.split_once('/').unwrap_or((text, "tcp"));
     let number: u16 = number
@@ -132,6 +192,13 @@ struct DhcpArgs {
     /// vmNetworkCIDR.
     #[arg(long, default_value_t = masquerade::DEFAULT_IPV4_CIDR)]
     cidr: Ipv4Net,
+    /// Bridge binding: serve the pod's address from this DHCP cache (what `bridge`
+    /// wrote) to the cached guest MAC only, instead of the masquerade answer.
+    #[arg(long)]
+    bridge_cache: Option<PathBuf>,
+    /// Bridge binding: the interface's position (server address 169.254.75.1<index>).
+    #[arg(long, default_value_t = 0)]
+    iface_index: usize,
 }
 
 fn main() -> Result<()> {
@@ -158,6 +225,27 @@ fn main() -> Result<()> {
             );
         }
         Command::Teardown(args) => masquerade::teardown(&args.config())?,
+        Command::Bridge(args) => {
+            let outcome = bridge::setup(&args.config())?;
+            let addr = |a: Option<IpAddr>| a.map_or("-".to_string(), |a| a.to_string());
+            eprintln!(
+                "bridge={} tap={} nic={} mtu={} pod_mac={} pod_ipv4={} pod_ipv6={}",
+                outcome.bridge,
+                outcome.tap,
+                outcome.nic,
+                outcome.mtu,
+                mac_text(&outcome.pod_mac),
+                addr(outcome.pod_ipv4.map(IpAddr::V4)),
+                addr(outcome.pod_ipv6.map(IpAddr::V6)),
+            );
+            let json = serde_json::to_string_pretty(&outcome.dhcp)?;
+            match &args.write_cache {
+                Some(path) => std::fs::write(path, json)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => println!("{json}"),
+            }
+        }
+        Command::BridgeTeardown(args) => bridge::teardown(&args.config())?,
         Command::Dhcp(args) => serve_dhcp(args)?,
     }
     Ok(())
@@ -177,8 +265,24 @@ fn serve_dhcp(args: DhcpArgs) -> Result<()> {
         Some(mtu) => mtu,
         None => netns::run_in(&args.namespace.target(), move || bridge_mtu(&bridge))??,
     };
-    let config =
-        DhcpConfig::masquerade(args.cidr, &resolv, hostname, args.subdomain.as_deref(), mtu)?;
+    let config = match &args.bridge_cache {
+        None => {
+            DhcpConfig::masquerade(args.cidr, &resolv, hostname, args.subdomain.as_deref(), mtu)?
+        }
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let cache: DhcpCache = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a DHCP cache", path.display()))?;
+            let server = pod_network::fake_bridge_ip(args.iface_index)
+                .context("--iface-index has no bridge address (at most 99)")?;
+            let subdomain = args.subdomain.as_deref();
+            match DhcpConfig::bridge(&cache, server, &resolv, hostname, subdomain, mtu)? {
+                Some(config) => config,
+                None => bail!("the pod has no IPv4 address (IPAMDisabled): nothing to serve"),
+            }
+        }
+    };
     let bridge = args.bridge.clone();
     netns::run_in(&args.namespace.target(), move || -> Result<()> {
         let server = DhcpServer::bind(&bridge, config)?;

@@ -10,18 +10,20 @@
 //! changed. Their earlier values are kept in the bridge's alias (`IFLA_IFALIAS`), so the
 //! record lives and dies with the bridge and needs no file.
 
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
 use rtnetlink::packet_route::link::InfoKind;
 
-use crate::links::{self, AddrState, LinkChange, LinkError, LinkState};
-use crate::netns::{self, NetnsError, NetnsTarget};
-use crate::nft::{self, Family, NatRuleset, NftError, Port};
-use crate::sysctl::{self, SysctlError};
-use crate::tap::{self, TapError};
+use crate::binding::{
+    self, BindingError, Journal, Step, TapSpec, alias_record, in_netns, parse_alias_record,
+    valid_ifname,
+};
+use crate::links::{self, AddrState, LinkChange, LinkState};
+use crate::netns::NetnsTarget;
+use crate::nft::{self, Family, NatRuleset, Port};
+use crate::sysctl;
 
 /// `StaticMasqueradeBridgeMAC`: the bridge's MAC, reserved (never a guest MAC).
 pub const BRIDGE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0];
@@ -39,7 +41,10 @@ pub const DEFAULT_IPV6_CIDR: Ipv6Net =
 /// Owner of the tap for non-root VMIs (the launcher's qemu user).
 pub const NON_ROOT_UID: u32 = 107;
 
+/// The bridge's alias starts with this; the rest records the forwarding sysctls.
 const ALIAS_PREFIX: &str = "netsetup:";
+/// The sysctls the alias may record.
+const RECORDED_SYSCTLS: [&str; 2] = [sysctl::IPV4_FORWARD, sysctl::IPV6_FORWARDING];
 
 /// What to build in the pod's namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,9 +90,17 @@ impl MasqueradeConfig {
         bridge_name(&self.iface)
     }
 
+    fn tap_spec(&self) -> TapSpec<'_> {
+        TapSpec {
+            name: &self.tap_name,
+            owner_uid: self.tap_owner_uid,
+            owner_gid: self.tap_owner_gid,
+        }
+    }
+
     /// Checks the inputs alone, before touching the namespace.
-    pub fn validate(&self) -> Result<(), MasqueradeError> {
-        let invalid = |msg: String| Err(MasqueradeError::InvalidConfig(msg));
+    pub fn validate(&self) -> Result<(), BindingError> {
+        let invalid = |msg: String| Err(BindingError::InvalidConfig(msg));
         for (what, name) in [
             ("interface", &self.iface),
             ("tap", &self.tap_name),
@@ -145,16 +158,6 @@ impl MasqueradeConfig {
 pub use proto::contract::pod_network::bridge_name;
 use proto::contract::pod_network::{PRIMARY_POD_IFACE, PRIMARY_TAP};
 
-fn valid_ifname(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() < libc::IFNAMSIZ
-        && name != "."
-        && name != ".."
-        && !name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c == '\0')
-}
-
 /// Gateway and guest address of one family, with the guest network's prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuestAddresses {
@@ -195,136 +198,23 @@ pub struct MasqueradeOutcome {
     pub ipv6: Option<GuestAddresses>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum MasqueradeError {
-    #[error("invalid masquerade configuration: {0}")]
-    InvalidConfig(String),
-    #[error(transparent)]
-    Netns(#[from] NetnsError),
-    #[error("pod interface {0} does not exist in the namespace")]
-    PodInterfaceMissing(String),
-    #[error("pod interface {0} has no global IPv4 or IPv6 address")]
-    NoPodAddress(String),
-    #[error("conflict with the namespace's current state: {0}")]
-    Clash(String),
-    #[error(transparent)]
-    Link(#[from] LinkError),
-    #[error(transparent)]
-    Tap(#[from] TapError),
-    #[error(transparent)]
-    Sysctl(#[from] SysctlError),
-    #[error(transparent)]
-    Nft(#[from] NftError),
-    #[error("cannot start the netlink connection: {0}")]
-    Netlink(std::io::Error),
-}
-
 /// Builds the masquerade network in the pod's namespace (see the module docs).
-pub fn setup(config: &MasqueradeConfig) -> Result<MasqueradeOutcome, MasqueradeError> {
+pub fn setup(config: &MasqueradeConfig) -> Result<MasqueradeOutcome, BindingError> {
     config.validate()?;
     let config = config.clone();
-    in_netns(&config.netns.clone(), move |handle| async move {
-        let mut journal = Journal::default();
-        match setup_here(&config, &handle, &mut journal).await {
-            Ok(outcome) => Ok(outcome),
-            Err(err) => {
-                journal.roll_back(&handle).await;
-                Err(err)
-            }
-        }
+    binding::journaled(&config.netns.clone(), async move |handle, journal| {
+        setup_here(&config, handle, journal).await
     })
 }
 
 /// Removes the NAT tables, the tap and the bridge, and restores the forwarding sysctls.
-/// Refuses (with [`MasqueradeError::Clash`]) to delete a bridge or tap netsetup did not make.
-pub fn teardown(config: &MasqueradeConfig) -> Result<(), MasqueradeError> {
+/// Refuses (with [`BindingError::Clash`]) to delete a bridge or tap netsetup did not make.
+pub fn teardown(config: &MasqueradeConfig) -> Result<(), BindingError> {
     config.validate()?;
     let config = config.clone();
     in_netns(&config.netns.clone(), move |handle| async move {
         teardown_here(&config, &handle).await
     })
-}
-
-/// Runs async netlink work on a thread inside `target`, with a connection opened there.
-fn in_netns<T, F, Fut>(target: &NetnsTarget, work: F) -> Result<T, MasqueradeError>
-where
-    T: Send + 'static,
-    F: FnOnce(Handle) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<T, MasqueradeError>>,
-{
-    netns::run_in(target, move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .map_err(MasqueradeError::Netlink)?;
-        runtime.block_on(async move {
-            // The socket is opened here, on the thread that entered the namespace.
-            let (connection, handle, _) =
-                rtnetlink::new_connection().map_err(MasqueradeError::Netlink)?;
-            let connection = tokio::spawn(connection);
-            let result = work(handle).await;
-            connection.abort();
-            result
-        })
-    })?
-}
-
-/// What this run changed, in order, so a failure can undo it.
-#[derive(Default)]
-struct Journal {
-    steps: Vec<Step>,
-}
-
-enum Step {
-    CreatedLink(u32),
-    AddedAddress(u32, IpAddr, u8),
-    Sysctl { key: String, previous: String },
-}
-
-impl Journal {
-    async fn roll_back(self, handle: &Handle) {
-        for step in self.steps.into_iter().rev() {
-            let result = match step {
-                Step::CreatedLink(index) => links::delete_link(handle, index)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Step::AddedAddress(index, addr, prefix) => {
-                    delete_address(handle, index, addr, prefix).await
-                }
-                Step::Sysctl { key, previous } => {
-                    sysctl::write(&key, &previous).map_err(|e| e.to_string())
-                }
-            };
-            if let Err(err) = result {
-                tracing::error!("rollback step failed: {err}");
-            }
-        }
-    }
-}
-
-async fn delete_address(
-    handle: &Handle,
-    index: u32,
-    addr: IpAddr,
-    prefix: u8,
-) -> Result<(), String> {
-    use futures::TryStreamExt;
-    let mut found = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .set_address_filter(addr)
-        .set_prefix_length_filter(prefix)
-        .execute();
-    while let Some(msg) = found.try_next().await.map_err(|e| e.to_string())? {
-        handle
-            .address()
-            .del(msg)
-            .execute()
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 fn mac_matches(link: &LinkState, mac: &[u8; 6]) -> bool {
@@ -347,29 +237,11 @@ fn forwarding_keys(v4: bool, v6: bool) -> Vec<&'static str> {
     keys
 }
 
-fn alias_record(values: &[(&str, String)]) -> String {
-    let fields: Vec<String> = values.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("{ALIAS_PREFIX} {}", fields.join(" "))
-}
-
-fn parse_alias_record(alias: &str) -> Vec<(String, String)> {
-    let Some(rest) = alias.strip_prefix(ALIAS_PREFIX) else {
-        return Vec::new();
-    };
-    rest.split_whitespace()
-        .filter_map(|field| field.split_once('='))
-        // Only the keys setup records, so a forged alias cannot write arbitrary sysctls.
-        .filter(|(k, _)| *k == sysctl::IPV4_FORWARD || *k == sysctl::IPV6_FORWARDING)
-        .filter(|(_, v)| v.chars().all(|c| c.is_ascii_digit()) && !v.is_empty())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 async fn setup_here(
     config: &MasqueradeConfig,
     handle: &Handle,
     journal: &mut Journal,
-) -> Result<MasqueradeOutcome, MasqueradeError> {
+) -> Result<MasqueradeOutcome, BindingError> {
     let bridge_name = config.bridge_name();
     let all_links = links::links(handle).await?;
     let all_addrs = links::addresses(handle).await?;
@@ -378,7 +250,7 @@ async fn setup_here(
     let pod = all_links
         .iter()
         .find(|l| l.name == config.iface)
-        .ok_or_else(|| MasqueradeError::PodInterfaceMissing(config.iface.clone()))?;
+        .ok_or_else(|| BindingError::PodInterfaceMissing(config.iface.clone()))?;
     let pod_global = |want_v4: bool| {
         all_addrs
             .iter()
@@ -395,7 +267,7 @@ async fn setup_here(
         _ => None,
     };
     if pod_ipv4.is_none() && pod_ipv6.is_none() {
-        return Err(MasqueradeError::NoPodAddress(config.iface.clone()));
+        return Err(BindingError::NoPodAddress(config.iface.clone()));
     }
     let ipv4 = pod_ipv4.map(|_| guest_addresses_v4(config.ipv4_cidr));
     let ipv6 = pod_ipv6.map(|_| guest_addresses_v6(config.ipv6_cidr));
@@ -407,23 +279,12 @@ async fn setup_here(
     if let Some(bridge) = existing_bridge
         && !(links::is_kind(bridge, InfoKind::Bridge) && mac_matches(bridge, &BRIDGE_MAC))
     {
-        return Err(MasqueradeError::Clash(format!(
+        return Err(BindingError::Clash(format!(
             "link {bridge_name} exists but is not a bridge with MAC 02:00:00:00:00:00 (not made by netsetup)"
         )));
     }
-    let existing_tap = all_links.iter().find(|l| l.name == config.tap_name);
-    if let Some(tap_link) = existing_tap {
-        let is_tap = tap_link.tun.as_ref().is_some_and(|t| t.is_tap);
-        let attached_elsewhere = tap_link
-            .controller
-            .is_some_and(|c| existing_bridge.is_none_or(|b| b.index != c));
-        if !is_tap || attached_elsewhere {
-            return Err(MasqueradeError::Clash(format!(
-                "link {} exists but is not a tap free for bridge {bridge_name}",
-                config.tap_name
-            )));
-        }
-    }
+    let tap = config.tap_spec();
+    let existing_tap = binding::reusable_tap(&all_links, tap, existing_bridge, &bridge_name)?;
     let guest_nets: Vec<IpNet> = [
         ipv4.map(|_| IpNet::V4(config.ipv4_cidr)),
         ipv6.map(|_| IpNet::V6(config.ipv6_cidr)),
@@ -448,7 +309,7 @@ async fn setup_here(
                     .iter()
                     .find(|l| l.index == addr.link_index)
                     .map_or("?", |l| l.name.as_str());
-                return Err(MasqueradeError::Clash(format!(
+                return Err(BindingError::Clash(format!(
                     "address {}/{} on {owner} overlaps the guest network {guest_net}",
                     addr.addr, addr.prefix_len
                 )));
@@ -465,13 +326,14 @@ async fn setup_here(
             for key in &enabled_keys {
                 previous.push((*key, sysctl::read(key)?));
             }
-            let index = links::create_bridge(handle, &bridge_name, BRIDGE_MAC, mtu).await?;
-            journal.steps.push(Step::CreatedLink(index));
+            let index =
+                links::create_bridge(handle, &bridge_name, Some(BRIDGE_MAC), Some(mtu)).await?;
+            journal.push(Step::CreatedLink(index));
             links::change_link(
                 handle,
                 index,
                 LinkChange {
-                    alias: Some(alias_record(&previous)),
+                    alias: Some(alias_record(ALIAS_PREFIX, &previous)),
                     ..Default::default()
                 },
             )
@@ -485,54 +347,12 @@ async fn setup_here(
         });
         if !present {
             links::add_address(handle, bridge_index, gw.gateway, gw.prefix_len).await?;
-            journal
-                .steps
-                .push(Step::AddedAddress(bridge_index, gw.gateway, gw.prefix_len));
+            journal.push(Step::AddedAddress(bridge_index, gw.gateway, gw.prefix_len));
         }
     }
 
     // --- tap
-    let tap_needs_owner = existing_tap.is_none_or(|t| {
-        t.tun.as_ref().is_none_or(|tun| {
-            !tun.persistent
-                || tun.owner != Some(config.tap_owner_uid)
-                || tun.group != Some(config.tap_owner_gid)
-        })
-    });
-    if tap_needs_owner {
-        tap::create_persistent_tap(
-            &config.tap_name,
-            config.tap_owner_uid,
-            config.tap_owner_gid,
-            existing_tap.is_none(),
-        )?;
-    }
-    let tap_index = match existing_tap {
-        Some(t) => t.index,
-        None => {
-            let created = links::link_by_name(handle, &config.tap_name)
-                .await?
-                .ok_or_else(|| {
-                    MasqueradeError::Clash(format!(
-                        "tap {} vanished after creation",
-                        config.tap_name
-                    ))
-                })?;
-            journal.steps.push(Step::CreatedLink(created.index));
-            created.index
-        }
-    };
-    links::change_link(
-        handle,
-        tap_index,
-        LinkChange {
-            mtu: Some(mtu),
-            controller: Some(bridge_index),
-            up: true,
-            ..Default::default()
-        },
-    )
-    .await?;
+    binding::attach_tap(handle, journal, tap, existing_tap, bridge_index, mtu).await?;
     // After the port joined: a bridge takes the smallest MTU of its ports unless set.
     links::change_link(
         handle,
@@ -551,11 +371,7 @@ async fn setup_here(
         wanted.push(sysctl::route_localnet(&bridge_name));
     }
     for key in wanted {
-        let previous = sysctl::read(&key)?;
-        if previous != "1" {
-            sysctl::write(&key, "1")?;
-            journal.steps.push(Step::Sysctl { key, previous });
-        }
+        binding::set_sysctl(journal, &key, "1")?;
     }
 
     // --- NAT rules, last: one atomic batch, nothing to undo if it fails
@@ -590,14 +406,14 @@ async fn setup_here(
     })
 }
 
-async fn teardown_here(config: &MasqueradeConfig, handle: &Handle) -> Result<(), MasqueradeError> {
+async fn teardown_here(config: &MasqueradeConfig, handle: &Handle) -> Result<(), BindingError> {
     let bridge_name = config.bridge_name();
     let all_links = links::links(handle).await?;
     let bridge = all_links.iter().find(|l| l.name == bridge_name);
     if let Some(b) = bridge
         && !(links::is_kind(b, InfoKind::Bridge) && mac_matches(b, &BRIDGE_MAC))
     {
-        return Err(MasqueradeError::Clash(format!(
+        return Err(BindingError::Clash(format!(
             "link {bridge_name} is not a netsetup bridge; not removing it"
         )));
     }
@@ -605,7 +421,7 @@ async fn teardown_here(config: &MasqueradeConfig, handle: &Handle) -> Result<(),
     if let Some(t) = tap_link
         && !t.tun.as_ref().is_some_and(|tun| tun.is_tap)
     {
-        return Err(MasqueradeError::Clash(format!(
+        return Err(BindingError::Clash(format!(
             "link {} is not a tap; not removing it",
             config.tap_name
         )));
@@ -617,7 +433,11 @@ async fn teardown_here(config: &MasqueradeConfig, handle: &Handle) -> Result<(),
     }
     if let Some(b) = bridge {
         links::delete_link(handle, b.index).await?;
-        for (key, value) in parse_alias_record(b.alias.as_deref().unwrap_or("")) {
+        for (key, value) in parse_alias_record(
+            b.alias.as_deref().unwrap_or(""),
+            ALIAS_PREFIX,
+            &RECORDED_SYSCTLS,
+        ) {
             sysctl::write(&key, &value)?;
         }
     }
@@ -676,24 +496,7 @@ mod tests {
                 c.ports = vec![p, p];
             }),
         ] {
-            assert!(matches!(err, MasqueradeError::InvalidConfig(_)), "{err}");
+            assert!(matches!(err, BindingError::InvalidConfig(_)), "{err}");
         }
-    }
-
-    #[test]
-    fn alias_record_round_trips_and_ignores_other_keys() {
-        let rec = alias_record(&[
-            (sysctl::IPV4_FORWARD, "0".into()),
-            (sysctl::IPV6_FORWARDING, "1".into()),
-        ]);
-        assert_eq!(
-            parse_alias_record(&rec),
-            vec![
-                (sysctl::IPV4_FORWARD.to_string(), "0".to_string()),
-                (sysctl::IPV6_FORWARDING.to_string(), "1".to_string())
-            ]
-        );
-        assert!(parse_alias_record("netsetup: kernel/panic=1 net/ipv4/ip_forward=x").is_empty());
-        assert!(parse_alias_record("someone else's alias").is_empty());
     }
 }

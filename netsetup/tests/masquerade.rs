@@ -13,8 +13,9 @@ use common::*;
 use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
 use dhcproto::{Decodable, Decoder, Encodable};
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use netsetup::binding::BindingError;
 use netsetup::dhcp::{DhcpConfig, DhcpServer};
-use netsetup::masquerade::{self, BRIDGE_MAC, MasqueradeConfig, MasqueradeError};
+use netsetup::masquerade::{self, BRIDGE_MAC, MasqueradeConfig};
 use netsetup::nft::{L4Proto, Port};
 use netsetup::resolv::ResolvConf;
 
@@ -280,7 +281,7 @@ fn failure_midway_rolls_back_everything() {
     });
     let before = topo.pod.snapshot();
     let err = masquerade::setup(&config_for(&topo.pod, vec![])).unwrap_err();
-    assert!(matches!(err, MasqueradeError::Link(_)), "{err}");
+    assert!(matches!(err, BindingError::Link(_)), "{err}");
     assert_eq!(topo.pod.snapshot(), before, "failed setup left changes");
 }
 
@@ -537,7 +538,7 @@ fn half_done_earlier_run_is_completed() {
     let topo = Topology::new(true);
     // An earlier run that died right after creating the bridge.
     topo.pod.netlink(|h| async move {
-        netsetup::links::create_bridge(&h, "k6t-eth0", BRIDGE_MAC, 1400)
+        netsetup::links::create_bridge(&h, "k6t-eth0", Some(BRIDGE_MAC), Some(1400))
             .await
             .unwrap();
     });
@@ -565,7 +566,7 @@ fn pod_without_eth0_is_a_clear_error_and_nothing_is_created() {
     let pod = Netns::new();
     let err = masquerade::setup(&config_for(&pod, vec![])).unwrap_err();
     assert!(
-        matches!(err, MasqueradeError::PodInterfaceMissing(ref i) if i == "eth0"),
+        matches!(err, BindingError::PodInterfaceMissing(ref i) if i == "eth0"),
         "{err}"
     );
     assert!(err.to_string().contains("eth0"));
@@ -587,7 +588,7 @@ fn existing_foreign_bridge_name_is_a_clash() {
             .unwrap();
     });
     let err = masquerade::setup(&config_for(&topo.pod, vec![])).unwrap_err();
-    assert!(matches!(err, MasqueradeError::Clash(_)), "{err}");
+    assert!(matches!(err, BindingError::Clash(_)), "{err}");
     assert!(err.to_string().contains("k6t-eth0"), "{err}");
     assert_untouched(&topo.pod, &["k6t-eth0"]);
 }
@@ -603,7 +604,7 @@ fn existing_non_tap_with_the_tap_name_is_a_clash() {
             .unwrap();
     });
     let err = masquerade::setup(&config_for(&topo.pod, vec![])).unwrap_err();
-    assert!(matches!(err, MasqueradeError::Clash(_)), "{err}");
+    assert!(matches!(err, BindingError::Clash(_)), "{err}");
     assert_untouched(&topo.pod, &["tap0", "tap0peer"]);
 }
 
@@ -611,7 +612,7 @@ fn existing_non_tap_with_the_tap_name_is_a_clash() {
 fn pod_address_inside_the_guest_network_is_a_clash() {
     let topo = Topology::with_pod_addrs(&[("10.0.2.5", 24)], false);
     let err = masquerade::setup(&config_for(&topo.pod, vec![])).unwrap_err();
-    assert!(matches!(err, MasqueradeError::Clash(_)), "{err}");
+    assert!(matches!(err, BindingError::Clash(_)), "{err}");
     assert!(err.to_string().contains("10.0.2.0/24"), "{err}");
     assert_untouched(&topo.pod, &[]);
 

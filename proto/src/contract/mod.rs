@@ -8,11 +8,13 @@
 //!
 //! - [`pod_network`]: interface, bridge and tap names in the launcher pod's netns.
 //! - [`pod_paths`]: where the launcher pod mounts images, sockets and disks.
+//! - [`dhcp_cache`]: the bridge binding's `vif-cache-<iface>.json`, handler → launcher.
 //! - [`kernel_boot`]: reading `spec.domain.firmware.kernelBoot.container` from a VMI.
 //! - [`node_labels`]: the node labels launcher pods select on (the node labeller writes them).
 //! - [`runnable`]: which VMIs this project's launcher can run, checked by the controller,
 //!   the launcher and standalone mode alike.
 
+pub mod dhcp_cache;
 pub mod kernel_boot;
 pub mod node_labels;
 pub mod pod_network;

@@ -11,6 +11,10 @@ pub const KERNEL_BOOT_DIR: &str = "/var/run/kubevirt-kernel-boot";
 /// The pod volume name of the kernel-boot image.
 pub const KERNEL_BOOT_VOLUME: &str = "kernel-boot-volume";
 
+/// The launcher's private directory (`util.VirtPrivateDir`): console sockets, the bridge
+/// binding's DHCP cache.
+pub const PRIVATE_DIR: &str = "/var/run/kubevirt-private";
+
 /// Where the launcher links container disks (`disk_<i>.img`) and kernel-boot artifacts
 /// (`kernel-boot/<basename>`).
 pub const CONTAINER_DISK_DIR: &str = "/var/run/kubevirt/container-disks";

@@ -1,19 +1,24 @@
-//! The pod side of the network, launcher part (contract §5.2): what the pod
-//! interface looks like, and the DHCP server that hands the guest its address.
+//! The pod side of the network, launcher part (KubeVirt v1.9.0
+//! `pkg/network/setup/launcher/configurator.go`, `pkg/network/dhcp/`): what the pod
+//! interface looks like, and the DHCP server that hands the guest its address: the
+//! masquerade guest address, or for the bridge binding the pod's own address, gateway
+//! and routes from the cache the handler wrote (`vif-cache-eth0.json` in the private
+//! directory), answered to the guest's MAC only.
 
 use crate::converter::PodInterface;
 use crate::paths::Paths;
 use ipnet::Ipv4Net;
 use netsetup::dhcp::{DhcpConfig, DhcpServer};
 use netsetup::resolv::ResolvConf;
+use proto::contract::dhcp_cache;
 use proto::kubevirt::VirtualMachineInstance;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use proto::contract::pod_network::{PRIMARY_POD_IFACE as POD_IFACE, PRIMARY_TAP};
-/// The masquerade bridge of the primary pod interface (`k6t-eth0`).
+/// The bridge of the primary pod interface (`k6t-eth0`), for either binding.
 fn bridge() -> String {
     proto::contract::pod_network::bridge_name(POD_IFACE)
 }
@@ -45,6 +50,12 @@ pub enum NetworkError {
     Dhcp(#[from] netsetup::dhcp::DhcpConfigError),
     #[error("DHCP server on k6t-eth0: {0}")]
     Server(#[from] netsetup::dhcp::ServerError),
+    #[error("the bridge binding's DHCP cache {0}: {1}")]
+    Cache(PathBuf, String),
+    #[error(
+        "spec.domain.devices.interfaces[{0}]: no bridge address 169.254.75.1<index> at this index"
+    )]
+    BadIndex(usize),
 }
 
 /// A running DHCP server; stops when dropped.
@@ -62,49 +73,17 @@ impl Drop for DhcpHandle {
     }
 }
 
-/// Starts the guest's DHCP server when the VMI has a masquerade interface.
-/// Returns `None` when there is nothing to serve.
+/// Starts the guest's DHCP server when the VMI has a masquerade or bridge interface.
+/// Returns `None` when there is nothing to serve (no such interface, or a bridge
+/// binding on a pod without IPv4).
 pub fn start_dhcp(
     vmi: &VirtualMachineInstance,
     paths: &Paths,
     pod: &PodInterface,
 ) -> Result<Option<DhcpHandle>, NetworkError> {
-    let Some(iface) = vmi
-        .spec
-        .domain
-        .devices
-        .interfaces
-        .iter()
-        .find(|i| i.masquerade.is_some())
-    else {
+    let Some(config) = dhcp_config(vmi, paths, pod)? else {
         return Ok(None);
     };
-    let (index, cidr) = vmi
-        .spec
-        .networks
-        .iter()
-        .enumerate()
-        .find(|(_, n)| n.name == iface.name)
-        .and_then(|(i, n)| n.pod.as_ref().map(|p| (i, p.vm_network_cidr.clone())))
-        .unwrap_or((0, None));
-    let cidr = cidr.unwrap_or_else(|| DEFAULT_VM_CIDR.to_string());
-    let network: Ipv4Net = cidr
-        .parse()
-        .map_err(|_| NetworkError::BadCidr(index, cidr.clone()))?;
-    // A missing resolv.conf means KubeVirt's defaults (8.8.8.8, cluster.local).
-    let resolv = ResolvConf::read(&paths.resolv_conf).unwrap_or_default();
-    let hostname = vmi
-        .spec
-        .hostname
-        .clone()
-        .or_else(|| vmi.metadata.name.clone());
-    let config = DhcpConfig::masquerade(
-        network,
-        &resolv,
-        hostname,
-        vmi.spec.subdomain.as_deref(),
-        pod.mtu,
-    )?;
     let server = DhcpServer::bind(&bridge(), config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop_thread = stop.clone();
@@ -120,4 +99,167 @@ pub fn start_dhcp(
         stop,
         thread: Some(thread),
     }))
+}
+
+/// What the guest's DHCP server answers, or `None` when there is nothing to serve.
+fn dhcp_config(
+    vmi: &VirtualMachineInstance,
+    paths: &Paths,
+    pod: &PodInterface,
+) -> Result<Option<DhcpConfig>, NetworkError> {
+    let on_pod_network = |name: &str| {
+        vmi.spec
+            .networks
+            .iter()
+            .any(|n| n.name == name && n.pod.is_some())
+    };
+    let interfaces = &vmi.spec.domain.devices.interfaces;
+    let Some((iface_index, iface)) = interfaces
+        .iter()
+        .enumerate()
+        .find(|(_, i)| (i.masquerade.is_some() || i.bridge.is_some()) && on_pod_network(&i.name))
+    else {
+        return Ok(None);
+    };
+    // A missing resolv.conf means KubeVirt's defaults (8.8.8.8, cluster.local).
+    let resolv = ResolvConf::read(&paths.resolv_conf).unwrap_or_default();
+    let hostname = vmi
+        .spec
+        .hostname
+        .clone()
+        .or_else(|| vmi.metadata.name.clone());
+    let subdomain = vmi.spec.subdomain.as_deref();
+    let config = if iface.bridge.is_some() {
+        let cache = read_bridge_cache(paths)?;
+        let server = proto::contract::pod_network::fake_bridge_ip(iface_index)
+            .ok_or(NetworkError::BadIndex(iface_index))?;
+        // The pod's MTU: the dummy eth0 and eth0-nic both keep it.
+        DhcpConfig::bridge(&cache, server, &resolv, hostname, subdomain, pod.mtu)?
+    } else {
+        let (index, cidr) = vmi
+            .spec
+            .networks
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.name == iface.name)
+            .and_then(|(i, n)| n.pod.as_ref().map(|p| (i, p.vm_network_cidr.clone())))
+            .unwrap_or((0, None));
+        let cidr = cidr.unwrap_or_else(|| DEFAULT_VM_CIDR.to_string());
+        let network: Ipv4Net = cidr
+            .parse()
+            .map_err(|_| NetworkError::BadCidr(index, cidr.clone()))?;
+        Some(DhcpConfig::masquerade(
+            network, &resolv, hostname, subdomain, pod.mtu,
+        )?)
+    };
+    Ok(config)
+}
+
+/// The bridge binding's DHCP cache the handler wrote into the pod
+/// (`/var/run/kubevirt-private/vif-cache-eth0.json`; KubeVirt's launcher reads it
+/// through `/proc/self/root`).
+fn read_bridge_cache(paths: &Paths) -> Result<dhcp_cache::DhcpConfig, NetworkError> {
+    let path = paths.private_dir.join(dhcp_cache::file_name(POD_IFACE));
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| NetworkError::Cache(path.clone(), e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| NetworkError::Cache(path, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::converter::test_support::vmi;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    const BRIDGE: &str = "domain:\n  devices:\n    interfaces:\n    - name: default\n      bridge: {}\nnetworks:\n- name: default\n  pod: {}";
+
+    fn pod() -> PodInterface {
+        PodInterface {
+            mtu: 1450,
+            mac: Some("0a:58:0a:f4:01:05".into()),
+            tap_exists: true,
+        }
+    }
+
+    fn paths_with_cache(cache: Option<&dhcp_cache::DhcpConfig>) -> (tempfile::TempDir, Paths) {
+        let root = tempfile::tempdir().unwrap();
+        let paths = Paths::under(root.path());
+        std::fs::create_dir_all(&paths.private_dir).unwrap();
+        if let Some(cache) = cache {
+            std::fs::write(
+                paths.private_dir.join("vif-cache-eth0.json"),
+                serde_json::to_vec_pretty(cache).unwrap(),
+            )
+            .unwrap();
+        }
+        (root, paths)
+    }
+
+    fn cache() -> dhcp_cache::DhcpConfig {
+        let ip = |t: &str| t.parse::<IpAddr>().unwrap();
+        dhcp_cache::DhcpConfig {
+            ip: dhcp_cache::NetlinkAddr::from_cidr(ip("10.244.1.5"), 24),
+            mac: Some(vec![0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x05]),
+            gateway: Some(ip("10.244.1.1")),
+            routes: Some(vec![dhcp_cache::NetlinkRoute::new(
+                None,
+                Some(ip("10.244.1.1")),
+            )]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn bridge_serves_the_cached_pod_address_from_the_fake_bridge_address() {
+        let (_root, paths) = paths_with_cache(Some(&cache()));
+        let config = dhcp_config(&vmi(BRIDGE), &paths, &pod()).unwrap().unwrap();
+        assert_eq!(config.guest_ip, Ipv4Addr::new(10, 244, 1, 5));
+        assert_eq!(config.server_ip, Ipv4Addr::new(169, 254, 75, 10));
+        assert_eq!(config.router, Some(Ipv4Addr::new(10, 244, 1, 1)));
+        assert_eq!(
+            config.client_mac,
+            Some([0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x05])
+        );
+        assert_eq!(config.mtu, 1450);
+        assert_eq!(config.hostname.as_deref(), Some("testvmi"));
+
+        // The pod interface second in the list: 169.254.75.11.
+        let second = "domain:\n  devices:\n    interfaces:\n    - name: net1\n      bridge: {}\n    - name: default\n      bridge: {}\nnetworks:\n- name: net1\n  multus:\n    networkName: x\n- name: default\n  pod: {}";
+        let config = dhcp_config(&vmi(second), &paths, &pod()).unwrap().unwrap();
+        assert_eq!(config.server_ip, Ipv4Addr::new(169, 254, 75, 11));
+    }
+
+    #[test]
+    fn bridge_without_ipv4_serves_nothing_and_a_missing_cache_is_an_error() {
+        let disabled = dhcp_cache::DhcpConfig {
+            ipam_disabled: true,
+            ..Default::default()
+        };
+        let (_root, paths) = paths_with_cache(Some(&disabled));
+        assert!(dhcp_config(&vmi(BRIDGE), &paths, &pod()).unwrap().is_none());
+
+        let (_root, paths) = paths_with_cache(None);
+        let err = dhcp_config(&vmi(BRIDGE), &paths, &pod()).unwrap_err();
+        assert!(matches!(err, NetworkError::Cache(..)), "{err}");
+        assert!(err.to_string().contains("vif-cache-eth0.json"), "{err}");
+
+        let (_root, paths) = paths_with_cache(None);
+        std::fs::write(paths.private_dir.join("vif-cache-eth0.json"), "{not json").unwrap();
+        assert!(matches!(
+            dhcp_config(&vmi(BRIDGE), &paths, &pod()),
+            Err(NetworkError::Cache(..))
+        ));
+    }
+
+    #[test]
+    fn masquerade_is_unchanged() {
+        let (_root, paths) = paths_with_cache(None);
+        let masq = BRIDGE.replace("bridge", "masquerade");
+        let config = dhcp_config(&vmi(&masq), &paths, &pod()).unwrap().unwrap();
+        assert_eq!(config.guest_ip, Ipv4Addr::new(10, 0, 2, 2));
+        assert_eq!(config.server_ip, Ipv4Addr::new(10, 0, 2, 1));
+        assert_eq!(config.client_mac, None);
+        let none = "domain:\n  devices: {}";
+        assert!(dhcp_config(&vmi(none), &paths, &pod()).unwrap().is_none());
+    }
 }

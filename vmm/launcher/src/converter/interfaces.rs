@@ -1,5 +1,7 @@
-//! `devices.interfaces[]` → domain interfaces (the masquerade binding's
-//! launcher side, contract §5.2): an `ethernet` interface on `tap0`.
+//! `devices.interfaces[]` → domain interfaces (the launcher side of the masquerade and
+//! bridge bindings, KubeVirt v1.9.0 `pkg/network/domainspec/generators.go`): an
+//! `ethernet` interface on `tap0` with the pod interface's MTU and, unless the VMI sets
+//! one, its MAC (for bridge, the dummy `eth0` that keeps the pod's original MAC).
 
 use super::{Context, ConvertError, Result};
 use proto::domain::{
@@ -20,15 +22,18 @@ pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devi
     for (i, iface) in interfaces.iter().enumerate() {
         let field = format!("spec.domain.devices.interfaces[{i}]");
         match iface.binding_name() {
-            Some("masquerade") => {}
+            Some("masquerade" | "bridge") => {}
             Some(other) => {
                 return Err(ConvertError::new(
                     format!("{field}.{other}"),
-                    "only the masquerade binding is supported",
+                    "only the masquerade and bridge bindings are supported",
                 ));
             }
             None => {
-                return Err(ConvertError::new(field, "needs a binding (masquerade: {})"));
+                return Err(ConvertError::new(
+                    field,
+                    "needs a binding (bridge: {} or masquerade: {})",
+                ));
             }
         }
         if let Some(attachment) = ctx.interface_attachment.get(&iface.name)
@@ -172,10 +177,31 @@ mod tests {
     }
 
     #[test]
+    fn bridge_is_the_same_tap_interface() {
+        let mut masquerade = Devices::default();
+        configure(&vmi(MASQ), &ctx(), &mut masquerade).unwrap();
+        let mut bridge = Devices::default();
+        configure(
+            &vmi(&MASQ.replace("masquerade", "bridge")),
+            &ctx(),
+            &mut bridge,
+        )
+        .unwrap();
+        assert_eq!(bridge.interfaces, masquerade.interfaces);
+        let i = &bridge.interfaces[0];
+        assert_eq!(i.target.as_ref().unwrap().device, "tap0");
+        assert_eq!(
+            i.mac.as_ref().unwrap().mac,
+            "0a:58:0a:f4:00:1b",
+            "the dummy eth0's MAC"
+        );
+    }
+
+    #[test]
     fn other_bindings_and_networks_are_refused() {
-        let bridge = MASQ.replace("masquerade", "bridge");
-        let err = configure(&vmi(&bridge), &ctx(), &mut Devices::default()).unwrap_err();
-        assert_eq!(err.field, "spec.domain.devices.interfaces[0].bridge");
+        let passt = MASQ.replace("masquerade", "passtBinding");
+        let err = configure(&vmi(&passt), &ctx(), &mut Devices::default()).unwrap_err();
+        assert_eq!(err.field, "spec.domain.devices.interfaces[0].passtBinding");
         let multus = MASQ.replace("pod: {}", "multus:\n    networkName: x");
         let err = configure(&vmi(&multus), &ctx(), &mut Devices::default()).unwrap_err();
         assert!(err.field.starts_with("spec.networks"));
