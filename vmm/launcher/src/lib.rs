@@ -14,6 +14,7 @@ pub mod console_log;
 pub mod converter;
 pub mod disks;
 pub mod flags;
+pub mod live;
 pub mod manager;
 pub mod monitor;
 pub mod network;

@@ -169,11 +169,12 @@ impl Manager {
             plans.push(plan);
         }
         ctx.kernel_boot = disks::kernel_boot(paths, vmi)?;
+        // The converter refuses what the launcher cannot run before any
+        // file is created.
         let mut domain = converter::convert(vmi, &ctx)?;
-        // Refuses what the VMM cannot run before anything is created.
-        to_vm::vm_config(&domain)?;
 
-        // Side effects only once the VMI is known to be runnable.
+        // Pod-local files only, each created once: a sync that fails
+        // further on and is retried reuses them.
         for plan in &plans {
             disks::materialize(plan, vmi, paths, None)?;
         }
@@ -181,14 +182,16 @@ impl Manager {
             disks::link_kernel_boot(paths, kb)?;
         }
         // The files exist now: decide each disk's cache mode (reported in
-        // the domain, as KubeVirt's domain XML does) and configure the VM
-        // with it.
+        // the domain, as KubeVirt's domain XML does).
         if let Some(devices) = domain.spec.devices.as_mut() {
             disks::cache_mode::set_driver_cache_modes(
                 &mut devices.disks,
                 disks::cache_mode::supports_direct_io,
             )?;
         }
+        crate::live::as_libvirt_defines(&mut domain);
+        // The one VMM configuration of this domain (also for reboots and
+        // resets).
         let config = to_vm::vm_config(&domain)?;
         let private = paths.vmi_private_dir(&uid);
         std::fs::create_dir_all(&private)
