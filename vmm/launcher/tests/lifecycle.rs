@@ -17,6 +17,15 @@ const ARGS: &str = "console=ttyS0 checks=serial,virtio-blk,virtio-rng exit=halt 
 const ARGS_SMP: &str =
     "console=ttyS0 checks=serial,smp,virtio-blk,virtio-rng cpus=1 exit=halt wait=600";
 
+fn has_deletion_timestamp(d: &Domain) -> bool {
+    d.spec
+        .metadata
+        .kubevirt
+        .grace_period
+        .as_ref()
+        .is_some_and(|g| g.deletion_timestamp.is_some())
+}
+
 fn status_is(status: LifeCycle, reason: StateChangeReason) -> impl Fn(&str, &Domain) -> bool {
     move |_, d| d.status.status == status && d.status.reason == reason
 }
@@ -264,8 +273,10 @@ async fn sync_pause_unpause_shutdown_delete() {
         )
         .await;
 
-    // Graceful shutdown: the deletion timestamp is published, then the guest
-    // (waiting for Ctrl-Alt-Del) resets and the domain is Shutoff/Shutdown.
+    // A graceful shutdown the guest honours, event by event as libvirt
+    // reports it: the deletion timestamp while still Running (the handler
+    // keeps asking until the state changes), then ShuttingDown/Unknown once
+    // the guest goes down, then Shutoff/Shutdown.
     assert!(
         cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
             .await
@@ -273,24 +284,32 @@ async fn sync_pause_unpause_shutdown_delete() {
             .into_inner()
             .success
     );
-    let (_, shutting) = notify
-        .expect(Duration::from_secs(20), "grace timestamp", |_, d| {
-            d.spec
-                .metadata
-                .kubevirt
-                .grace_period
-                .as_ref()
-                .is_some_and(|g| g.deletion_timestamp.is_some())
-        })
-        .await;
-    assert_eq!(shutting.status.status, LifeCycle::ShuttingDown);
-    notify
-        .expect(
-            BOOT,
-            "Shutoff/Shutdown",
-            status_is(LifeCycle::Shutoff, StateChangeReason::Shutdown),
-        )
-        .await;
+    let (t, asked) = notify.next(Duration::from_secs(20)).await;
+    assert_eq!(t, "MODIFIED");
+    assert!(has_deletion_timestamp(&asked));
+    assert_eq!(
+        (asked.status.status, asked.status.reason),
+        (LifeCycle::Running, StateChangeReason::Unknown)
+    );
+    let (t, down) = notify.next(BOOT).await;
+    assert_eq!(t, "MODIFIED");
+    assert_eq!(
+        (down.status.status, down.status.reason),
+        (LifeCycle::ShuttingDown, StateChangeReason::Unknown)
+    );
+    let (_, off) = notify.next(Duration::from_secs(20)).await;
+    assert_eq!(
+        (off.status.status, off.status.reason),
+        (LifeCycle::Shutoff, StateChangeReason::Shutdown)
+    );
+    // A repeated request changes nothing.
+    assert!(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
 
     // The base image is untouched; the overlay is a valid qcow2 over it.
     assert_eq!(
