@@ -14,11 +14,22 @@ command -v xorriso >/dev/null || need+=(xorriso)            # reading cloud-init
 command -v bsdtar >/dev/null || need+=(libarchive-tools)    # reading cloud-init ISOs in tests
 command -v setcap >/dev/null || PATH=$PATH:/usr/sbin command -v setcap >/dev/null \
   || need+=(libcap2-bin)                                     # file capability of the monitor in tests
+command -v python3 >/dev/null || need+=(python3)            # a second gRPC client in tests
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The launcher's tests call it from a second, independent gRPC implementation:
+# Python grpcio (gRPC's C core), from PyPI into a private virtual environment.
+grpc_venv=${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-rs/grpc-venv
+if ! "$grpc_venv/bin/python3" -c 'import grpc, grpc_tools' 2>/dev/null; then
+  echo "setup: installing grpcio and grpcio-tools into $grpc_venv"
+  python3 -m venv "$grpc_venv"
+  "$grpc_venv/bin/python3" -m pip install --quiet 'grpcio==1.85.3' 'grpcio-tools==1.85.1'
 fi
 
 if command -v rustup >/dev/null; then

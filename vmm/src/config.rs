@@ -26,12 +26,37 @@ pub enum KernelSource {
 /// qcow2 header into a raw disk).
 pub use block::Format as DiskFormat;
 
+/// A virtio-blk disk: the image and how the guest sees it.
 #[derive(Clone, Debug)]
 pub struct DiskConfig {
     pub path: PathBuf,
     pub format: DiskFormat,
     pub read_only: bool,
     pub cache: DiskCache,
+    /// The disk's serial, the answer to `VIRTIO_BLK_T_GET_ID` (at most 20
+    /// bytes are used; longer serials are cut, as QEMU does). Empty: the
+    /// guest reads an all-zero ID, as from QEMU without a serial.
+    pub serial: String,
+    /// Whether the guest may free space: offers `VIRTIO_BLK_F_DISCARD` and
+    /// honours the unmap hint of write-zeroes (libvirt's `discard=unmap`).
+    /// Off (`discard=ignore`), the guest cannot discard and written zeroes
+    /// are always allocated. Never offered on a read-only disk.
+    pub discard: bool,
+}
+
+impl DiskConfig {
+    /// A writable disk with the host page cache (writeback), no serial and
+    /// discard allowed.
+    pub fn new(path: impl Into<PathBuf>, format: DiskFormat) -> Self {
+        DiskConfig {
+            path: path.into(),
+            format,
+            read_only: false,
+            cache: DiskCache::default(),
+            serial: String::new(),
+            discard: true,
+        }
+    }
 }
 
 /// Host caching of a disk, as KubeVirt's `disk.cache` (libvirt's driver
@@ -75,12 +100,31 @@ impl std::str::FromStr for DiskCache {
     }
 }
 
+/// A virtio-net device on a tap.
 #[derive(Clone, Debug)]
 pub struct NetConfig {
     /// Name of an existing tap device (the VMM does not create it).
     pub tap: String,
     /// Guest MAC address; when absent, 52:54:00:12:34:(0x56 + device index).
     pub mac: Option<[u8; 6]>,
+    /// The MTU the device tells the guest to use (`VIRTIO_NET_F_MTU`, as
+    /// QEMU's `host_mtu`); `None`: not offered, the guest picks its own.
+    pub mtu: Option<u16>,
+    /// Whether the link is up at boot (`VIRTIO_NET_S_LINK_UP`). Down, the
+    /// guest sees no carrier and no frame passes in either direction.
+    pub link_up: bool,
+}
+
+impl NetConfig {
+    /// A device on `tap` with the default MAC, no MTU offered, link up.
+    pub fn new(tap: impl Into<String>) -> Self {
+        NetConfig {
+            tap: tap.into(),
+            mac: None,
+            mtu: None,
+            link_up: true,
+        }
+    }
 }
 
 /// Where the guest's serial console goes.

@@ -217,10 +217,8 @@ fn stats_count_the_guests_disk_requests_and_vcpu_time() {
     config.cmdline = "checks=virtio-blk exit=tick wait=120".into();
     config.serial = SerialTarget::Capture(capture.clone());
     config.disks.push(vmm::DiskConfig {
-        path: disk,
-        format: vmm::DiskFormat::Raw,
-        read_only: false,
         cache: vmm::DiskCache::WriteBack,
+        ..vmm::DiskConfig::new(disk, vmm::DiskFormat::Raw)
     });
     let vm = Vm::start(config).expect("start the test guest");
     assert!(

@@ -24,6 +24,10 @@ pub struct DomainSpec {
     pub cpu: Option<Cpu>,
     #[serde(rename = "VCPU", default, skip_serializing_if = "Option::is_none")]
     pub vcpu: Option<Vcpu>,
+    /// Each vCPU's state when the VMI allows CPU hot-plug (`maxSockets`):
+    /// `VCPU.CPUs` counts them all, the enabled ones are online.
+    #[serde(rename = "VCPUs", default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<Vcpus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Features>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,6 +107,27 @@ pub struct Vcpu {
     pub placement: String,
     #[serde(rename = "CPUs")]
     pub cpus: u32,
+}
+
+/// `<vcpus>`: one entry per possible vCPU.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Vcpus {
+    #[serde(rename = "VCPU", default)]
+    pub vcpu: Vec<VcpusVcpu>,
+}
+
+/// One possible vCPU: `Enabled` and `Hotpluggable` are `yes` or `no`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct VcpusVcpu {
+    #[serde(rename = "ID")]
+    pub id: u32,
+    #[serde(default)]
+    pub enabled: String,
+    #[serde(default)]
+    pub hotpluggable: String,
+    #[serde(default)]
+    pub order: u32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

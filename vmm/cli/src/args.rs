@@ -57,8 +57,10 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     pub vcpus: u8,
     /// A virtio-blk disk:
-    /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback].
-    /// Repeatable. cache defaults to writeback.
+    /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback]
+    /// [,serial=ID][,discard=unmap|ignore]. Repeatable. cache defaults to
+    /// writeback, discard to unmap; without a serial the guest reads an
+    /// all-zero ID.
     #[arg(long, value_parser = parse_disk)]
     pub disk: Vec<DiskConfig>,
     /// A virtio-net device on an existing tap: tap=NAME[,mac=MAC]. Repeatable.
@@ -129,6 +131,7 @@ fn on_off(key: &str, value: &str) -> Result<bool, String> {
 pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
     let (mut path, mut format, mut read_only) = (None, None, false);
     let mut cache = DiskCache::default();
+    let (mut serial, mut discard) = (String::new(), true);
     for (key, value) in pairs(text)? {
         match key {
             "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
@@ -141,6 +144,14 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
             }
             "readonly" => read_only = on_off(key, value)?,
             "cache" => cache = value.parse()?,
+            "serial" => serial = value.to_string(),
+            "discard" => {
+                discard = match value {
+                    "unmap" => true,
+                    "ignore" => false,
+                    _ => return Err(format!("discard must be unmap or ignore, got {value:?}")),
+                }
+            }
             _ => return Err(format!("unknown or empty disk option {key:?}")),
         }
     }
@@ -150,6 +161,8 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
         format: format.ok_or("a disk needs format=raw|qcow2 (it is never guessed)")?,
         read_only,
         cache,
+        serial,
+        discard,
     })
 }
 
@@ -169,8 +182,8 @@ pub fn parse_net(text: &str) -> Result<NetConfig, String> {
         }
     }
     Ok(NetConfig {
-        tap: tap.ok_or("a net device needs tap=NAME")?,
         mac,
+        ..NetConfig::new(tap.ok_or("a net device needs tap=NAME")?)
     })
 }
 
@@ -218,6 +231,10 @@ mod tests {
             let d = parse_disk(&format!("path=/x,format=raw,cache={text}")).unwrap();
             assert_eq!(d.cache, cache);
         }
+        let d = parse_disk("path=/x,format=raw,serial=D1,discard=ignore").unwrap();
+        assert_eq!((d.serial.as_str(), d.discard), ("D1", false));
+        let d = parse_disk("path=/x,format=raw").unwrap();
+        assert_eq!((d.serial.as_str(), d.discard), ("", true));
         for bad in [
             "path=/x",
             "format=raw",
@@ -226,6 +243,7 @@ mod tests {
             "path=,format=raw",
             "path=/x,format=raw,cache=unsafe",
             "path=/x,format=raw,cache=",
+            "path=/x,format=raw,discard=maybe",
             "junk",
         ] {
             assert!(parse_disk(bad).is_err(), "{bad}");

@@ -56,7 +56,10 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
     let dir = tempdir();
     let kernel = guest_elf(&dir);
     let disk = raw_disk(&dir, "disk.raw", 1 << 20, 0x11);
-    let out = run_blk(&kernel, &[format!("path={},format=raw", disk.display())]);
+    let out = run_blk(
+        &kernel,
+        &[format!("path={},format=raw,serial=D1SK-7", disk.display())],
+    );
     for check in [
         "virtio-blk-write",
         "virtio-blk-irq",
@@ -76,10 +79,42 @@ fn the_guest_writes_its_pattern_into_a_raw_disk_file() {
         .find(|l| l.starts_with("TEST virtio-blk-id"))
         .map(|l| l.split("id=").nth(1).unwrap_or("").to_string())
         .unwrap();
-    assert!(!id.is_empty(), "the VMM gives every disk a serial");
+    assert_eq!(id, "D1SK-7", "GET_ID answers the configured serial");
     let bytes = std::fs::read(&disk).unwrap();
     assert_eq!(bytes.len(), 1 << 20, "the disk file keeps its size");
     assert_guest_changes(&bytes, 0x11);
+}
+
+#[test]
+fn discard_ignore_and_no_serial_are_what_the_guest_sees() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let disk = raw_disk(&dir, "disk.raw", 1 << 20, 0x55);
+    let out = run_blk(
+        &kernel,
+        &[format!("path={},format=raw,discard=ignore", disk.display())],
+    );
+    // No DISCARD offered: the guest does not try (write-zeroes stays).
+    assert!(
+        !stdout(&out).contains("TEST virtio-blk-discard"),
+        "{}",
+        stdout(&out)
+    );
+    assert_pass(&out, "virtio-blk-zeroes");
+    // No serial: GET_ID answers an all-zero ID, as QEMU without a serial.
+    assert_pass(&out, "virtio-blk-id");
+    let id_line = stdout(&out)
+        .lines()
+        .find(|l| l.starts_with("TEST virtio-blk-id"))
+        .unwrap()
+        .to_string();
+    assert!(id_line.trim_end().ends_with("id="), "{id_line}");
+    let bytes = std::fs::read(&disk).unwrap();
+    let discard_sector = &bytes[DISCARD_SECTOR * SECTOR..(DISCARD_SECTOR + 1) * SECTOR];
+    assert!(
+        discard_sector.iter().all(|&b| b == 0x55),
+        "nothing discarded"
+    );
 }
 
 /// The guest's pattern in its sector, zeroes in the write-zeroes sector, the

@@ -1,11 +1,14 @@
 //! virt-launcher without libvirt or QEMU.
 //!
 //! The process in a VMI pod's compute container. It answers KubeVirt's
-//! handler on the `kubevirt.cmd.v1` contract ([`server`]), turns the VMI into
-//! a domain ([`converter`]), prepares the disks ([`disks`]) and the pod side
-//! of the network ([`network`]), runs the VM with the `vmm` crate
+//! handler on the `kubevirt.cmd.v1` contract ([`server`]; [`no_agent`] for
+//! the RPCs that need a guest agent), turns the VMI into a domain
+//! ([`converter`], then [`live`] for what libvirt adds), prepares the disks
+//! ([`disks`]) and the pod side of the network ([`network`]), configures the
+//! VMM from the domain ([`to_vm`]) and runs the VM with the `vmm` crate
 //! ([`manager`]), and reports every change of the domain to the handler
-//! ([`notify`]). [`monitor`] is the container's PID 1 (virt-launcher-monitor).
+//! ([`notify`]). [`run`] is the main flow, [`monitor`] the container's PID 1
+//! (virt-launcher-monitor). See the crate's README.
 //!
 //! The VMM runs inside the launcher process: there is no separate emulator
 //! process, so "the VMM is gone" is simply "the VM has ended".
@@ -14,9 +17,11 @@ pub mod console_log;
 pub mod converter;
 pub mod disks;
 pub mod flags;
+pub mod live;
 pub mod manager;
 pub mod monitor;
 pub mod network;
+pub mod no_agent;
 pub mod notify;
 pub mod paths;
 pub mod run;

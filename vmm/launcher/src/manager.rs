@@ -13,6 +13,7 @@ use proto::domain::{Domain, GracePeriodMetadata, LifeCycle, StateChangeReason};
 use proto::grpc::cmd::v1::VirtualMachineOptions;
 use proto::kubevirt::{Phase, VirtualMachineInstance};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -51,6 +52,8 @@ pub struct Manager {
     options: ManagerOptions,
     state: Mutex<State>,
     events: mpsc::UnboundedSender<DomainEvent>,
+    /// Events handed to the notifier so far (see [`Manager::emitted_events`]).
+    emitted: AtomicU64,
     stage: watch::Sender<Stage>,
 }
 
@@ -97,6 +100,7 @@ impl Manager {
             options,
             state: Mutex::new(State::default()),
             events,
+            emitted: AtomicU64::new(0),
             stage,
         });
         (manager, rx, stage_rx)
@@ -108,10 +112,18 @@ impl Manager {
     }
 
     fn emit(&self, event_type: &'static str, domain: &Domain) {
+        // Counted before it is queued: the notifier never gets ahead of it.
+        self.emitted.fetch_add(1, Ordering::SeqCst);
         let _ = self.events.send(DomainEvent {
             event_type,
             domain: domain.clone(),
         });
+    }
+
+    /// How many domain events were queued for the handler so far; the
+    /// launcher exits only once the notifier has dealt with as many.
+    pub fn emitted_events(&self) -> u64 {
+        self.emitted.load(Ordering::SeqCst)
     }
 
     /// The domain as `GetDomain` reports it (`None` when there is none).
@@ -169,11 +181,12 @@ impl Manager {
             plans.push(plan);
         }
         ctx.kernel_boot = disks::kernel_boot(paths, vmi)?;
+        // The converter refuses what the launcher cannot run before any
+        // file is created.
         let mut domain = converter::convert(vmi, &ctx)?;
-        // Refuses what the VMM cannot run before anything is created.
-        to_vm::vm_config(&domain)?;
 
-        // Side effects only once the VMI is known to be runnable.
+        // Pod-local files only, each created once: a sync that fails
+        // further on and is retried reuses them.
         for plan in &plans {
             disks::materialize(plan, vmi, paths, None)?;
         }
@@ -181,14 +194,16 @@ impl Manager {
             disks::link_kernel_boot(paths, kb)?;
         }
         // The files exist now: decide each disk's cache mode (reported in
-        // the domain, as KubeVirt's domain XML does) and configure the VM
-        // with it.
+        // the domain, as KubeVirt's domain XML does).
         if let Some(devices) = domain.spec.devices.as_mut() {
             disks::cache_mode::set_driver_cache_modes(
                 &mut devices.disks,
                 disks::cache_mode::supports_direct_io,
             )?;
         }
+        crate::live::as_libvirt_defines(&mut domain);
+        // The one VMM configuration of this domain (also for reboots and
+        // resets).
         let config = to_vm::vm_config(&domain)?;
         let private = paths.vmi_private_dir(&uid);
         std::fs::create_dir_all(&private)
@@ -270,26 +285,31 @@ impl Manager {
                 Err(e) => tracing::error!("cannot restart the VM after a guest reboot: {e}"),
             }
         }
-        let (status, reason) = match exit {
-            VmExit::Reset | VmExit::PowerOff { .. } => {
-                (LifeCycle::Shutoff, StateChangeReason::Shutdown)
-            }
-            VmExit::Killed => (LifeCycle::Shutoff, StateChangeReason::Destroyed),
-            VmExit::TripleFault { .. } | VmExit::Crash { .. } => {
-                (LifeCycle::Shutoff, StateChangeReason::Crashed)
-            }
-            VmExit::InternalError(_) => (LifeCycle::Shutoff, StateChangeReason::Failed),
-        };
         state.dhcp = None;
-        self.set_status(&mut state, status, reason);
+        for (status, reason) in libvirt_states_at_exit(&exit, state.shutdown_requested) {
+            self.set_status(&mut state, status, reason);
+        }
     }
 
+    /// Records a state change and reports it, as a libvirt lifecycle event
+    /// does; staying in the same state reports nothing.
     fn set_status(&self, state: &mut State, status: LifeCycle, reason: StateChangeReason) {
         if let Some(domain) = state.domain.as_mut() {
+            if domain.status.status == status && domain.status.reason == reason {
+                return;
+            }
             domain.status.status = status;
             domain.status.reason = reason;
             let domain = domain.clone();
             self.emit("MODIFIED", &domain);
+        }
+    }
+
+    /// Reports the domain as it is after a change of KubeVirt's metadata
+    /// (grace period), as the Go launcher's metadata-cache notification does.
+    fn publish(&self, state: &State) {
+        if let Some(domain) = &state.domain {
+            self.emit("MODIFIED", domain);
         }
     }
 
@@ -319,10 +339,20 @@ impl Manager {
         Ok(())
     }
 
-    /// Graceful shutdown: records when it was first asked (the handler's
-    /// grace timer reads it) and presses Ctrl-Alt-Del. Repeats are harmless.
+    /// Graceful shutdown, as KubeVirt's `SignalShutdownVMI`: asks the guest
+    /// (Ctrl-Alt-Del) and records when it was first asked, which the
+    /// handler's grace timer reads. The state does not change: libvirt
+    /// reports `ShuttingDown` only once the guest is going down, and the
+    /// handler repeats the request until then. A paused VM stays paused
+    /// (the request waits for it, as an ACPI event does); a stopped one is
+    /// left alone. Repeats are harmless.
     pub fn shutdown(&self) -> Result<()> {
         let mut state = self.lock();
+        let Ok(vm) = Self::running_vm(&state) else {
+            return Ok(()); // no domain, or already stopped
+        };
+        state.shutdown_requested = true;
+        vm.request_shutdown()?;
         let Some(domain) = state.domain.as_mut() else {
             return Ok(());
         };
@@ -332,21 +362,9 @@ impl Manager {
             .kubevirt
             .grace_period
             .get_or_insert_with(GracePeriodMetadata::default);
-        let first = grace.deletion_timestamp.is_none();
-        if first {
+        if grace.deletion_timestamp.is_none() {
             grace.deletion_timestamp = Some(crate::now());
-        }
-        let Ok(vm) = Self::running_vm(&state) else {
-            return Ok(()); // already stopped: nothing to shut down
-        };
-        if vm.state() == VmState::Paused {
-            vm.resume()?; // a paused guest cannot react to the request
-            state.paused_by_user = false;
-        }
-        state.shutdown_requested = true;
-        vm.request_shutdown()?;
-        if first {
-            self.set_status(&mut state, LifeCycle::ShuttingDown, StateChangeReason::User);
+            self.publish(&state);
         }
         Ok(())
     }
@@ -433,8 +451,10 @@ impl Manager {
         Ok(())
     }
 
-    /// SIGTERM to the launcher: ask the handler to shut the VM down
-    /// (`MarkedForGracefulShutdown`), as the Go launcher does.
+    /// SIGTERM to the launcher: asks the handler to shut the VM down
+    /// (`MarkedForGracefulShutdown`), as the Go launcher's
+    /// `MarkGracefulShutdownVMI` does. The handler then sends the shutdown
+    /// request; the launcher itself only kills once its grace period is over.
     pub fn mark_for_graceful_shutdown(&self) {
         let mut state = self.lock();
         if let Some(domain) = state.domain.as_mut() {
@@ -446,12 +466,9 @@ impl Manager {
                 .get_or_insert_with(GracePeriodMetadata::default);
             if grace.marked_for_graceful_shutdown != Some(true) {
                 grace.marked_for_graceful_shutdown = Some(true);
-                let domain = domain.clone();
-                self.emit("MODIFIED", &domain);
+                self.publish(&state);
             }
         }
-        drop(state);
-        let _ = self.shutdown();
     }
 
     /// Whether a VM is still running (or paused).
@@ -471,6 +488,38 @@ impl Manager {
     }
 }
 
+/// The states a domain goes through when its VM ends, in order, each one a
+/// lifecycle event, as libvirt's QEMU driver reports them (the pairs
+/// `ConvState`/`ConvReason` of KubeVirt's `virtwrap/util` make of libvirt's
+/// states and reasons):
+///
+/// - the guest powers off: QEMU's `SHUTDOWN` event puts the domain in
+///   `VIR_DOMAIN_SHUTDOWN`/`_UNKNOWN` (ShuttingDown/Unknown), then the
+///   process ends: `VIR_DOMAIN_SHUTOFF`/`_SHUTDOWN` (Shutoff/Shutdown);
+/// - the guest resets after a shutdown request: Ctrl-Alt-Del is how this
+///   VMM asks, and a Linux guest answers it by rebooting; the reboot is the
+///   guest going down, reported as above;
+/// - a reset whose restart failed: Shutoff/Failed;
+/// - killed (`virDomainDestroy`): Shutoff/Destroyed;
+/// - a guest crash: Shutoff/Crashed; a VMM failure: Shutoff/Failed.
+fn libvirt_states_at_exit(
+    exit: &VmExit,
+    shutdown_requested: bool,
+) -> Vec<(LifeCycle, StateChangeReason)> {
+    use LifeCycle::{Shutoff, ShuttingDown};
+    use StateChangeReason as R;
+    match exit {
+        VmExit::PowerOff { .. } => vec![(ShuttingDown, R::Unknown), (Shutoff, R::Shutdown)],
+        VmExit::Reset if shutdown_requested => {
+            vec![(ShuttingDown, R::Unknown), (Shutoff, R::Shutdown)]
+        }
+        VmExit::Reset => vec![(Shutoff, R::Failed)],
+        VmExit::Killed => vec![(Shutoff, R::Destroyed)],
+        VmExit::TripleFault { .. } | VmExit::Crash { .. } => vec![(Shutoff, R::Crashed)],
+        VmExit::InternalError(_) => vec![(Shutoff, R::Failed)],
+    }
+}
+
 /// Appends the console to the domain's serial log file, if it has one.
 fn start_console_log(domain: &Domain) {
     let Some(serial) = domain.spec.devices.as_ref().and_then(|d| d.serials.first()) else {
@@ -487,6 +536,26 @@ fn start_console_log(domain: &Domain) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guest_going_down_passes_through_shutting_down() {
+        use LifeCycle::{Shutoff, ShuttingDown};
+        use StateChangeReason as R;
+        let down = vec![(ShuttingDown, R::Unknown), (Shutoff, R::Shutdown)];
+        assert_eq!(
+            libvirt_states_at_exit(&VmExit::PowerOff { code: 0 }, false),
+            down
+        );
+        assert_eq!(libvirt_states_at_exit(&VmExit::Reset, true), down);
+        assert_eq!(
+            libvirt_states_at_exit(&VmExit::Reset, false),
+            vec![(Shutoff, R::Failed)]
+        );
+        assert_eq!(
+            libvirt_states_at_exit(&VmExit::Killed, true),
+            vec![(Shutoff, R::Destroyed)]
+        );
+    }
 
     #[test]
     fn failures_carry_messages() {

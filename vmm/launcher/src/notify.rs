@@ -99,28 +99,38 @@ impl Notifier {
     }
 }
 
-/// Delivers events in order until the channel closes. `delivered_gone` turns
-/// true once the final "domain gone" event reached the handler.
+/// What the notifier has done so far, for the launcher's exit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Events dealt with (delivered, or given up on after the retries).
+    pub processed: u64,
+    /// The final "domain gone" event was dealt with (the Go launcher's
+    /// "final delete notification sent", which also counts a send that
+    /// failed).
+    pub gone: bool,
+}
+
+/// Delivers events in order until the channel closes, publishing its
+/// progress after each one.
 pub async fn run(
     socket: PathBuf,
     mut events: mpsc::UnboundedReceiver<DomainEvent>,
-    delivered_gone: watch::Sender<bool>,
+    progress: watch::Sender<Progress>,
 ) {
     let mut notifier = Notifier::new(socket);
     while let Some(event) = events.recv().await {
         match notifier.send(&event).await {
-            Ok(()) => {
-                tracing::debug!(
-                    "sent {} {:?}/{:?}",
-                    event.event_type,
-                    event.domain.status.status,
-                    event.domain.status.reason
-                );
-                if event.domain.is_gone() {
-                    delivered_gone.send_replace(true);
-                }
-            }
+            Ok(()) => tracing::debug!(
+                "sent {} {:?}/{:?}",
+                event.event_type,
+                event.domain.status.status,
+                event.domain.status.reason
+            ),
             Err(e) => tracing::warn!("domain event {} dropped: {e}", event.event_type),
         }
+        progress.send_modify(|p| {
+            p.processed += 1;
+            p.gone |= event.domain.is_gone();
+        });
     }
 }

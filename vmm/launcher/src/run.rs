@@ -1,19 +1,27 @@
-//! The launcher's main flow (contract §4.2): serve the cmd socket, report
-//! domain events, wait for a domain within `--qemu-timeout`, and on a stop
-//! signal ask for a graceful shutdown and kill after the grace period.
+//! The launcher's main flow, as KubeVirt's `cmd/virt-launcher/virt-launcher.go`:
+//! serve the cmd socket, report domain events, wait for a domain within
+//! `--qemu-timeout`, watch the VM until it is gone (asking for a graceful
+//! shutdown on a stop signal and killing once `--grace-period-seconds` are
+//! over), wait for the final "domain gone" event, then stop.
 
 use crate::flags::Flags;
 use crate::manager::{Manager, ManagerOptions, Stage};
+use crate::notify::Progress;
 use proto::kubevirt::parse_vmi;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 
 /// How long the self-check may take before the launcher gives up (as Go's 15 s).
 const SELF_CHECK: Duration = Duration::from_secs(15);
-/// How long to wait for the final "domain gone" event to reach the handler.
+/// `waitForFinalNotify`: how long to wait for the final "domain gone"
+/// event once the VM is gone, before killing the domain...
 const FINAL_NOTIFY: Duration = Duration::from_secs(15);
+/// ... and how long after that kill.
+const FINAL_NOTIFY_AFTER_KILL: Duration = Duration::from_secs(30);
+/// The process monitor's polling period (`monitorLoop`'s rate).
+const MONITOR_RATE: Duration = Duration::from_secs(1);
 
 /// Runs the launcher; returns the process exit status.
 pub async fn run(flags: Flags) -> i32 {
@@ -52,16 +60,28 @@ async fn run_inner(flags: Flags) -> anyhow::Result<i32> {
     let listener = tokio::net::UnixListener::bind(&init_socket)
         .with_context(|| format!("binding {}", init_socket.display()))?;
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::server::serve(manager.clone(), listener, async {
-        let _ = server_stopped.await;
-    }));
+    let options = crate::server::ServerOptions {
+        vm_stats_collector: flags.vm_stats_collector,
+    };
+    let server = tokio::spawn(crate::server::serve(
+        manager.clone(),
+        options,
+        listener,
+        async {
+            let _ = server_stopped.await;
+        },
+    ));
     self_check(&init_socket).await?;
     std::fs::rename(&init_socket, &launcher_socket)
         .with_context(|| format!("renaming to {}", launcher_socket.display()))?;
     tracing::info!("cmd server ready at {}", launcher_socket.display());
 
-    let (gone_tx, mut gone) = watch::channel(false);
-    tokio::spawn(crate::notify::run(paths.notify_socket(), events, gone_tx));
+    let (progress_tx, mut progress) = watch::channel(Progress::default());
+    tokio::spawn(crate::notify::run(
+        paths.notify_socket(),
+        events,
+        progress_tx,
+    ));
 
     let standalone = std::env::var("STANDALONE_VMI").ok();
     if let Some(text) = &standalone {
@@ -73,8 +93,10 @@ async fn run_inner(flags: Flags) -> anyhow::Result<i32> {
     }
 
     let mut signals = Box::pin(crate::signals::stop_signal());
-    // Wait for the handler to define a domain.
+    // Wait for the handler to define a domain. A domain defined by the time
+    // a stop signal is seen wins: the monitor then takes the signal.
     let defined = tokio::select! {
+        biased;
         r = stage.wait_for(|s| *s != Stage::Waiting) => r.is_ok(),
         _ = tokio::time::sleep(flags.qemu_timeout) => {
             anyhow::bail!("no domain was defined within --qemu-timeout {:?}", flags.qemu_timeout);
@@ -85,67 +107,94 @@ async fn run_inner(flags: Flags) -> anyhow::Result<i32> {
         }
     };
 
-    let mut code = 0;
     if defined {
-        code = supervise(
-            &flags,
-            &manager,
-            &mut stage,
-            &mut signals,
-            standalone.is_some(),
-        )
-        .await;
-        if *stage.borrow() == Stage::Deleted {
-            let _ = tokio::time::timeout(FINAL_NOTIFY, gone.wait_for(|g| *g)).await;
-        }
+        monitor(&flags, &manager, &mut signals, standalone.is_some()).await;
+        wait_for_final_notify(&manager, &mut progress).await;
     }
+    // Never exit with domain events still queued: each one is either
+    // delivered or given up on after the notifier's retries.
+    let emitted = manager.emitted_events();
+    let _ = progress.wait_for(|p| p.processed >= emitted).await;
     let _ = stop_server.send(());
     let _ = server.await;
     let _ = std::fs::remove_file(&launcher_socket);
-    Ok(code)
+    Ok(0)
 }
 
-/// From a defined domain to the end: returns when the domain is deleted, or
-/// after a stop signal once the VM is gone.
-async fn supervise(
+/// Seconds since the epoch, the clock the Go monitor measures its grace
+/// period with.
+fn unix_seconds() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// KubeVirt's process monitor (`pkg/virt-launcher/monitor.go`): polls every
+/// second until the VM is gone. The first stop signal marks the domain for
+/// a graceful shutdown (the handler then asks the guest) and starts the
+/// grace period; once more than `--grace-period-seconds` have passed, each
+/// poll kills the VM. Without a handler (`STANDALONE_VMI`) the launcher
+/// deletes the domain itself when the VM is gone.
+async fn monitor(
     flags: &Flags,
     manager: &Arc<Manager>,
-    stage: &mut watch::Receiver<Stage>,
     signals: &mut std::pin::Pin<
         Box<impl std::future::Future<Output = std::io::Result<&'static str>>>,
     >,
     standalone: bool,
-) -> i32 {
-    let grace = Duration::from_secs(flags.grace_period_seconds.max(0) as u64);
-    let mut kill_at: Option<tokio::time::Instant> = None;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+) {
+    let grace = flags.grace_period_seconds;
+    let mut grace_start: Option<i64> = None;
+    let mut tick = tokio::time::interval(MONITOR_RATE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = stage.wait_for(|s| *s == Stage::Deleted) => return 0,
-            s = &mut *signals, if kill_at.is_none() => {
-                tracing::info!("{}: asking for a graceful shutdown, kill in {grace:?}", s.unwrap_or("signal"));
+            s = &mut *signals, if grace_start.is_none() => {
+                tracing::info!("{}: marked for graceful shutdown, kill after {grace}s", s.unwrap_or("signal"));
                 let m = manager.clone();
                 let _ = tokio::task::spawn_blocking(move || m.mark_for_graceful_shutdown()).await;
-                kill_at = Some(tokio::time::Instant::now() + grace);
+                grace_start = Some(unix_seconds());
             }
             _ = tick.tick() => {
-                let alive = manager.vm_alive();
-                if let Some(at) = kill_at {
-                    if !alive {
-                        return 0;
-                    }
-                    if tokio::time::Instant::now() >= at {
-                        tracing::warn!("grace period over: killing the VM");
+                if !manager.vm_alive() {
+                    tracing::info!("the VM is gone");
+                    if standalone && manager.domain().is_some() {
                         let m = manager.clone();
-                        let _ = tokio::task::spawn_blocking(move || m.kill()).await;
+                        let _ = tokio::task::spawn_blocking(move || m.delete()).await;
                     }
-                } else if standalone && !alive {
-                    // No handler will delete the domain: finish by ourselves.
+                    return;
+                }
+                if grace_start.is_some_and(|start| unix_seconds() - start > grace) {
+                    tracing::warn!("grace period expired: killing the VM");
                     let m = manager.clone();
-                    let _ = tokio::task::spawn_blocking(move || m.delete()).await;
-                    return 0;
+                    let _ = tokio::task::spawn_blocking(move || m.kill()).await;
                 }
             }
+        }
+    }
+}
+
+/// `waitForFinalNotify`: the handler deletes the domain once it has seen
+/// it stopped; wait up to 15 s for that "domain gone" event to go out, then
+/// kill the domain (idempotent) and wait up to 30 s more. The launcher
+/// cannot block its pod for ever: the handler also learns of the end from
+/// the cmd socket going away.
+async fn wait_for_final_notify(manager: &Arc<Manager>, progress: &mut watch::Receiver<Progress>) {
+    tracing::info!("waiting on final notifications to be sent to virt-handler");
+    if tokio::time::timeout(FINAL_NOTIFY, progress.wait_for(|p| p.gone))
+        .await
+        .is_ok()
+    {
+        tracing::info!("final delete notification sent");
+        return;
+    }
+    tracing::info!("timed out waiting for the final delete notification: killing the domain");
+    let m = manager.clone();
+    let _ = tokio::task::spawn_blocking(move || m.kill()).await;
+    match tokio::time::timeout(FINAL_NOTIFY_AFTER_KILL, progress.wait_for(|p| p.gone)).await {
+        Ok(_) => tracing::info!("final delete notification sent after calling kill"),
+        Err(_) => {
+            tracing::info!("timed out waiting for the final delete notification after calling kill")
         }
     }
 }

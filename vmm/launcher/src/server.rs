@@ -1,25 +1,70 @@
 //! The `kubevirt.cmd.v1.Cmd` and `kubevirt.cmd.info.CmdInfo` services on the
 //! launcher's unix socket.
 //!
-//! Replies follow the contract (§1.4): success is `Response{success: true}`;
-//! a failed command is `success: false` with a message (what the Go launcher
-//! does); an RPC this launcher does not implement is gRPC `UNIMPLEMENTED`.
+//! Replies are the Go launcher's (`pkg/virt-launcher/virtwrap/cmd-server/`):
+//! success is `Response{success: true}`; a failed command is
+//! `success: false` with a message. The guest has no agent, and the answers
+//! of the RPCs that need one are those of KubeVirt's launcher for a guest
+//! whose agent is not connected ([`no_agent`]). The RPCs of features this
+//! launcher does not have at all (migration, hot-plug, SEV, ...) answer
+//! gRPC `UNIMPLEMENTED`.
 
 use crate::manager::{Failure, Manager};
+use crate::no_agent;
 use proto::grpc::cmd::info::{CmdInfoRequest, CmdInfoResponse, cmd_info_server::CmdInfo};
 use proto::grpc::cmd::v1::{self as cmd, cmd_server::Cmd};
 use proto::kubevirt::VirtualMachineInstance;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
+/// Server settings from the launcher's flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServerOptions {
+    /// `--vm-stats-collector` (the VMStatsCollector feature gate): serve
+    /// `GetVMStats`.
+    pub vm_stats_collector: bool,
+}
+
 pub struct CmdService {
     manager: Arc<Manager>,
+    options: ServerOptions,
 }
 
 impl CmdService {
-    pub fn new(manager: Arc<Manager>) -> Self {
-        CmdService { manager }
+    pub fn new(manager: Arc<Manager>, options: ServerOptions) -> Self {
+        CmdService { manager, options }
     }
+
+    fn domain_stats(&self) -> cmd::DomainStatsResponse {
+        cmd::DomainStatsResponse {
+            response: Some(ok()),
+            domain_stats: self.manager.stats_json().unwrap_or_default(),
+        }
+    }
+}
+
+fn failed(message: impl Into<String>) -> cmd::Response {
+    cmd::Response {
+        success: false,
+        message: message.into(),
+    }
+}
+
+/// The Go launcher's answer to a request whose VMI JSON does not parse.
+const NO_VALID_VMI: &str = "No valid vmi object present in command server request";
+
+/// The request's VMI as generic JSON (`None`: missing or not an object).
+fn vmi_value(vmi: Option<&cmd::Vmi>) -> Option<serde_json::Value> {
+    serde_json::from_slice::<serde_json::Value>(&vmi?.vmi_json)
+        .ok()
+        .filter(|v| v.is_object())
+}
+
+/// `storage.IsChangedBlockTrackingEnabled`: `status.changedBlockTracking.state`.
+fn changed_block_tracking_enabled(vmi: &serde_json::Value) -> bool {
+    vmi.pointer("/status/changedBlockTracking/state")
+        .and_then(|s| s.as_str())
+        == Some("Enabled")
 }
 
 fn ok() -> cmd::Response {
@@ -178,36 +223,40 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::DomainStatsResponse>, Status> {
-        Ok(Response::new(cmd::DomainStatsResponse {
-            response: Some(ok()),
-            domain_stats: self.manager.stats_json().unwrap_or_default(),
-        }))
+        Ok(Response::new(self.domain_stats()))
     }
 
     async fn get_guest_info(
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::GuestInfoResponse>, Status> {
-        // Without a guest agent nothing about the guest's inside is known;
-        // the handler only asks when an agent is connected.
         Ok(Response::new(cmd::GuestInfoResponse {
             response: Some(ok()),
-            guest_info_response: "{}".into(),
+            guest_info_response: no_agent::GUEST_INFO.into(),
         }))
     }
 
     async fn freeze_virtual_machine(
         &self,
-        _: Request<cmd::FreezeRequest>,
+        request: Request<cmd::FreezeRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        unsupported("FreezeVirtualMachine (filesystem freeze needs a guest agent)")
+        // The freeze asks the agent for the file systems' state first.
+        let answer = match vmi_value(request.into_inner().vmi.as_ref()) {
+            None => failed(NO_VALID_VMI),
+            Some(_) => failed(no_agent::formatted_error()),
+        };
+        Ok(Response::new(answer))
     }
 
     async fn unfreeze_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        unsupported("UnfreezeVirtualMachine (filesystem freeze needs a guest agent)")
+        let answer = match vmi_value(request.into_inner().vmi.as_ref()) {
+            None => failed(NO_VALID_VMI),
+            Some(_) => failed(no_agent::formatted_error()),
+        };
+        Ok(Response::new(answer))
     }
 
     async fn migrate_virtual_machine(
@@ -256,28 +305,41 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::GuestUserListResponse>, Status> {
-        unsupported("GetUsers (needs a guest agent)")
+        // The handler's metrics and `virtctl userlist` read this: an empty
+        // list, as KubeVirt's launcher answers for a guest without agent.
+        Ok(Response::new(cmd::GuestUserListResponse {
+            response: Some(ok()),
+            guest_user_list_response: no_agent::EMPTY_LIST.into(),
+        }))
     }
 
     async fn get_filesystems(
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::GuestFilesystemsResponse>, Status> {
-        unsupported("GetFilesystems (needs a guest agent)")
+        // The handler's domain-stats scraper calls this after
+        // GetDomainStats; a failure here drops the VMI's metrics.
+        Ok(Response::new(cmd::GuestFilesystemsResponse {
+            response: Some(ok()),
+            guest_filesystems_response: no_agent::EMPTY_LIST.into(),
+        }))
     }
 
     async fn exec(
         &self,
         _: Request<cmd::ExecRequest>,
     ) -> Result<Response<cmd::ExecResponse>, Status> {
-        unsupported("Exec (needs a guest agent)")
+        // virt-probe's exec probes: the Go launcher returns libvirt's error,
+        // which gRPC carries as UNKNOWN.
+        Err(Status::unknown(no_agent::libvirt_error()))
     }
 
     async fn guest_ping(
         &self,
         _: Request<cmd::GuestPingRequest>,
     ) -> Result<Response<cmd::GuestPingResponse>, Status> {
-        unsupported("GuestPing (needs a guest agent)")
+        // virt-probe's guest-agent ping probe fails, as with the Go launcher.
+        Err(Status::unknown(no_agent::libvirt_error()))
     }
 
     async fn virtual_machine_memory_dump(
@@ -333,7 +395,7 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::DirtyRateStatsResponse>, Status> {
-        unsupported("GetDomainDirtyRateStats")
+        Ok(Response::new(dirty_rate_stats()))
     }
 
     async fn get_screenshot(
@@ -345,24 +407,182 @@ impl Cmd for CmdService {
 
     async fn backup_virtual_machine(
         &self,
-        _: Request<cmd::BackupRequest>,
+        request: Request<cmd::BackupRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        unsupported("BackupVirtualMachine")
+        // This launcher never enables changed block tracking, so the Go
+        // launcher's answer for a VMI without it is the only one.
+        let answer = match vmi_value(request.into_inner().vmi.as_ref()) {
+            None => failed(NO_VALID_VMI),
+            Some(vmi) if !changed_block_tracking_enabled(&vmi) => {
+                failed("Backup failed ChangedBlockTracking is not enabled")
+            }
+            Some(_) => failed("Backup failed: this launcher has no changed block tracking"),
+        };
+        Ok(Response::new(answer))
     }
 
     async fn redefine_checkpoint(
         &self,
-        _: Request<cmd::RedefineCheckpointRequest>,
+        request: Request<cmd::RedefineCheckpointRequest>,
     ) -> Result<Response<cmd::RedefineCheckpointResponse>, Status> {
-        unsupported("RedefineCheckpoint")
+        // As the Go launcher: a failure in the response (the handler answers
+        // 503, or 422 when `checkpoint_invalid`), never a gRPC error.
+        let response = match vmi_value(request.into_inner().vmi.as_ref()) {
+            None => failed(NO_VALID_VMI),
+            Some(vmi) if !changed_block_tracking_enabled(&vmi) => {
+                failed("Redefine checkpoint failed: ChangedBlockTracking is not enabled")
+            }
+            Some(_) => {
+                failed("Redefine checkpoint failed: this launcher has no changed block tracking")
+            }
+        };
+        Ok(Response::new(cmd::RedefineCheckpointResponse {
+            response: Some(response),
+            checkpoint_invalid: false,
+        }))
     }
 
     async fn get_vm_stats(
         &self,
-        _: Request<cmd::VmStatsRequest>,
+        request: Request<cmd::VmStatsRequest>,
     ) -> Result<Response<cmd::VmStatsResponse>, Status> {
-        unsupported("GetVMStats")
+        if !self.options.vm_stats_collector {
+            // The Go launcher returns a plain error: gRPC UNKNOWN.
+            return Err(Status::unknown(
+                "VMStatsCollector feature gate is not enabled",
+            ));
+        }
+        Ok(Response::new(vm_stats(&request.into_inner(), || {
+            self.domain_stats()
+        })))
     }
+}
+
+/// `GetDomainDirtyRateStats`: the VMM does not measure how fast the guest
+/// dirties its memory (libvirt's `calc-dirty-rate`); a failed response, as
+/// the Go launcher's when libvirt has no rate.
+fn dirty_rate_stats() -> cmd::DirtyRateStatsResponse {
+    cmd::DirtyRateStatsResponse {
+        response: Some(failed(
+            "the dirty page rate is not measured by this launcher",
+        )),
+        dirty_rate_mbs: 0,
+    }
+}
+
+/// One agent command of `GetVMStats`: its name, whether it was asked for,
+/// and its place in the response.
+type AgentField = (
+    &'static str,
+    bool,
+    fn(&mut cmd::VmStatsResponse) -> &mut Option<cmd::Response>,
+);
+
+/// `GetVMStats` (KubeVirt's `cmd-server/vmstats.go`): each category asked
+/// for, answered as its own RPC would be; the agent commands as without a
+/// connected agent. The response fails, listing every failed part, when
+/// one does.
+fn vm_stats(
+    request: &cmd::VmStatsRequest,
+    domain_stats: impl FnOnce() -> cmd::DomainStatsResponse,
+) -> cmd::VmStatsResponse {
+    let mut response = cmd::VmStatsResponse {
+        response: Some(ok()),
+        ..Default::default()
+    };
+    let mut errors = Vec::new();
+    let mut note = |what: String, r: Option<&cmd::Response>| {
+        if let Some(r) = r.filter(|r| !r.success) {
+            errors.push(format!("{what}: {}", r.message));
+        }
+    };
+    if request.domain_stats.is_some() {
+        let stats = domain_stats();
+        note("domain stats".into(), stats.response.as_ref());
+        response.domain_stats = Some(stats);
+    }
+    if request.dirty_rate.is_some() {
+        let rate = dirty_rate_stats();
+        note("dirty rate stats".into(), rate.response.as_ref());
+        response.dirty_rate_stats = Some(rate);
+    }
+    let agent: [AgentField; 14] = [
+        ("guest-get-load", request.guest_get_load.is_some(), |r| {
+            &mut r.guest_get_load
+        }),
+        (
+            "guest-get-cpustats",
+            request.guest_get_cpu_stats.is_some(),
+            |r| &mut r.guest_get_cpu_stats,
+        ),
+        (
+            "guest-get-diskstats",
+            request.guest_get_disk_stats.is_some(),
+            |r| &mut r.guest_get_disk_stats,
+        ),
+        ("guest-get-time", request.guest_get_time.is_some(), |r| {
+            &mut r.guest_get_time
+        }),
+        ("guest-get-vcpus", request.guest_get_vcpus.is_some(), |r| {
+            &mut r.guest_get_vcpus
+        }),
+        (
+            "guest-get-memory-block-info",
+            request.guest_get_memory_block_info.is_some(),
+            |r| &mut r.guest_get_memory_block_info,
+        ),
+        ("guest-get-users", request.guest_get_users.is_some(), |r| {
+            &mut r.guest_get_users
+        }),
+        (
+            "guest-get-osinfo",
+            request.guest_get_os_info.is_some(),
+            |r| &mut r.guest_get_os_info,
+        ),
+        ("guest-get-disks", request.guest_get_disks.is_some(), |r| {
+            &mut r.guest_get_disks
+        }),
+        (
+            "guest-get-host-name",
+            request.guest_get_host_name.is_some(),
+            |r| &mut r.guest_get_host_name,
+        ),
+        (
+            "guest-get-timezone",
+            request.guest_get_timezone.is_some(),
+            |r| &mut r.guest_get_timezone,
+        ),
+        (
+            "guest-network-get-route",
+            request.guest_network_get_route.is_some(),
+            |r| &mut r.guest_network_get_route,
+        ),
+        (
+            "guest-network-get-interfaces",
+            request.guest_network_get_interfaces.is_some(),
+            |r| &mut r.guest_network_get_interfaces,
+        ),
+        (
+            "guest-get-memory-blocks",
+            request.guest_get_memory_blocks.is_some(),
+            |r| &mut r.guest_get_memory_blocks,
+        ),
+    ];
+    if agent.iter().any(|(_, asked, _)| *asked) {
+        // No agent: no version to report.
+        response.guest_agent_version = Some(ok());
+    }
+    for (command, asked, field) in agent {
+        if asked {
+            let answer = failed(no_agent::agent_data_error(command));
+            note(format!("agent data {command}"), Some(&answer));
+            *field(&mut response) = Some(answer);
+        }
+    }
+    if !errors.is_empty() {
+        response.response = Some(failed(errors.join("; ")));
+    }
+    response
 }
 
 /// `CmdInfo`: the launcher speaks version 1 of the cmd protocol.
@@ -380,12 +600,13 @@ impl CmdInfo for InfoService {
 /// Serves both services on `listener` until `shutdown` resolves.
 pub async fn serve(
     manager: Arc<Manager>,
+    options: ServerOptions,
     listener: tokio::net::UnixListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .add_service(proto::grpc::cmd::v1::cmd_server::CmdServer::new(
-            CmdService::new(manager),
+            CmdService::new(manager, options),
         ))
         .add_service(proto::grpc::cmd::info::cmd_info_server::CmdInfoServer::new(
             InfoService,

@@ -49,7 +49,11 @@ fn nanos(d: Duration) -> u64 {
 /// that is not running).
 pub fn domain_stats(domain: &Domain, vm: Option<&VmStats>, process: ProcessUsage) -> DomainStats {
     let spec = &domain.spec;
-    let memory_kib = spec.memory.as_ref().map(|m| m.value / 1024);
+    let memory_kib = spec
+        .memory
+        .as_ref()
+        .and_then(crate::to_vm::memory_bytes)
+        .map(|b| b / 1024);
     let mut stats = DomainStats {
         name: spec.name.clone(),
         uuid: spec.uuid.clone(),

@@ -1,7 +1,22 @@
 //! Domain → the VMM's configuration. The domain is what the handler sees;
 //! this is the one place that decides what the VMM actually gets from it.
+//!
+//! Every field of the domain's spec is read here and is either mapped onto
+//! the [`VmConfig`], refused by name when its value asks for something the
+//! VMM does not do, or listed in [`NO_VMM_EFFECT`] with the reason it needs
+//! no VMM setting. The domain's structs are destructured without `..`, so a
+//! field added to `proto::domain` does not compile until it is handled
+//! here, and keys the proto does not know (its `extra` maps) are refused.
+//! The tests walk every field of a full domain and check which of the three
+//! it is.
 
-use proto::domain::Domain;
+use proto::domain::{
+    Console, ConsoleTarget, Cpu, Devices, Disk, DiskDriver, DiskSource, DiskTarget, Domain,
+    DomainSpec, Features, Interface, InterfaceDriver, InterfaceSource, InterfaceTarget, LinkState,
+    Mac, MemoryAmount, Model, Mtu, Os, OsType, Rng, RngBackend, Serial, SerialSource,
+    SerialTarget as DomainSerialTarget, Vcpu, Vcpus, VcpusVcpu,
+};
+use proto::kubevirt::Extra;
 use std::path::PathBuf;
 use vmm::{DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig};
 
@@ -9,171 +24,662 @@ use vmm::{DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarg
 pub enum ToVmError {
     #[error("domain has no {0}")]
     Missing(&'static str),
-    #[error("disk {0}: format {1:?} is not raw or qcow2")]
-    DiskFormat(String, String),
-    #[error("disk {0}: {1}")]
-    DiskCache(String, String),
-    #[error("interface {0}: MAC {1:?} is invalid")]
-    Mac(String, String),
-    #[error("{0} vCPUs is more than the VMM supports")]
-    TooManyVcpus(u32),
+    /// `field` is the domain path, as in `Devices.Disks[0].Driver.Type`.
+    #[error("{field}: {reason}")]
+    Refused { field: String, reason: String },
 }
 
-/// Builds the VMM configuration; `serial` overrides the console target
-/// (tests); by default it is the domain's console socket.
+fn refuse<T>(field: impl Into<String>, reason: impl Into<String>) -> Result<T, ToVmError> {
+    Err(ToVmError::Refused {
+        field: field.into(),
+        reason: reason.into(),
+    })
+}
+
+/// Domain fields (paths without indices; a path covers what is below it)
+/// that need no VMM setting, and why.
+pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
+    ("Name", "libvirt's domain name; the launcher's business"),
+    ("UUID", "the firmware UUID; the VMM has no SMBIOS tables"),
+    ("Metadata", "KubeVirt's bookkeeping stored with the domain"),
+    (
+        "CPU.Topology",
+        "the VMM presents its vCPUs as a flat list of APIC ids; sockets, cores and threads are not reflected in CPUID",
+    ),
+    (
+        "VCPU.Placement",
+        "where vCPU threads run is the host scheduler's",
+    ),
+    (
+        "VCPUs.VCPU.Hotpluggable",
+        "no CPU hot-plug (SyncVirtualMachineCPUs is refused)",
+    ),
+    ("VCPUs.VCPU.Order", "no CPU hot-plug"),
+    (
+        "Features.ACPI",
+        "reported for the handler (soft reboot); the VMM has no ACPI: the guest finds its CPUs in the MP table and reboots through the i8042",
+    ),
+    (
+        "Features.APIC",
+        "the VMM always gives the guest local APICs and an IOAPIC",
+    ),
+    (
+        "OS.Type.Machine",
+        "the VMM has one machine: legacy ports and virtio-mmio, no PCI",
+    ),
+    (
+        "Devices.Emulator",
+        "QEMU's binary; the VMM runs inside the launcher",
+    ),
+    (
+        "Devices.Disks.Target.Device",
+        "a naming hint: the guest names virtio disks in probe order, which is the domain's order",
+    ),
+    (
+        "Devices.Disks.Alias",
+        "the disk's name in statistics and events",
+    ),
+    (
+        "Devices.Disks.BackingStore",
+        "the qcow2 overlay names its backing file; the VMM opens the chain from the image",
+    ),
+    (
+        "Devices.Disks.BootOrder",
+        "kernel boot: no firmware reads a boot order",
+    ),
+    (
+        "Devices.Disks.Driver.IO",
+        "how QEMU submits I/O (native, threads); the VMM's I/O threads are its own",
+    ),
+    (
+        "Devices.Interfaces.Alias",
+        "the interface's name in statistics and events",
+    ),
+    (
+        "Devices.Interfaces.BootOrder",
+        "kernel boot: no firmware reads a boot order",
+    ),
+    ("Devices.Interfaces.Rom", "no option ROM: no firmware"),
+    (
+        "Devices.Interfaces.Driver.Name",
+        "QEMU's backend (vhost or userspace); the VMM's device is its own",
+    ),
+    ("Devices.Serials.Alias", "the device's name"),
+    (
+        "Devices.Serials.Log",
+        "the launcher, not the VMM, copies the console into this file",
+    ),
+    (
+        "Devices.Consoles.Type",
+        "the console is the serial port's unix socket",
+    ),
+    ("Devices.Consoles.Alias", "the device's name"),
+];
+
+/// Keys of an `extra` map: fields the proto does not model are refused.
+fn refuse_extra(at: &str, extra: &Extra) -> Result<(), ToVmError> {
+    match extra.keys().next() {
+        Some(key) => refuse(
+            join(at, key),
+            "not known to this launcher: the VMM cannot honour it",
+        ),
+        None => Ok(()),
+    }
+}
+
+fn join(at: &str, key: &str) -> String {
+    if at.is_empty() {
+        key.to_string()
+    } else {
+        format!("{at}.{key}")
+    }
+}
+
+/// Bytes of a libvirt memory amount (`b`, `KiB`, `MiB`, ... and the
+/// decimal `KB`, `MB`, ...); `None` for an unknown unit or an overflow.
+pub fn memory_bytes(amount: &MemoryAmount) -> Option<u64> {
+    let scale: u64 = match amount.unit.as_str() {
+        "b" | "bytes" => 1,
+        "KB" => 1000,
+        "MB" => 1000 * 1000,
+        "GB" => 1000 * 1000 * 1000,
+        "TB" => 1000 * 1000 * 1000 * 1000,
+        // libvirt's default unit.
+        "k" | "KiB" | "" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        _ => return None,
+    };
+    amount.value.checked_mul(scale)
+}
+
+/// Builds the VMM configuration of `domain`.
 pub fn vm_config(domain: &Domain) -> Result<VmConfig, ToVmError> {
-    let spec = &domain.spec;
-    let os = spec.os.as_ref().ok_or(ToVmError::Missing("OS"))?;
-    if os.kernel.is_empty() {
+    let DomainSpec {
+        r#type,
+        name: _,
+        uuid: _,
+        memory,
+        current_memory,
+        os,
+        cpu,
+        vcpu,
+        vcpus,
+        features,
+        devices,
+        metadata: _,
+        extra,
+    } = &domain.spec;
+    refuse_extra("", extra)?;
+    if !(r#type.is_empty() || r#type == "kvm") {
+        return refuse("Type", format!("{type:?}: the VMM runs on KVM only"));
+    }
+    let mut config = boot(os.as_ref().ok_or(ToVmError::Missing("OS"))?)?;
+    config.memory_mib = memory_mib(memory.as_ref(), current_memory.as_ref())?;
+    if let Some(cpu) = cpu {
+        check_cpu(cpu)?;
+    }
+    config.vcpus = online_vcpus(vcpu.as_ref(), vcpus.as_ref())?;
+    if let Some(Features {
+        acpi: _,
+        apic: _,
+        extra,
+    }) = features
+    {
+        refuse_extra("Features", extra)?;
+    }
+    if let Some(devices) = devices {
+        map_devices(devices, &mut config)?;
+    }
+    Ok(config)
+}
+
+/// Direct kernel boot: kernel, initrd, command line.
+fn boot(os: &Os) -> Result<VmConfig, ToVmError> {
+    let Os {
+        r#type:
+            OsType {
+                os: os_type,
+                arch,
+                machine: _,
+            },
+        kernel,
+        initrd,
+        kernel_args,
+        extra,
+    } = os;
+    refuse_extra("OS", extra)?;
+    if os_type != "hvm" {
+        return refuse("OS.Type.OS", format!("{os_type:?}: only hvm"));
+    }
+    if !(arch.is_empty() || arch == "x86_64") {
+        return refuse("OS.Type.Arch", format!("{arch:?}: only x86_64"));
+    }
+    if kernel.is_empty() {
         return Err(ToVmError::Missing("kernel (OS.Kernel)"));
     }
-    let mut config = VmConfig::new(KernelSource::Path(PathBuf::from(&os.kernel)));
-    config.initrd = (!os.initrd.is_empty()).then(|| PathBuf::from(&os.initrd));
+    let mut config = VmConfig::new(KernelSource::Path(PathBuf::from(kernel)));
+    config.initrd = (!initrd.is_empty()).then(|| PathBuf::from(initrd));
     // The VMM appends the virtio-mmio device announcements itself.
-    config.cmdline = if os.kernel_args.is_empty() {
+    config.cmdline = if kernel_args.is_empty() {
         vmm::config::DEFAULT_CMDLINE.to_string()
     } else {
-        os.kernel_args.clone()
-    };
-    let memory = spec.memory.as_ref().ok_or(ToVmError::Missing("Memory"))?;
-    config.memory_mib = memory.value.div_ceil(1 << 20);
-    let vcpus = spec.vcpu.as_ref().map(|v| v.cpus).unwrap_or(1);
-    config.vcpus = u8::try_from(vcpus)
-        .ok()
-        .filter(|v| *v >= 1 && *v <= vmm::config::MAX_VCPUS)
-        .ok_or(ToVmError::TooManyVcpus(vcpus))?;
-    let devices = spec.devices.clone().unwrap_or_default();
-    for disk in &devices.disks {
-        let name = disk
-            .alias
-            .as_ref()
-            .map(|a| a.name.clone())
-            .unwrap_or_default();
-        let driver_type = disk
-            .driver
-            .as_ref()
-            .map(|d| d.r#type.as_str())
-            .unwrap_or("raw");
-        let format = match driver_type {
-            "raw" => DiskFormat::Raw,
-            "qcow2" => DiskFormat::Qcow2,
-            other => return Err(ToVmError::DiskFormat(name, other.to_string())),
-        };
-        let path = if disk.source.file.is_empty() {
-            &disk.source.dev
-        } else {
-            &disk.source.file
-        };
-        // Unset until the launcher has probed for direct I/O
-        // (`disks::cache_mode`); KubeVirt's first choice is `none`.
-        let cache = match disk.driver.as_ref().map(|d| d.cache.as_str()) {
-            None | Some("") => DiskCache::None,
-            Some(mode) => mode
-                .parse()
-                .map_err(|e| ToVmError::DiskCache(name.clone(), e))?,
-        };
-        config.disks.push(DiskConfig {
-            path: PathBuf::from(path),
-            format,
-            read_only: disk.read_only.is_some(),
-            cache,
-        });
-    }
-    for iface in &devices.interfaces {
-        let name = iface
-            .alias
-            .as_ref()
-            .map(|a| a.name.clone())
-            .unwrap_or_default();
-        let tap = iface
-            .target
-            .as_ref()
-            .map(|t| t.device.clone())
-            .ok_or(ToVmError::Missing("interface target"))?;
-        let mac = match &iface.mac {
-            Some(m) => Some(
-                vmm::config::parse_mac(&m.mac)
-                    .ok_or_else(|| ToVmError::Mac(name, m.mac.clone()))?,
-            ),
-            None => None,
-        };
-        config.nets.push(NetConfig { tap, mac });
-    }
-    config.rng = devices.rng.is_some();
-    config.serial = match devices
-        .serials
-        .first()
-        .and_then(|s| s.source.as_ref())
-        .map(|s| s.path.clone())
-    {
-        Some(path) if !path.is_empty() => SerialTarget::UnixSocket(PathBuf::from(path)),
-        _ => SerialTarget::Null,
+        kernel_args.clone()
     };
     Ok(config)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proto::domain::Domain;
+/// Guest RAM in MiB (rounded up). Without a balloon the guest always has
+/// all of it: a current memory below the maximum is refused.
+fn memory_mib(
+    memory: Option<&MemoryAmount>,
+    current: Option<&MemoryAmount>,
+) -> Result<u64, ToVmError> {
+    let memory = memory.ok_or(ToVmError::Missing("Memory"))?;
+    let bytes = memory_bytes(memory).ok_or_else(|| ToVmError::Refused {
+        field: "Memory.Unit".into(),
+        reason: format!("{:?} is not a libvirt memory unit", memory.unit),
+    })?;
+    if let Some(current) = current {
+        let current_bytes = memory_bytes(current).ok_or_else(|| ToVmError::Refused {
+            field: "CurrentMemory.Unit".into(),
+            reason: format!("{:?} is not a libvirt memory unit", current.unit),
+        })?;
+        if current_bytes != bytes {
+            return refuse(
+                "CurrentMemory",
+                format!("{current_bytes} bytes, not the {bytes} of Memory: the VMM has no balloon"),
+            );
+        }
+    }
+    Ok(bytes.div_ceil(1 << 20))
+}
 
-    #[test]
-    fn domain_maps_onto_the_vmm() {
-        let text = r#"{"ObjectMeta":{"name":"a","namespace":"b"},"Spec":{
-            "Memory":{"Value":134217728,"Unit":"b"},"VCPU":{"Placement":"static","CPUs":2},
-            "OS":{"Type":{"OS":"hvm"},"Kernel":"/k","KernelArgs":"console=ttyS0 checks=blk"},
-            "Devices":{"Disks":[{"Device":"disk","Type":"file","Source":{"File":"/d.qcow2"},"Target":{"Bus":"virtio","Device":"vda"},
-                "Driver":{"Name":"qemu","Type":"qcow2"},"Alias":{"Name":"d","UserDefined":true}}],
-              "Interfaces":[{"Type":"ethernet","Source":{},"Target":{"Device":"tap0","Managed":"no"},"MAC":{"MAC":"0a:58:0a:f4:00:1b"}}],
-              "Rng":{"Model":"virtio-non-transitional"},
-              "Serials":[{"Type":"unix","Source":{"Mode":"bind","Path":"/s"}}]}}}"#;
-        let config = vm_config(&Domain::from_json(text).unwrap()).unwrap();
-        assert_eq!(config.memory_mib, 128);
-        assert_eq!(config.vcpus, 2);
-        assert_eq!(config.cmdline, "console=ttyS0 checks=blk");
-        assert_eq!(config.disks[0].format, DiskFormat::Qcow2);
-        assert_eq!(config.nets[0].tap, "tap0");
-        assert_eq!(config.nets[0].mac, Some([0x0a, 0x58, 0x0a, 0xf4, 0, 0x1b]));
-        assert!(config.rng);
-        assert!(
-            matches!(config.serial, SerialTarget::UnixSocket(ref p) if p == std::path::Path::new("/s"))
+fn check_cpu(cpu: &Cpu) -> Result<(), ToVmError> {
+    let Cpu {
+        mode,
+        model,
+        topology: _,
+        extra,
+    } = cpu;
+    refuse_extra("CPU", extra)?;
+    // The VMM passes the host's KVM-supported CPUID through: host-model and
+    // host-passthrough both mean that; named models are not emulated.
+    if !matches!(mode.as_str(), "" | "host-model" | "host-passthrough") {
+        return refuse(
+            "CPU.Mode",
+            format!("{mode:?}: only host-model or host-passthrough"),
         );
     }
-
-    fn disk_with_cache(cache: &str) -> Domain {
-        Domain::from_json(&format!(
-            r#"{{"Spec":{{"Memory":{{"Value":1048576,"Unit":"b"}},"OS":{{"Type":{{"OS":"hvm"}},"Kernel":"/k"}},
-            "Devices":{{"Disks":[{{"Device":"disk","Type":"file","Source":{{"File":"/x"}},"Alias":{{"Name":"d","UserDefined":true}},
-            "Driver":{{"Name":"qemu","Type":"raw","Cache":"{cache}"}}}}]}}}}}}"#
-        ))
-        .unwrap()
+    if !model.is_empty() {
+        return refuse(
+            "CPU.Model",
+            format!("{model:?}: named models are not emulated"),
+        );
     }
-
-    #[test]
-    fn cache_modes_map_onto_the_vmm_and_unknown_ones_are_refused() {
-        for (mode, cache) in [
-            ("", DiskCache::None),
-            ("none", DiskCache::None),
-            ("writethrough", DiskCache::WriteThrough),
-            ("writeback", DiskCache::WriteBack),
-        ] {
-            let config = vm_config(&disk_with_cache(mode)).unwrap();
-            assert_eq!(config.disks[0].cache, cache, "{mode:?}");
-        }
-        let err = vm_config(&disk_with_cache("unsafe")).unwrap_err();
-        assert!(matches!(err, ToVmError::DiskCache(_, _)), "{err}");
-        assert!(err.to_string().contains("unsafe"), "{err}");
-    }
-
-    #[test]
-    fn incomplete_domains_are_errors() {
-        let no_os = Domain::from_json(r#"{"Spec":{"Memory":{"Value":1,"Unit":"b"}}}"#).unwrap();
-        assert_eq!(vm_config(&no_os).unwrap_err(), ToVmError::Missing("OS"));
-        let bad_format = Domain::from_json(r#"{"Spec":{"Memory":{"Value":1048576,"Unit":"b"},"OS":{"Type":{"OS":"hvm"},"Kernel":"/k"},
-            "Devices":{"Disks":[{"Device":"disk","Type":"file","Source":{"File":"/x"},"Driver":{"Name":"qemu","Type":"vmdk"}}]}}}"#).unwrap();
-        assert!(matches!(
-            vm_config(&bad_format),
-            Err(ToVmError::DiskFormat(_, _))
-        ));
-    }
+    Ok(())
 }
+
+/// The vCPUs the VM starts with: `VCPU.CPUs`, or with a hot-plug list
+/// (`VCPUs`) the enabled ones, which must be the first.
+fn online_vcpus(vcpu: Option<&Vcpu>, vcpus: Option<&Vcpus>) -> Result<u8, ToVmError> {
+    let total = match vcpu {
+        Some(Vcpu { placement: _, cpus }) => *cpus,
+        None => 1,
+    };
+    let online = match vcpus {
+        None => total,
+        Some(Vcpus { vcpu: list }) => {
+            if list.len() as u64 != u64::from(total) {
+                return refuse(
+                    "VCPU.CPUs",
+                    format!("{total}, but VCPUs lists {} vCPUs", list.len()),
+                );
+            }
+            let mut online = 0u32;
+            for (i, entry) in list.iter().enumerate() {
+                let VcpusVcpu {
+                    id,
+                    enabled,
+                    hotpluggable: _,
+                    order: _,
+                } = entry;
+                let at = format!("VCPUs.VCPU[{i}]");
+                if *id as usize != i {
+                    return refuse(format!("{at}.ID"), format!("{id}, expected {i}"));
+                }
+                match (enabled.as_str(), online as usize == i) {
+                    ("yes", true) => online += 1,
+                    ("no", _) => {}
+                    ("yes", false) => {
+                        return refuse(
+                            format!("{at}.Enabled"),
+                            "enabled after a disabled vCPU: the VMM starts the first N",
+                        );
+                    }
+                    (other, _) => {
+                        return refuse(format!("{at}.Enabled"), format!("{other:?}: yes or no"));
+                    }
+                }
+            }
+            online
+        }
+    };
+    u8::try_from(online)
+        .ok()
+        .filter(|v| *v >= 1 && *v <= vmm::config::MAX_VCPUS)
+        .map_or_else(
+            || {
+                refuse(
+                    "VCPU.CPUs",
+                    format!("{online} vCPUs: 1 to {}", vmm::config::MAX_VCPUS),
+                )
+            },
+            Ok,
+        )
+}
+
+fn map_devices(devices: &Devices, config: &mut VmConfig) -> Result<(), ToVmError> {
+    let Devices {
+        emulator: _,
+        interfaces,
+        channels,
+        disks,
+        serials,
+        consoles,
+        rng,
+        extra,
+    } = devices;
+    refuse_extra("Devices", extra)?;
+    if !channels.is_empty() {
+        return refuse(
+            "Devices.Channels",
+            "no guest agent or other channel devices",
+        );
+    }
+    for (i, disk) in disks.iter().enumerate() {
+        config
+            .disks
+            .push(disk_config(disk, &format!("Devices.Disks[{i}]"))?);
+    }
+    for (i, iface) in interfaces.iter().enumerate() {
+        config
+            .nets
+            .push(net_config(iface, &format!("Devices.Interfaces[{i}]"))?);
+    }
+    config.serial = serial_target(serials)?;
+    for (i, console) in consoles.iter().enumerate() {
+        check_console(console, &format!("Devices.Consoles[{i}]"))?;
+    }
+    if let Some(rng) = rng {
+        check_rng(rng)?;
+        config.rng = true;
+    }
+    Ok(())
+}
+
+fn disk_config(disk: &Disk, at: &str) -> Result<DiskConfig, ToVmError> {
+    let Disk {
+        device,
+        r#type,
+        source: DiskSource { dev, file },
+        target: DiskTarget { bus, device: _ },
+        serial,
+        driver,
+        read_only,
+        alias: _,
+        backing_store: _,
+        boot_order: _,
+        extra,
+    } = disk;
+    refuse_extra(at, extra)?;
+    if device != "disk" {
+        return refuse(format!("{at}.Device"), format!("{device:?}: only disk"));
+    }
+    let path = match (r#type.as_str(), file.is_empty(), dev.is_empty()) {
+        ("file", false, true) => file,
+        ("block", true, false) => dev,
+        ("file" | "block", _, _) => {
+            return refuse(
+                format!("{at}.Source"),
+                format!(
+                    "a {type} disk needs exactly Source.{}",
+                    if r#type == "file" { "File" } else { "Dev" }
+                ),
+            );
+        }
+        (other, _, _) => return refuse(format!("{at}.Type"), format!("{other:?}: file or block")),
+    };
+    if !(bus.is_empty() || bus == "virtio") {
+        return refuse(format!("{at}.Target.Bus"), format!("{bus:?}: only virtio"));
+    }
+    let mut config = DiskConfig::new(path, DiskFormat::Raw);
+    config.read_only = read_only.is_some();
+    config.serial = serial.clone();
+    // Without a driver element QEMU would use a raw image and ignore discards.
+    config.discard = false;
+    config.cache = DiskCache::None;
+    if let Some(driver) = driver {
+        driver_options(driver, &format!("{at}.Driver"), &mut config)?;
+    }
+    Ok(config)
+}
+
+fn driver_options(driver: &DiskDriver, at: &str, config: &mut DiskConfig) -> Result<(), ToVmError> {
+    let DiskDriver {
+        cache,
+        error_policy,
+        io: _,
+        name,
+        r#type,
+        discard,
+    } = driver;
+    if !(name.is_empty() || name == "qemu") {
+        return refuse(format!("{at}.Name"), format!("{name:?}: only qemu"));
+    }
+    config.format = match r#type.as_str() {
+        "raw" | "" => DiskFormat::Raw,
+        "qcow2" => DiskFormat::Qcow2,
+        other => return refuse(format!("{at}.Type"), format!("{other:?}: raw or qcow2")),
+    };
+    // Unset until the launcher has probed for direct I/O
+    // (`disks::cache_mode`); KubeVirt's first choice is `none`.
+    config.cache = match cache.as_str() {
+        "" => DiskCache::None,
+        mode => mode
+            .parse()
+            .or_else(|e: String| refuse(format!("{at}.Cache"), e))?,
+    };
+    // The VMM reports I/O errors to the guest (`report`). `stop`, KubeVirt's
+    // default, would pause the VM instead; it is accepted with that
+    // difference (see the README). `ignore` and `enospace` are refused.
+    if !matches!(error_policy.as_str(), "" | "stop" | "report") {
+        return refuse(
+            format!("{at}.ErrorPolicy"),
+            format!("{error_policy:?}: I/O errors are reported to the guest"),
+        );
+    }
+    config.discard = match discard.as_str() {
+        "unmap" => true,
+        "ignore" | "" => false,
+        other => {
+            return refuse(
+                format!("{at}.Discard"),
+                format!("{other:?}: unmap or ignore"),
+            );
+        }
+    };
+    Ok(())
+}
+
+fn net_config(iface: &Interface, at: &str) -> Result<NetConfig, ToVmError> {
+    let Interface {
+        r#type,
+        source:
+            InterfaceSource {
+                network,
+                device,
+                bridge,
+                mode,
+            },
+        target,
+        model,
+        mac,
+        mtu,
+        boot_order: _,
+        link_state,
+        alias: _,
+        driver,
+        rom: _,
+        extra,
+    } = iface;
+    refuse_extra(at, extra)?;
+    if r#type != "ethernet" {
+        return refuse(
+            format!("{at}.Type"),
+            format!("{type:?}: only ethernet (a tap the launcher opens)"),
+        );
+    }
+    for (key, value) in [
+        ("Network", network),
+        ("Device", device),
+        ("Bridge", bridge),
+        ("Mode", mode),
+    ] {
+        if !value.is_empty() {
+            return refuse(
+                format!("{at}.Source.{key}"),
+                "an ethernet interface has no source",
+            );
+        }
+    }
+    let Some(InterfaceTarget {
+        device: tap,
+        managed,
+    }) = target
+    else {
+        return Err(ToVmError::Missing("interface target"));
+    };
+    if !(managed.is_empty() || managed == "no") {
+        return refuse(
+            format!("{at}.Target.Managed"),
+            "the VMM opens an existing tap, it does not create one",
+        );
+    }
+    match model {
+        Some(Model { r#type: m })
+            if matches!(
+                m.as_str(),
+                "virtio" | "virtio-non-transitional" | "virtio-transitional"
+            ) => {}
+        Some(Model { r#type: m }) => {
+            return refuse(format!("{at}.Model.Type"), format!("{m:?}: only virtio"));
+        }
+        None => {
+            return refuse(
+                format!("{at}.Model"),
+                "no model (QEMU's default is an rtl8139): only virtio",
+            );
+        }
+    }
+    let mut config = NetConfig::new(tap.clone());
+    if let Some(Mac { mac }) = mac {
+        config.mac = Some(
+            vmm::config::parse_mac(mac).ok_or_else(|| ToVmError::Refused {
+                field: format!("{at}.MAC.MAC"),
+                reason: format!("{mac:?} is not a MAC address"),
+            })?,
+        );
+    }
+    if let Some(Mtu { size }) = mtu {
+        config.mtu = Some(
+            size.parse::<u16>()
+                .ok()
+                .filter(|m| *m >= 68)
+                .ok_or_else(|| ToVmError::Refused {
+                    field: format!("{at}.MTU.Size"),
+                    reason: format!("{size:?} is not an MTU (68 to 65535)"),
+                })?,
+        );
+    }
+    if let Some(LinkState { state }) = link_state {
+        config.link_up = match state.as_str() {
+            "up" | "" => true,
+            "down" => false,
+            other => {
+                return refuse(
+                    format!("{at}.LinkState.State"),
+                    format!("{other:?}: up or down"),
+                );
+            }
+        };
+    }
+    if let Some(InterfaceDriver { name: _, queues }) = driver
+        && queues.is_some_and(|q| q > 1)
+    {
+        return refuse(
+            format!("{at}.Driver.Queues"),
+            "one queue pair per interface (no multiqueue)",
+        );
+    }
+    Ok(config)
+}
+
+/// The VMM's one 8250 UART (COM1): at most one serial, on port 0, whose
+/// unix socket the VMM listens on.
+fn serial_target(serials: &[Serial]) -> Result<SerialTarget, ToVmError> {
+    if serials.len() > 1 {
+        return refuse("Devices.Serials", "one serial port (COM1)");
+    }
+    let Some(serial) = serials.first() else {
+        return Ok(SerialTarget::Null);
+    };
+    let at = "Devices.Serials[0]";
+    let Serial {
+        r#type,
+        target,
+        source,
+        alias: _,
+        log: _,
+    } = serial;
+    if let Some(DomainSerialTarget { port: Some(port) }) = target
+        && *port != 0
+    {
+        return refuse(
+            format!("{at}.Target.Port"),
+            format!("{port}: only port 0 (COM1)"),
+        );
+    }
+    if r#type != "unix" {
+        return refuse(format!("{at}.Type"), format!("{type:?}: only unix"));
+    }
+    let Some(SerialSource { mode, path }) = source else {
+        return refuse(format!("{at}.Source"), "a unix serial needs a socket path");
+    };
+    if !(mode.is_empty() || mode == "bind") {
+        return refuse(
+            format!("{at}.Source.Mode"),
+            format!("{mode:?}: the VMM listens (bind)"),
+        );
+    }
+    if path.is_empty() {
+        return refuse(format!("{at}.Source.Path"), "empty");
+    }
+    Ok(SerialTarget::UnixSocket(PathBuf::from(path)))
+}
+
+/// A console is the serial port seen from outside: only `serial` port 0.
+fn check_console(console: &Console, at: &str) -> Result<(), ToVmError> {
+    let Console {
+        r#type: _,
+        target,
+        alias: _,
+    } = console;
+    if let Some(ConsoleTarget { r#type, port }) = target {
+        if let Some(t) = r#type
+            && t != "serial"
+        {
+            return refuse(
+                format!("{at}.Target.Type"),
+                format!("{t:?}: only serial (no virtio console)"),
+            );
+        }
+        if let Some(p) = port
+            && *p != 0
+        {
+            return refuse(format!("{at}.Target.Port"), format!("{p}: only port 0"));
+        }
+    }
+    Ok(())
+}
+
+/// virtio-rng fed by the host kernel's CSPRNG (`getrandom`), which is what
+/// `/dev/urandom` and, since Linux 5.6, `/dev/random` give.
+fn check_rng(rng: &Rng) -> Result<(), ToVmError> {
+    let Rng { model, backend } = rng;
+    if !matches!(
+        model.as_str(),
+        "virtio" | "virtio-non-transitional" | "virtio-transitional"
+    ) {
+        return refuse("Devices.Rng.Model", format!("{model:?}: only virtio"));
+    }
+    if let Some(RngBackend { model, source }) = backend {
+        if model != "random" {
+            return refuse(
+                "Devices.Rng.Backend.Model",
+                format!("{model:?}: only random"),
+            );
+        }
+        if !matches!(source.as_str(), "" | "/dev/urandom" | "/dev/random") {
+            return refuse(
+                "Devices.Rng.Backend.Source",
+                format!("{source:?}: the host's kernel CSPRNG only"),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

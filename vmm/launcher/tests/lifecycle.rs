@@ -13,6 +13,18 @@ use std::time::Duration;
 
 const BOOT: Duration = Duration::from_secs(60);
 const ARGS: &str = "console=ttyS0 checks=serial,virtio-blk,virtio-rng exit=halt wait=600";
+/// One vCPU online of the two `maxSockets: 2` declares.
+const ARGS_SMP: &str =
+    "console=ttyS0 checks=serial,smp,virtio-blk,virtio-rng cpus=1 exit=halt wait=600";
+
+fn has_deletion_timestamp(d: &Domain) -> bool {
+    d.spec
+        .metadata
+        .kubevirt
+        .grace_period
+        .as_ref()
+        .is_some_and(|g| g.deletion_timestamp.is_some())
+}
 
 fn status_is(status: LifeCycle, reason: StateChangeReason) -> impl Fn(&str, &Domain) -> bool {
     move |_, d| d.status.status == status && d.status.reason == reason
@@ -53,7 +65,15 @@ async fn sync_pause_unpause_shutdown_delete() {
     let none = cmd.get_domain(EmptyRequest {}).await.unwrap().into_inner();
     assert_eq!(none.domain, "");
 
-    let vmi = vmi_json(ARGS, serde_json::json!({}));
+    // A disk serial and CPU hot-plug headroom: what the handler and the
+    // guest see of them is checked below.
+    let vmi = vmi_json(
+        ARGS_SMP,
+        serde_json::json!({"domain": {
+            "cpu": {"sockets": 1, "maxSockets": 2},
+            "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}, "serial": "D1SK-SERIAL"}]}
+        }}),
+    );
     let reply = cmd
         .sync_virtual_machine(vmi_request(vmi.clone()))
         .await
@@ -119,6 +139,28 @@ async fn sync_pause_unpause_shutdown_delete() {
         value["Spec"]["Devices"]["Disks"][0]["Driver"]["Cache"],
         "none"
     );
+    assert_eq!(
+        value["Spec"]["Devices"]["Disks"][0]["Serial"],
+        "D1SK-SERIAL"
+    );
+    // What libvirt reports: memory in KiB and the current memory the
+    // handler copies into `status.memory.guestCurrent`.
+    assert_eq!(
+        value["Spec"]["CurrentMemory"],
+        serde_json::json!({"Value": 65536, "Unit": "KiB"})
+    );
+    assert_eq!(value["Spec"]["Memory"], value["Spec"]["CurrentMemory"]);
+    // maxSockets: two vCPUs declared, the first online, as KubeVirt's
+    // converter writes them.
+    assert_eq!(value["Spec"]["VCPU"]["CPUs"], 2);
+    assert_eq!(value["Spec"]["CPU"]["Topology"]["Sockets"], 2);
+    assert_eq!(
+        value["Spec"]["VCPUs"],
+        serde_json::json!({"VCPU": [
+            {"ID": 0, "Enabled": "yes", "Hotpluggable": "no", "Order": 0},
+            {"ID": 1, "Enabled": "no", "Hotpluggable": "yes", "Order": 0}
+        ]})
+    );
 
     // The guest ran its checks; the blk check wrote into the overlay only.
     let serial = pod.paths.serial_socket(UID);
@@ -133,6 +175,10 @@ async fn sync_pause_unpause_shutdown_delete() {
             assert!(!text.contains("FAIL"), "guest checks failed:\n{text}");
             assert!(text.contains("TEST virtio-blk-write PASS"), "{text}");
             assert!(text.contains("TEST virtio-rng"), "{text}");
+            // The VMI's disk serial is the guest's (VIRTIO_BLK_T_GET_ID).
+            assert!(text.contains("id=D1SK-SERIAL"), "{text}");
+            // Only the enabled vCPU runs (the guest expects cpus=1).
+            assert!(text.contains("TEST smp PASS cpus=1"), "{text}");
             break;
         }
         assert!(
@@ -227,8 +273,10 @@ async fn sync_pause_unpause_shutdown_delete() {
         )
         .await;
 
-    // Graceful shutdown: the deletion timestamp is published, then the guest
-    // (waiting for Ctrl-Alt-Del) resets and the domain is Shutoff/Shutdown.
+    // A graceful shutdown the guest honours, event by event as libvirt
+    // reports it: the deletion timestamp while still Running (the handler
+    // keeps asking until the state changes), then ShuttingDown/Unknown once
+    // the guest goes down, then Shutoff/Shutdown.
     assert!(
         cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
             .await
@@ -236,24 +284,32 @@ async fn sync_pause_unpause_shutdown_delete() {
             .into_inner()
             .success
     );
-    let (_, shutting) = notify
-        .expect(Duration::from_secs(20), "grace timestamp", |_, d| {
-            d.spec
-                .metadata
-                .kubevirt
-                .grace_period
-                .as_ref()
-                .is_some_and(|g| g.deletion_timestamp.is_some())
-        })
-        .await;
-    assert_eq!(shutting.status.status, LifeCycle::ShuttingDown);
-    notify
-        .expect(
-            BOOT,
-            "Shutoff/Shutdown",
-            status_is(LifeCycle::Shutoff, StateChangeReason::Shutdown),
-        )
-        .await;
+    let (t, asked) = notify.next(Duration::from_secs(20)).await;
+    assert_eq!(t, "MODIFIED");
+    assert!(has_deletion_timestamp(&asked));
+    assert_eq!(
+        (asked.status.status, asked.status.reason),
+        (LifeCycle::Running, StateChangeReason::Unknown)
+    );
+    let (t, down) = notify.next(BOOT).await;
+    assert_eq!(t, "MODIFIED");
+    assert_eq!(
+        (down.status.status, down.status.reason),
+        (LifeCycle::ShuttingDown, StateChangeReason::Unknown)
+    );
+    let (_, off) = notify.next(Duration::from_secs(20)).await;
+    assert_eq!(
+        (off.status.status, off.status.reason),
+        (LifeCycle::Shutoff, StateChangeReason::Shutdown)
+    );
+    // A repeated request changes nothing.
+    assert!(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
 
     // The base image is untouched; the overlay is a valid qcow2 over it.
     assert_eq!(

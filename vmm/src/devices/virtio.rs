@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::VmFd;
 use linux_loader::cmdline::Cmdline;
 use virtio_devices::block::{Block, BlockOptions};
-use virtio_devices::net::Net;
+use virtio_devices::net::{Net, NetOptions};
 use virtio_devices::rng::Rng;
 use virtio_devices::{InterruptTrigger, MmioTransport, VirtioDevice};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -77,7 +77,7 @@ pub fn default_mac(index: usize) -> [u8; 6] {
 fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     let mut counters = DeviceCounters::default();
-    for (i, disk) in config.disks.iter().enumerate() {
+    for disk in &config.disks {
         // Several requests of a batch in flight at once (see
         // `virtio_devices::block`).
         let opts = block::OpenOptions {
@@ -92,7 +92,8 @@ fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, Devic
                 }
             })?;
         let options = BlockOptions {
-            serial: format!("vmm-disk{i}"),
+            serial: disk.serial.clone(),
+            discard: disk.discard,
             write_through: disk.cache == DiskCache::WriteThrough,
             // I/O threads pay off where host I/O has latency (O_DIRECT, a
             // flush per write: 2.3-3.3x in `cargo bench -p virtio-devices`);
@@ -111,8 +112,12 @@ fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, Devic
         devices.push(Box::new(device));
     }
     for (i, net) in config.nets.iter().enumerate() {
-        let mac = net.mac.unwrap_or_else(|| default_mac(i));
-        let device = Net::new(&net.tap, mac).map_err(|source| Error::Net {
+        let options = NetOptions {
+            mac: net.mac.unwrap_or_else(|| default_mac(i)),
+            mtu: net.mtu,
+            link_up: net.link_up,
+        };
+        let device = Net::with_options(&net.tap, options).map_err(|source| Error::Net {
             tap: net.tap.clone(),
             source,
         })?;

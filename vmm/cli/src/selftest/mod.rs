@@ -116,12 +116,11 @@ pub fn run(options: &Options) -> i32 {
         format: DiskFormat::Raw,
         read_only: false,
         cache: DiskCache::default(),
+        serial: String::new(),
+        discard: true,
     });
     if net {
-        config.nets.push(NetConfig {
-            tap: TAP_NAME.into(),
-            mac: None,
-        });
+        config.nets.push(NetConfig::new(TAP_NAME));
     }
     config.rng = true;
 

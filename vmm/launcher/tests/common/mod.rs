@@ -268,6 +268,25 @@ impl NotifyRecorder {
         }
     }
 
+    /// The next event, whatever it is; panics after `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> (String, Domain) {
+        match tokio::time::timeout(timeout, self.events.recv()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => panic!("notify server stopped"),
+            Err(_) => panic!("no event within {timeout:?}"),
+        }
+    }
+
+    /// No event arrives within `quiet`.
+    pub async fn expect_none(&mut self, quiet: Duration) {
+        if let Ok(Some((t, d))) = tokio::time::timeout(quiet, self.events.recv()).await {
+            panic!(
+                "unexpected event {t} {:?}/{:?}",
+                d.status.status, d.status.reason
+            );
+        }
+    }
+
     /// The next event matching `pred`, skipping others; panics after `timeout`.
     pub async fn expect(
         &mut self,

@@ -53,7 +53,8 @@ pub struct BlockOptions {
     /// Returned by `VIRTIO_BLK_T_GET_ID` (the guest's disk serial), at most
     /// 20 bytes used.
     pub serial: String,
-    /// Offer `VIRTIO_BLK_F_DISCARD` (writable disks only).
+    /// Let the guest free space (writable disks only): offer
+    /// `VIRTIO_BLK_F_DISCARD` and honour the unmap flag of write-zeroes.
     pub discard: bool,
     /// Offer `VIRTIO_BLK_F_WRITE_ZEROES` (writable disks only).
     pub write_zeroes: bool,
@@ -462,7 +463,7 @@ fn config_space(limits: &DiskLimits) -> Vec<u8> {
     if limits.write_zeroes {
         put(48, &limits.max_segment_sectors.to_le_bytes()); // max_write_zeroes_sectors
         put(52, &limits.max_segments.to_le_bytes()); // max_write_zeroes_seg
-        put(56, &[1]); // write_zeroes_may_unmap
+        put(56, &[u8::from(limits.discard)]); // write_zeroes_may_unmap
     }
     c
 }

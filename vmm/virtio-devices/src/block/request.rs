@@ -382,7 +382,8 @@ fn read_segments(
         segments.push(Segment {
             sector,
             sectors,
-            unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+            // Without discard (`discard=ignore`) zeroes stay allocated.
+            unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0 && limits.discard,
         });
     }
     Ok(segments)
@@ -504,6 +505,38 @@ mod tests {
                         unmap: false
                     },
                 ]
+            }
+        );
+    }
+
+    #[test]
+    fn without_discard_written_zeroes_are_never_unmapped() {
+        // `discard=ignore`: the guest's unmap hint is accepted and dropped.
+        let no_discard = DiskLimits {
+            discard: false,
+            ..LIMITS
+        };
+        let descs = [
+            Desc::read(HDR, 16),
+            Desc::read(DATA, 16),
+            Desc::write(STATUS, 1),
+        ];
+        let req = parse_with(
+            VIRTIO_BLK_T_WRITE_ZEROES,
+            0,
+            &[(1, 2, 1)],
+            &descs,
+            &no_discard,
+        )
+        .unwrap();
+        assert_eq!(
+            req.kind,
+            RequestKind::WriteZeroes {
+                segments: vec![Segment {
+                    sector: 1,
+                    sectors: 2,
+                    unmap: false
+                }]
             }
         );
     }

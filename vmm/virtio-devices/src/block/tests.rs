@@ -221,6 +221,26 @@ fn features_follow_the_disk() {
         },
     );
     assert_eq!(plain.features() & feature_bit(VIRTIO_BLK_F_DISCARD), 0);
+
+    // `discard=ignore`: write-zeroes stays, without the unmap permission.
+    let mem = test_memory();
+    let mut h = Harness::new(
+        &mem,
+        MemDisk::new(DISK_SIZE),
+        BlockOptions {
+            discard: false,
+            ..Default::default()
+        },
+    );
+    let f = h.mmio.device_features();
+    assert_eq!(f & feature_bit(VIRTIO_BLK_F_DISCARD), 0);
+    assert_ne!(f & feature_bit(VIRTIO_BLK_F_WRITE_ZEROES), 0);
+    let mut may_unmap = [0u8; 1];
+    h.mmio.read_config(56, &mut may_unmap);
+    assert_eq!(may_unmap, [0], "write_zeroes_may_unmap");
+    let mut h = Harness::writable(&mem);
+    h.mmio.read_config(56, &mut may_unmap);
+    assert_eq!(may_unmap, [1], "write_zeroes_may_unmap");
 }
 
 #[test]

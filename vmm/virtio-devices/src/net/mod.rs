@@ -1,5 +1,10 @@
 //! virtio-net on a tap interface, no offloads.
 //!
+//! The device offers `VIRTIO_NET_F_STATUS` (the link state, as QEMU always
+//! does) and, when configured, `VIRTIO_NET_F_MTU`. A link that is down
+//! (KubeVirt's interface `state: down`) passes no frame: transmitted frames
+//! are dropped and nothing is received.
+//!
 //! - Transmit (queue 1) runs on the thread that delivers the notification:
 //!   each chain is checked (device-readable only, a sane length, no offload
 //!   the driver could not have negotiated) and written to the tap as one
@@ -27,7 +32,9 @@ use std::thread::JoinHandle;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
-use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -72,6 +79,8 @@ pub enum TxError {
     OffloadNotNegotiated { flags: u8, gso: u8 },
     #[error("frame could not be read from guest memory")]
     Unreadable,
+    #[error("the link is down")]
+    LinkDown,
 }
 
 struct TxState {
@@ -98,10 +107,39 @@ struct RxWorker {
     thread: Option<JoinHandle<()>>,
 }
 
+/// How the device presents itself to the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetOptions {
+    pub mac: [u8; 6],
+    /// Offered with `VIRTIO_NET_F_MTU`: the MTU the guest should use.
+    pub mtu: Option<u16>,
+    /// `VIRTIO_NET_S_LINK_UP`; a down link passes no frame.
+    pub link_up: bool,
+}
+
+/// `struct virtio_net_config` up to `mtu`: mac, status,
+/// max_virtqueue_pairs, mtu (virtio 1.2 §5.1.4; fixed offsets).
+const CONFIG_LEN: usize = 12;
+
+fn config_space(options: &NetOptions) -> [u8; CONFIG_LEN] {
+    let mut c = [0u8; CONFIG_LEN];
+    c[..6].copy_from_slice(&options.mac);
+    let status = if options.link_up {
+        VIRTIO_NET_S_LINK_UP as u16
+    } else {
+        0
+    };
+    c[6..8].copy_from_slice(&status.to_le_bytes());
+    c[8..10].copy_from_slice(&1u16.to_le_bytes()); // one queue pair
+    c[10..12].copy_from_slice(&options.mtu.unwrap_or(0).to_le_bytes());
+    c
+}
+
 /// The virtio-net device.
 pub struct Net {
     tap: Arc<Tap>,
-    config: [u8; 6],
+    config: [u8; CONFIG_LEN],
+    link_up: bool,
     features: u64,
     tx: Option<TxState>,
     tx_buf: Vec<u8>,
@@ -113,15 +151,33 @@ pub struct Net {
 
 impl Net {
     /// Attaches to tap `tap_name` (which must exist, or be creatable by this
-    /// process) and presents `mac` to the guest.
+    /// process) and presents `mac` to the guest, link up, no MTU offered.
     pub fn new(tap_name: &str, mac: [u8; 6]) -> Result<Net, NetError> {
+        Net::with_options(
+            tap_name,
+            NetOptions {
+                mac,
+                mtu: None,
+                link_up: true,
+            },
+        )
+    }
+
+    /// Attaches to tap `tap_name` and presents the device as `options` say.
+    pub fn with_options(tap_name: &str, options: NetOptions) -> Result<Net, NetError> {
         let tap = Tap::open(tap_name)?;
+        let mut features = feature_bit(VIRTIO_F_VERSION_1)
+            | feature_bit(VIRTIO_NET_F_MAC)
+            | feature_bit(VIRTIO_NET_F_STATUS)
+            | feature_bit(VIRTIO_RING_F_INDIRECT_DESC);
+        if options.mtu.is_some() {
+            features |= feature_bit(VIRTIO_NET_F_MTU);
+        }
         Ok(Net {
             tap: Arc::new(tap),
-            config: mac,
-            features: feature_bit(VIRTIO_F_VERSION_1)
-                | feature_bit(VIRTIO_NET_F_MAC)
-                | feature_bit(VIRTIO_RING_F_INDIRECT_DESC),
+            config: config_space(&options),
+            link_up: options.link_up,
+            features,
             tx: None,
             tx_buf: Vec::new(),
             rx: None,
@@ -177,9 +233,14 @@ impl Net {
             };
             match &popped.chain {
                 Ok(chain) => {
-                    if let Err(e) = self.transmit(chain, &tx.mem) {
-                        self.counters.record(NetEvent::SendDropped);
-                        guest_error!(self.log, "virtio-net: transmit dropped: {e}");
+                    match self.transmit(chain, &tx.mem) {
+                        Ok(()) => {}
+                        // Not the guest's fault: the frame is lost on the wire.
+                        Err(TxError::LinkDown) => self.counters.record(NetEvent::SendDropped),
+                        Err(e) => {
+                            self.counters.record(NetEvent::SendDropped);
+                            guest_error!(self.log, "virtio-net: transmit dropped: {e}");
+                        }
                     }
                 }
                 Err(e) => {
@@ -199,6 +260,9 @@ impl Net {
     }
 
     fn transmit(&mut self, chain: &ValidatedChain, mem: &GuestMemoryMmap) -> Result<(), TxError> {
+        if !self.link_up {
+            return Err(TxError::LinkDown);
+        }
         if !chain.writable().is_empty() {
             return Err(TxError::WritableBuffer);
         }
@@ -288,6 +352,15 @@ impl VirtioDevice for Net {
             return Err(ActivateError::QueueCount { expected: 2, got });
         };
         self.stop_rx();
+        self.tx = Some(TxState {
+            mem: ctx.mem.clone(),
+            queue: DeviceQueue::new(tx_queue),
+            interrupt: ctx.interrupt.clone(),
+        });
+        if !self.link_up {
+            // No carrier: nothing is received; the guest's buffers wait.
+            return Ok(());
+        }
         let shared = Arc::new(RxShared {
             wake: EventFd::new(EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
@@ -314,11 +387,6 @@ impl VirtioDevice for Net {
             shared,
             thread: Some(thread),
         });
-        self.tx = Some(TxState {
-            mem: ctx.mem,
-            queue: DeviceQueue::new(tx_queue),
-            interrupt: ctx.interrupt,
-        });
         Ok(())
     }
 
@@ -331,8 +399,12 @@ impl VirtioDevice for Net {
         match index {
             RX_QUEUE => {
                 // New receive buffers: let the receive thread retry.
-                let worker = self.rx.as_ref().ok_or(DeviceError::NotActivated)?;
-                wake(&worker.shared);
+                match (&self.rx, &self.tx) {
+                    (Some(worker), _) => wake(&worker.shared),
+                    // Activated with the link down: no receive thread.
+                    (None, Some(_)) => {}
+                    (None, None) => return Err(DeviceError::NotActivated),
+                }
                 Ok(())
             }
             TX_QUEUE => self.transmit_queue(),

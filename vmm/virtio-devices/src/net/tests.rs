@@ -33,8 +33,20 @@ struct Harness<'a> {
 
 impl<'a> Harness<'a> {
     fn new(mem: &'a GuestMemoryMmap, tap: &str) -> Self {
+        Harness::with_options(
+            mem,
+            tap,
+            NetOptions {
+                mac: GUEST_MAC,
+                mtu: None,
+                link_up: true,
+            },
+        )
+    }
+
+    fn with_options(mem: &'a GuestMemoryMmap, tap: &str, options: NetOptions) -> Self {
         create_tap(tap);
-        let net = Net::new(tap, GUEST_MAC).expect("open the tap");
+        let net = Net::with_options(tap, options).expect("open the tap");
         let counters = net.counters();
         let mut mmio = MmioDriver::new(Box::new(net), mem);
         let rxq = GuestDriver::at(mem, 16, 0x1000);
@@ -132,7 +144,56 @@ fn the_mac_is_in_the_config_space() {
         let mut b = [0u8; 8];
         h.mmio.read_config(0, &mut b);
         assert_eq!(b[..6], GUEST_MAC);
-        assert_eq!(b[6..], [0, 0]);
+        // status: VIRTIO_NET_S_LINK_UP; no MTU offered.
+        assert_eq!(b[6..8], [1, 0]);
+        let features = h.mmio.device_features();
+        assert_ne!(features & feature_bit(VIRTIO_NET_F_STATUS), 0);
+        assert_eq!(features & feature_bit(VIRTIO_NET_F_MTU), 0);
+    });
+}
+
+#[test]
+fn the_mtu_is_offered_when_configured() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let options = NetOptions {
+            mac: GUEST_MAC,
+            mtu: Some(1450),
+            link_up: true,
+        };
+        let mut h = Harness::with_options(&mem, "vt-mtu", options);
+        assert_ne!(h.mmio.device_features() & feature_bit(VIRTIO_NET_F_MTU), 0);
+        let mut mtu = [0u8; 2];
+        h.mmio.read_config(10, &mut mtu);
+        assert_eq!(u16::from_le_bytes(mtu), 1450);
+    });
+}
+
+#[test]
+fn a_link_that_is_down_passes_no_frame() {
+    in_new_netns(|| {
+        let mem = test_memory();
+        let options = NetOptions {
+            mac: GUEST_MAC,
+            mtu: None,
+            link_up: false,
+        };
+        let mut h = Harness::with_options(&mem, "vt-down", options);
+        let mut status = [0u8; 2];
+        h.mmio.read_config(6, &mut status);
+        assert_eq!(status, [0, 0], "no VIRTIO_NET_S_LINK_UP");
+        // Sent: the chain comes back, nothing reaches the tap.
+        let f = frame(GUEST_MAC, [0xff; 6], b"no carrier");
+        let total = h.tx_frame(TX_BUFS, &f, [0; VNET_HDR_LEN]);
+        assert_eq!(h.send(&[Desc::read(TX_BUFS, total)]), 0);
+        assert_eq!(h.wire.recv(Duration::from_millis(300)), None);
+        // Received: buffers stay with the device, nothing is delivered.
+        h.post_rx(2, RX_BUF_LEN);
+        h.wire
+            .send(&frame(PEER_MAC, GUEST_MAC, b"nobody hears this"));
+        assert_eq!(h.next_rx(Duration::from_millis(500)), None);
+        let c = h.counters.snapshot();
+        assert_eq!((c.tx_pkts, c.tx_drop, c.rx_pkts), (0, 1, 0));
     });
 }
 
