@@ -281,8 +281,9 @@ fn survives_a_handler_restart_and_fails_the_vmi_when_its_launcher_is_killed() {
     .expect("kill the launcher's process group");
     second.wait_for("phase Running -> Failed", Duration::from_secs(60));
     second.wait_for("pod removed", Duration::from_secs(30));
+    // Every VMI ended, not all well: the run fails.
     let status = second.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "virt-handler exited with {status}");
+    assert!(!status.success(), "virt-handler exited with {status}");
     assert_eq!(status_phase(&demo), "Failed");
     assert!(!link_exists(&veth), "host veth {veth} left behind");
     assert!(!state.exists(), "state dir left behind");
@@ -671,5 +672,74 @@ fn bridge_binding_carries_the_guests_frames_to_the_node_and_serves_the_pod_addre
     let status = handler.wait_exit(Duration::from_secs(90));
     assert!(status.success(), "virt-handler exited with {status}");
     assert!(!link_exists(&veth), "host veth {veth} left behind");
+    assert!(!state.exists(), "state dir left behind");
+}
+
+#[test]
+fn a_vmi_the_launcher_cannot_run_ends_failed_at_once_and_the_run_fails() {
+    require_root_and_kvm();
+    let demo = demo("sa-refused", 30);
+    let state = demo.dir.path().join("state");
+    // A sata disk: the launcher has virtio disks only.
+    let text = std::fs::read_to_string(&demo.manifest).expect("manifest");
+    let sata = text.replacen("bus: virtio", "bus: sata", 1);
+    assert_ne!(text, sata, "the example manifest names a virtio disk bus");
+    std::fs::write(&demo.manifest, sata).expect("manifest");
+    let (monitor, _) = helper_binaries();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .arg("standalone")
+        .arg(&demo.manifest)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--launcher")
+        .arg(monitor)
+        .arg("--image")
+        .arg(format!(
+            "localhost/test-guest:latest={}",
+            demo.guest.display()
+        ))
+        .arg("--image")
+        .arg(format!(
+            "localhost/test-disk:latest={}",
+            demo.disk.display()
+        ))
+        .output()
+        .expect("run virt-handler");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "a refused VMI must not wait for anything"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("ended Failed: default/sa-refused"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("event Warning FailedCreate")
+            && stdout.contains("spec.domain.devices.disks[0]"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("event Warning FailedCreate").count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(status_phase(&demo), "Failed");
+    let status = status(&demo);
+    let conditions = status["conditions"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c["type"].as_str() == Some("Synchronized")
+                && c["reason"].as_str() == Some("FailedCreate")),
+        "{status:?}"
+    );
+    assert_eq!(ready(&demo).0, "False");
     assert!(!state.exists(), "state dir left behind");
 }

@@ -29,8 +29,8 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::jiff::Timestamp;
 use proto::kubevirt::ready::LauncherPod;
 use proto::kubevirt::{
-    Phase, PhaseTransitionTimestamp, Time, VirtualMachineInstance, VirtualMachineInstanceStatus,
-    well_known,
+    Condition, Phase, PhaseTransitionTimestamp, Time, VirtualMachineInstance,
+    VirtualMachineInstanceStatus, well_known,
 };
 use tokio::sync::watch;
 
@@ -39,7 +39,7 @@ use handler::agent::{Agent, AgentConfig};
 use handler::domains::{DomainCache, notify};
 use handler::launchers::{LauncherPaths, Launchers, PodPaths};
 use handler::metrics::Metrics;
-use handler::vmis::VmiStore;
+use handler::vmis::{EventKind, StatusWriter, VmiStore};
 use pod::{LaunchPlan, PodRecord};
 use store::{StandaloneStore, StatusOutput, say};
 
@@ -137,6 +137,51 @@ pub fn admit_vmi(
         runtime_user: Some(u64::from(well_known::NON_ROOT_UID)),
         migration_transport: Some("Unix".into()),
         qos_class: Some("Burstable".into()),
+        ..Default::default()
+    });
+    vmi
+}
+
+/// A VMI the launcher cannot run, as admitted and then given up: `Failed` without a pod
+/// or a node, `Synchronized=False` (`FailedCreate`) and not `Ready`.
+fn refuse_vmi(mut vmi: VirtualMachineInstance, message: &str) -> VirtualMachineInstance {
+    let now = Time(Timestamp::now());
+    let meta = &mut vmi.metadata;
+    if meta.namespace.as_deref().unwrap_or("").is_empty() {
+        meta.namespace = Some("default".into());
+    }
+    if meta.uid.as_deref().unwrap_or("").is_empty() {
+        meta.uid = Some(uuid::Uuid::new_v4().to_string());
+    }
+    meta.resource_version = Some("1".into());
+    meta.creation_timestamp = Some(now.clone());
+    let condition = |kind: &str, reason: &str, message: &str| Condition {
+        condition_type: kind.into(),
+        status: "False".into(),
+        last_probe_time: None,
+        last_transition_time: Some(now.clone()),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        extra: Default::default(),
+    };
+    vmi.status = Some(VirtualMachineInstanceStatus {
+        phase: Some(Phase::Failed),
+        phase_transition_timestamps: [Phase::Pending, Phase::Failed]
+            .into_iter()
+            .map(|phase| PhaseTransitionTimestamp {
+                phase,
+                phase_transition_timestamp: now.clone(),
+                extra: Default::default(),
+            })
+            .collect(),
+        conditions: vec![
+            condition("Synchronized", "FailedCreate", message),
+            condition(
+                "Ready",
+                "PodNotExists",
+                "virt-launcher pod has not yet been scheduled",
+            ),
+        ],
         ..Default::default()
     });
     vmi
@@ -277,7 +322,6 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         if vmi.metadata.name.as_deref().unwrap_or("").is_empty() {
             bail!("{}: the VMI has no metadata.name", path.display());
         }
-        proto::contract::runnable::check(&vmi).with_context(|| format!("{}", path.display()))?;
         let key = handler::vmis::key_of(&admit_vmi(vmi.clone(), &options.node, "x"));
         if manifests
             .iter()
@@ -317,6 +361,17 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
     let mut started = Vec::new();
     for (path, manifest_vmi) in manifests {
         let key = handler::vmis::key_of(&admit_vmi(manifest_vmi.clone(), &options.node, "x"));
+        // What the launcher cannot run never gets a pod: as the controller reports a
+        // failed pod render (`Synchronized=False`, `FailedCreate`, a Warning event), and
+        // since no one will change this VMI here, it ends `Failed`.
+        if let Err(refusal) = proto::contract::runnable::check(&manifest_vmi) {
+            let message = format!("failed to render launch manifest: {refusal}");
+            say(&format!("[{key}] refused: {refusal}"));
+            let vmi = refuse_vmi(manifest_vmi, &message);
+            store.admit(vmi.clone(), Some(path));
+            store.record_event(&vmi, EventKind::Warning, "FailedCreate", &message);
+            continue;
+        }
         let adopted = earlier
             .iter()
             .find(|r| r.vmi_key == key && pod::launcher_alive(r))
@@ -490,6 +545,12 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
     if let Some(t) = metrics_task {
         t.abort();
     }
+    // A run whose VMIs did not all succeed fails, naming them.
+    let failed: Vec<String> = store
+        .keys()
+        .into_iter()
+        .filter(|k| store.get(k).is_some_and(|v| v.phase() == Phase::Failed))
+        .collect();
     // Everything created under the state directory goes; status files next to the
     // manifests stay (they are the output).
     for key in store.keys() {
@@ -501,6 +562,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
     let _ = std::fs::remove_dir(&dirs.root);
     match failure {
         Some(e) => Err(e),
+        None if !failed.is_empty() => bail!("VMI(s) ended Failed: {}", failed.join(", ")),
         None => Ok(()),
     }
 }

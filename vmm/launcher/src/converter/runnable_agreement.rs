@@ -515,10 +515,8 @@ fn the_table_agrees() {
     }
 }
 
-/// The bridge binding: accepted by the shared definition (another change adds it to the
-/// launcher and netsetup). Run once both are in.
+/// The bridge binding (KubeVirt's default on the pod network): accepted by both.
 #[test]
-#[ignore = "until the launcher's bridge binding is merged"]
 fn bridge_on_the_pod_network_agrees() {
     let vmi = vmi_with(&[(
         "/spec/domain/devices/interfaces/0",
