@@ -12,8 +12,10 @@
 //! - [`standalone`]: the same agent without Kubernetes: netns "pods", launcher processes,
 //!   manifests on disk.
 //! - [`metrics`]: the Prometheus endpoint.
+//! - [`deviceplugins`]: the kubelet device plugins for `devices.kubevirt.io/{kvm,tun,vhost-net}`.
 
 pub mod agent;
+pub mod deviceplugins;
 pub mod domains;
 pub mod launchers;
 pub mod metrics;
