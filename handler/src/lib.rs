@@ -11,14 +11,17 @@
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
 //! - [`standalone`]: the same agent without Kubernetes: netns "pods", launcher processes,
 //!   manifests on disk.
-//! - [`metrics`]: the Prometheus endpoint.
+//! - [`metrics`]: the Prometheus endpoint; [`healthz`]: its `/healthz` in Kubernetes mode.
+//! - [`node`]: the node heartbeat (`kubevirt.io/schedulable`) and the node labels.
 //! - [`deviceplugins`]: the kubelet device plugins for `devices.kubevirt.io/{kvm,tun,vhost-net}`.
 
 pub mod agent;
 pub mod deviceplugins;
 pub mod domains;
+pub mod healthz;
 pub mod launchers;
 pub mod metrics;
+pub mod node;
 pub mod podside;
 pub mod standalone;
 pub mod sync;
