@@ -35,8 +35,8 @@ const SERVER_STOP_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
-    #[error("device-plugin directory {0}: {1}")]
-    PluginDir(PathBuf, std::io::Error),
+    #[error("device-plugin directory {0} does not exist (no kubelet here?)")]
+    NoPluginDir(PathBuf),
     #[error("cannot watch {0}: {1}")]
     Watch(PathBuf, std::io::Error),
     #[error("error creating GRPC server socket {0}: {1}")]
@@ -368,10 +368,7 @@ impl Plugin {
             .watch(&plugin_dir, &mut watches)
             .map_err(|e| PluginError::Watch(plugin_dir.clone(), e))?
         {
-            return Err(PluginError::PluginDir(
-                plugin_dir,
-                std::io::Error::from(std::io::ErrorKind::NotFound),
-            ));
+            return Err(PluginError::NoPluginDir(plugin_dir));
         }
         self.refresh_health();
 
