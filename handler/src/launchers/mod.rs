@@ -353,3 +353,51 @@ impl Launchers {
         self.connected().len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launchers(dir: &Path) -> Launchers {
+        Launchers::new(
+            LauncherPaths {
+                pods_dir: dir.join("pods"),
+                share_dir: dir.join("share"),
+                ghost_dir: dir.join("ghosts"),
+            },
+            "n1",
+        )
+    }
+
+    #[test]
+    fn the_unresponsive_marker_never_follows_a_planted_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = launchers(dir.path());
+        let pod = PodPaths::new(&dir.path().join("pods"), "p1");
+        std::fs::create_dir_all(pod.sockets_dir()).expect("mkdir");
+        let victim = dir.path().join("host-file");
+        std::fs::write(&victim, b"precious").expect("write");
+        std::os::unix::fs::symlink(&victim, pod.unresponsive_marker()).expect("symlink");
+        l.mark_unresponsive(&pod.launcher_socket());
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+        std::fs::remove_file(pod.unresponsive_marker()).expect("rm");
+        l.mark_unresponsive(&pod.launcher_socket());
+        assert!(pod.unresponsive_marker().is_file());
+        assert!(l.is_unresponsive("unknown-uid"));
+    }
+
+    #[tokio::test]
+    async fn a_socket_reached_through_a_link_is_not_reachable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = launchers(dir.path());
+        let pod = PodPaths::new(&dir.path().join("pods"), "p1");
+        std::fs::create_dir_all(pod.sockets_dir()).expect("mkdir");
+        let elsewhere = dir.path().join("elsewhere.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&elsewhere).expect("bind");
+        std::os::unix::fs::symlink(&elsewhere, pod.launcher_socket()).expect("symlink");
+        assert!(!l.socket_reachable(&pod.launcher_socket()).await);
+        std::fs::remove_file(pod.launcher_socket()).expect("rm");
+        let _own = std::os::unix::net::UnixListener::bind(pod.launcher_socket()).expect("bind");
+        assert!(l.socket_reachable(&pod.launcher_socket()).await);
+    }
+}

@@ -257,8 +257,16 @@ mod tests {
             std::os::unix::net::UnixListener::bind(other.join(LAUNCHER_SOCK)).expect("bind");
         let mine = PodPaths::new(&pods, "mine").sockets_dir();
         std::fs::create_dir_all(&mine).expect("mkdir");
-        std::os::unix::fs::symlink(other.join(LAUNCHER_SOCK), mine.join(LAUNCHER_SOCK))
-            .expect("symlink");
+        // Relative, so it stays below the pods directory: only "no link at all" stops it.
+        std::os::unix::fs::symlink(
+            "../../../../other/volumes/kubernetes.io~empty-dir/sockets/launcher-sock",
+            mine.join(LAUNCHER_SOCK),
+        )
+        .expect("symlink");
+        assert!(
+            std::fs::metadata(mine.join(LAUNCHER_SOCK)).is_ok(),
+            "the link leads to the other pod's socket"
+        );
         let vmi = vmi_with_pods(&[("mine", "n1")]);
         assert_eq!(
             find_socket(&vmi, "n1", &pods),
