@@ -1,7 +1,9 @@
 //! The heartbeat and the node labeller against a real API server
 //! (`integration::controlplane`), on a Node object each test creates, and the node side
 //! as a whole (device plugins on a fake kubelet + heartbeat): unschedulable at start,
-//! schedulable once the plugins are registered, unschedulable again on stop.
+//! schedulable once the plugins are registered, unschedulable again on stop; and the
+//! `virt-handler` binary itself: `/healthz`, and SIGTERM (unschedulable, plugins
+//! deregistered, exit 0).
 //!
 //! Needs the control plane binaries (`integration/controlplane/build.sh`) and root (the
 //! fake device nodes); fails (never skips) without them.
@@ -347,6 +349,122 @@ async fn node_side_is_schedulable_once_plugins_register_and_unschedulable_after_
     );
     seen.wait("the plugins' streams end", |o| o.ended.len() >= 3)
         .await;
+    for device in ["kvm", "tun", "vhost-net"] {
+        assert!(!host.socket(device).exists(), "{device} socket removed");
+    }
+    kubelet.stop().await;
+}
+
+/// `GET path` on 127.0.0.1:`port` over plain HTTP/1.1: (status line, body).
+async fn http_get(port: u16, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.expect("reply");
+    let status = reply.lines().next().unwrap_or_default().to_string();
+    let body = reply
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_healthz_and_stops_gracefully_on_sigterm() {
+    require_root();
+    let api = nodes().await;
+    let cp = controlplane::shared().await.expect("control plane");
+    let node = TestNode::create(&api, &[("kubevirt.io/schedulable", "true")]).await;
+    let host = FakeNode::new();
+    let (kubelet, seen) = Kubelet::start(&host.plugin_dir());
+    let mut seen = Observer::new(seen);
+    let state = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(state.path().join("pods")).expect("mkdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let log = state.path().join("handler.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("RUST_LOG", "info")
+        .args(["--hostname-override", &node.name])
+        .arg("--pods-dir")
+        .arg(state.path().join("pods"))
+        .arg("--kubevirt-share-dir")
+        .arg(state.path().join("share"))
+        .arg("--kubevirt-private-dir")
+        .arg(state.path().join("private"))
+        .arg("--device-plugin-dir")
+        .arg(host.plugin_dir())
+        .arg("--host-root")
+        .arg(host.root())
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start virt-handler");
+
+    seen.registrations().await;
+    node.wait_label("kubevirt.io/schedulable", "true").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("virt-handler running")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "handler not running: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = http_get(port, "/healthz").await;
+    assert!(status.contains(" 200 "), "{status}: {body}");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("JSON body");
+    assert_eq!(body["apiserver"]["connectivity"], "ok");
+    assert!(
+        body["apiserver"]["version"]["gitVersion"].is_string(),
+        "{body}"
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let deadline = std::time::Instant::now() + WAIT;
+    let exit = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "handler still running after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        exit.success(),
+        "exit {exit}: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(
+        node.label("kubevirt.io/schedulable").await.as_deref(),
+        Some("false")
+    );
+    seen.wait("the plugins' streams end", |o| o.ended.len() >= 3)
+        .await;
+    assert_eq!(seen.emptied.len(), 3, "each plugin sent an empty list");
     for device in ["kvm", "tun", "vhost-net"] {
         assert!(!host.socket(device).exists(), "{device} socket removed");
     }
