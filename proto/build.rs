@@ -1,5 +1,6 @@
-//! Generates the gRPC code for KubeVirt's handler <-> launcher contract and
-//! keeps the compiled descriptor set, so tests can check every field number.
+//! Generates the gRPC code for KubeVirt's handler <-> launcher contract and the
+//! kubelet's device-plugin API, and keeps the compiled descriptor set, so tests can
+//! check every field number.
 
 use std::path::PathBuf;
 
@@ -8,6 +9,7 @@ const PROTOS: &[&str] = &[
     "protos/cmd/info/info.proto",
     "protos/notify/v1/notify.proto",
     "protos/notify/info/info.proto",
+    "protos/deviceplugin/v1beta1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -9,15 +9,20 @@
 //! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
 //! - [`podside`]: pod network phase 1 (masquerade via `netsetup`) and device ownership.
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
-//! - [`metrics`]: the Prometheus endpoint.
+//! - [`metrics`]: the Prometheus endpoint; [`healthz`]: its `/healthz` in Kubernetes mode.
+//! - [`node`]: the node heartbeat (`kubevirt.io/schedulable`) and the node labels.
+//! - [`deviceplugins`]: the kubelet device plugins for `devices.kubevirt.io/{kvm,tun,vhost-net}`.
 //!
 //! The `virt-handler` command is the `virt-handler` crate (`handler/cli`); standalone mode
 //! (the same agent without Kubernetes) is the `handler-standalone` crate.
 
 pub mod agent;
+pub mod deviceplugins;
 pub mod domains;
+pub mod healthz;
 pub mod launchers;
 pub mod metrics;
+pub mod node;
 pub mod podside;
 pub mod sync;
 pub mod vmis;

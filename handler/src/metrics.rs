@@ -126,9 +126,39 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     addr: SocketAddr,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_with_health(metrics, addr, None).await
+}
+
+/// [`serve`], with `/healthz` answering from `health` (the API server check of the
+/// Kubernetes mode) instead of a plain "ok".
+pub async fn serve_with_health(
+    metrics: Arc<Metrics>,
+    addr: SocketAddr,
+    health: Option<Arc<crate::healthz::ApiHealth>>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    use axum::response::IntoResponse;
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    let healthz = get(move || {
+        let health = health.clone();
+        async move {
+            match health {
+                None => "ok".into_response(),
+                Some(h) => {
+                    let (code, body) = h.check().await;
+                    let code = axum::http::StatusCode::from_u16(code)
+                        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+                    (
+                        code,
+                        [("content-type", "application/json")],
+                        body.to_string(),
+                    )
+                        .into_response()
+                }
+            }
+        }
+    });
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -145,7 +175,7 @@ pub async fn serve(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", healthz);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server stopped");

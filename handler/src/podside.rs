@@ -296,8 +296,11 @@ impl PodInterfaceCache {
     }
 }
 
-/// Device nodes the launcher's user must own (`/dev/kvm`; the tap is owned at creation).
-pub const OWNED_DEVICES: &[&str] = &["/dev/kvm"];
+/// Device nodes the launcher's user must own when it is not root, as KubeVirt's
+/// `claimDeviceOwnership` gives them (`pkg/virt-handler/controller.go`, `non-root.go`):
+/// the hypervisor device, and the network devices the pod network uses. A node the pod
+/// does not have is skipped.
+pub const OWNED_DEVICES: &[&str] = &["/dev/kvm", "/dev/vhost-net", "/dev/net/tun"];
 
 /// Prepares the pod: masquerade network, device ownership. Returns the pod interfaces
 /// (also stored in `cache`).
@@ -421,31 +424,45 @@ pub fn write_into_pod(
 }
 
 /// Gives the pod's device nodes (under `root`, the launcher's root) to `owner`.
+///
+/// The pod controls its file system: each node is opened without following any link
+/// (KubeVirt's `safepath.JoinNoFollow`), checked to be a character device and changed
+/// through that same descriptor, so neither a planted link nor a swap after the check
+/// can redirect the change to a host file.
 pub fn own_devices(root: &Path, owner: u32) -> Result<(), PodSideError> {
+    use crate::launchers::podfs;
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::SFlag;
+    let fail = |path: &str, source: std::io::Error| PodSideError::Ownership {
+        path: path.into(),
+        uid: owner,
+        source,
+    };
     for dev in OWNED_DEVICES {
-        let path =
-            crate::launchers::socket::resolve_in_root(root, Path::new(dev)).map_err(|source| {
-                PodSideError::Ownership {
-                    path: dev.into(),
-                    uid: owner,
-                    source,
-                }
-            })?;
-        // The pod controls its filesystem: only a real character device is given
-        // away, and never through a symlink (lchown).
-        use std::os::unix::fs::FileTypeExt;
-        let is_device = std::fs::symlink_metadata(&path)
-            .map(|m| m.file_type().is_char_device())
-            .unwrap_or(false);
-        if is_device {
-            std::os::unix::fs::lchown(&path, Some(owner), Some(owner)).map_err(|source| {
-                PodSideError::Ownership {
-                    path: path.clone(),
-                    uid: owner,
-                    source,
-                }
-            })?;
+        let node = match podfs::open_in_root_no_symlinks(
+            root,
+            Path::new(dev),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW,
+        ) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                tracing::warn!(device = dev, error = %e, "device node not taken: not a plain path in the pod");
+                continue;
+            }
+        };
+        let stat = nix::sys::stat::fstat(&node).map_err(|e| fail(dev, e.into()))?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFCHR {
+            continue;
         }
+        nix::unistd::fchownat(
+            &node,
+            "",
+            Some(nix::unistd::Uid::from_raw(owner)),
+            Some(nix::unistd::Gid::from_raw(owner)),
+            AtFlags::AT_EMPTY_PATH,
+        )
+        .map_err(|e| fail(dev, e.into()))?;
     }
     Ok(())
 }
@@ -654,6 +671,47 @@ mod tests {
                 .uid(),
             107
         );
+        // A node behind a linked directory (dev/net -> a host directory) is not taken,
+        // and neither is what the link leads to.
+        let host_dir = root.path().join("host-net");
+        std::fs::create_dir_all(&host_dir).expect("mkdir");
+        nix::sys::stat::mknod(
+            &host_dir.join("tun"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .expect("mknod");
+        std::os::unix::fs::symlink(&host_dir, dev.join("net")).expect("symlink");
+        own_devices(root.path(), 107).expect("the linked node is skipped");
+        assert_eq!(
+            std::fs::symlink_metadata(host_dir.join("tun"))
+                .expect("node")
+                .uid(),
+            0
+        );
+        // The network nodes of a non-root pod are its user's too.
+        std::fs::remove_file(dev.join("net")).expect("rm link");
+        std::fs::create_dir_all(dev.join("net")).expect("mkdir");
+        for node in ["net/tun", "vhost-net"] {
+            nix::sys::stat::mknod(
+                &dev.join(node),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(1, 3),
+            )
+            .expect("mknod");
+        }
+        own_devices(root.path(), 107).expect("chown");
+        for node in ["net/tun", "vhost-net"] {
+            assert_eq!(
+                std::fs::symlink_metadata(dev.join(node))
+                    .expect("node")
+                    .uid(),
+                107,
+                "{node}"
+            );
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Generated gRPC code for the handler <-> launcher contract.
+//! Generated gRPC code for the handler <-> launcher contract and the kubelet's
+//! device-plugin API.
 
 /// `kubevirt.cmd.v1`: commands the handler sends to a launcher.
 pub mod cmd {
@@ -26,6 +27,25 @@ pub mod notify {
     /// `kubevirt.notify.info`: version negotiation, served by the handler.
     pub mod info {
         tonic::include_proto!("kubevirt.notify.info");
+    }
+}
+
+/// The kubelet's device-plugin API (`k8s.io/kubelet/pkg/apis/deviceplugin`), which the
+/// handler serves to provide `devices.kubevirt.io/*` resources.
+pub mod deviceplugin {
+    pub mod v1beta1 {
+        tonic::include_proto!("v1beta1");
+
+        /// `RegisterRequest.version` of this API (`pluginapi.Version`).
+        pub const VERSION: &str = "v1beta1";
+        /// `Device.health` of a usable device (`pluginapi.Healthy`).
+        pub const HEALTHY: &str = "Healthy";
+        /// `Device.health` of an unusable device (`pluginapi.Unhealthy`).
+        pub const UNHEALTHY: &str = "Unhealthy";
+        /// The kubelet's directory of plugin sockets (`pluginapi.DevicePluginPath`).
+        pub const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins";
+        /// The kubelet's registration socket in that directory (`pluginapi.KubeletSocket`).
+        pub const KUBELET_SOCKET: &str = "kubelet.sock";
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! - [`grpc`]: the `kubevirt.cmd.v1` / `kubevirt.cmd.info` services the launcher
 //!   serves and the `kubevirt.notify.v1` / `kubevirt.notify.info` services the
-//!   handler serves, generated from `protos/` (wire-identical to v1.9.0).
+//!   handler serves, generated from `protos/` (wire-identical to v1.9.0), and the
+//!   kubelet's device-plugin API `v1beta1` the handler serves to provide
+//!   `devices.kubevirt.io/*` resources.
 //! - [`kubevirt`]: the kubevirt.io/v1 resources (`VirtualMachineInstance`,
 //!   `VirtualMachine`) with the labels, annotations and finalizers around them.
 //! - [`domain`]: the domain object the launcher reports, in KubeVirt's JSON

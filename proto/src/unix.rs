@@ -69,12 +69,30 @@ pub async fn connect_async(path: &Path) -> std::io::Result<tokio::net::UnixStrea
 /// a placeholder the connector ignores; `:authority` is `localhost`, as with
 /// KubeVirt's `grpc.WithAuthority`. Gives up after `timeout`.
 pub async fn channel(path: &Path, timeout: Duration) -> std::io::Result<Channel> {
-    let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let socket = path.to_path_buf();
+    channel_with(
+        move || {
+            let socket = socket.clone();
+            async move { connect_async(&socket).await }
+        },
+        timeout,
+    )
+    .await
+}
+
+/// A tonic channel whose connections come from `dial` (also on reconnects), for
+/// sockets reached some other way than by path (e.g. pinned by a file descriptor).
+/// Whatever `dial` captures lives as long as the channel.
+pub async fn channel_with<F, Fut>(dial: F, timeout: Duration) -> std::io::Result<Channel>
+where
+    F: Fn() -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = std::io::Result<tokio::net::UnixStream>> + Send + 'static,
+{
+    let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
+        let dial = dial.clone();
         async move {
-            let stream = connect_async(&socket).await?;
+            let stream = dial().await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
         }
     }));

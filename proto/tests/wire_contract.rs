@@ -1,8 +1,10 @@
-//! The protos must stay wire-identical to KubeVirt v1.9.0.
+//! The protos must stay wire-identical to KubeVirt v1.9.0 and the kubelet.
 //!
 //! `golden/wire-contract.txt` is the canonical listing (see `proto::wire`) of
-//! KubeVirt v1.9.0's own `pkg/handler-launcher-com/**/*.proto`, produced with
-//! `protoc --descriptor_set_out` on those files and `proto-wire-listing`.
+//! KubeVirt v1.9.0's own `pkg/handler-launcher-com/**/*.proto` and of Kubernetes
+//! v1.36.3's `k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto`, each produced
+//! with `protoc --descriptor_set_out` on the upstream files and `proto-wire-listing`,
+//! the two listings merged line by line (`LC_ALL=C sort -m`).
 //! Any change of a package, service, RPC, message, field name, number, label
 //! or type fails this test.
 
@@ -43,6 +45,26 @@ fn golden_pins_the_numbers_the_handler_depends_on() {
     ] {
         assert!(GOLDEN.contains(line), "golden lacks {line}");
     }
+}
+
+#[test]
+fn golden_pins_the_device_plugin_api_the_kubelet_calls() {
+    for line in [
+        "rpc v1beta1.Registration/Register(.v1beta1.RegisterRequest) returns (.v1beta1.Empty)",
+        "rpc v1beta1.DevicePlugin/ListAndWatch(.v1beta1.Empty) returns (stream .v1beta1.ListAndWatchResponse)",
+        "rpc v1beta1.DevicePlugin/Allocate(.v1beta1.AllocateRequest) returns (.v1beta1.AllocateResponse)",
+        "field v1beta1.RegisterRequest.resource_name = 3 singular string json=resourceName",
+        "field v1beta1.Device.ID = 1 singular string json=ID",
+        "field v1beta1.ContainerAllocateResponse.devices = 3 repeated .v1beta1.DeviceSpec json=devices",
+        "field v1beta1.DeviceSpec.permissions = 3 singular string json=permissions",
+    ] {
+        assert!(GOLDEN.contains(line), "golden lacks {line}");
+    }
+    let rpcs = GOLDEN
+        .lines()
+        .filter(|l| l.starts_with("rpc v1beta1.DevicePlugin/"))
+        .count();
+    assert_eq!(rpcs, 5);
 }
 
 #[test]

@@ -32,6 +32,8 @@ struct Cli {
     common: Common,
     #[command(flatten)]
     cluster: Cluster,
+    #[command(flatten)]
+    node_side: NodeSide,
 }
 
 #[derive(Subcommand, Debug)]
@@ -69,6 +71,23 @@ struct Cluster {
     /// The kubelet pods directory as mounted in the handler.
     #[arg(long, default_value = "/pods")]
     pods_dir: PathBuf,
+}
+
+/// Flags of the Kubernetes mode's node side: device plugins, heartbeat, node labels.
+#[derive(Args, Debug, Clone)]
+struct NodeSide {
+    /// The kubelet's device-plugin directory (kubelet.sock and the plugins' sockets).
+    #[arg(long, default_value = proto::grpc::deviceplugin::v1beta1::DEVICE_PLUGIN_PATH)]
+    device_plugin_dir: PathBuf,
+    /// Where the host's root (its /dev) is seen; /proc/1/root with hostPID.
+    #[arg(long, default_value = handler::deviceplugins::HOST_ROOT)]
+    host_root: PathBuf,
+    /// Devices each device plugin advertises (bounds the VMIs per node).
+    #[arg(long, default_value_t = handler::deviceplugins::MAX_DEVICES)]
+    max_devices: usize,
+    /// Label the node with what its launchers run (machine types).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    enable_node_labeller: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -138,7 +157,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Standalone(s)) => run_standalone(cli.common, s).await,
-        None => run_cluster(cli.common, cli.cluster).await,
+        None => run_cluster(cli.common, cli.cluster, cli.node_side).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -174,12 +193,13 @@ async fn run_standalone(common: Common, s: Standalone) -> Result<()> {
     .await
 }
 
-async fn run_cluster(common: Common, cluster: Cluster) -> Result<()> {
+async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> Result<()> {
     let node = common.node.unwrap_or_else(default_node);
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let (vmis, vmi_changes, watch_task) = KubeVmis::start(client, &node);
+    let node_services = start_node_side(&client, &node, &node_side).await;
+    let (vmis, vmi_changes, watch_task) = KubeVmis::start(client.clone(), &node);
     let vmis = Arc::new(vmis);
     let (cache, cache_changes) = DomainCache::new();
     let cache = Arc::new(cache);
@@ -198,7 +218,12 @@ async fn run_cluster(common: Common, cluster: Cluster) -> Result<()> {
         vmis.clone(),
     )?;
     let metrics_task = match common.metrics_listen {
-        Some(addr) => Some(handler::metrics::serve(Arc::clone(&metrics), addr).await?.1),
+        Some(addr) => {
+            let health = Arc::new(handler::healthz::ApiHealth::new(client.clone()));
+            let served =
+                handler::metrics::serve_with_health(Arc::clone(&metrics), addr, Some(health));
+            Some(served.await?.1)
+        }
         None => None,
     };
     vmis.wait_until_ready().await;
@@ -214,6 +239,8 @@ async fn run_cluster(common: Common, cluster: Cluster) -> Result<()> {
         _ = tokio::signal::ctrl_c() => {}
         _ = sigterm.recv() => {}
     }
+    // Unschedulable first, then the plugins and the agent; the VMs keep running.
+    node_services.stop().await;
     let _ = stop.send(true);
     let _ = agent_task.await;
     watch_task.abort();
@@ -222,4 +249,24 @@ async fn run_cluster(common: Common, cluster: Cluster) -> Result<()> {
         t.abort();
     }
     Ok(())
+}
+
+/// Device plugins, heartbeat and node labeller (see `handler::node`).
+async fn start_node_side(
+    client: &kube::Client,
+    node: &str,
+    flags: &NodeSide,
+) -> handler::node::NodeServices {
+    use handler::deviceplugins::{DevicePluginConfig, permanent_devices};
+    let mut plugins = DevicePluginConfig::new(&flags.device_plugin_dir, &flags.host_root);
+    plugins.max_devices = flags.max_devices.max(1);
+    handler::node::NodeServices::start(
+        kube::Api::all(client.clone()),
+        node,
+        plugins,
+        permanent_devices(),
+        Default::default(),
+        flags.enable_node_labeller,
+    )
+    .await
 }

@@ -180,6 +180,11 @@ async fn handler_runs_a_scheduled_vmi_and_stops_it_on_delete() {
             .arg("--kubevirt-private-dir")
             .arg(dir.join("private"))
             .args(["--watchdog-timeout", "5"])
+            // Never the host's kubelet: device plugins in the test dir (no kubelet there).
+            .arg("--device-plugin-dir")
+            .arg(dir.join("device-plugins"))
+            .arg("--host-root")
+            .arg(dir.join("host-root"))
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .spawn()

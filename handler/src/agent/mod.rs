@@ -15,7 +15,7 @@ use proto::kubevirt::{Phase, VirtualMachineInstance};
 use tokio::sync::{mpsc, watch};
 
 use crate::domains::{CacheChange, DomainCache};
-use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user, socket};
+use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user};
 use crate::metrics::Metrics;
 use crate::podside::{self, PodInterfaceCache};
 use crate::sync::{self, Action, Facts, LauncherState, ShutdownStep};
@@ -182,7 +182,7 @@ impl Agent {
     pub async fn list_domains(&self) {
         for record in self.launchers.ghosts().list() {
             let key = record.key();
-            if !record.socket_file.exists() {
+            if !crate::launchers::podfs::entry_exists(&record.socket_file) {
                 self.cache.set(
                     &key,
                     Domain::gone(
@@ -236,10 +236,12 @@ impl Agent {
     pub async fn watchdog(&self) {
         for record in self.launchers.ghosts().list() {
             let socket = record.socket_file.clone();
-            let reachable =
-                tokio::time::timeout(Duration::from_secs(5), socket::connect_async(&socket))
-                    .await
-                    .is_ok_and(|r| r.is_ok());
+            let reachable = tokio::time::timeout(
+                Duration::from_secs(5),
+                self.launchers.socket_reachable(&socket),
+            )
+            .await
+            .unwrap_or(false);
             let mut since = self
                 .unreachable_since
                 .lock()
@@ -252,10 +254,7 @@ impl Agent {
             if first.elapsed() >= self.config.watchdog_timeout {
                 since.remove(&record.uid);
                 drop(since);
-                let marker = socket.with_file_name(socket::UNRESPONSIVE_MARKER);
-                if socket.parent().is_some_and(|p| p.exists()) {
-                    let _ = std::fs::write(&marker, b"");
-                }
+                self.launchers.mark_unresponsive(&socket);
                 tracing::warn!(key = %record.key(), uid = %record.uid, "launcher unresponsive (watchdog)");
                 self.cache.set(
                     &record.key(),

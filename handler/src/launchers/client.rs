@@ -214,9 +214,34 @@ pub fn sync_options(vmi: &VirtualMachineInstance) -> VirtualMachineOptions {
 }
 
 impl LauncherClient {
-    /// Dials `socket` and negotiates the cmd version (`CmdInfo.Info`, 5 s).
+    /// Dials `socket` and negotiates the cmd version (`CmdInfo.Info`, 5 s). For sockets
+    /// the handler controls; a launcher's socket in a pod goes through
+    /// [`Self::connect_pinned`].
     pub async fn connect(socket: &Path) -> Result<Self, CmdError> {
         let channel = unix_channel(socket, CONNECT_TIMEOUT).await?;
+        Self::negotiate(channel, socket).await
+    }
+
+    /// [`Self::connect`] through a socket pinned by its descriptor: this connection and
+    /// every reconnect of the channel reach the socket that was opened.
+    pub async fn connect_pinned(
+        socket: std::sync::Arc<super::podfs::PinnedSocket>,
+    ) -> Result<Self, CmdError> {
+        let path = socket.path().to_path_buf();
+        let dial = move || {
+            let socket = std::sync::Arc::clone(&socket);
+            async move { socket.connect_async().await }
+        };
+        let channel = proto::unix::channel_with(dial, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| CmdError::Connect {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        Self::negotiate(channel, &path).await
+    }
+
+    async fn negotiate(channel: Channel, socket: &Path) -> Result<Self, CmdError> {
         let mut info = CmdInfoClient::new(channel.clone());
         let reply = info
             .info(with_timeout(CmdInfoRequest {}, SHORT_TIMEOUT))

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod ghost;
+pub mod podfs;
 pub mod socket;
 
 use std::collections::HashMap;
@@ -133,8 +134,9 @@ impl Launchers {
         self.paths.share_dir.join(NOTIFY_SOCKET)
     }
 
-    /// Connects to `socket` for VMI `key`/`uid`: negotiates, learns the listener's PID,
-    /// records a ghost record and places the notify pipe in the pod.
+    /// Connects to `socket` for VMI `key`/`uid`: pins the socket (no link below the pods
+    /// directory), negotiates, learns the listener's PID through the same socket, records
+    /// a ghost record and places the notify pipe in the pod.
     async fn connect(
         &self,
         key: &str,
@@ -142,8 +144,15 @@ impl Launchers {
         socket: &Path,
         owner: u32,
     ) -> Result<(LauncherClient, u32), CmdError> {
-        let client = LauncherClient::connect(socket).await?;
-        let pid = socket::peer_pid(socket).map_err(|e| CmdError::Connect {
+        let pinned = podfs::PinnedSocket::open(&self.paths.pods_dir, socket).map_err(|e| {
+            CmdError::Connect {
+                path: socket.to_path_buf(),
+                reason: e.to_string(),
+            }
+        })?;
+        let pinned = std::sync::Arc::new(pinned);
+        let client = LauncherClient::connect_pinned(std::sync::Arc::clone(&pinned)).await?;
+        let pid = pinned.peer_pid().map_err(|e| CmdError::Connect {
             path: socket.to_path_buf(),
             reason: format!("cannot read the listener's PID: {e}"),
         })?;
@@ -160,9 +169,12 @@ impl Launchers {
         let pipe = if !self.place_notify_pipes {
             None
         } else {
-            match socket::in_launcher(pid, socket::NOTIFY_PIPE_IN_POD)
-                .and_then(|pipe_path| NotifyPipe::start(&pipe_path, &self.notify_socket(), owner))
-            {
+            match NotifyPipe::start_in_root(
+                &socket::launcher_root(pid),
+                Path::new(socket::NOTIFY_PIPE_IN_POD),
+                &self.notify_socket(),
+                owner,
+            ) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
@@ -196,7 +208,7 @@ impl Launchers {
             )
         });
         if let Some((client, pid, socket, marker)) = cached {
-            if socket.exists() && !marker.exists() {
+            if podfs::entry_exists(&socket) && !podfs::entry_exists(&marker) {
                 return LauncherLookup {
                     state: LauncherState::Ready,
                     client: Some(client),
@@ -207,7 +219,7 @@ impl Launchers {
         }
         match socket::find_socket(vmi, &self.node, &self.paths.pods_dir) {
             Ok(pod) => {
-                if pod.unresponsive_marker().exists() {
+                if podfs::entry_exists(&pod.unresponsive_marker()) {
                     return LauncherLookup::unresponsive();
                 }
                 match self
@@ -259,7 +271,7 @@ impl Launchers {
             return Some(e.client.clone());
         }
         let record = self.ghosts.list().into_iter().find(|r| r.uid == uid)?;
-        if !record.socket_file.exists() {
+        if !podfs::entry_exists(&record.socket_file) {
             return None;
         }
         self.connect(
@@ -287,8 +299,33 @@ impl Launchers {
                     .map(|r| r.socket_file)
             });
         match socket {
-            Some(s) => !s.exists() || s.with_file_name(socket::UNRESPONSIVE_MARKER).exists(),
+            Some(s) => {
+                !podfs::entry_exists(&s)
+                    || podfs::entry_exists(&s.with_file_name(socket::UNRESPONSIVE_MARKER))
+            }
             None => true,
+        }
+    }
+
+    /// Whether the launcher socket at `socket` (a ghost record's) accepts a connection,
+    /// reached without links below the pods directory.
+    pub async fn socket_reachable(&self, socket: &Path) -> bool {
+        match podfs::PinnedSocket::open(&self.paths.pods_dir, socket) {
+            Ok(pinned) => pinned.connect_async().await.is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Marks the launcher behind `socket` unresponsive (`launcher-unresponsive` next to
+    /// it), creating the marker without following links.
+    pub fn mark_unresponsive(&self, socket: &Path) {
+        let marker = socket.with_file_name(socket::UNRESPONSIVE_MARKER);
+        let Ok(inner) = marker.strip_prefix(&self.paths.pods_dir) else {
+            tracing::warn!(socket = %socket.display(), "launcher socket is not under the pods directory");
+            return;
+        };
+        if let Err(e) = podfs::touch_beneath(&self.paths.pods_dir, inner) {
+            tracing::debug!(marker = %marker.display(), error = %e, "cannot write the unresponsive marker");
         }
     }
 
@@ -314,5 +351,53 @@ impl Launchers {
     /// How many launchers are connected.
     pub fn connected_count(&self) -> usize {
         self.connected().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launchers(dir: &Path) -> Launchers {
+        Launchers::new(
+            LauncherPaths {
+                pods_dir: dir.join("pods"),
+                share_dir: dir.join("share"),
+                ghost_dir: dir.join("ghosts"),
+            },
+            "n1",
+        )
+    }
+
+    #[test]
+    fn the_unresponsive_marker_never_follows_a_planted_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = launchers(dir.path());
+        let pod = PodPaths::new(&dir.path().join("pods"), "p1");
+        std::fs::create_dir_all(pod.sockets_dir()).expect("mkdir");
+        let victim = dir.path().join("host-file");
+        std::fs::write(&victim, b"precious").expect("write");
+        std::os::unix::fs::symlink(&victim, pod.unresponsive_marker()).expect("symlink");
+        l.mark_unresponsive(&pod.launcher_socket());
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+        std::fs::remove_file(pod.unresponsive_marker()).expect("rm");
+        l.mark_unresponsive(&pod.launcher_socket());
+        assert!(pod.unresponsive_marker().is_file());
+        assert!(l.is_unresponsive("unknown-uid"));
+    }
+
+    #[tokio::test]
+    async fn a_socket_reached_through_a_link_is_not_reachable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = launchers(dir.path());
+        let pod = PodPaths::new(&dir.path().join("pods"), "p1");
+        std::fs::create_dir_all(pod.sockets_dir()).expect("mkdir");
+        let elsewhere = dir.path().join("elsewhere.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&elsewhere).expect("bind");
+        std::os::unix::fs::symlink(&elsewhere, pod.launcher_socket()).expect("symlink");
+        assert!(!l.socket_reachable(&pod.launcher_socket()).await);
+        std::fs::remove_file(pod.launcher_socket()).expect("rm");
+        let _own = std::os::unix::net::UnixListener::bind(pod.launcher_socket()).expect("bind");
+        assert!(l.socket_reachable(&pod.launcher_socket()).await);
     }
 }

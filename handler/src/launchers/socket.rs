@@ -1,8 +1,10 @@
 //! Where a launcher's sockets are and who is listening on them (contract §3.1).
+//!
+//! Pod directories are written by pods: a socket is only taken when the whole path below
+//! the pods directory is free of links (see [`super::podfs`]).
 
 use std::path::{Path, PathBuf};
 
-use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use proto::kubevirt::VirtualMachineInstance;
 pub use proto::unix::{SocketPath, connect, connect_async};
 
@@ -63,8 +65,13 @@ pub enum FindSocketError {
     Ambiguous(usize),
 }
 
+/// A pod UID as a directory name: one plain path component.
+pub fn valid_pod_uid(uid: &str) -> bool {
+    !uid.is_empty() && uid != "." && uid != ".." && !uid.contains('/') && !uid.contains('\0')
+}
+
 /// The pods of the VMI on this node (`status.activePods` entries whose node matches;
-/// an empty node name matches any).
+/// an empty node name matches any). A UID that is no plain directory name is ignored.
 pub fn active_pods_on_node<'a>(vmi: &'a VirtualMachineInstance, node: &'a str) -> Vec<&'a str> {
     vmi.status
         .as_ref()
@@ -73,12 +80,14 @@ pub fn active_pods_on_node<'a>(vmi: &'a VirtualMachineInstance, node: &'a str) -
             pods.iter()
                 .filter(|(_, n)| node.is_empty() || n.as_str() == node)
                 .map(|(uid, _)| uid.as_str())
+                .filter(|uid| valid_pod_uid(uid))
                 .collect()
         })
         .unwrap_or_default()
 }
 
-/// `FindSocket`: exactly one existing `launcher-sock` among the VMI's pods on this node.
+/// `FindSocket`: exactly one `launcher-sock` among the VMI's pods on this node, each a
+/// socket reached without any link below `pods_dir` (KubeVirt: `safepath.NewPathNoFollow`).
 pub fn find_socket(
     vmi: &VirtualMachineInstance,
     node: &str,
@@ -91,7 +100,7 @@ pub fn find_socket(
     let found: Vec<PodPaths> = pods
         .into_iter()
         .map(|uid| PodPaths::new(pods_dir, uid))
-        .filter(|p| p.launcher_socket().exists())
+        .filter(|p| super::podfs::PinnedSocket::open(pods_dir, &p.launcher_socket()).is_ok())
         .collect();
     match found.len() {
         0 => Err(FindSocketError::NotFound(node.to_string())),
@@ -104,12 +113,7 @@ pub fn find_socket(
 /// connection to it (the isolation detector's trick: that PID's `/proc` entries give the
 /// pod's root and namespaces).
 pub fn peer_pid(socket: &Path) -> std::io::Result<u32> {
-    let stream = connect(socket)?;
-    let creds = getsockopt(&stream, PeerCredentials).map_err(std::io::Error::from)?;
-    u32::try_from(creds.pid())
-        .ok()
-        .filter(|pid| *pid > 0)
-        .ok_or_else(|| std::io::Error::other(format!("invalid peer pid {}", creds.pid())))
+    super::podfs::peer_pid_of(&connect(socket)?)
 }
 
 /// The launcher's root filesystem as the handler sees it.
@@ -219,10 +223,12 @@ mod tests {
             find_socket(&vmi, "n1", dir.path()),
             Err(FindSocketError::NotFound("n1".into()))
         );
+        let mut listeners = Vec::new();
         for pod in ["p1", "p3"] {
             let s = PodPaths::new(dir.path(), pod).sockets_dir();
             std::fs::create_dir_all(&s).expect("mkdir");
-            std::fs::write(s.join(LAUNCHER_SOCK), b"").expect("touch");
+            listeners
+                .push(std::os::unix::net::UnixListener::bind(s.join(LAUNCHER_SOCK)).expect("bind"));
         }
         assert_eq!(
             find_socket(&vmi, "n1", dir.path()).map(|p| p.pod_dir),
@@ -236,6 +242,45 @@ mod tests {
         let none = vmi_with_pods(&[]);
         assert!(matches!(
             find_socket(&none, "n1", dir.path()),
+            Err(FindSocketError::NoActivePods(_))
+        ));
+    }
+
+    #[test]
+    fn planted_links_files_and_odd_pod_uids_are_no_launcher_socket() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pods = dir.path().join("pods");
+        // A real socket of another pod, and a pod whose launcher-sock links to it.
+        let other = PodPaths::new(&pods, "other").sockets_dir();
+        std::fs::create_dir_all(&other).expect("mkdir");
+        let _listener =
+            std::os::unix::net::UnixListener::bind(other.join(LAUNCHER_SOCK)).expect("bind");
+        let mine = PodPaths::new(&pods, "mine").sockets_dir();
+        std::fs::create_dir_all(&mine).expect("mkdir");
+        // Relative, so it stays below the pods directory: only "no link at all" stops it.
+        std::os::unix::fs::symlink(
+            "../../../../other/volumes/kubernetes.io~empty-dir/sockets/launcher-sock",
+            mine.join(LAUNCHER_SOCK),
+        )
+        .expect("symlink");
+        assert!(
+            std::fs::metadata(mine.join(LAUNCHER_SOCK)).is_ok(),
+            "the link leads to the other pod's socket"
+        );
+        let vmi = vmi_with_pods(&[("mine", "n1")]);
+        assert_eq!(
+            find_socket(&vmi, "n1", &pods),
+            Err(FindSocketError::NotFound("n1".into()))
+        );
+        // A regular file is no socket either.
+        std::fs::remove_file(mine.join(LAUNCHER_SOCK)).expect("rm");
+        std::fs::write(mine.join(LAUNCHER_SOCK), b"").expect("file");
+        assert!(find_socket(&vmi, "n1", &pods).is_err());
+        // A pod UID that walks out of the pods directory is not even looked at.
+        let sneaky = vmi_with_pods(&[("../pods/other", "n1"), ("..", "n1"), ("", "n1")]);
+        assert!(active_pods_on_node(&sneaky, "n1").is_empty());
+        assert!(matches!(
+            find_socket(&sneaky, "n1", &pods),
             Err(FindSocketError::NoActivePods(_))
         ));
     }

@@ -19,6 +19,17 @@ pub const DOMAIN_ANNOTATION: &str = "kubevirt.io/domain";
 pub const VM_GENERATION_ANNOTATION: &str = "kubevirt.io/vm-generation";
 /// Node label set by the handler heartbeat.
 pub const SCHEDULABLE_LABEL: &str = "kubevirt.io/schedulable";
+/// Node annotation with the time of the handler's last heartbeat (`VirtHandlerHeartbeat`).
+pub const HEARTBEAT_ANNOTATION: &str = "kubevirt.io/heartbeat";
+/// Node label: the kubelet runs the static CPU manager (`CPUManager`).
+pub const CPU_MANAGER_LABEL: &str = "kubevirt.io/cpumanager";
+/// The same, under its old name (`DeprecatedCPUManager`).
+pub const DEPRECATED_CPU_MANAGER_LABEL: &str = "cpumanager";
+/// Node label prefix of a machine type the node runs (`SupportedMachineTypeLabel`);
+/// launcher pods select `<prefix><machine type>: "true"`.
+pub const MACHINE_TYPE_LABEL_PREFIX: &str = "machine-type.node.kubevirt.io/";
+/// Node annotation that keeps the node labeller away (`LabellerSkipNodeAnnotation`).
+pub const LABELLER_SKIP_NODE_ANNOTATION: &str = "node-labeller.kubevirt.io/skip-node";
 
 /// Finalizer the API webhook puts on every VMI; removed once its pods are gone.
 pub const FOREGROUND_DELETE_FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
