@@ -513,7 +513,17 @@ async fn a_domain_of_an_older_vmi_is_cleaned_up_only_once_its_launcher_is_gone()
             .filter(|c| c.as_str() == "Sync")
             .count()
     };
-    let syncs_before = syncs();
+    // The old VMI's own reconciles (a Sync after each status write) settle first: only
+    // what the new VMI's arrival triggers counts below.
+    let mut syncs_before = syncs();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = syncs();
+        if now == syncs_before {
+            break;
+        }
+        syncs_before = now;
+    }
     store.admit(fresh, None);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The old launcher answers: its domain is left alone and the new VMI waits.
