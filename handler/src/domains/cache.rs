@@ -1,5 +1,5 @@
 //! The domain cache: the handler's picture of every launcher's domain, keyed
-//! `<namespace>/<name>` like KubeVirt's domain informer (contract §3.2).
+//! `<namespace>/<name>` like KubeVirt's domain informer (proto/CONTRACT.md §3.2).
 //!
 //! It is fed by the notify server (events pushed by launchers), by the initial list and
 //! by the periodic resync (both ask each launcher `GetDomain`). Every change sends the

@@ -1,5 +1,5 @@
 //! The handler's notify server (`kubevirt.notify.v1.Notify` + `kubevirt.notify.info.NotifyInfo`)
-//! on `<kubevirt-share-dir>/domain-notify.sock` (contract §1.6, §3.1).
+//! on `<kubevirt-share-dir>/domain-notify.sock` (proto/CONTRACT.md §1.6, §3.1).
 //!
 //! Launchers push domain events (fed into the [`DomainCache`]) and Kubernetes events (handed
 //! to a [`K8sEventSink`], which checks the VMI and records them).

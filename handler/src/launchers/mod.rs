@@ -1,4 +1,4 @@
-//! Finding and calling launchers (contract §3.1): socket discovery, the peer PID, one
+//! Finding and calling launchers (proto/CONTRACT.md §3.1): socket discovery, the peer PID, one
 //! cached cmd client per VMI UID, ghost records, and the notify pipe in each pod.
 
 pub mod client;
@@ -195,7 +195,7 @@ impl Launchers {
         Ok((client, pid))
     }
 
-    /// The launcher of `vmi` (contract §3.1 `GetLauncherClient` + responsiveness).
+    /// The launcher of `vmi` (proto/CONTRACT.md §3.1 `GetLauncherClient` + responsiveness).
     pub async fn lookup(&self, vmi: &VirtualMachineInstance) -> LauncherLookup {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let key = vmi_key(vmi);

@@ -1,6 +1,6 @@
 //! Resident memory of the launcher (monitor + launcher, with its in-process
 //! VMM) running a VMI, excluding guest RAM, next to KubeVirt v1.9.0's memory
-//! budget for the same VMI (contract §7: 220 MiB fixed for
+//! budget for the same VMI (proto/CONTRACT.md §7: 220 MiB fixed for
 //! virt-launcher-monitor, virt-launcher, virtlogd, virtqemud and QEMU, plus
 //! 8 MiB per vCPU, 8 MiB for the IO thread and 32 MiB video).
 //!

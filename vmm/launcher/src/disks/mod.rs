@@ -1,4 +1,4 @@
-//! Where each volume's bytes are, and making them exist (contract §4.4).
+//! Where each volume's bytes are, and making them exist (proto/CONTRACT.md §4.4).
 //!
 //! [`plan`] is pure: it maps a VMI volume to the file the VM will use (and
 //! its backing file, for overlays). [`materialize`] creates what the plan
