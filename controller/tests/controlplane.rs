@@ -1172,3 +1172,51 @@ async fn manual_vm_follows_start_and_stop_requests() {
         "Manual does not restart by itself"
     );
 }
+
+/// A VMI created directly (no VM, no virt-api webhook here) gets the webhook's defaults stored
+/// before its pod exists: the handler and the launcher then see KubeVirt's spec (the default
+/// pod network and bridge interface, ACPI, the machine type), not a VMI without a NIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmi_created_directly_gets_the_webhooks_defaults_stored_before_its_pod() {
+    let setup = Setup::new("ctl-defaults", true).await;
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let mut spec = vm("x", "Always")
+        .spec
+        .template
+        .spec
+        .expect("a template spec");
+    spec.domain.devices.interfaces.clear();
+    spec.networks.clear();
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "bare"},
+        "spec": spec,
+    }))
+    .unwrap();
+    vmis.create(&PostParams::default(), &vmi)
+        .await
+        .expect("VMI");
+    let pods: Api<Pod> = setup.api();
+    wait_for("the launcher pod", || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .next()
+    })
+    .await;
+    let stored = get(&vmis, "bare").await.expect("the VMI");
+    let value = serde_json::to_value(&stored.spec).unwrap();
+    assert_eq!(
+        value["domain"]["devices"]["interfaces"],
+        json!([{"name": "default", "bridge": {}}]),
+        "{value}"
+    );
+    assert_eq!(
+        value["networks"],
+        json!([{"name": "default", "pod": {}}]),
+        "{value}"
+    );
+    assert_eq!(value["domain"]["machine"]["type"], json!("q35"), "{value}");
+}
