@@ -14,6 +14,10 @@ command -v xorriso >/dev/null || need+=(xorriso)            # reading cloud-init
 command -v bsdtar >/dev/null || need+=(libarchive-tools)    # reading cloud-init ISOs in tests
 command -v setcap >/dev/null || PATH=$PATH:/usr/sbin command -v setcap >/dev/null \
   || need+=(libcap2-bin)                                     # file capability of the monitor in tests
+[ -x /usr/sbin/runc ] || need+=(runc)                       # the test cluster's OCI runtime
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins) # the test cluster's pod network
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # static busybox in test images
+command -v openssl >/dev/null || need+=(openssl)            # the test cluster's certificates
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
