@@ -70,7 +70,19 @@ die() {
 
 # ---- small helpers -----------------------------------------------------------------------
 
-pid_of() { cat "$STATE/pids/$1" 2>/dev/null || true; }
+# The recorded pid of daemon $1 (or of the watchdog), if that process still runs and is still
+# ours: a pid file that outlived its process must not make `down` signal whoever got the pid.
+pid_of() {
+    local pid
+    pid="$(cat "$STATE/pids/$1" 2>/dev/null)" || return 0
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    if [[ "$1" == watchdog ]]; then
+        grep -aqs -- "__watch" "/proc/$pid/cmdline" || return 0
+    else
+        grep -qsE ":/$CGROUP_NAME/daemons\$" "/proc/$pid/cgroup" || return 0
+    fi
+    echo "$pid"
+}
 alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
 
 # The end of a daemon's log, for error messages.
@@ -102,7 +114,7 @@ check_daemons_alive() {
         pid="$(pid_of "$name")"
         if ! alive "$pid"; then
             log_tail "$name" 40
-            die "$name (pid $pid) exited; its log: $STATE/log/$name.log"
+            die "$name (pid $(cat "$STATE/pids/$name")) exited; its log: $STATE/log/$name.log"
         fi
     done
 }
@@ -329,7 +341,7 @@ teardown() {
 preflight() {
     [[ "$(id -u)" == 0 ]] || die "must run as root"
     local tool
-    for tool in ip nft openssl unshare setsid flock mount umount; do
+    for tool in ip ss nft openssl unshare setsid flock mount umount; do
         command -v "$tool" >/dev/null || die "$tool is not installed (scripts/setup.sh installs it)"
     done
     [[ -x "$RUNC" ]] || die "$RUNC is missing: install Debian's runc (scripts/setup.sh does)"
@@ -413,7 +425,8 @@ prepare_host() {
     ip link add "$BRIDGE" type bridge
     ip addr add "$NODE_IP/${POD_CIDR#*/}" dev "$BRIDGE"
     ip link set "$BRIDGE" up
-    sysctl -qw "net.ipv4.conf.$BRIDGE.forwarding=1" "net.ipv4.conf.$BRIDGE.send_redirects=0"
+    echo 1 >"/proc/sys/net/ipv4/conf/$BRIDGE/forwarding"
+    echo 0 >"/proc/sys/net/ipv4/conf/$BRIDGE/send_redirects"
 
     # Kubelet's root: a shared mount of its own, so that pods may mount (parts of) it with
     # HostToContainer or Bidirectional propagation (KubeVirt's handler does); / is private here.
