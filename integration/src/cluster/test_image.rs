@@ -187,7 +187,8 @@ fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex_sha256(bytes))
 }
 
-/// True if the ELF file has a PT_INTERP program header (is dynamically linked).
+/// True if the ELF file has a PT_INTERP program header (is dynamically linked). Three header
+/// fields read by hand: an ELF parser crate would be a dependency for one check.
 fn has_program_interpreter(elf: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
     let read_u16 = |at: usize| {
