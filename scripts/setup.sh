@@ -14,6 +14,7 @@ command -v xorriso >/dev/null || need+=(xorriso)            # reading cloud-init
 command -v bsdtar >/dev/null || need+=(libarchive-tools)    # reading cloud-init ISOs in tests
 command -v setcap >/dev/null || PATH=$PATH:/usr/sbin command -v setcap >/dev/null \
   || need+=(libcap2-bin)                                     # file capability of the monitor in tests
+command -v containerd >/dev/null || need+=(containerd)      # ctr import of built images in tests
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
