@@ -60,7 +60,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("prog"), dynamic_program()).unwrap();
         let spec = ImageSpec::from_yaml(
-            "name: a/b:c\nentries:\n  - {path: /usr/bin/prog, from: prog, mode: \"0755\"}\n",
+            "name: localhost/a/b:c\nentries:\n  - {path: /usr/bin/prog, from: prog, mode: \"0755\"}\n",
         )
         .unwrap();
         let error = spec.resolve(dir.path()).unwrap_err().to_string();
@@ -71,7 +71,7 @@ mod tests {
         let loader = interpreter(&dynamic_program()).unwrap();
         std::fs::write(dir.path().join("ld"), b"loader").unwrap();
         let spec = ImageSpec::from_yaml(&format!(
-            "name: a/b:c\nentries:\n  - {{path: /usr/bin/prog, from: prog}}\n  - {{path: {loader}, from: ld}}\n"
+            "name: localhost/a/b:c\nentries:\n  - {{path: /usr/bin/prog, from: prog}}\n  - {{path: {loader}, from: ld}}\n"
         ))
         .unwrap();
         spec.resolve(dir.path()).expect("accepted with its loader");

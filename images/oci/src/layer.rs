@@ -161,7 +161,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tool"), b"#!/bin/true\n").unwrap();
         ImageSpec::from_yaml(concat!(
-            "name: a/b:c\nentries:\n",
+            "name: localhost/a/b:c\nentries:\n",
             "  - {path: /usr/bin/tool, from: tool, mode: \"0755\", capabilities: cap_net_bind_service+ep}\n",
             "  - {path: /disk, dir: true, uid: 107, gid: 107, mode: \"0750\"}\n",
             "  - {path: /disk/base.img, text: data, uid: 107, gid: 107, mode: \"0440\"}\n",
@@ -285,7 +285,7 @@ mod tests {
     fn long_paths_survive() {
         let long = format!("/{}/file", "d".repeat(150));
         let entries = ImageSpec::from_yaml(&format!(
-            "name: a/b:c\nentries:\n  - {{path: {long}, text: x}}\n"
+            "name: localhost/a/b:c\nentries:\n  - {{path: {long}, text: x}}\n"
         ))
         .unwrap()
         .resolve(std::path::Path::new("/nonexistent"))

@@ -104,7 +104,25 @@ pub struct Entry {
 
 impl ImageSpec {
     pub fn from_yaml(text: &str) -> Result<Self, Error> {
-        serde_yaml::from_str(text).map_err(|e| Error::Spec(e.to_string()))
+        let spec: Self = serde_yaml::from_str(text).map_err(|e| Error::Spec(e.to_string()))?;
+        spec.check_name()?;
+        Ok(spec)
+    }
+
+    /// The name must be a full reference already (registry, repository and tag): the kubelet
+    /// asks containerd for the normalized form (`pause` means `docker.io/library/pause:latest`),
+    /// so an archive under a short name would never be found.
+    fn check_name(&self) -> Result<(), Error> {
+        let reference = oci_spec::distribution::Reference::try_from(self.name.as_str())
+            .map_err(|e| Error::Spec(format!("name {:?}: {e}", self.name)))?;
+        if reference.whole() != self.name {
+            return Err(Error::Spec(format!(
+                "name {:?} is not a full reference: write {:?}",
+                self.name,
+                reference.whole()
+            )));
+        }
+        Ok(())
     }
 
     /// The entries of the layer, parents included, sorted by path (a parent sorts before its
@@ -248,7 +266,7 @@ mod tests {
     use super::*;
 
     fn spec(entries: &str) -> ImageSpec {
-        ImageSpec::from_yaml(&format!("name: x/y:z\nentries:\n{entries}")).unwrap()
+        ImageSpec::from_yaml(&format!("name: localhost/x/y:z\nentries:\n{entries}")).unwrap()
     }
 
     #[test]
@@ -314,5 +332,30 @@ mod tests {
         }
         let unknown = ImageSpec::from_yaml("name: a\nentries: []\nlayers: 2\n").unwrap_err();
         assert!(unknown.to_string().contains("layers"), "{unknown}");
+    }
+
+    #[test]
+    fn names_must_be_full_references() {
+        for good in [
+            "localhost/kubevirt-rs/pause:3.10",
+            "localhost/kubevirt-rs/virt-launcher:devel",
+            "quay.io/kubevirt/virt-launcher:v1.9.0",
+        ] {
+            ImageSpec::from_yaml(&format!("name: {good}\nentries: []\n")).expect(good);
+        }
+        for (bad, reason) in [
+            ("pause", "docker.io/library/pause:latest"),
+            (
+                "localhost/kubevirt-rs/pause",
+                "localhost/kubevirt-rs/pause:latest",
+            ),
+            ("localhost/x:", "invalid"),
+            ("a b:c", "invalid"),
+        ] {
+            let error = ImageSpec::from_yaml(&format!("name: \"{bad}\"\nentries: []\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.to_lowercase().contains(reason), "{bad}: {error}");
+        }
     }
 }
