@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub vms: Store<VirtualMachine>,
     pub vm_expectations: Expectations,
+    /// Reconcile counts, durations and failures (`/metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Pods created but not yet in the cache, by VMI UID.
     pub created_pods: Mutex<HashMap<String, (Pod, Instant)>>,
     /// VMI resource versions written but not yet in the cache, by VMI UID.
@@ -137,11 +139,25 @@ where
     }
 }
 
+/// The failure reason a metric names: the API's reason (`Conflict`, `NotFound`, ...) for an
+/// API error, else the error's kind.
+fn kube_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => status.reason.clone(),
+        other => format!("{other:?}")
+            .split(['(', ' ', '{'])
+            .next()
+            .unwrap_or("Other")
+            .to_string(),
+    }
+}
+
 /// Runs the VM and VMI controllers until `shutdown` resolves.
 pub async fn run(
     client: Client,
     options: Options,
     writes: Arc<Writes>,
+    metrics: Arc<crate::metrics::Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let watch_config = watcher::Config::default().any_semantic();
@@ -210,6 +226,7 @@ pub async fn run(
         pods: pod_reader,
         vms: vm_reader.clone(),
         vm_expectations: Expectations::default(),
+        metrics,
         created_pods: Mutex::default(),
         vmi_versions: Mutex::default(),
         pod_gates: Mutex::default(),
@@ -228,7 +245,22 @@ pub async fn run(
     .reconcile_on(pod_gone_rx)
     .graceful_shutdown_on(stopped(stop_rx.clone()))
     .run(
-        crate::vmi::controller::reconcile,
+        |vmi, ctx: Arc<Context>| async move {
+            let key = format!("{}/{}", vmi.namespace().unwrap_or_default(), vmi.name_any());
+            let metrics = Arc::clone(&ctx.metrics);
+            metrics
+                .reconcile(
+                    "vmi",
+                    &key,
+                    crate::vmi::controller::reconcile(vmi, ctx),
+                    |e| match e {
+                        crate::vmi::controller::Error::Kube(e) => kube_reason(e),
+                        crate::vmi::controller::Error::Render(_) => "Render".into(),
+                        crate::vmi::controller::Error::Json(_) => "Json".into(),
+                    },
+                )
+                .await
+        },
         crate::vmi::controller::error_policy,
         context.clone(),
     );
@@ -237,7 +269,18 @@ pub async fn run(
             .reconcile_on(vmi_gone_rx)
             .graceful_shutdown_on(stopped(stop_rx))
             .run(
-                crate::vm::controller::reconcile,
+                |vm, ctx: Arc<Context>| async move {
+                    let key = format!("{}/{}", vm.namespace().unwrap_or_default(), vm.name_any());
+                    let metrics = Arc::clone(&ctx.metrics);
+                    metrics
+                        .reconcile("vm", &key, crate::vm::controller::reconcile(vm, ctx), |e| {
+                            match e {
+                                crate::vm::controller::Error::Kube(e) => kube_reason(e),
+                                crate::vm::controller::Error::Sync(_) => "Sync".into(),
+                            }
+                        })
+                        .await
+                },
                 crate::vm::controller::error_policy,
                 context.clone(),
             );
