@@ -45,6 +45,37 @@ pub struct Context {
 /// How long a write may take to show up in the cache before the controller stops waiting.
 pub const CACHE_WAIT: Duration = Duration::from_secs(30);
 
+/// A reconcile error that may come from the API server.
+pub trait ReconcileError: std::fmt::Display {
+    /// The API server's answer, if that is what failed.
+    fn kube(&self) -> Option<&kube::Error>;
+}
+
+/// What both controllers do after a failed reconcile: retry in 5 s, or in 200 ms after a
+/// conflict (the cache was only behind).
+pub fn error_policy<K, E>(
+    object: Arc<K>,
+    error: &E,
+    _: Arc<Context>,
+) -> kube::runtime::controller::Action
+where
+    K: Resource<DynamicType = ()> + kube::ResourceExt,
+    E: ReconcileError,
+{
+    let kind = K::kind(&());
+    let name = object.name_any();
+    tracing::warn!(%kind, %name, %error, "re-enqueuing");
+    kube::runtime::controller::Action::requeue(requeue_after(error.kube()))
+}
+
+/// The delay [`error_policy`] waits after `api_error`.
+fn requeue_after(api_error: Option<&kube::Error>) -> Duration {
+    match api_error {
+        Some(kube::Error::Api(status)) if status.code == 409 => Duration::from_millis(200),
+        _ => Duration::from_secs(5),
+    }
+}
+
 impl Context {
     pub fn api<K>(&self, namespace: &str) -> Api<K>
     where
@@ -229,7 +260,7 @@ pub async fn run(
     .graceful_shutdown_on(stopped(stop_rx.clone()))
     .run(
         crate::vmi::controller::reconcile,
-        crate::vmi::controller::error_policy,
+        error_policy,
         context.clone(),
     );
     let vm_controller =
@@ -238,7 +269,7 @@ pub async fn run(
             .graceful_shutdown_on(stopped(stop_rx))
             .run(
                 crate::vm::controller::reconcile,
-                crate::vm::controller::error_policy,
+                error_policy,
                 context.clone(),
             );
 
@@ -283,8 +314,23 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_jso
 
 #[cfg(test)]
 mod tests {
-    use super::merge_diff;
+    use super::{merge_diff, requeue_after};
     use serde_json::json;
+    use std::time::Duration;
+
+    #[test]
+    fn conflicts_retry_soon_other_errors_later() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "Conflict")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert_eq!(requeue_after(Some(&api(409))), Duration::from_millis(200));
+        assert_eq!(requeue_after(Some(&api(500))), Duration::from_secs(5));
+        assert_eq!(requeue_after(None), Duration::from_secs(5));
+    }
 
     #[test]
     fn merge_diff_sets_changes_and_nulls_removals() {
