@@ -47,6 +47,37 @@ pub struct Context {
 /// How long a write may take to show up in the cache before the controller stops waiting.
 pub const CACHE_WAIT: Duration = Duration::from_secs(30);
 
+/// A reconcile error that may come from the API server.
+pub trait ReconcileError: std::fmt::Display {
+    /// The API server's answer, if that is what failed.
+    fn kube(&self) -> Option<&kube::Error>;
+}
+
+/// What both controllers do after a failed reconcile: retry in 5 s, or in 200 ms after a
+/// conflict (the cache was only behind).
+pub fn error_policy<K, E>(
+    object: Arc<K>,
+    error: &E,
+    _: Arc<Context>,
+) -> kube::runtime::controller::Action
+where
+    K: Resource<DynamicType = ()> + kube::ResourceExt,
+    E: ReconcileError,
+{
+    let kind = K::kind(&());
+    let name = object.name_any();
+    tracing::warn!(%kind, %name, %error, "re-enqueuing");
+    kube::runtime::controller::Action::requeue(requeue_after(error.kube()))
+}
+
+/// The delay [`error_policy`] waits after `api_error`.
+fn requeue_after(api_error: Option<&kube::Error>) -> Duration {
+    match api_error {
+        Some(kube::Error::Api(status)) if status.code == 409 => Duration::from_millis(200),
+        _ => Duration::from_secs(5),
+    }
+}
+
 impl Context {
     pub fn api<K>(&self, namespace: &str) -> Api<K>
     where
@@ -261,7 +292,7 @@ pub async fn run(
                 )
                 .await
         },
-        crate::vmi::controller::error_policy,
+        error_policy,
         context.clone(),
     );
     let vm_controller =
@@ -281,7 +312,7 @@ pub async fn run(
                         })
                         .await
                 },
-                crate::vm::controller::error_policy,
+                error_policy,
                 context.clone(),
             );
 
@@ -326,8 +357,23 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_jso
 
 #[cfg(test)]
 mod tests {
-    use super::merge_diff;
+    use super::{merge_diff, requeue_after};
     use serde_json::json;
+    use std::time::Duration;
+
+    #[test]
+    fn conflicts_retry_soon_other_errors_later() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "Conflict")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert_eq!(requeue_after(Some(&api(409))), Duration::from_millis(200));
+        assert_eq!(requeue_after(Some(&api(500))), Duration::from_secs(5));
+        assert_eq!(requeue_after(None), Duration::from_secs(5));
+    }
 
     #[test]
     fn merge_diff_sets_changes_and_nulls_removals() {

@@ -1,7 +1,7 @@
 //! Disk preparation against real files, checked with qemu-img and an ISO reader.
 
 use launcher::disks::{self, DiskError};
-use launcher::paths::Paths;
+use launcher::paths::{PathName, Paths};
 use proto::kubevirt::parse_vmi;
 use std::process::Command;
 
@@ -10,6 +10,19 @@ fn vmi(volumes_yaml: &str) -> proto::kubevirt::VirtualMachineInstance {
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: v\n  namespace: ns\n  uid: u-1\nspec:\n  domain:\n    firmware:\n      uuid: 6a1c1b9e-0d1f-4d0e-9a0b-0c0d0e0f1011\n  volumes:\n{volumes_yaml}"
     ))
     .unwrap()
+}
+
+/// A volume name as the launcher's paths take it.
+fn volume(name: &str) -> PathName {
+    PathName::volume(name).unwrap()
+}
+
+/// Namespace `ns`, name `v`: the test VMI's.
+fn ns_v() -> (PathName, PathName) {
+    (
+        PathName::component("namespace", "ns").unwrap(),
+        PathName::component("name", "v").unwrap(),
+    )
 }
 
 fn qemu_img_info(path: &std::path::Path) -> serde_json::Value {
@@ -43,21 +56,22 @@ fn every_supported_volume_type_becomes_a_real_file() {
         disks::materialize(&plan, &v, &paths, None).unwrap();
     }
     // Container disk: a qcow2 overlay whose backing is the linked base.
-    let info = qemu_img_info(&paths.overlay("cd"));
+    let info = qemu_img_info(&paths.overlay(&volume("cd")));
     assert_eq!(info["format"], "qcow2");
     assert_eq!(info["virtual-size"], 2 << 20);
     assert_eq!(info["backing-filename-format"], "raw");
     assert!(paths.container_disk_base(0).is_symlink());
     // Empty disk: qcow2 of the capacity.
-    let info = qemu_img_info(&paths.empty_disk("scratch"));
+    let info = qemu_img_info(&paths.empty_disk(&volume("scratch")));
     assert_eq!(info["virtual-size"], 10 << 20);
     // Host disk: a sparse raw file, rounded down to whole MiB.
-    let host = paths.vmi_disks_dir("host").join("host.img");
+    let host = paths.vmi_disks_dir(&volume("host")).join("host.img");
     assert_eq!(std::fs::metadata(&host).unwrap().len(), 3 << 20);
     // Cloud-init: ISOs an ISO reader can open, with the right labels.
+    let (ns, v_name) = ns_v();
     for (iso, label) in [
-        (paths.nocloud_iso("ns", "v"), "cidata"),
-        (paths.config_drive_iso("ns", "v"), "config-2"),
+        (paths.nocloud_iso(&ns, &v_name), "cidata"),
+        (paths.config_drive_iso(&ns, &v_name), "config-2"),
     ] {
         let out = Command::new("isoinfo")
             .args(["-d", "-i"])
@@ -73,7 +87,7 @@ fn every_supported_volume_type_becomes_a_real_file() {
     }
     let user = Command::new("isoinfo")
         .args(["-R", "-x", "/user-data", "-i"])
-        .arg(paths.nocloud_iso("ns", "v"))
+        .arg(paths.nocloud_iso(&ns, &v_name))
         .output()
         .unwrap();
     assert_eq!(
@@ -95,7 +109,7 @@ fn hostile_or_unsupported_volumes_are_refused() {
     let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
     assert!(matches!(err, DiskError::ContainerDisk { .. }), "{err}");
     assert!(
-        !paths.overlay("cd").exists(),
+        !paths.overlay(&volume("cd")).exists(),
         "nothing is created for a refused disk"
     );
     // An image volume with two candidate files.
@@ -206,4 +220,55 @@ fn kernel_boot_artifacts_that_leave_the_image_are_refused() {
     // Two artifacts under one name would share one link.
     let v = kernel_boot_vmi("/boot/vmlinuz", "/other/vmlinuz");
     assert!(disks::kernel_boot(&paths, &v).is_err());
+}
+
+/// A volume name becomes a file or directory name (overlay, PVC and host-disk mounts, empty
+/// disk, block device): one that is no DNS-1123 label (`..`, `/`, upper case) is refused by
+/// the plan before any path is made, for every volume kind, and so is a second volume of the
+/// same name (it would share the first one's files).
+#[test]
+fn volume_names_never_leave_their_directories() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(&root.path().join("pod"));
+    let sources = [
+        "containerDisk:\n      image: x",
+        "ephemeral:\n      persistentVolumeClaim:\n        claimName: c",
+        "persistentVolumeClaim:\n      claimName: c",
+        "hostDisk:\n      path: /data/d.img\n      type: DiskOrCreate\n      capacity: 1Mi",
+        "emptyDisk:\n      capacity: 1Mi",
+        "cloudInitNoCloud:\n      userData: x",
+    ];
+    let names = [
+        "../../../../../escape",
+        "\"/escape\"",
+        "..",
+        "a/b",
+        "\"\"",
+        "Escape",
+    ];
+    for source in sources {
+        for name in names {
+            let v = vmi(&format!("  - name: {name}\n    {source}\n"));
+            let err = disks::plan(&paths, &v, 0)
+                .expect_err(&format!("volume {name:?} with {source:?} is refused"));
+            assert!(
+                err.to_string().starts_with("spec.volumes[0].name: volume "),
+                "{name} {source}: {err}"
+            );
+        }
+        let twice = vmi(&format!(
+            "  - name: d\n    emptyDisk:\n      capacity: 1Mi\n  - name: d\n    {source}\n"
+        ));
+        assert!(disks::plan(&paths, &twice, 0).is_ok());
+        let err = disks::plan(&paths, &twice, 1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spec.volumes[1].name: spec.volumes[1] and spec.volumes[0] must not have the same name"
+        );
+    }
+    let created: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(created.is_empty(), "nothing was created: {created:?}");
 }

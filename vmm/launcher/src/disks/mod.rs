@@ -8,7 +8,7 @@
 pub mod cache_mode;
 pub mod cloudinit;
 
-use crate::paths::Paths;
+use crate::paths::{BadName, PathName, Paths};
 use block::Format;
 use proto::kubevirt::{VirtualMachineInstance, Volume, quantity};
 use std::path::{Path, PathBuf};
@@ -93,6 +93,28 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
     }
 }
 
+/// The name of volume `index` as a file name: a DNS-1123 label, and the only volume of that
+/// name (a second one would share the first one's files).
+fn volume_name(vmi: &VirtualMachineInstance, index: usize) -> Result<PathName, DiskError> {
+    let field = format!("spec.volumes[{index}].name");
+    let name = &vmi.spec.volumes[index].name;
+    let checked = PathName::volume(name).map_err(|e| DiskError::Unsupported {
+        field: field.clone(),
+        reason: e.to_string(),
+    })?;
+    if let Some(first) = vmi.spec.volumes.iter().position(|v| &v.name == name)
+        && first != index
+    {
+        return Err(DiskError::Unsupported {
+            field,
+            reason: format!(
+                "spec.volumes[{index}] and spec.volumes[{first}] must not have the same name"
+            ),
+        });
+    }
+    Ok(checked)
+}
+
 /// Resolves volume number `index` of the VMI.
 pub fn plan(
     paths: &Paths,
@@ -101,9 +123,9 @@ pub fn plan(
 ) -> Result<DiskPlan, DiskError> {
     let volume: &Volume = &vmi.spec.volumes[index];
     let field = format!("spec.volumes[{index}]");
-    let name = volume.name.clone();
+    let name = volume_name(vmi, index)?;
     let plan = |path: PathBuf, format: Format, kind, backing, action| DiskPlan {
-        volume: name.clone(),
+        volume: name.as_str().to_string(),
         path,
         format,
         kind,
@@ -112,7 +134,7 @@ pub fn plan(
     };
     if let Some(cd) = &volume.container_disk {
         return Ok(plan(
-            paths.overlay(&volume.name),
+            paths.overlay(&name),
             Format::Qcow2,
             "file",
             // The base's format is read from the image when it is linked in.
@@ -133,13 +155,10 @@ pub fn plan(
             });
         }
         return Ok(plan(
-            paths.overlay(&volume.name),
+            paths.overlay(&name),
             Format::Qcow2,
             "file",
-            Some((
-                paths.vmi_disks_dir(&volume.name).join("disk.img"),
-                Format::Raw,
-            )),
+            Some((paths.vmi_disks_dir(&name).join("disk.img"), Format::Raw)),
             Action::Overlay {
                 base_source: BaseSource::Existing,
             },
@@ -148,11 +167,11 @@ pub fn plan(
     if volume.persistent_volume_claim.is_some() || volume.data_volume.is_some() {
         // Filesystem PVCs normally arrive rewritten as hostDisk; a block PVC
         // is a device at /dev/<volume>.
-        let dev = PathBuf::from("/dev").join(&volume.name);
+        let dev = paths.block_device(&name);
         let (path, kind) = if dev.exists() {
             (dev, "block")
         } else {
-            (paths.vmi_disks_dir(&volume.name).join("disk.img"), "file")
+            (paths.vmi_disks_dir(&name).join("disk.img"), "file")
         };
         return Ok(plan(path, Format::Raw, kind, None, Action::UseAsIs));
     }
@@ -164,7 +183,7 @@ pub fn plan(
                 field: format!("{field}.hostDisk.path"),
                 reason: format!("{:?} has no file name", host.path),
             })?;
-        let path = paths.vmi_disks_dir(&volume.name).join(base);
+        let path = paths.vmi_disks_dir(&name).join(base);
         let action = match host.disk_type.as_str() {
             "Disk" => Action::UseAsIs,
             "DiskOrCreate" => {
@@ -199,7 +218,7 @@ pub fn plan(
             })?;
         // KubeVirt rounds the capacity down to whole MiB.
         return Ok(plan(
-            paths.empty_disk(&volume.name),
+            paths.empty_disk(&name),
             Format::Qcow2,
             "file",
             None,
@@ -214,8 +233,17 @@ pub fn plan(
         None
     };
     if let Some((action, file)) = cloud_init {
-        let ns = vmi.metadata.namespace.clone().unwrap_or_default();
-        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+        fn bad_name(field: &'static str) -> impl Fn(BadName) -> DiskError {
+            move |e| DiskError::Unsupported {
+                field: field.to_string(),
+                reason: e.to_string(),
+            }
+        }
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let ns = PathName::component("namespace", ns).map_err(bad_name("metadata.namespace"))?;
+        let vmi_name = vmi.metadata.name.as_deref().unwrap_or_default();
+        let vmi_name =
+            PathName::component("VMI name", vmi_name).map_err(bad_name("metadata.name"))?;
         let path = paths.cloud_init_dir(&ns, &vmi_name).join(file);
         return Ok(plan(path, Format::Raw, "file", None, action));
     }
@@ -303,18 +331,27 @@ pub fn materialize(
                 volume: plan.volume.clone(),
                 source,
             };
+            // The plan came from this VMI, whose volume names `plan` found unique; a VMI
+            // that no longer matches its plan is refused, not trusted.
+            let mismatch = || DiskError::Unsupported {
+                field: "spec.volumes".into(),
+                reason: format!(
+                    "volume {:?} is not the cloud-init volume planned",
+                    plan.volume
+                ),
+            };
             let secrets = paths.secrets_dir();
             if plan.action == Action::NoCloudIso {
                 let source = volume
                     .and_then(|v| v.cloud_init_no_cloud.as_ref())
-                    .expect("NoCloudIso plans come from a cloudInitNoCloud volume");
+                    .ok_or_else(mismatch)?;
                 let data = cloudinit::nocloud_data(vmi, &plan.volume, source, &secrets)
                     .map_err(cloud_err)?;
                 cloudinit::write_nocloud_iso(&data, &plan.path).map_err(cloud_err)?;
             } else {
                 let source = volume
                     .and_then(|v| v.cloud_init_config_drive.as_ref())
-                    .expect("ConfigDriveIso plans come from a cloudInitConfigDrive volume");
+                    .ok_or_else(mismatch)?;
                 let data = cloudinit::config_drive_data(vmi, &plan.volume, source, &secrets)
                     .map_err(cloud_err)?;
                 cloudinit::write_config_drive_iso(&data, &plan.path).map_err(cloud_err)?;
