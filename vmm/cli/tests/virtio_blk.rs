@@ -283,7 +283,12 @@ fn every_cache_mode_gives_the_guest_the_same_disk() {
             &kernel,
             &[
                 format!("path={},format=raw,cache={cache}", raw.display()),
-                format!("path={},format=qcow2,cache={cache}", overlay.display()),
+                // The overlay may open its base, in the test's directory.
+                format!(
+                    "path={},format=qcow2,cache={cache},backing-dir={},backing-format=raw",
+                    overlay.display(),
+                    dir.path().display()
+                ),
             ],
         );
         for check in [

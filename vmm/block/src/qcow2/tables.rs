@@ -191,7 +191,7 @@ impl MetadataCache {
     }
 
     /// Offsets of dirty entries, sorted so writes go out in file order.
-    pub fn dirty_offsets(&self) -> Vec<u64> {
+    fn dirty_offsets(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self
             .map
             .iter()
@@ -200,6 +200,25 @@ impl MetadataCache {
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// Writes every dirty entry with `write` (offset, contents), in file
+    /// order, marking each clean once written; an entry whose write fails
+    /// stays dirty. Returns whether anything was written. The one write-back
+    /// loop of both caches (L2 tables, refcount blocks): the caller orders
+    /// it against other writes.
+    pub fn write_dirty(
+        &mut self,
+        mut write: impl FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<bool> {
+        let dirty = self.dirty_offsets();
+        for off in &dirty {
+            if let Some(c) = self.map.get_mut(off) {
+                write(*off, &c.data)?;
+                c.dirty = false;
+            }
+        }
+        Ok(!dirty.is_empty())
     }
 
     pub fn has_dirty(&self) -> bool {
