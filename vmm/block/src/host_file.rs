@@ -167,7 +167,7 @@ impl HostFile {
     /// Frees the host blocks of a range; it then reads as zeroes.
     pub fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
-            FileIo::Simulated(sim) => sim.zero(offset, len),
+            FileIo::Simulated(sim) => sim.punch(offset, len),
             FileIo::Os { .. } => self.fallocate(
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 offset,
@@ -187,7 +187,7 @@ impl HostFile {
     /// Makes a range read as zeroes without writing them, where the host supports it.
     pub fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
-            FileIo::Simulated(sim) => sim.zero(offset, len),
+            FileIo::Simulated(sim) => sim.punch(offset, len),
             FileIo::Os { .. } => self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len),
         }
     }

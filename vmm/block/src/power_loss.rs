@@ -47,6 +47,9 @@ struct State {
     /// The file as the power failure left it.
     after_failure: Option<Vec<u8>>,
     rng: u64,
+    /// Whether freeing space (hole punching) works, as on most file
+    /// systems; without it freed clusters keep their old bytes.
+    punch_holes: bool,
 }
 
 impl State {
@@ -141,6 +144,7 @@ impl PowerLossFile {
             fail_at: None,
             after_failure: None,
             rng: seed | 1,
+            punch_holes: true,
         })))
     }
 
@@ -152,6 +156,13 @@ impl PowerLossFile {
     /// file's creation: see `ops`).
     pub fn fail_before(&self, op: u64) {
         self.state().fail_at = Some(op);
+    }
+
+    /// Refuses hole punching from now on (`EOPNOTSUPP`), as some file
+    /// systems do: freed clusters then keep their old contents, which a
+    /// table written out of order could expose.
+    pub fn refuse_hole_punching(&self) {
+        self.state().punch_holes = false;
     }
 
     /// Makes the power fail now.
@@ -210,6 +221,14 @@ impl PowerLossFile {
             });
         }
         Ok(())
+    }
+
+    /// Frees a range (it reads as zeroes), where hole punching works.
+    pub(crate) fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.state().punch_holes {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        self.zero(offset, len)
     }
 
     pub(crate) fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
