@@ -44,7 +44,7 @@ pub enum BackingPolicy {
 }
 
 /// Most backing files below an image. Cloud Hypervisor and crosvm allow
-/// 10 nested images, libvirt refuses chains deeper than 200
+/// 10 nested images, libvirt refuses deep chains
 /// (`qemuDomainStorageSourceValidateDepth`); KubeVirt's layouts use one
 /// (an overlay over its base). 16 leaves room for hand-made snapshot
 /// chains while keeping the per-layer memory below bounded.
