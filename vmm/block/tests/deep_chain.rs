@@ -183,7 +183,7 @@ fn each_file_of_a_deep_chain_is_opened_once() {
 /// largest L1 table QEMU allows (32 MiB: a 2 PiB disk). Before, opening
 /// them through `ConcurrentDisk` took 5 GB and 17 s. Now the chain is
 /// refused once its tables pass the budget, before they are read: the heap
-/// holds at most the budget's 64 MiB on the way.
+/// holds at most the budget's 64 MiB (and a read buffer) on the way.
 #[test]
 fn a_chain_of_huge_tables_is_refused_before_it_takes_the_memory() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -209,14 +209,14 @@ fn a_chain_of_huge_tables_is_refused_before_it_takes_the_memory() {
             e.to_string().contains("more than the 64 MiB"),
             "unclear error: {e}"
         );
-        assert!(heap < 72 * MIB, "{} MiB of heap", heap / MIB);
+        assert!(heap < 80 * MIB, "{} MiB of heap", heap / MIB);
         assert!(took < Duration::from_secs(30), "{took:?}");
     }
     // The one-request engine refuses it the same way.
     let (r, heap, _) =
         measure(|| block::open_disk_with(&top, Format::Qcow2, follow(true)).map(|d| d.size()));
     assert!(r.is_err());
-    assert!(heap < 72 * MIB, "{} MiB of heap", heap / MIB);
+    assert!(heap < 80 * MIB, "{} MiB of heap", heap / MIB);
 }
 
 /// Within the budget: 17 files with 2 MiB L1 tables (128 TiB disks, 34 MiB
@@ -233,7 +233,7 @@ fn a_deep_chain_of_large_tables_holds_each_table_once() {
         "17 files of 128 TiB: {} MiB of heap at most, {took:?}",
         heap / MIB
     );
-    assert!(heap < 40 * MIB, "{} MiB of heap", heap / MIB);
+    assert!(heap < 48 * MIB, "{} MiB of heap", heap / MIB);
     assert!(took < Duration::from_secs(30), "{took:?}");
     let mut buf = vec![1u8; 4096];
     disk.read_at(&mut buf, 100 << 40).unwrap();

@@ -258,6 +258,38 @@ mod tests {
     }
 
     #[test]
+    fn write_back_goes_in_file_order_and_keeps_what_failed_dirty() {
+        let mut c = MetadataCache::new(0, 512);
+        for off in [1536u64, 512, 1024] {
+            c.insert(off, vec![off as u8; 512], true);
+        }
+        c.insert(0, vec![0; 512], false);
+        // The write of 1024 fails: it and 1536 stay dirty.
+        let mut seen = Vec::new();
+        let r = c.write_dirty(|off, _| {
+            seen.push(off);
+            if off == 1024 {
+                Err(std::io::Error::other("disk full"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_err());
+        assert_eq!(seen, [512, 1024]);
+        let mut again = Vec::new();
+        assert!(
+            c.write_dirty(|off, _| {
+                again.push(off);
+                Ok(())
+            })
+            .unwrap()
+        );
+        assert_eq!(again, [1024, 1536]);
+        assert!(!c.has_dirty());
+        assert!(!c.write_dirty(|_, _| Ok(())).unwrap());
+    }
+
+    #[test]
     fn cache_evicts_clean_lru_first() {
         let mut c = MetadataCache::new(0, 512);
         for i in 0..4u64 {
