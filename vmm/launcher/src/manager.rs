@@ -191,7 +191,12 @@ impl Manager {
         // Pod-local files only, each created once: a sync that fails
         // further on and is retried reuses them.
         for plan in &plans {
-            disks::materialize(plan, vmi, paths, None)?;
+            let base_format = disks::materialize(plan, vmi, paths, None)?;
+            if let (Some(format), Some((base, _)), Some(devices)) =
+                (base_format, &plan.backing, domain.spec.devices.as_mut())
+            {
+                disks::record_backing_format(&mut devices.disks, base, format);
+            }
         }
         if let Some(kb) = &ctx.kernel_boot {
             disks::link_kernel_boot(paths, kb)?;

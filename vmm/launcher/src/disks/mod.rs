@@ -3,7 +3,9 @@
 //! [`plan`] is pure: it maps a VMI volume to the file the VM will use (and
 //! its backing file, for overlays). [`materialize`] creates what the plan
 //! needs: qcow2 overlays over read-only bases, empty disks, the cloud-init
-//! ISO. It never touches a base image: container disks are only read.
+//! ISO. It never touches a base image: container disks are only read, and
+//! verified first (raw, or qcow2 without a backing file: the image is the
+//! tenant's, and a backing file it names could be any host file).
 
 pub mod cache_mode;
 pub mod cloudinit;
@@ -266,13 +268,17 @@ pub fn plan(
 
 /// Creates what `plan` needs. Idempotent: an existing overlay, empty disk or
 /// ISO is kept (the VM may have written to it before a launcher restart).
-/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs).
+/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs). For an
+/// overlay, returns its base's format (a container disk's is the image's,
+/// verified here each time; the domain names it, see
+/// [`record_backing_format`]).
 pub fn materialize(
     plan: &DiskPlan,
     vmi: &VirtualMachineInstance,
     paths: &Paths,
     owner: Option<(u32, u32)>,
-) -> Result<(), DiskError> {
+) -> Result<Option<Format>, DiskError> {
+    let mut base_format = None;
     if let Some(dir) = plan.path.parent() {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
@@ -287,19 +293,30 @@ pub fn materialize(
             }
         }
         Action::Overlay { base_source } => {
-            let (base, _) = plan.backing.as_ref().expect("overlay plans have a backing");
-            if let BaseSource::ContainerDisk {
-                image_volume,
-                path_in_image,
-            } = base_source
-            {
-                link_container_disk(&plan.volume, image_volume, path_in_image.as_deref(), base)?;
-            }
+            let (base, planned_format) =
+                plan.backing.as_ref().expect("overlay plans have a backing");
+            let format = match base_source {
+                BaseSource::ContainerDisk {
+                    image_volume,
+                    path_in_image,
+                } => {
+                    link_container_disk(
+                        &plan.volume,
+                        image_volume,
+                        path_in_image.as_deref(),
+                        base,
+                    )?;
+                    verify_container_disk(&plan.volume, base)?
+                }
+                BaseSource::Existing => *planned_format,
+            };
+            base_format = Some(format);
             if !plan.path.exists() {
-                let base_format = detect_base_format(base)?;
+                // The base must name no backing file of its own (the
+                // default policy when `create` opens it).
                 let opts = block::qcow2::create::CreateOptions {
                     backing_file: Some(base.to_string_lossy().into_owned()),
-                    backing_format: Some(base_format),
+                    backing_format: Some(format),
                     ..Default::default()
                 };
                 block::qcow2::create::create(&plan.path, &opts).map_err(|source| {
@@ -361,12 +378,32 @@ pub fn materialize(
     if let Some((uid, gid)) = owner {
         std::os::unix::fs::lchown(&plan.path, Some(uid), Some(gid)).map_err(io_err(&plan.path))?;
     }
-    Ok(())
+    Ok(base_format)
+}
+
+/// Sets the format of the domain disks whose backing store is `base` to
+/// the one [`materialize`] found (the converter, running before any file
+/// exists, can only assume one; KubeVirt's names the format `qemu-img
+/// info` reported).
+pub fn record_backing_format(disks: &mut [proto::domain::Disk], base: &Path, format: Format) {
+    for disk in disks {
+        if let Some(store) = &mut disk.backing_store
+            && store
+                .source
+                .as_ref()
+                .is_some_and(|s| Path::new(&s.file) == base)
+        {
+            store.format = Some(proto::domain::BackingStoreFormat {
+                r#type: format.name().into(),
+            });
+        }
+    }
 }
 
 /// The base image's format, read from its first bytes. A container disk's
 /// format is a property of the image (KubeVirt asks `qemu-img info`); only
-/// raw and qcow2 are accepted.
+/// raw and qcow2 are accepted. The base is never written (the VM writes to
+/// the overlay), so this cannot be a format a guest wrote.
 fn detect_base_format(base: &Path) -> Result<Format, DiskError> {
     use std::io::Read;
     let mut magic = [0u8; 4];
@@ -377,6 +414,33 @@ fn detect_base_format(base: &Path) -> Result<Format, DiskError> {
     } else {
         Format::Raw
     })
+}
+
+/// Verifies a container disk's base as KubeVirt's launcher does before it
+/// uses one (`VerifyImage`, `pkg/os/disk/validation.go`, called from
+/// `pkg/virt-launcher/virtwrap/manager.go`): raw, or qcow2 without a
+/// backing file. The image is the tenant's: a backing file it names (an
+/// absolute path, `..`) would be a host file the guest could read. A qcow2
+/// base must also open in the VMM's engine with no backing file allowed
+/// (bounded tables, supported features). Returns the base's format.
+fn verify_container_disk(volume: &str, base: &Path) -> Result<Format, DiskError> {
+    let invalid = |reason: String| DiskError::ContainerDisk {
+        volume: volume.to_string(),
+        reason: format!("invalid image: {reason}"),
+    };
+    let format = detect_base_format(base)?;
+    if format == Format::Qcow2 {
+        let header = block::qcow2::check::read_image_header(base)
+            .map_err(|e| invalid(format!("{}: {e}", base.display())))?;
+        if let Some(name) = header.backing_file {
+            return Err(invalid(format!(
+                "expected no backing file, but found {name}"
+            )));
+        }
+        block::open_disk(base, Format::Qcow2, true)
+            .map_err(|e| invalid(format!("{}: {e}", base.display())))?;
+    }
+    Ok(format)
 }
 
 /// Makes `container-disks/disk_<i>.img` point at the disk inside the image
