@@ -23,6 +23,6 @@ pub mod healthz;
 pub mod launchers;
 pub mod metrics;
 pub mod node;
-pub mod podside;
+pub(crate) mod podside;
 pub mod sync;
 pub mod vmis;

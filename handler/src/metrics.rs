@@ -15,17 +15,17 @@ use prometheus_client::registry::Registry;
 use proto::kubevirt::Phase;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PhaseLabels {
+pub(crate) struct PhaseLabels {
     pub phase: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CommandLabels {
+pub(crate) struct CommandLabels {
     pub command: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(crate) struct ReasonLabels {
     pub reason: String,
 }
 
@@ -114,11 +114,11 @@ impl Metrics {
         }
     }
 
-    pub fn observe_sync(&self, took: Duration) {
+    pub(crate) fn observe_sync(&self, took: Duration) {
         self.sync_duration.observe(took.as_secs_f64());
     }
 
-    pub fn launcher_error(&self, command: &str) {
+    pub(crate) fn launcher_error(&self, command: &str) {
         self.launcher_errors
             .get_or_create(&CommandLabels {
                 command: command.to_string(),
@@ -127,21 +127,12 @@ impl Metrics {
     }
 
     /// Counts one notify event dropped for `reason`.
-    pub fn notify_event_rejected(&self, reason: &str) {
+    pub(crate) fn notify_event_rejected(&self, reason: &str) {
         self.notify_rejected
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
             })
             .inc();
-    }
-
-    /// How many notify events were dropped for `reason`.
-    pub fn notify_events_rejected(&self, reason: &str) -> u64 {
-        self.notify_rejected
-            .get_or_create(&ReasonLabels {
-                reason: reason.to_string(),
-            })
-            .get()
     }
 
     /// The OpenMetrics text of every metric.

@@ -78,7 +78,7 @@ impl Action {
     /// Whether the reconcile goes on to write the status (`updateVMIStatus`): not after
     /// an early return of `execute` (ignored VMI, stale domain of an older VMI, whose
     /// state says nothing about this VMI).
-    pub fn updates_status(&self) -> bool {
+    pub(crate) fn updates_status(&self) -> bool {
         !matches!(self, Action::Ignore(_) | Action::CleanupStale { .. })
     }
 }
@@ -91,7 +91,7 @@ impl Facts<'_> {
 }
 
 /// `domainAlive`: exists and not `Shutoff`, `Crashed` or the empty state.
-pub fn domain_alive(domain: Option<&Domain>) -> bool {
+pub(crate) fn domain_alive(domain: Option<&Domain>) -> bool {
     domain.is_some_and(|d| {
         !d.is_gone()
             && !matches!(
@@ -103,7 +103,7 @@ pub fn domain_alive(domain: Option<&Domain>) -> bool {
 
 /// Migration in progress (`isMigrationInProgress`): a migration started and not ended in
 /// the domain metadata, or a domain paused for a migration.
-pub fn migration_in_progress(domain: &Domain) -> bool {
+pub(crate) fn migration_in_progress(domain: &Domain) -> bool {
     let paused_for_migration = domain.status.status == LifeCycle::Paused
         && matches!(
             domain.status.reason,
@@ -125,7 +125,7 @@ pub fn migration_in_progress(domain: &Domain) -> bool {
 }
 
 /// Whether this node owns the VMI: the `kubevirt.io/nodeName` label, else `status.nodeName`.
-pub fn owned_by_node(vmi: &VirtualMachineInstance, node: &str) -> bool {
+pub(crate) fn owned_by_node(vmi: &VirtualMachineInstance, node: &str) -> bool {
     let label = vmi
         .metadata
         .labels
@@ -272,7 +272,7 @@ pub fn grace_period_seconds(vmi: Option<&VirtualMachineInstance>, domain: &Domai
 }
 
 /// The next step of a graceful shutdown (`helperVmShutdown`, `hasGracePeriodExpired`).
-pub fn shutdown_step(facts: &Facts<'_>) -> ShutdownStep {
+pub(crate) fn shutdown_step(facts: &Facts<'_>) -> ShutdownStep {
     let Some(domain) = facts.live_domain() else {
         return ShutdownStep::Kill;
     };
@@ -333,7 +333,7 @@ fn destroyed_means_failed(vmi: &VirtualMachineInstance, domain: &Domain) -> bool
 
 /// The VMI phase the domain implies (`calculateVmPhaseForStatusReason`, proto/CONTRACT.md §3.6).
 /// Without a VMI there is no phase: returns `Unset`.
-pub fn calculate_phase(facts: &Facts<'_>) -> Phase {
+pub(crate) fn calculate_phase(facts: &Facts<'_>) -> Phase {
     let Some(vmi) = facts.vmi else {
         return Phase::Unset;
     };

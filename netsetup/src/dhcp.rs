@@ -23,11 +23,11 @@ use proto::contract::dhcp_cache::DhcpConfig as DhcpCache;
 use crate::resolv::ResolvConf;
 
 /// `infiniteLease = 999*24h`, in seconds.
-pub const INFINITE_LEASE_SECS: u32 = 999 * 24 * 3600;
+pub(crate) const INFINITE_LEASE_SECS: u32 = 999 * 24 * 3600;
 /// DNS server when `resolv.conf` names no IPv4 one.
-pub const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
+pub(crate) const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
 /// Search domain when `resolv.conf` has none.
-pub const DEFAULT_SEARCH_DOMAIN: &str = "cluster.local";
+pub(crate) const DEFAULT_SEARCH_DOMAIN: &str = "cluster.local";
 /// Replies are padded to the BOOTP minimum; some clients drop shorter ones.
 const BOOTP_MIN_LEN: usize = 300;
 const SERVER_PORT: u16 = 67;
@@ -602,7 +602,7 @@ impl DhcpServer {
     }
 
     /// Receives one datagram and answers it; bad packets are logged and dropped.
-    pub fn handle_one(&self) -> Result<(), ServerError> {
+    pub(crate) fn handle_one(&self) -> Result<(), ServerError> {
         let mut buf = [0u8; 1500];
         let (len, from) = self.socket.recv_from(&mut buf)?;
         let Some(request) = buf.get(..len) else {

@@ -166,7 +166,7 @@ pub struct GuestAddresses {
     pub prefix_len: u8,
 }
 
-pub fn guest_addresses_v4(net: Ipv4Net) -> GuestAddresses {
+pub(crate) fn guest_addresses_v4(net: Ipv4Net) -> GuestAddresses {
     let base = net.network().to_bits();
     GuestAddresses {
         gateway: IpAddr::V4(Ipv4Addr::from_bits(base.wrapping_add(1))),
@@ -175,7 +175,7 @@ pub fn guest_addresses_v4(net: Ipv4Net) -> GuestAddresses {
     }
 }
 
-pub fn guest_addresses_v6(net: Ipv6Net) -> GuestAddresses {
+pub(crate) fn guest_addresses_v6(net: Ipv6Net) -> GuestAddresses {
     let base = net.network().to_bits();
     GuestAddresses {
         gateway: IpAddr::V6(Ipv6Addr::from_bits(base.wrapping_add(1))),

@@ -25,9 +25,9 @@ use crate::vmis::{EventKind, StatusWriteError, StatusWriter, VmiStore};
 pub use queue::WorkQueue;
 
 /// `--domain-resync-period-seconds` default.
-pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(300);
 /// `--watchdog-timeout` default.
-pub const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -181,7 +181,7 @@ impl Agent {
     }
 
     /// The informer's List: ask every known launcher (ghost records) for its domain.
-    pub async fn list_domains(&self) {
+    pub(crate) async fn list_domains(&self) {
         for record in self.launchers.ghosts().list() {
             let key = record.key();
             if !crate::launchers::podfs::entry_exists(&record.socket_file) {
@@ -218,7 +218,7 @@ impl Agent {
     }
 
     /// The periodic resync: GetDomain on every known launcher; `""` is ignored here.
-    pub async fn resync_domains(&self) {
+    pub(crate) async fn resync_domains(&self) {
         for record in self.launchers.ghosts().list() {
             if let Some(client) = self.launchers.client_for_uid(&record.uid).await {
                 match client.get_domain().await {

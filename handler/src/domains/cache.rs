@@ -16,7 +16,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 /// The most domains the cache holds from launcher events. The device plugins advertise 1000
 /// devices each, so a node runs at most 1000 VMIs; twice that leaves room for the stale
 /// domains of replaced pods. Notify events for a new key beyond it are refused.
-pub const MAX_DOMAINS: usize = 2000;
+pub(crate) const MAX_DOMAINS: usize = 2000;
 
 /// A watch event type (`watch.EventType` strings on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +190,7 @@ impl DomainCache {
     }
 
     /// A launcher reported a watch error: every launcher is listed again.
-    pub fn request_relist(&self) {
+    pub(crate) fn request_relist(&self) {
         self.notify(CacheChange::Relist);
     }
 
@@ -214,7 +214,7 @@ impl DomainCache {
 
     /// Drops a domain only if it still belongs to `uid` (a new launcher for the same
     /// name may already have reported).
-    pub fn forget_uid(&self, key: &str, uid: &str) {
+    pub(crate) fn forget_uid(&self, key: &str, uid: &str) {
         let mut map = self.lock();
         if map
             .get(key)

@@ -41,20 +41,20 @@ use super::cache::{DomainCache, EventType, MAX_DOMAINS};
 use crate::metrics::Metrics;
 
 /// The socket name under the share dir.
-pub const NOTIFY_SOCKET: &str = "domain-notify.sock";
+pub(crate) const NOTIFY_SOCKET: &str = "domain-notify.sock";
 
 /// Connections one pod's pipe serves at once. A launcher keeps one; a second covers a
 /// reconnect while the first closes. Further connections wait in the listen backlog.
 pub const PIPE_CONNECTIONS: usize = 4;
 /// Connections the node's own socket serves at once.
-pub const NODE_CONNECTIONS: usize = 64;
+pub(crate) const NODE_CONNECTIONS: usize = 64;
 /// Requests in flight on one connection (a launcher sends one event at a time).
-pub const STREAMS_PER_CONNECTION: u32 = 4;
+pub(crate) const STREAMS_PER_CONNECTION: u32 = 4;
 /// The largest request taken. A domain's JSON is a few KiB (KubeVirt's, with many disks,
 /// some tens of KiB); gRPC's default of 4 MiB would let one pod park 64 MiB in the handler.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// How often one pod may make the handler list every launcher again (an `ERROR` event).
-pub const RELIST_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const RELIST_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A Kubernetes event a launcher asked the handler to record (`core/v1 Event` subset).
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -61,7 +61,7 @@ impl NotifyPipe {
     /// resolved as the pod sees it and never outside `root` (the pod's `/var/run` is
     /// usually a link to `/run`), then the socket is bound, owned and later removed
     /// through that directory's descriptor, never by name.
-    pub fn start_in_root(
+    pub(crate) fn start_in_root(
         root: &Path,
         pipe: &Path,
         hub: NotifyHub,

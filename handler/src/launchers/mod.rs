@@ -3,7 +3,7 @@
 
 pub mod client;
 pub mod ghost;
-pub mod podfs;
+pub(crate) mod podfs;
 pub mod socket;
 
 use std::collections::HashMap;
@@ -23,7 +23,7 @@ use crate::sync::LauncherState;
 
 /// How long a pod may exist without a launcher socket before the launcher counts as
 /// unresponsive (KubeVirt: 3 minutes).
-pub const SOCKET_APPEAR_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const SOCKET_APPEAR_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Where things are on this node.
 #[derive(Debug, Clone)]
@@ -267,7 +267,7 @@ impl Launchers {
 
     /// A client for a launcher known only by UID (stale domains, VMIs already gone),
     /// through the cache or its ghost record. `None` when it cannot be reached.
-    pub async fn client_for_uid(&self, uid: &str) -> Option<LauncherClient> {
+    pub(crate) async fn client_for_uid(&self, uid: &str) -> Option<LauncherClient> {
         if let Some(e) = self.connected().get(uid) {
             return Some(e.client.clone());
         }
@@ -287,7 +287,7 @@ impl Launchers {
     }
 
     /// Whether the launcher of `uid` is gone for good (socket missing or marked).
-    pub fn is_unresponsive(&self, uid: &str) -> bool {
+    pub(crate) fn is_unresponsive(&self, uid: &str) -> bool {
         let socket = self
             .connected()
             .get(uid)
@@ -310,7 +310,7 @@ impl Launchers {
 
     /// Whether the launcher socket at `socket` (a ghost record's) accepts a connection,
     /// reached without links below the pods directory.
-    pub async fn socket_reachable(&self, socket: &Path) -> bool {
+    pub(crate) async fn socket_reachable(&self, socket: &Path) -> bool {
         match podfs::PinnedSocket::open(&self.paths.pods_dir, socket) {
             Ok(pinned) => pinned.connect_async().await.is_ok(),
             Err(_) => false,
@@ -319,7 +319,7 @@ impl Launchers {
 
     /// Marks the launcher behind `socket` unresponsive (`launcher-unresponsive` next to
     /// it), creating the marker without following links.
-    pub fn mark_unresponsive(&self, socket: &Path) {
+    pub(crate) fn mark_unresponsive(&self, socket: &Path) {
         let marker = socket.with_file_name(socket::UNRESPONSIVE_MARKER);
         let Ok(inner) = marker.strip_prefix(&self.paths.pods_dir) else {
             tracing::warn!(socket = %socket.display(), "launcher socket is not under the pods directory");
@@ -347,11 +347,6 @@ impl Launchers {
         if let Err(e) = self.ghosts.remove(uid) {
             tracing::warn!(uid, error = %e, "cannot remove ghost record");
         }
-    }
-
-    /// How many launchers are connected.
-    pub fn connected_count(&self) -> usize {
-        self.connected().len()
     }
 }
 
