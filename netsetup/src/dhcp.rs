@@ -312,7 +312,11 @@ fn encode_search(domains: &[String]) -> Result<Vec<u8>, DhcpConfigError> {
         })?;
         for label in domain.split('.') {
             // check_search_domain bounds each label to 63 bytes.
-            wire.push(label.len() as u8);
+            let len = u8::try_from(label.len()).map_err(|_| DhcpConfigError::BadDomain {
+                domain: domain.clone(),
+                reason: "a label longer than 255 bytes".into(),
+            })?;
+            wire.push(len);
             wire.extend_from_slice(label.as_bytes());
         }
         wire.push(0);

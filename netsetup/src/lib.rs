@@ -52,3 +52,13 @@ pub mod nft;
 pub mod resolv;
 pub mod sysctl;
 pub mod tap;
+
+/// A small non-negative libc constant (a protocol number, a flag) as the one byte a netlink
+/// message carries it in. Used in const items only, so a constant that does not fit fails the
+/// build instead of being truncated.
+pub(crate) const fn libc_byte(value: libc::c_int) -> u8 {
+    match value.to_le_bytes() {
+        [byte, 0, 0, 0] => byte,
+        _ => panic!("libc constant does not fit in one byte"),
+    }
+}

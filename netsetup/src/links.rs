@@ -22,6 +22,8 @@ const IFLA_TUN_OWNER: u16 = 1;
 const IFLA_TUN_GROUP: u16 = 2;
 const IFLA_TUN_TYPE: u16 = 3;
 const IFLA_TUN_PERSIST: u16 = 6;
+/// `IFLA_TUN_TYPE`'s one byte for a tap.
+const IFF_TAP: u8 = crate::libc_byte(libc::IFF_TAP);
 
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {source}")]
@@ -144,7 +146,7 @@ fn tun_state(attrs: &[InfoTun]) -> TunState {
         match nla.kind() {
             IFLA_TUN_OWNER => state.owner = as_u32(),
             IFLA_TUN_GROUP => state.group = as_u32(),
-            IFLA_TUN_TYPE => state.is_tap = value.first() == Some(&(libc::IFF_TAP as u8)),
+            IFLA_TUN_TYPE => state.is_tap = value.first() == Some(&IFF_TAP),
             IFLA_TUN_PERSIST => state.persistent = value.first() == Some(&1),
             _ => {}
         }

@@ -304,7 +304,7 @@ fn bridge_mtu(bridge: &str) -> Result<u32> {
     // SAFETY: ifreq is plain old data; all-zero is valid.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in ifr.ifr_name.iter_mut().zip(bridge.as_bytes()) {
-        *dst = *src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([*src]);
     }
     // SAFETY: SIOCGIFMTU fills ifr_mtu of the ifreq that lives across the call.
     let rc = unsafe {

@@ -44,8 +44,10 @@ pub(crate) const ISTIO_NON_PROXIED_PORTS: [u16; 1] = [22];
 /// Source address of traffic the Istio sidecar forwards (`istio.GetLoopbackAddress()`).
 pub(crate) const ISTIO_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 6);
 
-const NFPROTO_IPV4: u8 = libc::NFPROTO_IPV4 as u8;
-const NFPROTO_IPV6: u8 = libc::NFPROTO_IPV6 as u8;
+const NFPROTO_IPV4: u8 = crate::libc_byte(libc::NFPROTO_IPV4);
+const NFPROTO_IPV6: u8 = crate::libc_byte(libc::NFPROTO_IPV6);
+const IPPROTO_TCP: u8 = crate::libc_byte(libc::IPPROTO_TCP);
+const IPPROTO_UDP: u8 = crate::libc_byte(libc::IPPROTO_UDP);
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_NAT_SNAT: u32 = 0;
 const NFT_NAT_DNAT: u32 = 1;
@@ -107,8 +109,8 @@ pub enum L4Proto {
 impl L4Proto {
     fn number(self) -> u8 {
         match self {
-            L4Proto::Tcp => libc::IPPROTO_TCP as u8,
-            L4Proto::Udp => libc::IPPROTO_UDP as u8,
+            L4Proto::Tcp => IPPROTO_TCP,
+            L4Proto::Udp => IPPROTO_UDP,
         }
     }
 }
@@ -509,11 +511,16 @@ impl Batch {
             .push_name_bytes(name.as_bytes());
     }
 
-    /// Adds an anonymous constant set (`{ a, b }`) and returns its batch-local id.
-    fn add_anonymous_set(&mut self, family: Family, key_type: u32, elements: &[Vec<u8>]) -> u32 {
+    /// Adds an anonymous constant set (`{ a, b }`) of `key_len`-byte elements and returns its
+    /// batch-local id.
+    fn add_anonymous_set(
+        &mut self,
+        family: Family,
+        (key_type, key_len): (u32, u32),
+        elements: &[Vec<u8>],
+    ) -> u32 {
         self.next_set_id += 1;
         let id = self.next_set_id;
-        let key_len = elements.first().map_or(0, Vec::len) as u32;
         self.chained
             .request()
             .set_create()
@@ -554,17 +561,20 @@ impl Batch {
             .iter()
             .map(|m| match m {
                 Match::Saddr(_, addrs) | Match::Daddr(_, addrs) if addrs.len() > 1 => {
-                    let key_type = match family {
-                        Family::Ip => NFT_TYPE_IPADDR,
-                        Family::Ip6 => NFT_TYPE_IP6ADDR,
+                    // (type, bytes per element): an IPv4 or IPv6 address.
+                    let key = match family {
+                        Family::Ip => (NFT_TYPE_IPADDR, 4),
+                        Family::Ip6 => (NFT_TYPE_IP6ADDR, 16),
                     };
                     let elements: Vec<Vec<u8>> = addrs.iter().map(|a| ip_bytes(*a)).collect();
-                    Some(self.add_anonymous_set(family, key_type, &elements))
+                    Some(self.add_anonymous_set(family, key, &elements))
                 }
                 Match::Dport(_, ports) if ports.len() > 1 => {
                     let elements: Vec<Vec<u8>> =
                         ports.iter().map(|p| p.to_be_bytes().to_vec()).collect();
-                    Some(self.add_anonymous_set(family, NFT_TYPE_INET_SERVICE, &elements))
+                    // A port: two bytes.
+                    let key = (NFT_TYPE_INET_SERVICE, 2);
+                    Some(self.add_anonymous_set(family, key, &elements))
                 }
                 _ => None,
             })

@@ -12,6 +12,19 @@ use std::os::fd::AsRawFd;
 /// its own per-open flags.
 pub(crate) const TAP_CREATE_FLAGS: libc::c_int =
     libc::IFF_TAP | libc::IFF_TUN_EXCL | libc::IFF_ONE_QUEUE;
+/// `ifr_flags` (a C `short`) for creating the tap, and for re-attaching without
+/// `IFF_TUN_EXCL`.
+const IFR_FLAGS_EXCLUSIVE: libc::c_short = ifr_flags(TAP_CREATE_FLAGS);
+const IFR_FLAGS_SHARED: libc::c_short = ifr_flags(TAP_CREATE_FLAGS & !libc::IFF_TUN_EXCL);
+
+/// The 16 flag bits of `flags` as the `short` `ifreq` carries them (`IFF_TUN_EXCL` is
+/// 0x8000, the sign bit). Runs in const items only: flags wider than 16 bits fail the build.
+const fn ifr_flags(flags: libc::c_int) -> libc::c_short {
+    match flags.to_le_bytes() {
+        [low, high, 0, 0] => libc::c_short::from_le_bytes([low, high]),
+        _ => panic!("ifreq flags are 16 bits"),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
@@ -46,14 +59,13 @@ pub fn create_persistent_tap(
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *dst = *src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([*src]);
     }
-    let flags = if exclusive {
-        TAP_CREATE_FLAGS
+    ifr.ifr_ifru.ifru_flags = if exclusive {
+        IFR_FLAGS_EXCLUSIVE
     } else {
-        TAP_CREATE_FLAGS & !libc::IFF_TUN_EXCL
+        IFR_FLAGS_SHARED
     };
-    ifr.ifr_ifru.ifru_flags = flags as libc::c_short;
     let fd = tun.as_raw_fd();
     let ioctl = |op: &'static str, request, arg: libc::c_ulong| {
         // SAFETY: fd is an open /dev/net/tun; each request takes an integer argument.
@@ -81,4 +93,16 @@ pub fn create_persistent_tap(
     ioctl("TUNSETGROUP", libc::TUNSETGROUP, gid.into())?;
     ioctl("TUNSETPERSIST", libc::TUNSETPERSIST, 1)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifr_flags_keep_all_16_bits() {
+        // IFF_TAP 0x0002 | IFF_TUN_EXCL 0x8000 (a short's sign bit) | IFF_ONE_QUEUE 0x2000.
+        assert_eq!(IFR_FLAGS_EXCLUSIVE.cast_unsigned(), 0xa002);
+        assert_eq!(IFR_FLAGS_SHARED.cast_unsigned(), 0x2002);
+    }
 }

@@ -248,7 +248,8 @@ fn parser_never_panics_on_garbage() {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            text.push_str(pieces[(state % pieces.len() as u64) as usize]);
+            let i = usize::try_from(state % pieces.len() as u64).expect("below pieces.len()");
+            text.push_str(pieces[i]);
         }
         let _ = kubevirt::parse_vmi(&text);
         let _ = kubevirt::parse_vm(&text);

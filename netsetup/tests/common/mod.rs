@@ -283,9 +283,11 @@ impl Guest {
             // SAFETY: zeroed ifreq is valid; TUNSETIFF reads it during the call.
             let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
             for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
-                *d = *s as libc::c_char;
+                *d = libc::c_char::from_ne_bytes([*s]);
             }
-            ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+            ifr.ifr_ifru.ifru_flags = libc::c_short::try_from(libc::IFF_TAP | libc::IFF_NO_PI)
+                .expect("tap flags fit in a short");
+            // SAFETY: TUNSETIFF reads the ifreq, which lives across the call, on an open fd.
             let rc = unsafe { libc::ioctl(tap.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
             assert!(
                 rc >= 0,

@@ -273,7 +273,9 @@ fn mask_bytes(ip: IpAddr, prefix_len: u8) -> Vec<u8> {
         .map(|_| {
             let bits = left.min(8);
             left -= bits;
-            (0xff00u16 >> bits) as u8
+            // `bits` ones from the top of the byte: the low byte of 0xff00 shifted right.
+            let [low, _high] = (0xff00u16 >> bits).to_le_bytes();
+            low
         })
         .collect()
 }

@@ -56,7 +56,8 @@ pub fn to_milli(q: &Quantity) -> Result<u128, QuantityError> {
     } else {
         whole.parse().map_err(|_| overflow())?
     };
-    let frac_digits = frac.len() as u32;
+    // At most 9 (checked above).
+    let frac_digits = u32::try_from(frac.len()).map_err(|_| invalid())?;
     let frac_value: u128 = if frac.is_empty() {
         0
     } else {
