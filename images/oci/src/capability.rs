@@ -48,9 +48,11 @@ pub fn vfs_cap_data(text: &str) -> Result<Vec<u8>, String> {
         };
     let mut value = Vec::with_capacity(20);
     value.extend_from_slice(&magic.to_le_bytes());
-    for half in [0, 32] {
-        value.extend_from_slice(&((permitted >> half) as u32).to_le_bytes());
-        value.extend_from_slice(&((inheritable >> half) as u32).to_le_bytes());
+    // A u64's little-endian bytes are its low u32 then its high u32, each little-endian.
+    let (permitted, inheritable) = (permitted.to_le_bytes(), inheritable.to_le_bytes());
+    for half in [0..4, 4..8] {
+        value.extend_from_slice(&permitted[half.clone()]);
+        value.extend_from_slice(&inheritable[half]);
     }
     Ok(value)
 }

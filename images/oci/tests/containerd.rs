@@ -148,8 +148,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
 impl Drop for Containerd {
     fn drop(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
         // SAFETY: signalling the containerd this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(pid, libc::SIGTERM) };
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -208,8 +209,9 @@ fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
             buf.len(),
         )
     };
-    (n >= 0).then(|| {
-        buf.truncate(n as usize);
+    // Negative: the attribute is missing (or the call failed).
+    usize::try_from(n).ok().map(|n| {
+        buf.truncate(n);
         buf
     })
 }

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 const PAUSE: &str = env!("CARGO_BIN_EXE_pause");
 
 fn signal(pid: u32, signal: i32) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
     // SAFETY: signalling a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
 }
 
 fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {

@@ -29,6 +29,8 @@ use anyhow::{Context, Result, anyhow};
 pub struct ManagedProcess {
     name: String,
     child: Child,
+    /// The child's pid, which is also its process group id.
+    pgid: libc::pid_t,
     log_path: PathBuf,
     cleanup_id: u64,
 }
@@ -43,7 +45,7 @@ impl ManagedProcess {
             .stdout(log.try_clone()?)
             .stderr(log)
             .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
+        let parent = libc::pid_t::try_from(std::process::id()).context("own pid")?;
         // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
         // functions (prctl, getppid) without allocating.
         unsafe {
@@ -60,10 +62,12 @@ impl ManagedProcess {
         }
         let child =
             spawn_from_long_lived_thread(command).with_context(|| format!("starting {name}"))?;
-        let cleanup_id = register_for_exit_cleanup(Cleanup::Process(child.id() as libc::pid_t));
+        let pgid = libc::pid_t::try_from(child.id()).context("child pid")?;
+        let cleanup_id = register_for_exit_cleanup(Cleanup::Process(pgid));
         Ok(Self {
             name: name.to_owned(),
             child,
+            pgid,
             log_path: log_path.to_owned(),
             cleanup_id,
         })
@@ -93,7 +97,7 @@ impl ManagedProcess {
     /// cost time.
     pub fn kill(&mut self) {
         if self.exit_status().is_none() {
-            kill_group(self.child.id() as libc::pid_t);
+            kill_group(self.pgid);
         }
         let _ = self.child.wait();
         unregister_exit_cleanup(self.cleanup_id);
