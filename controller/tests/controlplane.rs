@@ -856,8 +856,8 @@ async fn benchmark_vm_to_scheduled() {
         setup.writes.get(Write::Event),
     );
     assert_eq!(
-        setup.writes.get(Write::PodCreate) as usize,
-        count,
+        setup.writes.get(Write::PodCreate),
+        count as u64,
         "one pod per VMI"
     );
 }

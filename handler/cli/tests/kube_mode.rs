@@ -242,7 +242,7 @@ async fn handler_runs_a_scheduled_vmi_and_stops_it_on_delete() {
     while alive(launcher_pid) {
         // Reap it: this test started it.
         let _ = nix::sys::wait::waitpid(
-            nix::unistd::Pid::from_raw(launcher_pid as i32),
+            nix::unistd::Pid::from_raw(i32::try_from(launcher_pid).expect("a pid fits pid_t")),
             Some(nix::sys::wait::WaitPidFlag::WNOHANG),
         );
         assert!(

@@ -439,7 +439,7 @@ async fn the_binary_serves_healthz_and_stops_gracefully_on_sigterm() {
     );
 
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid fits pid_t")),
         nix::sys::signal::Signal::SIGTERM,
     )
     .expect("SIGTERM");

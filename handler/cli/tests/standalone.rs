@@ -101,7 +101,8 @@ impl Handler {
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+        let pid = i32::try_from(self.child.id()).expect("a pid fits pid_t");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
             .expect("signal the handler");
     }
 }
@@ -370,6 +371,23 @@ struct Wire {
     index: i32,
 }
 
+/// `AF_PACKET` as `sockaddr_ll.sll_family` holds it.
+fn af_packet() -> u16 {
+    u16::try_from(libc::AF_PACKET).expect("an address family fits u16")
+}
+
+/// `ETH_P_ALL` in network byte order, as `sockaddr_ll` and `socket(2)` take it.
+fn eth_p_all_be() -> u16 {
+    u16::try_from(libc::ETH_P_ALL)
+        .expect("an ethertype fits u16")
+        .to_be()
+}
+
+/// The size of a `sockaddr_ll` as the socket calls take it.
+fn sockaddr_ll_len() -> libc::socklen_t {
+    libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_ll>()).expect("a small struct")
+}
+
 impl Wire {
     fn bind(link: &str) -> Wire {
         use std::os::fd::{AsRawFd, FromRawFd};
@@ -377,12 +395,12 @@ impl Wire {
         // SAFETY: plain syscalls on a socket this function owns; sockaddr_ll lives
         // across the bind call.
         unsafe {
-            let index = libc::if_nametoindex(name.as_ptr()) as i32;
+            let index = i32::try_from(libc::if_nametoindex(name.as_ptr())).expect("an ifindex");
             assert!(index > 0, "no link {link}");
             let raw = libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                (libc::ETH_P_ALL as u16).to_be() as i32,
+                i32::from(eth_p_all_be()),
             );
             assert!(
                 raw >= 0,
@@ -391,13 +409,13 @@ impl Wire {
             );
             let fd = std::os::fd::OwnedFd::from_raw_fd(raw);
             let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-            addr.sll_family = libc::AF_PACKET as u16;
-            addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+            addr.sll_family = af_packet();
+            addr.sll_protocol = eth_p_all_be();
             addr.sll_ifindex = index;
             let rc = libc::bind(
                 fd.as_raw_fd(),
-                &addr as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                std::ptr::from_ref(&addr).cast(),
+                sockaddr_ll_len(),
             );
             assert!(
                 rc == 0,
@@ -413,7 +431,7 @@ impl Wire {
         // SAFETY: sockaddr_ll and frame outlive the call.
         let sent = unsafe {
             let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_family = af_packet();
             addr.sll_ifindex = self.index;
             addr.sll_halen = 6;
             addr.sll_addr[..6].copy_from_slice(&frame[..6]);
@@ -422,13 +440,13 @@ impl Wire {
                 frame.as_ptr().cast(),
                 frame.len(),
                 0,
-                &addr as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                std::ptr::from_ref(&addr).cast(),
+                sockaddr_ll_len(),
             )
         };
         assert_eq!(
-            sent,
-            frame.len() as isize,
+            usize::try_from(sent).ok(),
+            Some(frame.len()),
             "{}",
             std::io::Error::last_os_error()
         );
@@ -454,29 +472,32 @@ impl Wire {
                 events: libc::POLLIN,
                 revents: 0,
             };
+            let wait_ms = i32::try_from(left.as_millis().min(1000)).expect("at most 1000");
             // SAFETY: one pollfd, valid for the call.
-            let ready = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(1000) as i32) };
+            let ready = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
             if ready <= 0 {
                 continue;
             }
             // SAFETY: sockaddr_ll and buf outlive the call.
             let (n, outgoing) = unsafe {
                 let mut from: libc::sockaddr_ll = std::mem::zeroed();
-                let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+                let mut len = sockaddr_ll_len();
                 let n = libc::recvfrom(
                     self.fd.as_raw_fd(),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                     0,
-                    &mut from as *mut libc::sockaddr_ll as *mut libc::sockaddr,
+                    std::ptr::from_mut(&mut from).cast(),
                     &mut len,
                 );
                 (n, from.sll_pkttype == libc::PACKET_OUTGOING)
             };
-            if n <= 0 || outgoing {
-                continue;
-            }
-            if let Some(found) = pick(&buf[..n as usize]) {
+            // Negative: an error (an interrupted call); retried until the deadline.
+            let n = match usize::try_from(n) {
+                Ok(n) if n > 0 && !outgoing => n,
+                _ => continue,
+            };
+            if let Some(found) = pick(&buf[..n]) {
                 return Some(found);
             }
         }
@@ -573,11 +594,14 @@ fn bridge_binding_carries_the_guests_frames_to_the_node_and_serves_the_pod_addre
     // (IPv6 autoconfiguration, MLD); the test guest gives up after 16 frames that are not
     // its test frame. This pod is IPv4 only: keep IPv6 quiet on both ends.
     std::fs::write(format!("/proc/sys/net/ipv6/conf/{veth}/disable_ipv6"), "1").unwrap();
-    netsetup::netns::run_in(&netsetup::netns::NetnsTarget::Pid(pid as u32), || {
-        for key in ["all", "default"] {
-            std::fs::write(format!("/proc/sys/net/ipv6/conf/{key}/disable_ipv6"), "1").unwrap();
-        }
-    })
+    netsetup::netns::run_in(
+        &netsetup::netns::NetnsTarget::Pid(u32::try_from(pid).expect("a positive pid")),
+        || {
+            for key in ["all", "default"] {
+                std::fs::write(format!("/proc/sys/net/ipv6/conf/{key}/disable_ipv6"), "1").unwrap();
+            }
+        },
+    )
     .unwrap();
     let wire = Wire::bind(&veth);
     let node_mac: [u8; 6] = {
@@ -632,9 +656,10 @@ fn bridge_binding_carries_the_guests_frames_to_the_node_and_serves_the_pod_addre
     assert!(done.contains("failed=0"), "guest checks failed: {done}");
 
     // The guest uses the pod's own MAC, now on the dummy eth0 in the pod.
-    let pod_links = netsetup::netns::run_in(&netsetup::netns::NetnsTarget::Pid(pid as u32), || {
-        Command::new("ip").args(["-o", "link", "show"]).output()
-    })
+    let pod_links = netsetup::netns::run_in(
+        &netsetup::netns::NetnsTarget::Pid(u32::try_from(pid).expect("a positive pid")),
+        || Command::new("ip").args(["-o", "link", "show"]).output(),
+    )
     .unwrap()
     .unwrap();
     let pod_links = String::from_utf8_lossy(&pod_links.stdout).into_owned();

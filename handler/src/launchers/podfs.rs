@@ -194,13 +194,16 @@ impl PinnedSocket {
 /// The peer PID of a connected unix stream.
 pub(crate) fn peer_pid_of(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
     let creds = getsockopt(stream, PeerCredentials).map_err(std::io::Error::from)?;
-    match creds.pid() {
-        0 => Err(std::io::Error::other(
+    match u32::try_from(creds.pid()) {
+        Ok(0) => Err(std::io::Error::other(
             "the socket's owner PID is 0: it runs in a PID namespace this handler cannot see \
              (the handler must run in the host PID namespace, hostPID)",
         )),
-        pid if pid > 0 => Ok(pid as u32),
-        pid => Err(std::io::Error::other(format!("invalid peer pid {pid}"))),
+        Ok(pid) => Ok(pid),
+        Err(_) => Err(std::io::Error::other(format!(
+            "invalid peer pid {}",
+            creds.pid()
+        ))),
     }
 }
 

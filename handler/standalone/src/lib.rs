@@ -509,10 +509,10 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
                     && since.elapsed() > stop_deadline
                 {
                     say("graceful stop took too long: killing the remaining launchers");
-                    for p in pods.values() {
+                    for pid in pods.values().filter_map(|p| p.record.launcher_pid()) {
                         // The launcher leads its own session: kill the whole pod.
                         let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(-(p.record.pid as i32)),
+                            nix::unistd::Pid::from_raw(-pid.as_raw()),
                             nix::sys::signal::Signal::SIGKILL,
                         );
                     }
@@ -579,9 +579,11 @@ async fn supervise(
 ) {
     let mut removed = Vec::new();
     for (pod_uid, pod) in pods.iter_mut() {
-        let pid = nix::unistd::Pid::from_raw(pod.record.pid as i32);
+        let pid = pod.record.launcher_pid();
         // Reap our own children; adopted launchers are not ours (ECHILD is fine).
-        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        if let Some(pid) = pid {
+            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
         let alive = pod::launcher_alive(&pod.record);
         let vmi = store.get(&pod.record.vmi_key);
         // The controller deletes the pod of a VMI that is over, and of a deleted VMI that
@@ -631,6 +633,7 @@ async fn supervise(
             && let Some(since) = pod.final_since
             && !pod.terminated
             && since.elapsed() > Duration::from_secs(10)
+            && let Some(pid) = pid
         {
             // The controller deletes the pod of a finished VMI; the kubelet sends SIGTERM.
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);

@@ -120,7 +120,8 @@ pub async fn create(name_hint: &str) -> Result<PodNetwork, PodNetError> {
     // address already in use on the next pod and is rare enough for a stand-in CNI.
     let start = (rand::random::<u32>() % 254) as u8;
     let subnet = (0..254u16)
-        .map(|i| ((u16::from(start) + i) % 254 + 1) as u8)
+        // 1..=254: the conversion never fails.
+        .filter_map(|i| u8::try_from((u16::from(start) + i) % 254 + 1).ok())
         .find(|s| !used.contains(s))
         .ok_or(PodNetError::NoSubnet)?;
 

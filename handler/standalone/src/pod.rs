@@ -386,11 +386,13 @@ impl ChildSetup {
         // <linux/mount.h>; the libc crate does not define them for glibc targets.
         const OPEN_TREE_CLONE: libc::c_uint = 1;
         const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
-        fn check(r: libc::c_int) -> std::io::Result<()> {
+        /// A libc call's or a raw syscall's result: the value, or errno as an error.
+        fn check(r: impl Into<libc::c_long>) -> std::io::Result<libc::c_long> {
+            let r = r.into();
             if r < 0 {
                 Err(std::io::Error::last_os_error())
             } else {
-                Ok(())
+                Ok(r)
             }
         }
         let null = std::ptr::null();
@@ -421,14 +423,15 @@ impl ChildSetup {
                 null.cast(),
             ))?;
             for ((source, _, _), tree) in self.binds.iter().zip(self.trees.iter_mut()) {
-                let fd = libc::syscall(
+                let fd = check(libc::syscall(
                     libc::SYS_open_tree,
                     libc::AT_FDCWD,
                     source.as_ptr(),
                     OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-                );
-                check(fd as libc::c_int)?;
-                *tree = fd as libc::c_int;
+                ))?;
+                // A file descriptor is a C int; from_raw_os_error does not allocate.
+                *tree = libc::c_int::try_from(fd)
+                    .map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
             }
             check(libc::mount(
                 self.tmpfs.as_ptr(),
@@ -456,7 +459,7 @@ impl ChildSetup {
                     libc::AT_FDCWD,
                     target.as_ptr(),
                     MOVE_MOUNT_F_EMPTY_PATH,
-                ) as libc::c_int)?;
+                ))?;
                 if *read_only {
                     check(libc::mount(
                         null,
@@ -536,7 +539,7 @@ unsafe fn drop_to_user(uid: u32) -> std::io::Result<()> {
             libc::prctl(
                 libc::PR_CAP_AMBIENT,
                 libc::PR_CAP_AMBIENT_RAISE,
-                CAP_NET_BIND_SERVICE as libc::c_ulong,
+                libc::c_ulong::from(CAP_NET_BIND_SERVICE),
                 0,
                 0,
             )
@@ -596,6 +599,18 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 /// Whether the pod's launcher is still the process we started.
 pub fn launcher_alive(record: &PodRecord) -> bool {
     process_start_time(record.pid) == Some(record.start_time)
+}
+
+impl PodRecord {
+    /// The launcher's PID to wait for or signal; `None` when the recorded number cannot be a
+    /// process (0, or above `pid_t`'s range in a damaged record): 0 or a negative number
+    /// would make `kill`/`waitpid` act on a whole process group.
+    pub fn launcher_pid(&self) -> Option<nix::unistd::Pid> {
+        libc::pid_t::try_from(self.pid)
+            .ok()
+            .filter(|pid| *pid > 0)
+            .map(nix::unistd::Pid::from_raw)
+    }
 }
 
 #[cfg(test)]
