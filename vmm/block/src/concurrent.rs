@@ -31,6 +31,7 @@
 //! shared and `flush` takes it exclusively: it waits for in-flight I/O, which
 //! also makes every completed write part of the flush.
 
+use crate::cast::u64_to_usize;
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -231,7 +232,7 @@ impl ConcurrentDisk {
                 Engine::Raw(_) => (Extent::Host(pos), rest.len() as u64),
                 Engine::Qcow2(q) => q.map_extent(pos, rest.len() as u64, false)?,
             };
-            let piece = &mut rest[..n as usize];
+            let piece = &mut rest[..u64_to_usize(n)];
             match extent {
                 Extent::Engine => st.engine.backend().read_at(piece, pos)?,
                 Extent::Host(host) => {
@@ -257,7 +258,7 @@ impl ConcurrentDisk {
                     self.read_backing(piece, pos)?;
                 }
             }
-            done += n as usize;
+            done += u64_to_usize(n);
         }
         Ok(())
     }
@@ -273,7 +274,7 @@ impl ConcurrentDisk {
         kind: CompressionType,
     ) -> DiskResult<()> {
         let cs = 1usize << self.cluster_bits;
-        let in_cluster = (pos as usize) & (cs - 1);
+        let in_cluster = u64_to_usize(pos) & (cs - 1);
         DECOMPRESSED.with(|cell| {
             let mut cache = cell.borrow_mut();
             let key = (self.id, offset, sectors);
@@ -298,7 +299,7 @@ impl ConcurrentDisk {
             buf.fill(0);
             return Ok(());
         };
-        let avail = b.size().saturating_sub(pos).min(buf.len() as u64) as usize;
+        let avail = u64_to_usize(b.size().saturating_sub(pos).min(buf.len() as u64));
         if avail > 0 {
             b.read_at(&mut buf[..avail], pos)?;
         }
@@ -332,7 +333,7 @@ impl ConcurrentDisk {
                 Engine::Qcow2(q) => q.map_extent(pos, rest.len() as u64, true)?,
             };
             let n = st.clamp_before_allocating(pos, n, self.cluster_bits);
-            let piece = &rest[..n as usize];
+            let piece = &rest[..u64_to_usize(n)];
             let n = match extent {
                 Extent::Host(host) => {
                     drop(st);
@@ -355,7 +356,7 @@ impl ConcurrentDisk {
                     }
                 }
             };
-            done += n as usize;
+            done += u64_to_usize(n);
         }
         Ok(())
     }
@@ -391,7 +392,7 @@ impl ConcurrentDisk {
     /// chain or zeroes) and writes the run to its new host clusters.
     fn fill_new_clusters(&self, a: &Allocation, piece: &[u8], pos: u64) -> DiskResult<()> {
         let cs = 1u64 << self.cluster_bits;
-        let mut buf = DirectBuf::new((a.count * cs) as usize, 0);
+        let mut buf = DirectBuf::new(u64_to_usize(a.count * cs), 0);
         let buf = buf.as_mut_slice();
         let run_start = a.vc << self.cluster_bits;
         let wstart = pos;
@@ -399,16 +400,17 @@ impl ConcurrentDisk {
         for (i, from_backing) in a.from_backing.iter().enumerate() {
             let cstart = run_start + i as u64 * cs;
             let cend = cstart + cs;
-            let slot = &mut buf[i * cs as usize..(i + 1) * cs as usize];
+            let slot = &mut buf[i * u64_to_usize(cs)..(i + 1) * u64_to_usize(cs)];
             // Old contents only where the write does not cover the cluster.
             if *from_backing && (wstart > cstart || wend < cend) {
                 // The last cluster may reach past the end of the disk.
-                let avail = self.size.saturating_sub(cstart).min(cs) as usize;
+                let avail = u64_to_usize(self.size.saturating_sub(cstart).min(cs));
                 self.read_backing(&mut slot[..avail], cstart)?;
             }
         }
-        let at = (wstart - run_start) as usize;
-        buf[at..at + (wend - wstart) as usize].copy_from_slice(&piece[..(wend - wstart) as usize]);
+        let at = u64_to_usize(wstart - run_start);
+        buf[at..at + u64_to_usize(wend - wstart)]
+            .copy_from_slice(&piece[..u64_to_usize(wend - wstart)]);
         Ok(self.data.write_data(buf, a.host)?)
     }
 

@@ -1,6 +1,7 @@
 //! Entry points shared by the cargo-fuzz targets (`fuzz/`) and the
 //! deterministic random-input tests, so CI exercises the same code.
 
+use crate::cast::u64_to_usize;
 use std::io::Write;
 
 use crate::qcow2::{CreateOptions, Qcow2Image, Qcow2Options, create, header::Header};
@@ -105,7 +106,7 @@ fn run_ops(data: &[u8], concurrent: bool) {
     let Some((&cfg, ops)) = data.split_first() else {
         return;
     };
-    let cluster_bits = 9 + (cfg % 4) as u32 * 2; // 512 .. 32 KiB
+    let cluster_bits = 9 + u32::from(cfg % 4) * 2; // 512 .. 32 KiB
     let refcount_bits = 1u32 << ((cfg >> 2) % 7);
     let size: u64 = 256 << 10;
     let Ok(dir) = tempfile::tempdir() else { return };
@@ -129,33 +130,33 @@ fn run_ops(data: &[u8], concurrent: bool) {
             Qcow2Image::open(&path, Qcow2Options::default()).expect("opening it"),
         ))
     };
-    let mut model = vec![0u8; size as usize];
+    let mut model = vec![0u8; u64_to_usize(size)];
     let mut buf = Vec::new();
     for op in ops.chunks_exact(6) {
         let kind = op[0] % 6;
-        let offset = (u16::from_le_bytes([op[1], op[2]]) as u64 * 7) % size;
-        let len = (u16::from_le_bytes([op[3], op[4]]) as u64 % 20000).min(size - offset);
+        let offset = (u64::from(u16::from_le_bytes([op[1], op[2]])) * 7) % size;
+        let len = (u64::from(u16::from_le_bytes([op[3], op[4]])) % 20000).min(size - offset);
         let byte = op[5];
         match kind {
             0 | 1 => {
                 buf.clear();
                 buf.resize(len as usize, byte);
                 img.write(&buf, offset).expect("write");
-                model[offset as usize..(offset + len) as usize].fill(byte);
+                model[u64_to_usize(offset)..u64_to_usize(offset + len)].fill(byte);
             }
             2 => {
                 buf.clear();
                 buf.resize(len as usize, 0);
                 img.read(&mut buf, offset).expect("read");
                 assert!(
-                    buf[..] == model[offset as usize..(offset + len) as usize],
+                    buf[..] == model[u64_to_usize(offset)..u64_to_usize(offset + len)],
                     "read at {offset}+{len} differs from what was written"
                 );
             }
             3 => {
                 img.write_zeroes(offset, len, byte & 1 == 1)
                     .expect("write_zeroes");
-                model[offset as usize..(offset + len) as usize].fill(0);
+                model[u64_to_usize(offset)..u64_to_usize(offset + len)].fill(0);
             }
             4 => {
                 // Discarded bytes read as zeroes or as before; the model
@@ -167,7 +168,7 @@ fn run_ops(data: &[u8], concurrent: bool) {
                 let end = offset + len;
                 let last = if end == size { end } else { end / cs * cs };
                 if last > first {
-                    model[first as usize..last as usize].fill(0);
+                    model[u64_to_usize(first)..u64_to_usize(last)].fill(0);
                 }
             }
             _ => img.flush().expect("flush"),
@@ -189,7 +190,7 @@ fn run_ops(data: &[u8], concurrent: bool) {
         },
     )
     .expect("reopen");
-    let mut all = vec![0u8; size as usize];
+    let mut all = vec![0u8; u64_to_usize(size)];
     img.read_at(&mut all, 0).expect("read back");
     assert!(all == model, "contents differ after reopening");
 }

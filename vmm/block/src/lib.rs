@@ -5,6 +5,7 @@
 
 use std::io;
 
+pub mod cast;
 pub mod concurrent;
 #[doc(hidden)]
 pub mod fuzz_support;

@@ -16,6 +16,7 @@
 //!
 //! Not a general-purpose API: hidden from the docs, used by the tests.
 
+use crate::cast::u64_to_usize;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,7 +90,7 @@ impl State {
                     let mut at = 0;
                     while at < data.len() {
                         // Pieces end on the file's sector boundaries.
-                        let pos = *offset as usize + at;
+                        let pos = u64_to_usize(*offset) + at;
                         let n = (SECTOR - pos % SECTOR).min(data.len() - at);
                         if keep_all || self.coin() {
                             put(&mut image, pos, &data[at..at + n]);
@@ -103,8 +104,8 @@ impl State {
                     }
                 }
                 Unsynced::Extend { len } => {
-                    if image.len() < *len as usize {
-                        image.resize(*len as usize, 0);
+                    if image.len() < u64_to_usize(*len) {
+                        image.resize(u64_to_usize(*len), 0);
                     }
                 }
             }
@@ -122,8 +123,8 @@ fn put(image: &mut Vec<u8>, pos: usize, data: &[u8]) {
 
 /// Zeroes `[offset, offset + len)` inside the file (the size stays).
 fn zero(image: &mut [u8], offset: u64, len: u64) {
-    let start = (offset as usize).min(image.len());
-    let end = (offset.saturating_add(len) as usize).min(image.len());
+    let start = u64_to_usize(offset).min(image.len());
+    let end = u64_to_usize(offset.saturating_add(len)).min(image.len());
     image[start..end].fill(0);
 }
 
@@ -203,7 +204,7 @@ impl PowerLossFile {
 
     pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let s = self.state();
-        let start = (offset as usize).min(s.current.len());
+        let start = u64_to_usize(offset).min(s.current.len());
         let n = (s.current.len() - start).min(buf.len());
         buf[..n].copy_from_slice(&s.current[start..start + n]);
         buf[n..].fill(0);
@@ -213,7 +214,7 @@ impl PowerLossFile {
     pub(crate) fn write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut s = self.state();
         let lost = s.start_op();
-        put(&mut s.current, offset as usize, buf);
+        put(&mut s.current, u64_to_usize(offset), buf);
         if !lost {
             s.unsynced.push(Unsynced::Write {
                 offset,
@@ -244,8 +245,8 @@ impl PowerLossFile {
     pub(crate) fn extend(&self, len: u64) -> io::Result<()> {
         let mut s = self.state();
         let lost = s.start_op();
-        if s.current.len() < len as usize {
-            s.current.resize(len as usize, 0);
+        if s.current.len() < u64_to_usize(len) {
+            s.current.resize(u64_to_usize(len), 0);
         }
         if !lost {
             s.unsynced.push(Unsynced::Extend { len });
@@ -261,11 +262,13 @@ impl PowerLossFile {
         let unsynced = std::mem::take(&mut s.unsynced);
         for u in unsynced {
             match u {
-                Unsynced::Write { offset, data } => put(&mut s.durable, offset as usize, &data),
+                Unsynced::Write { offset, data } => {
+                    put(&mut s.durable, u64_to_usize(offset), &data)
+                }
                 Unsynced::Zero { offset, len } => zero(&mut s.durable, offset, len),
                 Unsynced::Extend { len } => {
-                    if s.durable.len() < len as usize {
-                        s.durable.resize(len as usize, 0);
+                    if s.durable.len() < u64_to_usize(len) {
+                        s.durable.resize(u64_to_usize(len), 0);
                     }
                 }
             }

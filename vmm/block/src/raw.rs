@@ -1,5 +1,6 @@
 //! Raw disk images: the file's bytes are the disk's bytes.
 
+use crate::cast::u64_to_usize;
 use std::path::Path;
 
 use crate::host_file::HostFile;
@@ -101,7 +102,7 @@ impl DiskBackend for RawFile {
         let mut pos = offset;
         let end = offset + len;
         while pos < end {
-            let n = (end - pos).min(chunk.len() as u64) as usize;
+            let n = u64_to_usize((end - pos).min(chunk.len() as u64));
             self.file.write_data(&chunk[..n], pos)?;
             pos += n as u64;
         }

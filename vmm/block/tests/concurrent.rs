@@ -5,6 +5,7 @@
 
 mod common;
 
+use block::cast::u64_to_usize;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -85,11 +86,11 @@ fn hammer(disk: &ConcurrentDisk, initial: Vec<u8>, seed: u64) -> Vec<u8> {
 /// bounce copy. Several threads, disjoint 64 KiB-aligned chunks.
 fn aligned_round(disk: &ConcurrentDisk, model: &mut [u8], seed: u64) {
     const CHUNK: usize = 64 << 10;
-    let chunks: Vec<(usize, u8)> = (0..16)
+    let chunks: Vec<(usize, u8)> = (0..16u8)
         .map(|i| {
             (
-                (i * 7 + seed as usize) % (DISK / CHUNK) * CHUNK,
-                i as u8 + 1,
+                (usize::from(i) * 7 + u64_to_usize(seed)) % (DISK / CHUNK) * CHUNK,
+                i + 1,
             )
         })
         .collect();
@@ -275,10 +276,10 @@ fn concurrent_reads_of_compressed_clusters_match_qemu() {
                 backing: BackingPolicy::FollowImage,
             };
             let disk = ConcurrentDisk::open(&overlay, Format::Qcow2, rw).expect("open overlay");
-            for k in 0..16u64 {
-                let at = k * 200_003 % (DISK as u64 - 5000);
-                disk.write_at(&[k as u8 + 1; 5000], at).expect("write");
-                expect_overlay[at as usize..at as usize + 5000].fill(k as u8 + 1);
+            for k in 0..16u8 {
+                let at = u64::from(k) * 200_003 % (DISK as u64 - 5000);
+                disk.write_at(&[k + 1; 5000], at).expect("write");
+                expect_overlay[u64_to_usize(at)..u64_to_usize(at) + 5000].fill(k + 1);
             }
             disk.close().expect("close");
         }
@@ -295,7 +296,7 @@ fn concurrent_reads_of_compressed_clusters_match_qemu() {
                     scope.spawn(move || {
                         let mut rng = StdRng::seed_from_u64(t * 31 + cs);
                         for _ in 0..300 {
-                            let len = rng.random_range(1..3 * cs as usize);
+                            let len = rng.random_range(1..3 * u64_to_usize(cs));
                             let at = rng.random_range(0..DISK - len);
                             let mut buf = vec![0u8; len];
                             disk.read_at(&mut buf, at as u64).expect("read");

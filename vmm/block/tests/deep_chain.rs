@@ -165,7 +165,7 @@ fn each_file_of_a_deep_chain_is_opened_once() {
     for i in 0..17u64 {
         let mut buf = vec![0u8; 65536];
         disk.read_at(&mut buf, i * 65536).unwrap();
-        assert!(buf.iter().all(|&b| b == i as u8 + 1), "layer {i}");
+        assert!(buf.iter().all(|&b| u64::from(b) == i + 1), "layer {i}");
     }
     disk.close().unwrap();
     assert_eq!(open_files_in(&dir_path), 0, "all closed");

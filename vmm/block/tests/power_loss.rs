@@ -13,6 +13,7 @@
 
 mod common;
 
+use block::cast::u64_to_usize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -31,11 +32,15 @@ const BASE: u32 = 1;
 
 /// Contents of `sector` written by write number `id` (0: zeroes). Every
 /// sector says which write put it there.
-fn sector_data(id: u32, sector: u64) -> [u8; SECTOR as usize] {
-    let mut s = [0u8; SECTOR as usize];
+fn sector_data(id: u32, sector: u64) -> [u8; u64_to_usize(SECTOR)] {
+    let mut s = [0u8; u64_to_usize(SECTOR)];
     if id != 0 {
         for (i, word) in s.chunks_exact_mut(4).enumerate() {
-            let v = if i % 2 == 0 { id } else { sector as u32 };
+            let v = if i % 2 == 0 {
+                id
+            } else {
+                u32::try_from(sector).expect("a small disk")
+            };
             word.copy_from_slice(&v.to_le_bytes());
         }
     }
@@ -136,7 +141,7 @@ impl Engine {
     }
 
     fn read(&mut self, sector: u64, count: u64) -> Vec<u8> {
-        let mut buf = vec![0u8; (count * SECTOR) as usize];
+        let mut buf = vec![0u8; u64_to_usize(count * SECTOR)];
         match self {
             Engine::Serial(d) => d.read_at(&mut buf, sector * SECTOR),
             Engine::Concurrent(d) => d.read_at(&mut buf, sector * SECTOR),
@@ -156,7 +161,7 @@ struct Model {
 
 impl Model {
     fn set(&mut self, sector: u64, id: u32) {
-        let s = sector as usize;
+        let s = u64_to_usize(sector);
         self.now[s] = id;
         self.since[s].push(id);
     }
@@ -230,7 +235,7 @@ fn setup(case: Case, seed: u64) -> Setup {
         .into_iter()
         .enumerate()
     {
-        engine.apply(op, 1_000_000 + i as u32);
+        engine.apply(op, 1_000_000 + u32::try_from(i).expect("a few ops"));
     }
     let start = decode_all(&engine.read(0, SECTORS as u64), 0);
     drop(engine);
@@ -244,7 +249,7 @@ fn setup(case: Case, seed: u64) -> Setup {
 /// The writes the sectors from `first` on hold, as the engine reads them.
 fn decode_all(bytes: &[u8], first: u64) -> Vec<u32> {
     bytes
-        .chunks_exact(SECTOR as usize)
+        .chunks_exact(u64_to_usize(SECTOR))
         .zip(first..)
         .map(|(b, s)| decode(b, s).unwrap_or_else(|| panic!("sector {s} reads {:?}", &b[..16])))
         .collect()
@@ -276,7 +281,7 @@ fn run_once(
         since: vec![Vec::new(); SECTORS],
     };
     for (i, &op) in ops.iter().enumerate() {
-        let id = 2_000_000 + i as u32;
+        let id = 2_000_000 + u32::try_from(i).expect("a few ops");
         engine.apply(op, id);
         match op {
             Op::Write { sector, count } => (sector..sector + count).for_each(|s| model.set(s, id)),
@@ -320,7 +325,7 @@ fn ops_of_a_full_run(case: Case, setup: &Setup, ops: &[Op]) -> (u64, Vec<(u64, u
     let mut flushes = Vec::new();
     for (i, &op) in ops.iter().enumerate() {
         let before = file.ops();
-        engine.apply(op, i as u32 + 1);
+        engine.apply(op, u32::try_from(i).expect("a few ops") + 1);
         if matches!(op, Op::Flush) {
             flushes.push((before, file.ops()));
         }
@@ -364,7 +369,10 @@ fn check_survivor(case: Case, dir: &Path, model: &Model) -> Result<(), String> {
     }
     let bytes = std::fs::read(&flat).unwrap();
     for s in 0..SECTORS {
-        let found = decode(&bytes[s * SECTOR as usize..][..SECTOR as usize], s as u64);
+        let found = decode(
+            &bytes[s * u64_to_usize(SECTOR)..][..u64_to_usize(SECTOR)],
+            s as u64,
+        );
         let ok = found.is_some_and(|id| id == model.acked[s] || model.since[s].contains(&id));
         if !ok {
             return Err(format!(
@@ -470,7 +478,7 @@ fn power_loss_small_clusters_with_backing() {
                 backing: true,
                 concurrent,
             };
-            power_failures(case, 11 + lazy as u64, ROUNDS);
+            power_failures(case, 11 + u64::from(lazy), ROUNDS);
         }
     }
 }
@@ -485,7 +493,7 @@ fn power_loss_4k_clusters_bare() {
                 backing: false,
                 concurrent,
             };
-            power_failures(case, 21 + lazy as u64, ROUNDS);
+            power_failures(case, 21 + u64::from(lazy), ROUNDS);
         }
     }
 }
@@ -500,7 +508,7 @@ fn power_loss_64k_clusters_with_backing() {
                 backing: true,
                 concurrent,
             };
-            power_failures(case, 31 + lazy as u64, ROUNDS);
+            power_failures(case, 31 + u64::from(lazy), ROUNDS);
         }
     }
 }

@@ -7,6 +7,7 @@
 use super::tables::{CachedCluster, OFFSET_MASK};
 use super::{Qcow2Image, corrupt, header, refcount};
 use crate::DiskResult;
+use crate::cast::u64_to_usize;
 
 /// Reserved low bits of a refcount table entry.
 const REFTABLE_RESERVED: u64 = 0x1ff;
@@ -14,7 +15,7 @@ const REFTABLE_RESERVED: u64 = 0x1ff;
 impl Qcow2Image {
     /// Host offset of refcount block `index` (0 = not allocated).
     fn refcount_block_offset(&self, index: u64) -> DiskResult<u64> {
-        let Some(&entry) = self.reftable.get(index as usize) else {
+        let Some(&entry) = self.reftable.get(u64_to_usize(index)) else {
             return Ok(0);
         };
         if entry & REFTABLE_RESERVED != 0 || entry & (self.cluster_size - 1) != 0 {
@@ -42,7 +43,7 @@ impl Qcow2Image {
                     self.wrote_depended_on();
                 }
             }
-            let mut data = vec![0u8; self.cluster_size as usize];
+            let mut data = vec![0u8; u64_to_usize(self.cluster_size)];
             self.file.read_meta(&mut data, off)?;
             self.rc_cache.insert(off, data, false);
         }
@@ -57,7 +58,7 @@ impl Qcow2Image {
         if off == 0 {
             return Ok(0);
         }
-        let index = (cluster % self.rc_per_block) as usize;
+        let index = u64_to_usize(cluster % self.rc_per_block);
         let order = self.rc_order;
         let block = self.refcount_block(off)?;
         Ok(refcount::get(&block.data, order, index))
@@ -72,7 +73,7 @@ impl Qcow2Image {
         if value > refcount::max_value(self.rc_order) {
             return Err(corrupt(format!("refcount of cluster {cluster} overflows")));
         }
-        let index = (cluster % self.rc_per_block) as usize;
+        let index = u64_to_usize(cluster % self.rc_per_block);
         let order = self.rc_order;
         let block = self.refcount_block(off)?;
         refcount::set(&mut block.data, order, index, value);
@@ -88,10 +89,13 @@ impl Qcow2Image {
             bytes > 0 && cluster >= start / cs && cluster < (start + bytes).div_ceil(cs)
         };
         cluster == 0
-            || inside(self.header.l1_table_offset, self.header.l1_size as u64 * 8)
+            || inside(
+                self.header.l1_table_offset,
+                u64::from(self.header.l1_size) * 8,
+            )
             || inside(
                 self.header.refcount_table_offset,
-                self.header.refcount_table_clusters as u64 * cs,
+                u64::from(self.header.refcount_table_clusters) * cs,
             )
     }
 
@@ -133,7 +137,7 @@ impl Qcow2Image {
             let end = start + n + extra;
             let first_block = start / self.rc_per_block;
             let last_block = (end - 1) / self.rc_per_block;
-            if last_block as usize >= self.reftable.len() {
+            if u64_to_usize(last_block) >= self.reftable.len() {
                 self.grow_reftable(last_block + 1)?;
                 continue; // the new table took clusters: search again
             }
@@ -207,7 +211,7 @@ impl Qcow2Image {
         }
         let slot = self
             .reftable
-            .get_mut(index as usize)
+            .get_mut(u64_to_usize(index))
             .ok_or_else(|| corrupt("refcount table too small"))?;
         *slot = off;
         self.reftable_dirty = true;
@@ -242,23 +246,25 @@ impl Qcow2Image {
                 "image too large: refcount table would exceed 8 MiB",
             ));
         }
+        // The header's field is 32 bits; the bound above keeps t far below that.
+        let t_field = u32::try_from(t).map_err(|_| corrupt("refcount table too large"))?;
         let area = b0 * rpb; // first cluster of the new blocks + table
         if (area + k + t) * cs > OFFSET_MASK {
             return Err(corrupt("image file would exceed the largest host offset"));
         }
         // New blocks count the new blocks and the new table.
-        let mut blocks = vec![vec![0u8; cs as usize]; k as usize];
+        let mut blocks = vec![vec![0u8; u64_to_usize(cs)]; u64_to_usize(k)];
         for c in area..area + k + t {
-            let b = ((c / rpb) - b0) as usize;
+            let b = u64_to_usize((c / rpb) - b0);
             let block = blocks
                 .get_mut(b)
                 .ok_or_else(|| corrupt("refcount growth arithmetic"))?;
-            refcount::set(block, self.rc_order, (c % rpb) as usize, 1);
+            refcount::set(block, self.rc_order, u64_to_usize(c % rpb), 1);
         }
         let mut table = self.reftable.clone();
-        table.resize((t * cs / 8) as usize, 0);
+        table.resize(u64_to_usize(t * cs / 8), 0);
         for j in 0..k {
-            table[(b0 + j) as usize] = (area + j) * cs;
+            table[u64_to_usize(b0 + j)] = (area + j) * cs;
         }
         // Everything the new table points at (the blocks in the cache, the
         // new blocks) and the table itself must be on disk before the
@@ -274,14 +280,14 @@ impl Qcow2Image {
         self.sync()?;
         let mut hdr = [0u8; 12];
         hdr[..8].copy_from_slice(&table_off.to_be_bytes());
-        hdr[8..].copy_from_slice(&(t as u32).to_be_bytes());
+        hdr[8..].copy_from_slice(&t_field.to_be_bytes());
         self.file.write_meta(&hdr, header::OFF_REFTABLE_OFFSET)?;
         self.sync()?;
 
         let old_off = self.header.refcount_table_offset;
-        let old_clusters = self.header.refcount_table_clusters as u64;
+        let old_clusters = u64::from(self.header.refcount_table_clusters);
         self.header.refcount_table_offset = table_off;
-        self.header.refcount_table_clusters = t as u32;
+        self.header.refcount_table_clusters = t_field;
         self.reftable = table;
         self.reftable_dirty = false;
         self.alloc_end = self.alloc_end.max((area + k + t) * cs);

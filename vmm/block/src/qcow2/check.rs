@@ -5,6 +5,7 @@
 //! corruptions (refcount lower than the references, entries pointing outside
 //! the file, wrong "copied" flags) may lose data.
 
+use crate::cast::u64_to_usize;
 use std::path::Path;
 
 use super::header::Header;
@@ -82,7 +83,7 @@ impl Walker<'_> {
             return false;
         }
         for c in first..=last {
-            if let Some(r) = self.refs.get_mut(c as usize) {
+            if let Some(r) = self.refs.get_mut(u64_to_usize(c)) {
                 *r = r.saturating_add(1);
             }
         }
@@ -90,7 +91,7 @@ impl Walker<'_> {
     }
 
     fn read_cluster(&self, off: u64) -> DiskResult<Vec<u8>> {
-        let mut buf = vec![0u8; self.cs as usize];
+        let mut buf = vec![0u8; u64_to_usize(self.cs)];
         self.file.read_meta(&mut buf, off)?;
         Ok(buf)
     }
@@ -113,7 +114,7 @@ fn new_walker<'a>(file: &'a HostFile, header: &Header) -> DiskResult<Walker<'a>>
         file,
         cs,
         nclusters,
-        refs: vec![0u16; nclusters as usize],
+        refs: vec![0u16; u64_to_usize(nclusters)],
         report: CheckReport {
             total_clusters: header.size.div_ceil(cs),
             ..CheckReport::default()
@@ -128,11 +129,11 @@ fn walk_tables(w: &mut Walker<'_>, header: &Header) -> DiskResult<Vec<(u64, bool
     let cs = w.cs;
     let file = w.file;
     w.add(0, cs, "header");
-    let l1_bytes = header.l1_size as u64 * 8;
+    let l1_bytes = u64::from(header.l1_size) * 8;
     let l1_ok = w.add(header.l1_table_offset, l1_bytes, "L1 table");
     let mut l1 = Vec::new();
     if l1_ok {
-        let mut raw = vec![0u8; l1_bytes as usize];
+        let mut raw = vec![0u8; u64_to_usize(l1_bytes)];
         file.read_meta(&mut raw, header.l1_table_offset)?;
         l1 = (0..header.l1_size as usize)
             .map(|i| be64_at(&raw, i))
@@ -216,13 +217,13 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
     let mut w = new_walker(file, header)?;
     let nclusters = w.nclusters;
     let copied_checks = walk_tables(&mut w, header)?;
-    let rt_bytes = header.refcount_table_clusters as u64 * cs;
+    let rt_bytes = u64::from(header.refcount_table_clusters) * cs;
     let rt_ok = w.add(header.refcount_table_offset, rt_bytes, "refcount table");
 
     // Refcount table and blocks.
     let mut reftable = Vec::new();
     if rt_ok {
-        let mut raw = vec![0u8; rt_bytes as usize];
+        let mut raw = vec![0u8; u64_to_usize(rt_bytes)];
         file.read_meta(&mut raw, header.refcount_table_offset)?;
         reftable = (0..(rt_bytes / 8) as usize)
             .map(|i| be64_at(&raw, i))
@@ -248,7 +249,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
 
     // Compare stored refcounts with the references.
     // Saturated like the reference counts (u16: 2 bytes per cluster).
-    let mut stored = vec![0u16; nclusters as usize];
+    let mut stored = vec![0u16; u64_to_usize(nclusters)];
     let mut seen_blocks = std::collections::HashSet::new();
     for &(bi, off) in &blocks {
         if !seen_blocks.insert(off) {
@@ -257,9 +258,9 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
         let block = w.read_cluster(off)?;
         for k in 0..rpb {
             let c = bi * rpb + k;
-            let v = refcount::get(&block, header.refcount_order, k as usize);
-            match stored.get_mut(c as usize) {
-                Some(s) => *s = v.min(u16::MAX as u64) as u16,
+            let v = refcount::get(&block, header.refcount_order, u64_to_usize(k));
+            match stored.get_mut(u64_to_usize(c)) {
+                Some(s) => *s = u16::try_from(v).unwrap_or(u16::MAX),
                 None if v > 0 => w.report.problem(
                     false,
                     format!("Leaked cluster {c} (past the end of the file) refcount={v}"),
@@ -269,9 +270,9 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
         }
     }
     let mut last_used = 0u64;
-    for c in 0..nclusters as usize {
-        let r = w.refs.get(c).copied().unwrap_or(0) as u64;
-        let s = stored.get(c).copied().unwrap_or(0) as u64;
+    for c in 0..u64_to_usize(nclusters) {
+        let r = u64::from(w.refs.get(c).copied().unwrap_or(0));
+        let s = u64::from(stored.get(c).copied().unwrap_or(0));
         if r > 0 || s > 0 {
             last_used = c as u64 + 1;
         }
@@ -288,7 +289,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
         }
     }
     for (off, copied) in copied_checks {
-        let s = stored.get((off / cs) as usize).copied().unwrap_or(0);
+        let s = stored.get(u64_to_usize(off / cs)).copied().unwrap_or(0);
         if (s == 1) != copied {
             w.report.problem(
                 true,

@@ -1,6 +1,7 @@
 //! Compressed clusters (read side): raw deflate or zstd, per the header.
 
 use super::header::CompressionType;
+use crate::cast::u64_to_usize;
 
 /// Decompresses one cluster from `input` into `out` (exactly one cluster).
 /// `input` may carry trailing bytes: the compressed stream is followed by
@@ -18,7 +19,7 @@ fn inflate_raw(input: &[u8], out: &mut [u8]) -> Result<(), String> {
     let status = d
         .decompress(input, out, flate2::FlushDecompress::Finish)
         .map_err(|e| format!("deflate: {e}"))?;
-    let produced = d.total_out() as usize;
+    let produced = u64_to_usize(d.total_out());
     match status {
         flate2::Status::StreamEnd if produced == out.len() => Ok(()),
         // The stream may continue past a full cluster only as garbage.

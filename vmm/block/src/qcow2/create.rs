@@ -1,5 +1,6 @@
 //! Creating images with the defaults and options of `qemu-img create -f qcow2`.
 
+use crate::cast::u64_to_usize;
 use std::path::Path;
 
 use super::header::{self, CompressionType, Header};
@@ -155,9 +156,9 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
     let header_cluster = h.to_cluster().map_err(|e| bad(e.to_string()))?;
     // Cluster 1: refcount table pointing at cluster 2, the first refcount
     // block, which counts clusters 0..=2.
-    let mut reftable = vec![0u8; cs as usize];
+    let mut reftable = vec![0u8; u64_to_usize(cs)];
     reftable[..8].copy_from_slice(&(2 * cs).to_be_bytes());
-    let mut block = vec![0u8; cs as usize];
+    let mut block = vec![0u8; u64_to_usize(cs)];
     for c in 0..3 {
         refcount::set(&mut block, h.refcount_order, c, 1);
     }
@@ -188,6 +189,9 @@ impl Qcow2Image {
         if self.header.l1_size != 0 {
             return Err(corrupt("L1 table already exists"));
         }
+        // The header's l1_size field is 32 bits.
+        let l1_size = u32::try_from(entries)
+            .map_err(|_| corrupt(format!("an L1 table of {entries} entries")))?;
         let cs = self.cluster_size;
         let mut l1_off = 0;
         if entries > 0 {
@@ -196,20 +200,20 @@ impl Qcow2Image {
             self.write_refcounts()?;
             // Like QEMU, write the entries only (the rest of the cluster
             // reads as zeroes past the end of the file).
-            let zeros = vec![0u8; (entries * 8) as usize];
+            let zeros = vec![0u8; u64_to_usize(entries * 8)];
             self.file.write_meta(&zeros, l1_off)?;
             self.sync()?;
         }
         let mut l1_fields = [0u8; 12];
-        l1_fields[..4].copy_from_slice(&(entries as u32).to_be_bytes());
+        l1_fields[..4].copy_from_slice(&l1_size.to_be_bytes());
         l1_fields[4..].copy_from_slice(&l1_off.to_be_bytes());
         self.file.write_meta(&l1_fields, header::OFF_L1_SIZE)?;
         self.file.write_meta(&size.to_be_bytes(), 24)?;
         self.sync()?;
         self.header.size = size;
-        self.header.l1_size = entries as u32;
+        self.header.l1_size = l1_size;
         self.header.l1_table_offset = l1_off;
-        self.l1 = vec![0; entries as usize];
+        self.l1 = vec![0; u64_to_usize(entries)];
         Ok(())
     }
 }

@@ -4,6 +4,7 @@
 //! QEMU). Everything here works on a byte slice, so a hostile header can only
 //! produce an error: every offset and count is checked before it is used.
 
+use crate::cast::u64_to_usize;
 use std::fmt;
 
 pub const MAGIC: u32 = 0x5146_49fb; // "QFI\xfb"
@@ -135,8 +136,8 @@ fn be32(buf: &[u8], off: usize) -> Result<u32, HeaderError> {
 }
 
 fn be64(buf: &[u8], off: usize) -> Result<u64, HeaderError> {
-    let hi = be32(buf, off)? as u64;
-    let lo = be32(buf, off + 4)? as u64;
+    let hi = u64::from(be32(buf, off)?);
+    let lo = u64::from(be32(buf, off + 4)?);
     Ok(hi << 32 | lo)
 }
 
@@ -232,7 +233,7 @@ impl Header {
             if h.header_length < V3_HEADER_LEN {
                 return Err(invalid(format!("header_length {} < 104", h.header_length)));
             }
-            if h.header_length as u64 > cluster_size {
+            if u64::from(h.header_length) > cluster_size {
                 return Err(invalid("header_length larger than a cluster"));
             }
             if h.header_length > V3_HEADER_LEN {
@@ -268,7 +269,7 @@ impl Header {
     }
 
     fn parse_extensions(&mut self, cluster0: &[u8]) -> Result<(), HeaderError> {
-        let cluster_size = self.cluster_size() as usize;
+        let cluster_size = u64_to_usize(self.cluster_size());
         let mut off = self.header_length as usize;
         loop {
             // The extension area ends at the end of the first cluster.
@@ -338,12 +339,12 @@ impl Header {
         }
         let end = self
             .backing_file_offset
-            .checked_add(self.backing_file_size as u64)
+            .checked_add(u64::from(self.backing_file_size))
             .filter(|&e| e <= self.cluster_size())
             .ok_or_else(|| invalid("backing file name lies outside the first cluster"))?;
-        let start = self.backing_file_offset as usize;
+        let start = u64_to_usize(self.backing_file_offset);
         let name = cluster0
-            .get(start..end as usize)
+            .get(start..u64_to_usize(end))
             .ok_or(HeaderError::Truncated(end))?;
         let name =
             std::str::from_utf8(name).map_err(|_| invalid("backing file name is not UTF-8"))?;
@@ -375,13 +376,13 @@ impl Header {
             return Err(HeaderError::Unsupported("external data file".into()));
         }
         let l1_needed = l1_entries_for(self.size, self.cluster_bits);
-        if (self.l1_size as u64) < l1_needed {
+        if u64::from(self.l1_size) < l1_needed {
             return Err(invalid(format!(
                 "L1 table has {} entries, disk size {} needs {l1_needed}",
                 self.l1_size, self.size
             )));
         }
-        if self.l1_size as u64 * 8 > MAX_L1_BYTES {
+        if u64::from(self.l1_size) * 8 > MAX_L1_BYTES {
             return Err(invalid(format!(
                 "L1 table of {} entries is larger than 32 MiB",
                 self.l1_size
@@ -398,7 +399,7 @@ impl Header {
         if self.refcount_table_clusters == 0 {
             return Err(invalid("refcount table has no clusters"));
         }
-        if self.refcount_table_clusters as u64 * cs > MAX_REFTABLE_BYTES {
+        if u64::from(self.refcount_table_clusters) * cs > MAX_REFTABLE_BYTES {
             return Err(invalid("refcount table larger than 8 MiB"));
         }
         if self.nb_snapshots > 65536 {
@@ -408,8 +409,8 @@ impl Header {
             return Err(invalid("snapshot table offset is not cluster aligned"));
         }
         // Tables must not overlap the header cluster or each other.
-        let l1_bytes = self.l1_size as u64 * 8;
-        let rt_bytes = self.refcount_table_clusters as u64 * cs;
+        let l1_bytes = u64::from(self.l1_size) * 8;
+        let rt_bytes = u64::from(self.refcount_table_clusters) * cs;
         let l1 = (self.l1_table_offset, l1_bytes.div_ceil(cs) * cs);
         let rt = (self.refcount_table_offset, rt_bytes);
         let overlaps = |a: (u64, u64), b: (u64, u64)| {
@@ -421,7 +422,7 @@ impl Header {
         if overlaps(l1, rt) {
             return Err(invalid("the L1 table overlaps the refcount table"));
         }
-        if self.backing_file.is_some() && self.backing_file_offset < self.header_length as u64 {
+        if self.backing_file.is_some() && self.backing_file_offset < u64::from(self.header_length) {
             return Err(invalid("backing file name overlaps the header"));
         }
         Ok(())
@@ -456,29 +457,33 @@ impl Header {
     /// Serializes the header, its extensions and the backing name into a
     /// buffer of one cluster. Offsets of the backing name are recomputed.
     pub fn to_cluster(&self) -> Result<Vec<u8>, HeaderError> {
-        let cs = self.cluster_size() as usize;
+        let cs = u64_to_usize(self.cluster_size());
         let mut out = vec![0u8; cs];
         let put32 =
             |b: &mut [u8], off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_be_bytes());
         let put64 =
             |b: &mut [u8], off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_be_bytes());
-        let header_len = if self.version == 2 {
+        let header_len_field = if self.version == 2 {
             V2_HEADER_LEN
         } else {
             self.header_length.max(V3_HEADER_LEN)
-        } as usize;
+        };
+        let header_len = header_len_field as usize;
         if header_len > cs {
             return Err(invalid("header longer than a cluster"));
         }
         let mut ext = Vec::new();
         let mut push_ext = |kind: u32, data: &[u8]| {
+            let len = u32::try_from(data.len())
+                .map_err(|_| invalid(format!("header extension {kind:#x} too long")))?;
             ext.extend_from_slice(&kind.to_be_bytes());
-            ext.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            ext.extend_from_slice(&len.to_be_bytes());
             ext.extend_from_slice(data);
             ext.resize(ext.len().div_ceil(8) * 8, 0);
+            Ok::<(), HeaderError>(())
         };
         if let Some(fmt) = &self.backing_format {
-            push_ext(EXT_BACKING_FORMAT, fmt.as_bytes());
+            push_ext(EXT_BACKING_FORMAT, fmt.as_bytes())?;
         }
         if !self.feature_names.is_empty() {
             let mut table = Vec::new();
@@ -491,10 +496,10 @@ impl Header {
                 entry[2..2 + n.len()].copy_from_slice(n);
                 table.extend_from_slice(&entry);
             }
-            push_ext(EXT_FEATURE_NAMES, &table);
+            push_ext(EXT_FEATURE_NAMES, &table)?;
         }
         for e in &self.other_extensions {
-            push_ext(e.kind, &e.data);
+            push_ext(e.kind, &e.data)?;
         }
         ext.extend_from_slice(&[0u8; 8]); // end marker
         let backing = self.backing_file.as_deref().unwrap_or("").as_bytes();
@@ -514,7 +519,9 @@ impl Header {
             put32(&mut out, 16, 0);
         } else {
             put64(&mut out, 8, backing_off as u64);
-            put32(&mut out, 16, backing.len() as u32);
+            // At most MAX_BACKING_NAME (checked above).
+            let len = u32::try_from(backing.len()).map_err(|_| invalid("backing name too long"))?;
+            put32(&mut out, 16, len);
         }
         put32(&mut out, 20, self.cluster_bits);
         put64(&mut out, 24, self.size);
@@ -530,7 +537,7 @@ impl Header {
             put64(&mut out, 80, self.compatible_features);
             put64(&mut out, 88, self.autoclear_features);
             put32(&mut out, 96, self.refcount_order);
-            put32(&mut out, 100, header_len as u32);
+            put32(&mut out, 100, header_len_field);
             if header_len > 104 {
                 out[104] = match self.compression_type {
                     CompressionType::Zlib => 0,

@@ -34,6 +34,7 @@ pub mod refcount;
 mod repair;
 pub mod tables;
 
+use crate::cast::u64_to_usize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -163,11 +164,11 @@ impl Qcow2Image {
         let header = read_header(&file)?;
         let file_len = file.len()?;
         let cs = header.cluster_size();
-        let l1_bytes = header.l1_size as u64 * 8;
+        let l1_bytes = u64::from(header.l1_size) * 8;
         if header.l1_size > 0 && header.l1_table_offset.saturating_add(l1_bytes) > file_len {
             return Err(corrupt("L1 table lies past the end of the file"));
         }
-        let rt_bytes = header.refcount_table_clusters as u64 * cs;
+        let rt_bytes = u64::from(header.refcount_table_clusters) * cs;
         if header.refcount_table_offset.saturating_add(rt_bytes) > file_len {
             return Err(corrupt("refcount table lies past the end of the file"));
         }
@@ -305,7 +306,7 @@ impl Qcow2Image {
 
     /// L2 table offset for an L1 index (0 = none).
     fn l2_offset(&self, l1_index: u64) -> DiskResult<u64> {
-        let Some(&entry) = self.l1.get(l1_index as usize) else {
+        let Some(&entry) = self.l1.get(u64_to_usize(l1_index)) else {
             return Ok(0);
         };
         tables::decode_l1(entry, self.cluster_bits).map_err(corrupt)
@@ -318,7 +319,7 @@ impl Qcow2Image {
         }
         self.check_host_cluster(off, "L2 table")?;
         self.make_room_l2()?;
-        let mut data = vec![0u8; self.cluster_size as usize];
+        let mut data = vec![0u8; u64_to_usize(self.cluster_size)];
         self.file.read_meta(&mut data, off)?;
         self.l2_cache.insert(off, data, false);
         Ok(())
@@ -351,7 +352,7 @@ impl Qcow2Image {
     /// Raw L2 entry for a guest cluster (0 when there is no L2 table).
     fn l2_entry(&mut self, vcluster: u64) -> DiskResult<u64> {
         let l1_index = vcluster / self.l2_entries();
-        let l2_index = (vcluster % self.l2_entries()) as usize;
+        let l2_index = u64_to_usize(vcluster % self.l2_entries());
         let off = self.l2_offset(l1_index)?;
         if off == 0 {
             return Ok(0);
@@ -380,7 +381,7 @@ impl Qcow2Image {
     /// Sets the L2 entry of a guest cluster, creating the L2 table if needed.
     fn set_l2_entry(&mut self, vcluster: u64, entry: u64) -> DiskResult<()> {
         let l1_index = vcluster / self.l2_entries();
-        let l2_index = (vcluster % self.l2_entries()) as usize;
+        let l2_index = u64_to_usize(vcluster % self.l2_entries());
         let mut off = self.l2_offset(l1_index)?;
         if off == 0 {
             if entry == 0 {
@@ -389,8 +390,8 @@ impl Qcow2Image {
             off = self.alloc_clusters(1)?;
             self.make_room_l2()?;
             self.l2_cache
-                .insert(off, vec![0u8; self.cluster_size as usize], true);
-            let i = l1_index as usize;
+                .insert(off, vec![0u8; u64_to_usize(self.cluster_size)], true);
+            let i = u64_to_usize(l1_index);
             let slot = self
                 .l1
                 .get_mut(i)
@@ -418,7 +419,7 @@ impl Qcow2Image {
             return Ok(());
         };
         let bsize = b.size();
-        let avail = bsize.saturating_sub(pos).min(buf.len() as u64) as usize;
+        let avail = u64_to_usize(bsize.saturating_sub(pos).min(buf.len() as u64));
         if avail > 0 {
             b.read_at(&mut buf[..avail], pos)?;
         }
@@ -439,7 +440,7 @@ impl Qcow2Image {
         let start_sector = offset & !511;
         let len = (sectors * 512).saturating_sub(offset - start_sector);
         // Bounded by the entry's field width: at most ~2 clusters.
-        Ok(len.min(2 * self.cluster_size + 512) as usize)
+        Ok(u64_to_usize(len.min(2 * self.cluster_size + 512)))
     }
 
     pub(crate) fn compression_type(&self) -> header::CompressionType {
@@ -450,7 +451,7 @@ impl Qcow2Image {
         let key = offset | sectors << 56;
         let fresh = !matches!(&self.decompressed, Some((k, _)) if *k == key);
         if fresh {
-            let cs = self.cluster_size as usize;
+            let cs = u64_to_usize(self.cluster_size);
             let len = self.compressed_len(offset, sectors)?;
             self.compressed_buf.resize(len, 0);
             self.file.read_meta(&mut self.compressed_buf, offset)?;
@@ -555,7 +556,7 @@ impl Qcow2Image {
                             _ => break,
                         }
                     }
-                    let chunk = &buf[done as usize..(done + n) as usize];
+                    let chunk = &buf[u64_to_usize(done)..u64_to_usize(done + n)];
                     self.file.write_data(chunk, host + in_off)?;
                     done += n;
                 }
@@ -564,9 +565,9 @@ impl Qcow2Image {
                     // drop the zero flag.
                     let mut scratch = std::mem::take(&mut self.scratch);
                     scratch.clear();
-                    scratch.resize(cs as usize, 0);
-                    scratch[in_off as usize..(in_off + n) as usize]
-                        .copy_from_slice(&buf[done as usize..(done + n) as usize]);
+                    scratch.resize(u64_to_usize(cs), 0);
+                    scratch[u64_to_usize(in_off)..u64_to_usize(in_off + n)]
+                        .copy_from_slice(&buf[u64_to_usize(done)..u64_to_usize(done + n)]);
                     let r = self.file.write_data(&scratch, host);
                     self.scratch = scratch;
                     r?;
@@ -614,22 +615,22 @@ impl Qcow2Image {
         self.preallocate(host + run * cs);
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        scratch.resize((run * cs) as usize, 0);
+        scratch.resize(u64_to_usize(run * cs), 0);
         let mut result = Ok(());
         for (i, m) in old.iter().enumerate() {
             let cstart = (vc + i as u64) << self.cluster_bits;
             let cend = cstart + cs;
             let wstart = cstart.max(offset + done);
             let wend = cend.min(end);
-            let slot = &mut scratch[i * cs as usize..(i + 1) * cs as usize];
+            let slot = &mut scratch[i * u64_to_usize(cs)..(i + 1) * u64_to_usize(cs)];
             if (wstart > cstart || wend < cend)
                 && let Err(e) = self.fill_cluster(vc + i as u64, *m, slot)
             {
                 result = Err(e);
                 break;
             }
-            slot[(wstart - cstart) as usize..(wend - cstart) as usize]
-                .copy_from_slice(&buf[(wstart - offset) as usize..(wend - offset) as usize]);
+            slot[u64_to_usize(wstart - cstart)..u64_to_usize(wend - cstart)]
+                .copy_from_slice(&buf[u64_to_usize(wstart - offset)..u64_to_usize(wend - offset)]);
         }
         let result = result.and_then(|()| Ok(self.file.write_data(&scratch, host)?));
         self.scratch = scratch;
@@ -840,11 +841,11 @@ fn read_header(file: &HostFile) -> DiskResult<Header> {
     let file_len = file.len()?;
     let mut first = [0u8; 512];
     file.read_meta(&mut first, 0)?;
-    if file_len < header::V2_HEADER_LEN as u64 {
+    if file_len < u64::from(header::V2_HEADER_LEN) {
         return Err(corrupt("file too short for a qcow2 header"));
     }
     let bits = header::peek_cluster_bits(&first).map_err(header_error)?;
-    let want = (1u64 << bits).min(file_len) as usize;
+    let want = u64_to_usize((1u64 << bits).min(file_len));
     let mut cluster0 = vec![0u8; want];
     file.read_meta(&mut cluster0, 0)?;
     Header::parse(&cluster0).map_err(header_error)
@@ -880,7 +881,7 @@ impl DiskBackend for Qcow2Image {
             let in_off = pos & self.cluster_mask();
             let mut n = (cs - in_off).min(len - done);
             let m = self.mapping(vc)?;
-            let range = done as usize..(done + n) as usize;
+            let range = u64_to_usize(done)..u64_to_usize(done + n);
             match m {
                 Mapping::Data { host, .. } => {
                     let mut next_host = host + cs;
@@ -893,7 +894,7 @@ impl DiskBackend for Qcow2Image {
                             _ => break,
                         }
                     }
-                    let range = done as usize..(done + n) as usize;
+                    let range = u64_to_usize(done)..u64_to_usize(done + n);
                     self.file.read_data(&mut buf[range], host + in_off)?;
                 }
                 Mapping::Zero { .. } | Mapping::Unallocated => {
@@ -911,7 +912,7 @@ impl DiskBackend for Qcow2Image {
                         }
                         n += cs.min(len - done - n);
                     }
-                    let range = done as usize..(done + n) as usize;
+                    let range = u64_to_usize(done)..u64_to_usize(done + n);
                     if zero {
                         buf[range].fill(0);
                     } else {
@@ -923,7 +924,7 @@ impl DiskBackend for Qcow2Image {
                     sectors,
                 } => {
                     let data = self.decompress_cluster(co, sectors)?;
-                    let src = &data[in_off as usize..(in_off + n) as usize];
+                    let src = &data[u64_to_usize(in_off)..u64_to_usize(in_off + n)];
                     buf[range].copy_from_slice(src);
                 }
             }
@@ -986,17 +987,17 @@ impl DiskBackend for Qcow2Image {
             (end, end)
         };
         // Head and tail pieces: write real zeroes.
-        let zeros = vec![0u8; (cs as usize).min(len as usize)];
+        let zeros = vec![0u8; u64_to_usize(cs).min(u64_to_usize(len))];
         let mut pos = offset;
         while pos < zstart.min(end) {
             let n = (zstart.min(end) - pos).min(zeros.len() as u64);
-            self.write_inner(&zeros[..n as usize], pos)?;
+            self.write_inner(&zeros[..u64_to_usize(n)], pos)?;
             pos += n;
         }
         let mut pos = zend.max(offset);
         while pos < end {
             let n = (end - pos).min(zeros.len() as u64);
-            self.write_inner(&zeros[..n as usize], pos)?;
+            self.write_inner(&zeros[..u64_to_usize(n)], pos)?;
             pos += n;
         }
         if count > 0 {

@@ -11,14 +11,14 @@ pub fn get(block: &[u8], order: u32, index: usize) -> u64 {
             let per_byte = 8 / bits;
             let byte = block[index / per_byte];
             let shift = (index % per_byte) * bits;
-            ((byte >> shift) as u64) & ((1u64 << bits) - 1)
+            u64::from(byte >> shift) & ((1u64 << bits) - 1)
         }
         _ => {
             let bytes = 1usize << (order - 3);
             let start = index * bytes;
             block[start..start + bytes]
                 .iter()
-                .fold(0u64, |acc, &b| acc << 8 | b as u64)
+                .fold(0u64, |acc, &b| acc << 8 | u64::from(b))
         }
     }
 }
@@ -30,9 +30,11 @@ pub fn set(block: &mut [u8], order: u32, index: usize, value: u64) {
             let bits = 1usize << order;
             let per_byte = 8 / bits;
             let shift = (index % per_byte) * bits;
-            let mask = (((1u16 << bits) - 1) as u8) << shift;
+            let mask = (u8::MAX >> (8 - bits)) << shift;
             let byte = &mut block[index / per_byte];
-            *byte = (*byte & !mask) | (((value as u8) << shift) & mask);
+            // The entry is at most 4 bits: the low byte of `value` holds all of it.
+            let [low, ..] = value.to_le_bytes();
+            *byte = (*byte & !mask) | ((low << shift) & mask);
         }
         _ => {
             let bytes = 1usize << (order - 3);
@@ -60,11 +62,12 @@ pub fn entries_per_block(cluster_bits: u32, order: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cast::u64_to_usize;
 
     #[test]
     fn every_width_roundtrips_without_touching_neighbours() {
         for order in 0..=6u32 {
-            let n = entries_per_block(9, order) as usize;
+            let n = u64_to_usize(entries_per_block(9, order));
             let mut block = vec![0u8; 512];
             let max = max_value(order);
             for i in 0..n {

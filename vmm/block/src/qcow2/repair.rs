@@ -5,6 +5,7 @@
 use super::check::count_references;
 use super::{Qcow2Image, corrupt, header, refcount};
 use crate::DiskResult;
+use crate::cast::u64_to_usize;
 
 impl Qcow2Image {
     /// Writes a fresh refcount table and blocks past the end of the file,
@@ -32,27 +33,29 @@ impl Qcow2Image {
         if t * cs > header::MAX_REFTABLE_BYTES {
             return Err(corrupt("image too large to rebuild its refcounts"));
         }
+        // The header's field is 32 bits; the bound above keeps t far below that.
+        let t_field = u32::try_from(t).map_err(|_| corrupt("refcount table too large"))?;
         let max = refcount::max_value(self.rc_order);
-        let mut table = vec![0u64; (t * cs / 8) as usize];
+        let mut table = vec![0u64; u64_to_usize(t * cs / 8)];
         for j in 0..k {
-            let mut block = vec![0u8; cs as usize];
+            let mut block = vec![0u8; u64_to_usize(cs)];
             for i in 0..rpb {
                 let c = j * rpb + i;
                 let v = if c >= area && c < area + k + t {
                     1
                 } else {
-                    refs.get(c as usize).copied().unwrap_or(0) as u64
+                    u64::from(refs.get(u64_to_usize(c)).copied().unwrap_or(0))
                 };
                 if v > max {
                     return Err(corrupt(format!("cluster {c} has {v} references")));
                 }
                 if v > 0 {
-                    refcount::set(&mut block, self.rc_order, i as usize, v);
+                    refcount::set(&mut block, self.rc_order, u64_to_usize(i), v);
                 }
             }
             let off = (area + j) * cs;
             self.file.write_meta(&block, off)?;
-            table[j as usize] = off;
+            table[u64_to_usize(j)] = off;
         }
         let raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
         let table_off = (area + k) * cs;
@@ -60,7 +63,7 @@ impl Qcow2Image {
         self.sync()?;
         let mut hdr = [0u8; 12];
         hdr[..8].copy_from_slice(&table_off.to_be_bytes());
-        hdr[8..].copy_from_slice(&(t as u32).to_be_bytes());
+        hdr[8..].copy_from_slice(&t_field.to_be_bytes());
         self.file.write_meta(&hdr, header::OFF_REFTABLE_OFFSET)?;
         self.sync()?;
         let flags = self.header.incompatible_features & !header::INCOMPAT_DIRTY;
@@ -69,7 +72,7 @@ impl Qcow2Image {
         self.sync()?;
         self.header.incompatible_features = flags;
         self.header.refcount_table_offset = table_off;
-        self.header.refcount_table_clusters = t as u32;
+        self.header.refcount_table_clusters = t_field;
         self.reftable = table;
         self.reftable_dirty = false;
         self.rc_cache = super::tables::MetadataCache::new(super::DEFAULT_REFCOUNT_CACHE, cs);

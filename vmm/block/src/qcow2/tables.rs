@@ -23,7 +23,7 @@ impl Hasher for OffsetHasher {
 
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
     }
 
@@ -261,7 +261,7 @@ mod tests {
     fn write_back_goes_in_file_order_and_keeps_what_failed_dirty() {
         let mut c = MetadataCache::new(0, 512);
         for off in [1536u64, 512, 1024] {
-            c.insert(off, vec![off as u8; 512], true);
+            c.insert(off, vec![0xa5; 512], true);
         }
         c.insert(0, vec![0; 512], false);
         // The write of 1024 fails: it and 1536 stay dirty.

@@ -1,6 +1,7 @@
 //! Helpers for tests that cross-check against qemu-img and qemu-io.
 #![allow(dead_code)]
 
+use block::cast::u64_to_usize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -103,12 +104,12 @@ pub fn mixed_data(len: usize, seed: u64) -> Vec<u8> {
         match next() % 3 {
             0 => {} // zeroes
             1 => {
-                let b = next() as u8;
+                let [b, ..] = next().to_le_bytes();
                 v[i..end].fill(b);
             }
             _ => {
                 for byte in &mut v[i..end] {
-                    *byte = next() as u8;
+                    [*byte, ..] = next().to_le_bytes();
                 }
             }
         }
@@ -127,7 +128,7 @@ pub fn read_all(path: &Path, format: block::Format) -> Vec<u8> {
     };
     let mut d = block::open_disk_with(path, format, opts)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let mut v = vec![0u8; d.size() as usize];
+    let mut v = vec![0u8; u64_to_usize(d.size())];
     d.read_at(&mut v, 0).expect("read all");
     v
 }
