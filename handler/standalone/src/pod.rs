@@ -617,6 +617,27 @@ impl PodRecord {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_recorded_pid_that_cannot_be_a_process_is_never_signalled() {
+        let record = |pid| PodRecord {
+            pod_uid: "p".into(),
+            vmi_key: "d/v".into(),
+            vmi_uid: "u".into(),
+            pid,
+            start_time: 0,
+            host_veth: "vh".into(),
+            subnet: 1,
+        };
+        assert_eq!(
+            record(4242).launcher_pid(),
+            Some(nix::unistd::Pid::from_raw(4242))
+        );
+        // 0 is the caller's process group, a wrapped number a negative (group) one.
+        assert_eq!(record(0).launcher_pid(), None);
+        assert_eq!(record(u32::MAX).launcher_pid(), None);
+        assert_eq!(record(1 << 31).launcher_pid(), None);
+    }
+
     fn vmi(json: &str) -> VirtualMachineInstance {
         proto::kubevirt::parse_vmi(json).expect("vmi")
     }
