@@ -33,6 +33,10 @@ struct Args {
     /// Let VMIs run without /dev/kvm (no kvm and vhost-net device requests).
     #[arg(long)]
     allow_emulation: bool,
+    /// Do not request devices.kubevirt.io/vhost-net for virtio NICs: the launcher's virtio-net
+    /// is userspace and never opens /dev/vhost-net (for nodes whose kernel has none).
+    #[arg(long)]
+    no_vhost_net: bool,
     /// KubeVirt's `Root` feature gate: launcher pods run as root (uid 0, SYS_NICE) unless a
     /// VMI's creator asked for a non-root one. Off: always uid 107.
     #[arg(long)]
@@ -64,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
             launcher_image: args.launcher_image,
             launcher_qemu_timeout_seconds: args.launcher_qemu_timeout,
             allow_emulation: args.allow_emulation,
+            request_vhost_net: !args.no_vhost_net,
             root: args.root,
             ..TemplateConfig::default()
         },
