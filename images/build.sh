@@ -64,25 +64,40 @@ echo "== cargo build --profile $profile (static): ${programs[*]#*:} oci-image vm
 CARGO_INCREMENTAL=0 RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --profile "$profile" --locked --target "$triple" "${build[@]}"
 
+# Each step runs only when its inputs are newer than what it wrote last time (the outputs
+# are the same bytes anyway): a second build costs cargo's check and a few stat calls, not
+# the stripping and compressing of every program again.
 stage=$out/stage
 debug=$out/debug
-mkdir -p "$stage" "$debug"
+lines=$out/lines
+mkdir -p "$stage" "$debug" "$lines"
 for program in "${programs[@]}"; do
     bin=${program#*:}
+    [[ "$stage/$bin" -nt "$bindir/$bin" ]] && continue
     # The debug link records the file's name and CRC; gdb looks for it next to the program,
     # in .debug/ there, or under /usr/lib/debug.
     objcopy --only-keep-debug "$bindir/$bin" "$debug/$bin.debug"
     objcopy --strip-all --add-gnu-debuglink="$debug/$bin.debug" "$bindir/$bin" "$stage/$bin"
 done
-"$bindir/vmm" test-guest --output "$stage/guest.elf"
-rm -f "$stage/disk.qcow2"
-"$bindir/vmm" img create -q -f qcow2 "$stage/disk.qcow2" 64M
+if [[ ! "$stage/guest.elf" -nt "$bindir/vmm" ]]; then
+    "$bindir/vmm" test-guest --output "$stage/guest.elf"
+fi
+if [[ ! "$stage/disk.qcow2" -nt "$bindir/vmm" ]]; then
+    rm -f "$stage/disk.qcow2"
+    "$bindir/vmm" img create -q -f qcow2 "$stage/disk.qcow2" 64M
+fi
 
 list=$out/images.txt
 : > "$list.new"
 for name in "${names[@]}"; do
-    "$bindir/oci-image" "images/specs/$name.yaml" --from "$stage" --out "$out/$name.tar" \
-        | tee -a "$list.new"
+    archive=$out/$name.tar
+    if [[ -f "$archive" && -f "$lines/$name" ]] &&
+        [[ -z "$(find "$stage" "images/specs/$name.yaml" "$bindir/oci-image" -newer "$archive" -print -quit)" ]]; then
+        cat "$lines/$name" >> "$list.new" # up to date
+        continue
+    fi
+    "$bindir/oci-image" "images/specs/$name.yaml" --from "$stage" --out "$archive" > "$lines/$name"
+    tee -a "$list.new" < "$lines/$name"
 done
 mv "$list.new" "$list"
 echo "== $out:"
