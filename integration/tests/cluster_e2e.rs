@@ -1231,3 +1231,213 @@ fn volume_index(cluster: &Cluster, name: &str) -> usize {
         .position(|n| n == name)
         .unwrap_or_else(|| panic!("no volume {name} in {names}"))
 }
+
+// ---- the benchmark -------------------------------------------------------------------------
+
+/// `kubectl apply` of vm-testguest.yaml → VMI created, Scheduled, Running (watch events as
+/// they arrive), → the guest's first console line (the CRI's time stamp of the first line of
+/// `guest-console-log`), and the API writes of one VM start (the apiserver's
+/// `apiserver_request_total` of every mutating verb, by resource, from the apply until the VM
+/// is Ready, node heartbeats and leases left out). Several runs, one after another, on a quiet
+/// node. Run with:
+///
+/// `cargo test -p integration --test cluster_e2e benchmark -- --ignored --nocapture`
+/// (`E2E_BENCH_RUNS`, default 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run explicitly"]
+async fn benchmark_kubectl_apply_to_running() {
+    let cluster = kubevirt().await;
+    let _node = exclusive_node().await;
+    let runs: usize = std::env::var("E2E_BENCH_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let vms = Vms::new(cluster, "e2e-bench").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut results: Vec<Run> = Vec::new();
+    for run in 0..runs {
+        let name = format!("bench-{run}");
+        let manifest = dir.path().join(format!("{name}.yaml"));
+        let mut vm = serde_json::to_value(test_vm(&name, "Always")).unwrap();
+        vm["apiVersion"] = json!("kubevirt.io/v1");
+        vm["kind"] = json!("VirtualMachine");
+        std::fs::write(&manifest, serde_yaml::to_string(&vm).unwrap()).unwrap();
+
+        // First sighting of each phase of the VMI, from a watch started before the apply.
+        let seen: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+        let watch = tokio::spawn({
+            let seen = seen.clone();
+            let vmis = vms.vmis();
+            let name = name.clone();
+            async move {
+                let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+                let mut events = watcher(vmis, config).boxed();
+                while let Some(event) = events.next().await {
+                    if let Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) = event {
+                        let now = Instant::now();
+                        let mut seen = seen.lock().unwrap();
+                        seen.entry("created".into()).or_insert(now);
+                        seen.entry(format!("{:?}", vmi.phase())).or_insert(now);
+                    }
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await; // the watch is established
+        let writes_before = api_writes(cluster);
+        let applied_at = Instant::now();
+        let applied_wall = k8s_openapi::jiff::Timestamp::now();
+        cluster
+            .kubectl_output(&[
+                "-n",
+                &vms.namespace,
+                "apply",
+                "-f",
+                &manifest.to_string_lossy(),
+            ])
+            .expect("kubectl apply");
+        let vmi = vms.running(&name, None).await;
+        let pod = vms.launcher_pod(&vmi).await;
+        let pod_name = pod.metadata.name.clone().unwrap();
+        let namespace = vms.namespace.clone();
+        let first_line = wait_for("the first console line", || {
+            let out = cluster
+                .kubectl_output(&[
+                    "-n",
+                    &namespace,
+                    "logs",
+                    "--timestamps",
+                    &pod_name,
+                    "-c",
+                    "guest-console-log",
+                ])
+                .unwrap_or_default();
+            async move {
+                let stamp = out.lines().next()?.split(' ').next()?.to_owned();
+                stamp.parse::<k8s_openapi::jiff::Timestamp>().ok()
+            }
+        })
+        .await;
+        let vm_api = vms.vms();
+        wait_for("the VM Ready", || {
+            let (vm_api, name) = (vm_api.clone(), name.clone());
+            async move {
+                let vm = vm_api.get(&name).await.ok()?;
+                vm.status.as_ref()?.ready.filter(|r| *r).map(|_| ())
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await; // trailing status writes
+        let writes = diff(&api_writes(cluster), &writes_before);
+        watch.abort();
+        let seen = seen.lock().unwrap().clone();
+        let at = |phase: &str| {
+            seen.get(phase)
+                .map(|t| t.duration_since(applied_at).as_secs_f64())
+                .unwrap_or(f64::NAN)
+        };
+        let console = (first_line - applied_wall)
+            .total(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or(f64::NAN);
+        let result = Run {
+            created: at("created"),
+            scheduled: at("Scheduled"),
+            running: at("Running"),
+            console,
+            writes,
+        };
+        eprintln!("run {run}: {result:?}");
+        results.push(result);
+        vm_api.delete(&name, &DeleteParams::default()).await.unwrap();
+        vms.vmi_and_pods_gone(&name).await;
+    }
+
+    let median = |f: &dyn Fn(&Run) -> f64| {
+        let mut values: Vec<f64> = results.iter().map(f).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let range = |f: &dyn Fn(&Run) -> f64| {
+        let values: Vec<f64> = results.iter().map(f).collect();
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{min:.2}–{max:.2}")
+    };
+    println!("\n{runs} runs, seconds after `kubectl apply` (median, min–max):");
+    let rows: [(&str, &dyn Fn(&Run) -> f64); 5] = [
+        ("VMI created", &|r| r.created),
+        ("VMI Scheduled", &|r| r.scheduled),
+        ("VMI Running", &|r| r.running),
+        ("Scheduled -> Running", &|r| r.running - r.scheduled),
+        ("first guest console line", &|r| r.console),
+    ];
+    for (what, f) in rows {
+        println!("  {what:<26} {:>6.2}  ({})", median(f), range(f));
+    }
+    println!("API writes per VM start (median; all callers: controller, handler, kubelet, scheduler):");
+    let mut keys: Vec<String> = results.iter().flat_map(|r| r.writes.keys().cloned()).collect();
+    keys.sort();
+    keys.dedup();
+    let mut total = 0.0;
+    for key in keys {
+        let m = median(&|r| *r.writes.get(&key).unwrap_or(&0) as f64);
+        total += m;
+        println!("  {key:<45} {m:>4}");
+    }
+    println!("  {:<45} {total:>4}", "total");
+}
+
+#[derive(Debug)]
+struct Run {
+    created: f64,
+    scheduled: f64,
+    running: f64,
+    console: f64,
+    writes: BTreeMap<String, u64>,
+}
+
+/// Mutating requests the apiserver has served, by `resource[/subresource] VERB`, without the
+/// node heartbeats, leases and the kubelet's authentication reviews (steady background).
+fn api_writes(cluster: &Cluster) -> BTreeMap<String, u64> {
+    let metrics = cluster
+        .kubectl_output(&["get", "--raw", "/metrics"])
+        .expect("the apiserver's metrics");
+    let mut writes = BTreeMap::new();
+    for line in metrics.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, count)) = line.rsplit_once(' ') else { continue };
+        let label = |key: &str| {
+            labels
+                .split_once(&format!("{key}=\""))
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(value, _)| value.to_owned())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        let resource = label("resource");
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY")
+            || matches!(
+                resource.as_str(),
+                "leases" | "nodes" | "tokenreviews" | "subjectaccessreviews"
+            )
+        {
+            continue;
+        }
+        let subresource = label("subresource");
+        let key = if subresource.is_empty() {
+            format!("{resource} {verb}")
+        } else {
+            format!("{resource}/{subresource} {verb}")
+        };
+        *writes.entry(key).or_insert(0) += count.parse::<f64>().unwrap_or(0.0) as u64;
+    }
+    writes
+}
+
+fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let d = n - before.get(key).copied().unwrap_or(0);
+            (d > 0).then(|| (key.clone(), d))
+        })
+        .collect()
+}
