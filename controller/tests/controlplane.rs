@@ -5,6 +5,7 @@
 //! Fails (never skips) when the control plane cannot be built or started.
 
 use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
+use controller::metrics::Metrics;
 use controller::run::{Options, run};
 use controller::template::TemplateConfig;
 use controller::writes::{Write, Writes};
@@ -95,6 +96,7 @@ impl Setup {
                 setup.client.clone(),
                 setup.options("test-controller"),
                 setup.writes.clone(),
+                Arc::new(Metrics::new(setup.writes.clone())),
                 async move {
                     let _ = stopped.await;
                 },
@@ -729,7 +731,8 @@ async fn two_replicas_one_leader() {
             );
             Box::pin(async move {
                 leading.fetch_add(1, Ordering::SeqCst);
-                run(client, options, writes, lost).await;
+                let metrics = Arc::new(Metrics::new(writes.clone()));
+                run(client, options, writes, metrics, lost).await;
                 leading.fetch_sub(1, Ordering::SeqCst);
             })
         });
@@ -1105,6 +1108,25 @@ async fn deploy_manifest_rights_and_arguments_are_enough() {
     .unwrap();
     let identity = format!("deploy-{}", setup.namespace);
     let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
+    // The Deployment's metrics address, moved to a free loopback port for this test.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    assert!(
+        args.iter().any(|a| a.starts_with("--metrics-listen=")),
+        "{args:?}"
+    );
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--metrics-listen=") {
+                format!("--metrics-listen=127.0.0.1:{metrics_port}")
+            } else {
+                a
+            }
+        })
+        .collect();
     let _controller = std::process::Command::new(env!("CARGO_BIN_EXE_virt-controller"))
         .args(&args)
         // Only this test's namespace: other tests run their own controllers.
@@ -1169,6 +1191,26 @@ async fn deploy_manifest_rights_and_arguments_are_enough() {
     })
     .await;
     assert!(vmi.spec.volumes.iter().any(|v| v.name == "data"));
+    // The reconciles that got it there are on /metrics.
+    let scrape = || {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", metrics_port)).expect("metrics port");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).expect("response");
+        text
+    };
+    let text = scrape();
+    for metric in [
+        r#"kubevirt_controller_reconciles_total{controller="vm",result="ok"}"#,
+        r#"kubevirt_controller_reconciles_total{controller="vmi",result="ok"}"#,
+        r#"kubevirt_controller_api_writes_total{kind="PodCreate"} 1"#,
+    ] {
+        assert!(text.contains(metric), "{metric} missing:\n{text}");
+    }
     wait_for("the VM's status", || async {
         get(&vms, "rbacvm")
             .await

@@ -300,9 +300,11 @@ impl Node {
         let (cache, cache_changes) = DomainCache::new();
         let cache = Arc::new(cache);
         // The fake launcher lives in this process, whose root is the host's.
-        let launchers = Arc::new(Launchers::new(self.paths(), NODE).without_notify_pipes());
-        let server = notify::start(&self.paths().share_dir, Arc::clone(&cache), store.clone())
-            .expect("notify server");
+        let metrics = Arc::new(Metrics::new());
+        let hub = notify::NotifyHub::new(Arc::clone(&cache), store.clone(), Arc::clone(&metrics));
+        let launchers =
+            Arc::new(Launchers::new(self.paths(), NODE, hub.clone()).without_notify_pipes());
+        let server = notify::start(&self.paths().share_dir, hub).expect("notify server");
         let mut config = AgentConfig::new(NODE, self.dir.path().join("private"));
         config.prepare_pod = false;
         configure(&mut config);
@@ -312,7 +314,7 @@ impl Node {
             store.clone(),
             cache,
             launchers,
-            Arc::new(Metrics::new()),
+            metrics,
         );
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(agent.run(cache_changes, vmi_changes, stopped));

@@ -41,15 +41,13 @@ pub fn controller(
     Controller::for_stream(vmis, store).reconcile_on(related)
 }
 
-pub fn error_policy(vmi: Arc<VirtualMachineInstance>, error: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(vmi = %vmi.name_any(), %error, "re-enqueuing VirtualMachineInstance");
-    // A conflict only means the cache was behind: retry soon.
-    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
-    Action::requeue(if conflict {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(5)
-    })
+impl crate::run::ReconcileError for Error {
+    fn kube(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Kube(e) => Some(e),
+            Error::Render(_) | Error::Json(_) => None,
+        }
+    }
 }
 
 /// The pods controlled by `uid`, from the cache plus those created and not yet cached.

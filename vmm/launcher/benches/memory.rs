@@ -112,7 +112,7 @@ fn one_run() -> (f64, f64, f64) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let log = paths.serial_log(uid);
+    let log = paths.serial_log(&launcher::paths::PathName::vmi_uid(uid).unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
