@@ -1347,7 +1347,10 @@ async fn benchmark_kubectl_apply_to_running() {
         };
         eprintln!("run {run}: {result:?}");
         results.push(result);
-        vm_api.delete(&name, &DeleteParams::default()).await.unwrap();
+        vm_api
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
         vms.vmi_and_pods_gone(&name).await;
     }
 
@@ -1373,8 +1376,13 @@ async fn benchmark_kubectl_apply_to_running() {
     for (what, f) in rows {
         println!("  {what:<26} {:>6.2}  ({})", median(f), range(f));
     }
-    println!("API writes per VM start (median; all callers: controller, handler, kubelet, scheduler):");
-    let mut keys: Vec<String> = results.iter().flat_map(|r| r.writes.keys().cloned()).collect();
+    println!(
+        "API writes per VM start (median; all callers: controller, handler, kubelet, scheduler):"
+    );
+    let mut keys: Vec<String> = results
+        .iter()
+        .flat_map(|r| r.writes.keys().cloned())
+        .collect();
     keys.sort();
     keys.dedup();
     let mut total = 0.0;
@@ -1402,8 +1410,13 @@ fn api_writes(cluster: &Cluster) -> BTreeMap<String, u64> {
         .kubectl_output(&["get", "--raw", "/metrics"])
         .expect("the apiserver's metrics");
     let mut writes = BTreeMap::new();
-    for line in metrics.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, count)) = line.rsplit_once(' ') else { continue };
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let label = |key: &str| {
             labels
                 .split_once(&format!("{key}=\""))
