@@ -1489,6 +1489,7 @@ async fn a_new_controller_leaves_running_vmis_running() {
         setup.client.clone(),
         setup.options("second-controller"),
         setup.writes.clone(),
+        Arc::new(Metrics::new(setup.writes.clone())),
         async move {
             let _ = stopped.await;
         },
