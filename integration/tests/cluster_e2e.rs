@@ -1366,15 +1366,15 @@ async fn benchmark_kubectl_apply_to_running() {
         format!("{min:.2}–{max:.2}")
     };
     println!("\n{runs} runs, seconds after `kubectl apply` (median, min–max):");
-    let rows: [(&str, &dyn Fn(&Run) -> f64); 5] = [
-        ("VMI created", &|r| r.created),
-        ("VMI Scheduled", &|r| r.scheduled),
-        ("VMI Running", &|r| r.running),
-        ("Scheduled -> Running", &|r| r.running - r.scheduled),
-        ("first guest console line", &|r| r.console),
+    let rows: [(&str, Metric); 5] = [
+        ("VMI created", |r| r.created),
+        ("VMI Scheduled", |r| r.scheduled),
+        ("VMI Running", |r| r.running),
+        ("Scheduled -> Running", |r| r.running - r.scheduled),
+        ("first guest console line", |r| r.console),
     ];
     for (what, f) in rows {
-        println!("  {what:<26} {:>6.2}  ({})", median(f), range(f));
+        println!("  {what:<26} {:>6.2}  ({})", median(&f), range(&f));
     }
     println!(
         "API writes per VM start (median; all callers: controller, handler, kubelet, scheduler):"
@@ -1393,6 +1393,9 @@ async fn benchmark_kubectl_apply_to_running() {
     }
     println!("  {:<45} {total:>4}", "total");
 }
+
+/// One number of a [`Run`].
+type Metric = fn(&Run) -> f64;
 
 #[derive(Debug)]
 struct Run {
