@@ -9,6 +9,8 @@
 #                                            KUBECONFIG=<path> and KUBECTL=<path> on stdout
 #   scripts/cluster.sh down                  remove everything `up` made
 #   scripts/cluster.sh status                what runs (exit 0: up and Ready, 1: partly, 3: down)
+#   scripts/cluster.sh restart-kubelet       stop the kubelet (SIGTERM) and start it again, as
+#                                            a node's service manager would; pods keep running
 #
 # `up --owner-pid PID` ties the cluster to process PID (a test binary): once every owner has
 # exited, a watchdog takes the cluster down. A cluster brought up without an owner stays until
@@ -817,6 +819,28 @@ cmd_down() {
     teardown
 }
 
+# The kubelet stops and starts again with the same configuration (what a node's service
+# manager does on an upgrade or a crash): containers keep running, and on start it wipes its
+# device-plugin directory, so every device plugin has to register again.
+cmd_restart_kubelet() {
+    [[ "$(id -u)" == 0 ]] || die "must run as root"
+    lock
+    local state=0 pid
+    cluster_state || state=$?
+    ((state == 0)) || die "restart-kubelet: the cluster is not up (\`$0 status\`)"
+    pid="$(pid_of kubelet)"
+    log "restart-kubelet: stopping the kubelet (pid $pid)"
+    kill "$pid"
+    local deadline=$((SECONDS + 30))
+    while alive "$pid"; do
+        ((SECONDS < deadline)) || { kill -KILL "$pid" 2>/dev/null || true; break; }
+        sleep 0.2
+    done
+    DAEMON_CGROUP="$(tracking_hierarchy)/$CGROUP_NAME/daemons"
+    start_kubelet
+    log "restart-kubelet: node $NODE_NAME Ready"
+}
+
 # One `up`/`down` at a time, across checkouts: the lock is the parent directory of STATE (a
 # directory every checkout agrees on, and nothing to clean up afterwards).
 lock() {
@@ -880,13 +904,14 @@ up)
     ;;
 down) cmd_down ;;
 status) cmd_status ;;
+restart-kubelet) cmd_restart_kubelet ;;
 __watch) cmd_watch ;;
 __exec-with-masks)
     shift
     cmd_exec_with_masks "$@"
     ;;
 *)
-    echo "usage: $0 up [--owner-pid PID] | down | status" >&2
+    echo "usage: $0 up [--owner-pid PID] | down | status | restart-kubelet" >&2
     exit 2
     ;;
 esac

@@ -19,6 +19,10 @@ go_log="$(mktemp)"
 bash integration/controlplane/build.sh >"$go_log" 2>&1 &
 go_build=$!
 cargo test --workspace --no-run
+# The project's images for the end-to-end tests on the cluster (integration/tests/cluster_e2e.rs):
+# the same static, stripped programs as the release images, built with the dev profile (the
+# tests would build them on first use too).
+CARGO_INCREMENTAL=0 bash images/build.sh --profile dev --out "${CARGO_TARGET_DIR:-target}/e2e-images"
 if ! wait "$go_build"; then
     cat "$go_log" >&2
     rm -f "$go_log"

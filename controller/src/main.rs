@@ -34,6 +34,10 @@ struct Args {
     /// Let VMIs run without /dev/kvm (no kvm and vhost-net device requests).
     #[arg(long)]
     allow_emulation: bool,
+    /// Do not request devices.kubevirt.io/vhost-net for virtio NICs: the launcher's virtio-net
+    /// is userspace and never opens /dev/vhost-net (for nodes whose kernel has none).
+    #[arg(long)]
+    no_vhost_net: bool,
     /// Serve Prometheus metrics (`/metrics`: reconciles, their durations and failures, API
     /// writes) on this address, e.g. 0.0.0.0:8443.
     #[arg(long)]
@@ -69,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
             launcher_image: args.launcher_image,
             launcher_qemu_timeout_seconds: args.launcher_qemu_timeout,
             allow_emulation: args.allow_emulation,
+            request_vhost_net: !args.no_vhost_net,
             root: args.root,
             ..TemplateConfig::default()
         },

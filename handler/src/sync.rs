@@ -42,8 +42,10 @@ pub enum Action {
     /// `sync` ran and found nothing to do (with why, for the decision log); the status
     /// is still brought up to date.
     Nothing(&'static str),
-    /// Look again later without acting (e.g. the launcher socket is not there yet).
-    Requeue { after: Duration, why: &'static str },
+    /// The launcher socket is not there or not answering yet: look again soon. KubeVirt
+    /// looks again after a fixed second; the agent polls from a few milliseconds up to
+    /// that second, so a launcher that comes up fast is taken over at once.
+    WaitForLauncher,
     /// The domain belongs to an older VMI with the same name: clean its launcher up once it
     /// is unresponsive (proto/CONTRACT.md §3.3 step 3).
     CleanupStale { old_uid: String },
@@ -242,11 +244,8 @@ pub fn decide(facts: &Facts<'_>) -> Action {
     if should_update {
         return match facts.launcher {
             LauncherState::Ready => Action::Update,
-            // "client not initialized": look again in a second (§3.6).
-            LauncherState::NotReady => Action::Requeue {
-                after: Duration::from_secs(1),
-                why: "launcher socket not ready",
-            },
+            // "client not initialized": look again soon (§3.6).
+            LauncherState::NotReady => Action::WaitForLauncher,
             LauncherState::Unresponsive => Action::Nothing("launcher unresponsive"),
         };
     }
@@ -586,7 +585,7 @@ mod tests {
         );
         assert!(matches!(
             decide(&facts(Some(&v), None, LauncherState::NotReady)),
-            Action::Requeue { .. }
+            Action::WaitForLauncher
         ));
     }
 

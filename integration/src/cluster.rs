@@ -17,6 +17,7 @@
 //! once its owners (`up --owner-pid`) have all exited, however they exit (also SIGKILL). A
 //! cluster already up is reused (and kept if it was brought up by hand).
 
+mod project_images;
 mod test_image;
 
 use std::io::Write;
@@ -31,6 +32,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition};
 
+pub use project_images::{PROJECT_IMAGES, ProjectImages, project_images};
 pub use test_image::{HOST_BUSYBOX, TestImage};
 
 /// The node's name (fixed in `scripts/cluster.sh`).
@@ -73,13 +75,22 @@ pub async fn shared() -> Result<&'static Cluster> {
 impl Cluster {
     /// Runs `cluster.sh up --owner-pid <this process>` and loads the admin kubeconfig. The
     /// script's progress goes to stderr; the first start builds the binaries (long, cached).
+    /// The sandbox image comes from [`project_images`] (the tests' dev build; without it the
+    /// script would make a release build of every program for that one image).
     pub async fn up() -> Result<Self> {
         let output = tokio::task::spawn_blocking(|| {
-            run_script(&[
-                "up".to_owned(),
-                "--owner-pid".to_owned(),
-                std::process::id().to_string(),
-            ])
+            let images = project_images()?;
+            run_script_with(
+                &[
+                    "up".to_owned(),
+                    "--owner-pid".to_owned(),
+                    std::process::id().to_string(),
+                ],
+                &[(
+                    "KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE",
+                    images.archive("pause").into_os_string(),
+                )],
+            )
         })
         .await
         .context("the cluster.sh task panicked")??;
@@ -167,6 +178,17 @@ impl Cluster {
             .with_context(|| format!("running {}", self.ctr.display()))?;
         checked_stdout(&format!("ctr images import {}", archive.display()), output)?;
         Ok(())
+    }
+
+    /// Imports every image of [`project_images`] (building them first if this process has
+    /// not): the controller, handler and launcher images, the test guest and its disk.
+    pub fn import_project_images(&self) -> Result<ProjectImages> {
+        let images = project_images()?;
+        for name in PROJECT_IMAGES {
+            self.import_image(&images.archive(name))
+                .with_context(|| format!("importing the {name} image"))?;
+        }
+        Ok(images)
     }
 
     /// Writes `image` to a temporary archive and imports it ([`Self::import_image`]).
@@ -292,8 +314,19 @@ pub fn down() -> Result<()> {
     run_script(&["down".to_owned()]).map(drop)
 }
 
+/// Runs `cluster.sh restart-kubelet`: the kubelet stops and starts again (pods keep running;
+/// device plugins must register again).
+pub fn restart_kubelet() -> Result<()> {
+    run_script(&["restart-kubelet".to_owned()]).map(drop)
+}
+
 /// Runs the script with `args` (stderr passed through, for its progress); its stdout.
 fn run_script(args: &[String]) -> Result<String> {
+    run_script_with(args, &[])
+}
+
+/// [`run_script`] with extra environment variables.
+fn run_script_with(args: &[String], env: &[(&str, std::ffi::OsString)]) -> Result<String> {
     let script = script();
     let hint = format!(
         "the test cluster could not be brought up; try `sudo bash {} up` (needs root, Go >= 1.26 \
@@ -305,6 +338,7 @@ fn run_script(args: &[String]) -> Result<String> {
     let output = Command::new("bash")
         .arg(&script)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -340,7 +340,15 @@ fn cluster_sh_removes_everything_it_made() {
     // The owner dies (as a SIGKILLed test binary would): the watchdog takes the cluster down.
     let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
     let owner_pid = owner.id().to_string();
-    let (ok, _, _) = script(&["up", "--owner-pid", &owner_pid], &[]);
+    // The sandbox image of the tests' dev build (without it, cluster.sh would make a release
+    // build of every program for that one image).
+    let pause = cluster::project_images()
+        .expect("images/build.sh --profile dev")
+        .archive("pause");
+    let (ok, _, _) = script(
+        &["up", "--owner-pid", &owner_pid],
+        &[("KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE", pause.to_str().unwrap())],
+    );
     assert!(ok, "up --owner-pid");
     let daemons: Vec<u32> = daemon_pids().values().copied().collect();
     owner.kill().unwrap();

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ReflectHandle, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, NODE_NAME_LABEL};
 use proto::kubevirt::{
@@ -29,12 +29,16 @@ pub enum Error {
     Json(#[from] serde_json::Error),
 }
 
+/// The VMI controller: reconciles each VMI of `vmis` (the watch's objects, see
+/// `crate::run::run`) and each VMI named by `related` (owners of changed or deleted pods).
 pub fn controller(
-    vmis: ReflectHandle<VirtualMachineInstance>,
+    vmis: impl futures::Stream<Item = Result<VirtualMachineInstance, kube::runtime::watcher::Error>>
+    + Send
+    + 'static,
     store: Store<VirtualMachineInstance>,
-    pods: ReflectHandle<Pod>,
+    related: impl futures::Stream<Item = ObjectRef<VirtualMachineInstance>> + Send + 'static,
 ) -> Controller<VirtualMachineInstance> {
-    Controller::for_shared_stream(vmis, store).owns_shared_stream(pods)
+    Controller::for_stream(vmis, store).reconcile_on(related)
 }
 
 impl crate::run::ReconcileError for Error {

@@ -91,6 +91,35 @@ pub struct Agent {
     pod_ifaces: PodInterfaceCache,
     /// When each launcher socket first failed to answer the watchdog.
     unreachable_since: Mutex<BTreeMap<String, Instant>>,
+    /// How often each VMI has looked for its launcher so far.
+    launcher_polls: LauncherPolls,
+}
+
+/// The growing interval at which a VMI looks for its launcher socket: 10 ms, doubling up
+/// to KubeVirt's fixed second. A launcher is usually up within tens of milliseconds of its
+/// pod, and a new socket triggers nothing else (no watch on pod directories), so the first
+/// looks come fast; a pod that takes long costs at most one look a second.
+#[derive(Default)]
+struct LauncherPolls(Mutex<BTreeMap<String, u32>>);
+
+impl LauncherPolls {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    /// The wait before the next look for `key`'s launcher (and counts this one).
+    fn next(&self, key: &str) -> Duration {
+        let mut polls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = polls.entry(key.to_string()).or_insert(0);
+        let wait = Self::FIRST
+            .checked_mul(2u32.saturating_pow(*n))
+            .map_or(Self::MAX, |w| w.min(Self::MAX));
+        *n = n.saturating_add(1);
+        wait
+    }
+
+    fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
 }
 
 impl Agent {
@@ -113,6 +142,7 @@ impl Agent {
             metrics,
             pod_ifaces,
             unreachable_since: Mutex::new(BTreeMap::new()),
+            launcher_polls: LauncherPolls::default(),
         })
     }
 
@@ -409,9 +439,12 @@ impl Agent {
             .and_then(|v| v.metadata.uid.clone())
             .or_else(|| domain.map(|d| d.spec.metadata.kubevirt.uid.clone()))
             .unwrap_or_default();
+        if *action != Action::WaitForLauncher {
+            self.launcher_polls.forget(key);
+        }
         match action {
             Action::Nothing(_) | Action::Ignore(_) => Ok(After::Done),
-            Action::Requeue { after, .. } => Ok(After::Requeue(*after)),
+            Action::WaitForLauncher => Ok(After::Requeue(self.launcher_polls.next(key))),
             Action::CleanupStale { old_uid } => {
                 if self.launchers.is_unresponsive(old_uid) {
                     self.cleanup(key, old_uid);
@@ -607,5 +640,19 @@ mod tests {
             .to_string();
         assert_eq!(failed, "invalid port 0 in interface ports");
         assert_eq!(prepare_pod("ns/v", || Ok(7)).await.unwrap(), 7);
+    }
+
+    #[test]
+    fn launcher_polls_start_fast_grow_to_a_second_and_restart_when_forgotten() {
+        let polls = LauncherPolls::default();
+        let waits: Vec<u128> = (0..9).map(|_| polls.next("ns/a").as_millis()).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        assert_eq!(polls.next("ns/b"), Duration::from_millis(10), "per key");
+        for _ in 0..100 {
+            polls.next("ns/a");
+        }
+        assert_eq!(polls.next("ns/a"), Duration::from_secs(1), "no overflow");
+        polls.forget("ns/a");
+        assert_eq!(polls.next("ns/a"), Duration::from_millis(10));
     }
 }

@@ -3,18 +3,22 @@
 //! line as it grows, so `kubectl logs <pod> -c guest-console-log` shows the guest's console.
 //!
 //! What it does, as KubeVirt's does:
-//! - follows the file from its start, waiting for it to appear, and keeps following across
-//!   truncation (reads again from the start) and rotation (a new file at the path: the old
-//!   one is read to its end first);
+//! - follows the file from its start, waiting for it (and its directory, which the launcher
+//!   creates after this sidecar started) to appear, for as long as it runs, and keeps
+//!   following across truncation (reads again from the start) and rotation (a new file at
+//!   the path: the old one is read to its end first);
 //! - prints complete lines only, each as it was written (a line longer than 64 KiB is cut);
-//! - watches the console socket (the log path without `-log`): exits 1 when it has not
-//!   appeared within `--socket-timeout` (20 s), and 0 once it is removed (the VM is gone);
-//! - exits 0 when `<log>-sigTerm` is removed or `<log>-sigTerm-done` exists, and 1 when the
-//!   log's directory does not exist within 3 s;
-//! - exits 0 on SIGTERM or SIGINT (KubeVirt's reacts to SIGINT and dies of SIGTERM).
+//! - exits 0 on SIGTERM or SIGINT, and only then: the pod restarts a sidecar that exits
+//!   (`restartPolicy: Always`), and a restarted one prints the whole log again. A VM that is
+//!   slow to start, or that has stopped, is no reason to exit (KubeVirt's earlier virt-tail
+//!   left when the console socket did not appear within 20 s or went away; on a real node
+//!   that made the sidecar crash-loop while the VMI waited for its node, and v1.9.0's follows
+//!   the file until it is stopped).
 //!
 //! Differences: before exiting it prints what is left in the file, an unfinished last line
-//! included (KubeVirt's stops at once); unknown flags are refused (KubeVirt's ignores them).
+//! included (KubeVirt's stops at once); unknown flags are refused (KubeVirt's ignores them);
+//! `<log>-sigTerm` removed or `<log>-sigTerm-done` present end it with status 0 (as the
+//! earlier virt-tail did; nothing in this project writes them).
 //! The file and the socket are polled every 100 ms rather than watched with inotify: a poll
 //! of one path survives rotation without re-arming watches, and costs a few system calls.
 
@@ -26,7 +30,7 @@ use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,15 +41,10 @@ struct Args {
     /// Path of the log file to stream (required; KubeVirt's exits 1 without it).
     #[arg(long)]
     logfile: Option<PathBuf>,
-    /// How long to wait for the console socket to appear (Go duration: 20s, 1m30s, 500ms).
-    #[arg(long, default_value = "20s", value_parser = parse_go_duration)]
-    socket_timeout: Duration,
 }
 
 /// How often the file, the socket and the signals are looked at.
 const POLL: Duration = Duration::from_millis(100);
-/// How long the log's directory may take to appear.
-const DIR_TIMEOUT: Duration = Duration::from_secs(3);
 /// A line longer than this is printed in pieces (memory stays bounded; the sidecar's limit
 /// is 60 MB).
 const MAX_LINE: usize = 64 * 1024;
@@ -56,7 +55,7 @@ fn main() -> ExitCode {
         eprintln!("virt-tail: --logfile must be given");
         return ExitCode::from(1);
     };
-    match run(log, args.socket_timeout) {
+    match run(log) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("virt-tail: {e}");
@@ -69,11 +68,10 @@ fn main() -> ExitCode {
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
     Signal(Signal),
-    SocketRemoved,
     TermFile,
 }
 
-fn run(log: &Path, socket_timeout: Duration) -> std::io::Result<()> {
+fn run(log: &Path) -> std::io::Result<()> {
     // Signals are blocked and read from a signalfd between polls: no handler code runs.
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGTERM);
@@ -81,28 +79,9 @@ fn run(log: &Path, socket_timeout: Duration) -> std::io::Result<()> {
     mask.thread_block()?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
 
-    let dir = log.parent().unwrap_or(Path::new("/"));
-    let start = Instant::now();
-    while !dir.is_dir() {
-        if let Some(signal) = pending_signal(&signals)? {
-            eprintln!("virt-tail: {signal}");
-            return Ok(());
-        }
-        if start.elapsed() > DIR_TIMEOUT {
-            return Err(std::io::Error::other(format!(
-                "{} is still not there",
-                dir.display()
-            )));
-        }
-        std::thread::sleep(POLL);
-    }
-
     let log_text = log.as_os_str().to_string_lossy();
-    let socket = PathBuf::from(log_text.strip_suffix("-log").unwrap_or(&log_text));
     let term_file = PathBuf::from(format!("{log_text}-sigTerm"));
     let term_done = PathBuf::from(format!("{log_text}-sigTerm-done"));
-    let watch_start = Instant::now();
-    let mut socket_seen = false;
     let mut term_file_seen = false;
     let mut follower = Follower::new(log.to_path_buf());
     let stdout = std::io::stdout();
@@ -121,24 +100,11 @@ fn run(log: &Path, socket_timeout: Duration) -> std::io::Result<()> {
         } else if term_file_seen {
             break Stop::TermFile;
         }
-        if socket.exists() {
-            socket_seen = true;
-        } else if socket_seen {
-            break Stop::SocketRemoved;
-        } else if watch_start.elapsed() > socket_timeout {
-            follower.finish(&mut out)?;
-            return Err(std::io::Error::other(format!(
-                "{} is still not there after {:?}",
-                socket.display(),
-                socket_timeout
-            )));
-        }
         std::thread::sleep(POLL);
     };
     follower.finish(&mut out)?;
     match stop {
         Stop::Signal(signal) => eprintln!("virt-tail: {signal}, exiting"),
-        Stop::SocketRemoved => eprintln!("virt-tail: {} was removed", socket.display()),
         Stop::TermFile => eprintln!("virt-tail: termination file"),
     }
     Ok(())
@@ -258,57 +224,9 @@ impl Follower {
     }
 }
 
-/// Go's `time.ParseDuration` for what a flag would hold: a sequence of decimal numbers with a
-/// unit each (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), e.g. `20s`, `1m30s`, `1.5s`, or `0`.
-fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let invalid = || format!("invalid duration {text:?}");
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_len..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| invalid())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations_parse() {
-        assert_eq!(parse_go_duration("20s"), Ok(Duration::from_secs(20)));
-        assert_eq!(parse_go_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_go_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_go_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_go_duration("0"), Ok(Duration::ZERO));
-        for bad in ["", "20", "s", "1x", "1..2s", "-1s"] {
-            assert!(parse_go_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn lines_are_printed_whole_across_reads_and_long_ones_in_pieces() {
