@@ -798,8 +798,9 @@ async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
         }
     });
     let pid = launcher_pid(&first_uid).expect("the launcher process");
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
     // SAFETY: a plain kill(2) of the launcher this test's VM runs in.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let killed = Instant::now();
     wait_for_within("the killed VMI Failed", LAUNCHER_GONE_TIMEOUT, || {
         let phases = phases.clone();
@@ -1443,7 +1444,13 @@ fn api_writes(cluster: &Cluster) -> BTreeMap<String, u64> {
         } else {
             format!("{resource}/{subresource} {verb}")
         };
-        *writes.entry(key).or_insert(0) += count.parse::<f64>().unwrap_or(0.0) as u64;
+        // The text format writes a counter as a float (1e+06 from a million on).
+        let count = count.parse::<f64>().unwrap_or(0.0);
+        // Float to integer has no From/TryFrom. A counter is a non-negative whole number, so
+        // nothing is cut off; `as` saturates (and maps NaN to 0), as the code relied on.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let count = count as u64;
+        *writes.entry(key).or_insert(0) += count;
     }
     writes
 }
