@@ -43,6 +43,10 @@ use workers::IoWorkers;
 pub const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size: the most bytes copied per backend call.
 const CHUNK: usize = 64 * 1024;
+/// Advertised `seg_max`: data buffers per request, the queue's entries less
+/// the header and the status (Linux sizes its requests by it; a longer
+/// chain would exceed the queue size, which the chain check refuses anyway).
+const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
 /// Advertised discard / write-zeroes limits.
 const MAX_SEGMENTS: u32 = 32;
 const MAX_SEGMENT_SECTORS: u32 = u32::MAX >> 9;
@@ -129,6 +133,7 @@ impl Block {
             write_zeroes: options.write_zeroes && !read_only,
             max_segments: MAX_SEGMENTS,
             max_segment_sectors: MAX_SEGMENT_SECTORS,
+            max_data_buffers: SEG_MAX,
         };
         let mut features = feature_bit(VIRTIO_F_VERSION_1)
             | feature_bit(VIRTIO_RING_F_INDIRECT_DESC)
@@ -452,8 +457,7 @@ fn config_space(limits: &DiskLimits) -> Vec<u8> {
     let mut c = vec![0u8; 60];
     let mut put = |at: usize, bytes: &[u8]| c[at..at + bytes.len()].copy_from_slice(bytes);
     put(0, &limits.capacity.to_le_bytes());
-    // seg_max: data descriptors per request; header and status take two.
-    put(12, &u32::from(QUEUE_SIZE - 2).to_le_bytes());
+    put(12, &limits.max_data_buffers.to_le_bytes()); // seg_max
     put(20, &(SECTOR_SIZE as u32).to_le_bytes()); // blk_size
     if limits.discard {
         put(36, &limits.max_segment_sectors.to_le_bytes()); // max_discard_sectors
