@@ -81,6 +81,15 @@ pub struct RunArgs {
     /// stopped (as KubeVirt's grace period bounds its launcher's); 0 stops it at once.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    /// What a VMM thread's system call outside its seccomp filter does:
+    /// `trap` ends the VMM with status 159, `log` lets it through and the
+    /// kernel logs it, `none` installs no filter (debugging only).
+    #[arg(long, default_value = "trap", value_name = "none|log|trap")]
+    pub seccomp: vmm::SeccompMode,
+    /// Restrict the VMM threads' file access with Landlock where the kernel
+    /// has it.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off")]
+    pub landlock: bool,
 }
 
 impl RunArgs {
@@ -96,7 +105,20 @@ impl RunArgs {
             rng: self.rng,
             serial: self.serial,
             ap_start: self.ap_start,
+            sandbox: vmm::SandboxConfig {
+                seccomp: self.seccomp,
+                landlock: self.landlock,
+                ..vmm::SandboxConfig::default()
+            },
         }
+    }
+}
+
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
     }
 }
 
@@ -108,6 +130,9 @@ pub struct SelftestArgs {
     /// Print the guest's serial output as well.
     #[arg(long)]
     pub verbose: bool,
+    /// As for `run`: what a VMM thread's system call outside its filter does.
+    #[arg(long, default_value = "trap", value_name = "none|log|trap")]
+    pub seccomp: vmm::SeccompMode,
 }
 
 /// `key=value` pairs separated by commas.

@@ -501,12 +501,14 @@ impl VirtioDevice for Block {
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        self.workers.set_sandbox(ctx.sandbox.clone());
         self.requests.activate(ctx)
     }
 
     fn reset(&mut self) {
-        // No request is in flight between notifications; the idle I/O
-        // threads go too.
+        // No request is in flight between notifications (the device thread
+        // holds the device while it runs a batch); the idle I/O threads go
+        // too.
         self.requests.reset();
         self.workers.stop();
     }
