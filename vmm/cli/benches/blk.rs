@@ -11,9 +11,13 @@
 //! wall time and the vCPU thread's CPU: the device share is the part that
 //! moves between threads.
 //!
+//! The guest then waits for a shutdown request (so that no thread has
+//! ended before the second reading), which the harness sends with SIGTERM.
+//!
 //! Run: `cargo bench -p vmm-cli --bench blk` (BLK_BENCH_RUNS, default 5;
-//! BLK_BENCH_N requests, default 2000; BLK_BENCH_CASES, default
-//! `read:4:writeback,read:64:writeback,write:4:none`; BENCH_VARIANTS to
+//! BLK_BENCH_N requests, default 2000; BLK_BENCH_CASES, `op:KiB:cache:wait`
+//! each, default `read:4:writeback:spin,read:64:writeback:spin,
+//! write:4:none:spin,write:4:none:irq`; BENCH_VARIANTS to
 //! compare binaries or options, interleaved, see `common`; the disk goes in
 //! BLK_BENCH_DIR, default /var/tmp, which must allow O_DIRECT).
 
@@ -49,6 +53,8 @@ struct Case {
     op: String,
     kb: u64,
     cache: String,
+    /// How the guest waits for an answer: spin or irq.
+    wait: String,
 }
 
 struct Sample {
@@ -83,8 +89,8 @@ fn one_run(
     requests: u64,
 ) -> Sample {
     let cmdline = format!(
-        "console=ttyS0 checks=virtio-blk-bench blkbench.n={requests} blkbench.kb={} blkbench.op={} exit=poweroff",
-        case.kb, case.op
+        "console=ttyS0 checks=virtio-blk-bench blkbench.n={requests} blkbench.kb={} blkbench.op={} blkbench.wait={} exit=halt wait=120",
+        case.kb, case.op, case.wait
     );
     let mut child = Command::new(&variant.binary)
         .args([
@@ -120,6 +126,10 @@ fn one_run(
         } else if line.starts_with("TEST virtio-blk-bench") {
             end = Some((Instant::now(), thread_cpu(pid)));
             result = line;
+            // The guest now waits (its threads are still there to read):
+            // SIGTERM asks it to shut down.
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         }
     }
     let status = child.wait().expect("wait for vmm");
@@ -158,15 +168,19 @@ fn main() {
     let runs = env_num("BLK_BENCH_RUNS", 5);
     let requests = env_num("BLK_BENCH_N", 2000);
     let cases: Vec<Case> = std::env::var("BLK_BENCH_CASES")
-        .unwrap_or_else(|_| "read:4:writeback,read:64:writeback,write:4:none".into())
+        .unwrap_or_else(|_| {
+            "read:4:writeback:spin,read:64:writeback:spin,write:4:none:spin,write:4:none:irq"
+                .into()
+        })
         .split(',')
         .map(|c| {
             let parts: Vec<&str> = c.split(':').collect();
-            assert_eq!(parts.len(), 3, "case {c}: op:kb:cache");
+            assert_eq!(parts.len(), 4, "case {c}: op:kb:cache:wait");
             Case {
                 op: parts[0].into(),
                 kb: parts[1].parse().expect("kb"),
                 cache: parts[2].into(),
+                wait: parts[3].into(),
             }
         })
         .collect();
@@ -190,7 +204,7 @@ fn main() {
         "block benchmark: {runs} runs per case and variant, interleaved; {requests} requests each, one per notification ({MEMORY_MIB} MiB guest, {DISK_MIB} MiB raw disk)"
     );
     println!(
-        "{:<12} {:<22} {:>8} {:>9} {:>9} {:>12} {:>12} {:>12}",
+        "{:<15} {:<26} {:>8} {:>9} {:>9} {:>12} {:>12} {:>12}",
         "variant", "case", "req/s", "MiB/s", "wall_us", "vcpu_us/req", "dev_us/req", "other_us/req"
     );
     let mut all: HashMap<(usize, usize), Vec<Sample>> = HashMap::new();
@@ -200,9 +214,9 @@ fn main() {
                 let s = one_run(variant, kernel, disk, case, requests);
                 let per = |ns: u64| ns as f64 / 1e3 / s.requests.max(1) as f64;
                 println!(
-                    "{:<12} {:<22} {:>8.0} {:>9.2} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
+                    "{:<15} {:<26} {:>8.0} {:>9.2} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
                     variant.label,
-                    format!("{} {} KiB {}", case.op, case.kb, case.cache),
+                    format!("{} {}K {} {}", case.op, case.kb, case.cache, case.wait),
                     s.requests as f64 / s.wall_s,
                     s.bytes as f64 / s.wall_s / (1 << 20) as f64,
                     s.wall_s * 1e6 / s.requests.max(1) as f64,
@@ -225,9 +239,9 @@ fn main() {
             };
             let per = |ns: u64, s: &Sample| ns as f64 / 1e3 / s.requests.max(1) as f64;
             println!(
-                "{:<12} {:<22} {:>8.0} {:>9.2} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
+                "{:<15} {:<26} {:>8.0} {:>9.2} {:>9.1} {:>12.1} {:>12.1} {:>12.1}",
                 variant.label,
-                format!("{} {} KiB {}", case.op, case.kb, case.cache),
+                format!("{} {}K {} {}", case.op, case.kb, case.cache, case.wait),
                 median(&|s| s.requests as f64 / s.wall_s),
                 median(&|s| s.bytes as f64 / s.wall_s / (1 << 20) as f64),
                 median(&|s| s.wall_s * 1e6 / s.requests.max(1) as f64),

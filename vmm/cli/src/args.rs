@@ -88,7 +88,13 @@ pub struct RunArgs {
     pub seccomp: vmm::SeccompMode,
     /// Restrict the VMM threads' file access with Landlock where the kernel
     /// has it.
-    #[arg(long, default_value = "on", value_parser = parse_on_off, value_name = "on|off")]
+    #[arg(
+        long,
+        default_value = "on",
+        value_parser = parse_on_off,
+        action = clap::ArgAction::Set,
+        value_name = "on|off"
+    )]
     pub landlock: bool,
 }
 
@@ -235,6 +241,35 @@ pub fn parse_serial(text: &str) -> Result<SerialTarget, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        let mut args = vec!["vmm", "run", "--kernel", "/k"];
+        args.extend_from_slice(extra);
+        match Cli::try_parse_from(args)?.command {
+            Command::Run(run) => Ok(run),
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_sandbox_is_on_unless_asked_otherwise() {
+        let config = run_args(&[]).unwrap().into_config();
+        assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::Trap);
+        assert!(config.sandbox.landlock);
+        let config = run_args(&["--seccomp", "log", "--landlock", "off"])
+            .unwrap()
+            .into_config();
+        assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::Log);
+        assert!(!config.sandbox.landlock);
+        let config = run_args(&["--seccomp=none", "--landlock=on"])
+            .unwrap()
+            .into_config();
+        assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::None);
+        assert!(config.sandbox.landlock);
+        for bad in [&["--seccomp", "kill"][..], &["--landlock", "maybe"], &["--landlock"]] {
+            assert!(run_args(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn disks_need_an_explicit_format() {

@@ -74,7 +74,7 @@ pub fn run_checks(devices: &[(u64, u32)], cmdline: &[u8], r: &mut dyn Reporter) 
             _ => {}
         }
         if id == ID_BLOCK && cmdline::check_named(cmdline, "virtio-blk-bench") {
-            blkbench::run(&dev, cmdline, r);
+            blkbench::run(&dev, irq, cmdline, r);
         }
     }
 }
