@@ -169,8 +169,7 @@ fn main() {
     let requests = env_num("BLK_BENCH_N", 2000);
     let cases: Vec<Case> = std::env::var("BLK_BENCH_CASES")
         .unwrap_or_else(|_| {
-            "read:4:writeback:spin,read:64:writeback:spin,write:4:none:spin,write:4:none:irq"
-                .into()
+            "read:4:writeback:spin,read:64:writeback:spin,write:4:none:spin,write:4:none:irq".into()
         })
         .split(',')
         .map(|c| {

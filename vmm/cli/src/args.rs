@@ -266,7 +266,11 @@ mod tests {
             .into_config();
         assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::None);
         assert!(config.sandbox.landlock);
-        for bad in [&["--seccomp", "kill"][..], &["--landlock", "maybe"], &["--landlock"]] {
+        for bad in [
+            &["--seccomp", "kill"][..],
+            &["--landlock", "maybe"],
+            &["--landlock"],
+        ] {
             assert!(run_args(bad).is_err(), "{bad:?}");
         }
     }

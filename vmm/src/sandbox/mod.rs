@@ -236,6 +236,12 @@ impl Sandbox {
         &self.config
     }
 
+    /// The compiled filter of `kind` (`None` without seccomp), for
+    /// measuring what it costs (`cargo bench -p vmm --bench seccomp`).
+    pub fn filter(&self, kind: ThreadKind) -> Option<&BpfProgram> {
+        self.filters.get(&kind)
+    }
+
     /// Confines the calling thread as a thread of `kind`. On error the
     /// thread must end without touching guest memory.
     pub fn enter(&self, kind: ThreadKind) -> io::Result<()> {

@@ -290,9 +290,11 @@ fn run(shared: &Shared) {
             pending = 0;
         }
         if control.paused || control.broken {
-            control.sync_done = sync_target;
-            drop(control);
-            shared.changed.notify_all();
+            if sync_target > control.sync_done {
+                control.sync_done = sync_target;
+                drop(control);
+                shared.changed.notify_all();
+            }
             continue;
         }
         drop(control);
@@ -304,9 +306,13 @@ fn run(shared: &Shared) {
         handle(shared, &mut device, &mut pending, fd_ready);
         drop(device);
         let mut control = shared.control();
-        control.sync_done = control.sync_done.max(sync_target);
-        drop(control);
-        shared.changed.notify_all();
+        // Wake a `sync` caller only if there is one (no system call per
+        // notification otherwise).
+        if sync_target > control.sync_done {
+            control.sync_done = sync_target;
+            drop(control);
+            shared.changed.notify_all();
+        }
     }
 }
 
