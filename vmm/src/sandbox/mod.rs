@@ -166,6 +166,20 @@ impl ThreadKind {
         ThreadKind::Control,
     ];
 
+    /// The kind's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Vcpu => "vCPU",
+            ThreadKind::VirtioBlock => "virtio-blk",
+            ThreadKind::BlockIo => "block I/O",
+            ThreadKind::VirtioNet => "virtio-net",
+            ThreadKind::VirtioRng => "virtio-rng",
+            ThreadKind::ConsoleAccept => "console accept",
+            ThreadKind::ConsoleInput => "console input",
+            ThreadKind::Control => "control",
+        }
+    }
+
     /// Started by another sandboxed thread, whose credentials, Landlock
     /// domain and filter it inherits.
     fn inherits(self) -> bool {
@@ -260,6 +274,7 @@ impl Sandbox {
                 landlock::restrict_thread(removable)?;
             }
         }
+        sigsys::set_thread_kind(kind.name());
         if let Some(program) = self.filters.get(&kind) {
             seccompiler::apply_filter(program)
                 .map_err(|e| io::Error::other(format!("seccomp filter for {kind:?}: {e}")))?;

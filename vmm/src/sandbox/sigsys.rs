@@ -7,8 +7,20 @@
 //! The handler runs on the offending thread, under its filter: it only
 //! writes to stderr and calls `exit_group`, which every filter allows.
 
+use std::cell::Cell;
 use std::io;
 use std::sync::OnceLock;
+
+thread_local! {
+    /// The sandbox this thread entered (`ThreadKind` as a name), for the
+    /// report; empty for a thread outside the VMM (the launcher's).
+    static KIND: Cell<&'static str> = const { Cell::new("") };
+}
+
+/// Records which sandbox the calling thread is in, for a trapped call's report.
+pub(super) fn set_thread_kind(name: &'static str) {
+    KIND.with(|k| k.set(name));
+}
 
 /// Process exit status after a trapped system call.
 pub const SIGSYS_EXIT_STATUS: i32 = 128 + libc::SIGSYS;
@@ -17,7 +29,8 @@ pub const SIGSYS_EXIT_STATUS: i32 = 128 + libc::SIGSYS;
 const SYS_SECCOMP: i32 = 1;
 
 extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    const PREFIX: &[u8] = b"vmm: a VMM thread made a forbidden system call (seccomp): number ";
+    const PREFIX: &[u8] = b"vmm: a forbidden system call (seccomp) on a ";
+    const MIDDLE: &[u8] = b" thread: number ";
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let (code, syscall) = unsafe {
         let info = &*info;
@@ -28,9 +41,21 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
         (info.si_code, raw.add(24).cast::<i32>().read_unaligned())
     };
     if code == SYS_SECCOMP {
-        // Formatted by hand into a stack buffer: no allocation here.
-        let mut msg = [0u8; PREFIX.len() + 11];
-        msg[..PREFIX.len()].copy_from_slice(PREFIX);
+        // Formatted by hand into a stack buffer: no allocation here. The
+        // kind is a const-initialised thread-local: no allocation either.
+        let kind = KIND.with(|k| k.get());
+        let kind = if kind.is_empty() {
+            "launcher/main"
+        } else {
+            kind
+        };
+        let mut msg = [0u8; 160];
+        let mut at = 0;
+        for part in [PREFIX, kind.as_bytes(), MIDDLE] {
+            let n = part.len().min(msg.len() - 12 - at);
+            msg[at..at + n].copy_from_slice(&part[..n]);
+            at += n;
+        }
         let mut digits = [0u8; 10];
         let mut n = syscall.unsigned_abs();
         let mut len = 0;
@@ -43,12 +68,12 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
             }
         }
         for i in 0..len {
-            msg[PREFIX.len() + i] = digits[len - 1 - i];
+            msg[at + i] = digits[len - 1 - i];
         }
-        msg[PREFIX.len() + len] = b'\n';
+        msg[at + len] = b'\n';
         // SAFETY: write(2) is async-signal-safe; the buffer outlives it.
         unsafe {
-            libc::write(2, msg.as_ptr().cast(), PREFIX.len() + len + 1);
+            libc::write(2, msg.as_ptr().cast(), at + len + 1);
         }
     }
     // SAFETY: _exit(2) is async-signal-safe.

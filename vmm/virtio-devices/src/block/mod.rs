@@ -1,16 +1,16 @@
 //! virtio-blk: a disk backed by a [`::block::SharedDisk`].
 //!
 //! Requests are parsed and checked in [`request`] on the thread that
-//! delivered the notification, then executed: a lone request right there,
-//! the requests of a larger batch concurrently on the device's I/O threads
-//! ([`workers`]), so that a guest with a deep queue gets several requests
-//! on the host at once (with a [`::block::ConcurrentDisk`] their data I/O
-//! overlaps). A flush waits for the requests before it in the batch, and
-//! the ones after it wait for the flush. Every request of the batch is done
-//! before the notification returns: nothing touches guest memory after a
-//! pause or reset. Data moves through bounded bounce buffers: guest memory
-//! is never handed to the backend as a Rust slice (the guest may change it
-//! concurrently).
+//! handles the notification (the device's thread), then executed: a lone
+//! request right there, the requests of a larger batch concurrently on the
+//! device's I/O threads ([`workers`]), so that a guest with a deep queue
+//! gets several requests on the host at once (with a
+//! [`::block::ConcurrentDisk`] their data I/O overlaps). A flush waits for
+//! the requests before it in the batch, and the ones after it wait for the
+//! flush. Every request of the batch is done before the device thread lets
+//! go of the device: nothing touches guest memory after a pause or reset.
+//! Data moves through bounded bounce buffers: guest memory is never handed
+//! to the backend as a Rust slice (the guest may change it concurrently).
 
 mod counters;
 pub mod request;
