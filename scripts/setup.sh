@@ -16,6 +16,10 @@ command -v setcap >/dev/null || PATH=$PATH:/usr/sbin command -v setcap >/dev/nul
   || need+=(libcap2-bin)                                     # file capability of the monitor in tests
 command -v python3 >/dev/null || need+=(python3)            # a second gRPC client in tests
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+[ -x /usr/sbin/runc ] || need+=(runc)                       # the test cluster's OCI runtime
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins) # the test cluster's pod network
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # static busybox in test images
+command -v openssl >/dev/null || need+=(openssl)            # the test cluster's certificates
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

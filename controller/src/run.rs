@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub vms: Store<VirtualMachine>,
     pub vm_expectations: Expectations,
+    /// Reconcile counts, durations and failures (`/metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Pods created but not yet in the cache, by VMI UID.
     pub created_pods: Mutex<HashMap<String, (Pod, Instant)>>,
     /// VMI resource versions written but not yet in the cache, by VMI UID.
@@ -44,6 +46,37 @@ pub struct Context {
 
 /// How long a write may take to show up in the cache before the controller stops waiting.
 pub const CACHE_WAIT: Duration = Duration::from_secs(30);
+
+/// A reconcile error that may come from the API server.
+pub trait ReconcileError: std::fmt::Display {
+    /// The API server's answer, if that is what failed.
+    fn kube(&self) -> Option<&kube::Error>;
+}
+
+/// What both controllers do after a failed reconcile: retry in 5 s, or in 200 ms after a
+/// conflict (the cache was only behind).
+pub fn error_policy<K, E>(
+    object: Arc<K>,
+    error: &E,
+    _: Arc<Context>,
+) -> kube::runtime::controller::Action
+where
+    K: Resource<DynamicType = ()> + kube::ResourceExt,
+    E: ReconcileError,
+{
+    let kind = K::kind(&());
+    let name = object.name_any();
+    tracing::warn!(%kind, %name, %error, "re-enqueuing");
+    kube::runtime::controller::Action::requeue(requeue_after(error.kube()))
+}
+
+/// The delay [`error_policy`] waits after `api_error`.
+fn requeue_after(api_error: Option<&kube::Error>) -> Duration {
+    match api_error {
+        Some(kube::Error::Api(status)) if status.code == 409 => Duration::from_millis(200),
+        _ => Duration::from_secs(5),
+    }
+}
 
 impl Context {
     pub fn api<K>(&self, namespace: &str) -> Api<K>
@@ -137,11 +170,25 @@ where
     }
 }
 
+/// The failure reason a metric names: the API's reason (`Conflict`, `NotFound`, ...) for an
+/// API error, else the error's kind.
+fn kube_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => status.reason.clone(),
+        other => format!("{other:?}")
+            .split(['(', ' ', '{'])
+            .next()
+            .unwrap_or("Other")
+            .to_string(),
+    }
+}
+
 /// Runs the VM and VMI controllers until `shutdown` resolves.
 pub async fn run(
     client: Client,
     options: Options,
     writes: Arc<Writes>,
+    metrics: Arc<crate::metrics::Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let watch_config = watcher::Config::default().any_semantic();
@@ -210,6 +257,7 @@ pub async fn run(
         pods: pod_reader,
         vms: vm_reader.clone(),
         vm_expectations: Expectations::default(),
+        metrics,
         created_pods: Mutex::default(),
         vmi_versions: Mutex::default(),
         pod_gates: Mutex::default(),
@@ -228,8 +276,23 @@ pub async fn run(
     .reconcile_on(pod_gone_rx)
     .graceful_shutdown_on(stopped(stop_rx.clone()))
     .run(
-        crate::vmi::controller::reconcile,
-        crate::vmi::controller::error_policy,
+        |vmi, ctx: Arc<Context>| async move {
+            let key = format!("{}/{}", vmi.namespace().unwrap_or_default(), vmi.name_any());
+            let metrics = Arc::clone(&ctx.metrics);
+            metrics
+                .reconcile(
+                    "vmi",
+                    &key,
+                    crate::vmi::controller::reconcile(vmi, ctx),
+                    |e| match e {
+                        crate::vmi::controller::Error::Kube(e) => kube_reason(e),
+                        crate::vmi::controller::Error::Render(_) => "Render".into(),
+                        crate::vmi::controller::Error::Json(_) => "Json".into(),
+                    },
+                )
+                .await
+        },
+        error_policy,
         context.clone(),
     );
     let vm_controller =
@@ -237,8 +300,19 @@ pub async fn run(
             .reconcile_on(vmi_gone_rx)
             .graceful_shutdown_on(stopped(stop_rx))
             .run(
-                crate::vm::controller::reconcile,
-                crate::vm::controller::error_policy,
+                |vm, ctx: Arc<Context>| async move {
+                    let key = format!("{}/{}", vm.namespace().unwrap_or_default(), vm.name_any());
+                    let metrics = Arc::clone(&ctx.metrics);
+                    metrics
+                        .reconcile("vm", &key, crate::vm::controller::reconcile(vm, ctx), |e| {
+                            match e {
+                                crate::vm::controller::Error::Kube(e) => kube_reason(e),
+                                crate::vm::controller::Error::Sync(_) => "Sync".into(),
+                            }
+                        })
+                        .await
+                },
+                error_policy,
                 context.clone(),
             );
 
@@ -283,8 +357,23 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_jso
 
 #[cfg(test)]
 mod tests {
-    use super::merge_diff;
+    use super::{merge_diff, requeue_after};
     use serde_json::json;
+    use std::time::Duration;
+
+    #[test]
+    fn conflicts_retry_soon_other_errors_later() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "Conflict")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert_eq!(requeue_after(Some(&api(409))), Duration::from_millis(200));
+        assert_eq!(requeue_after(Some(&api(500))), Duration::from_secs(5));
+        assert_eq!(requeue_after(None), Duration::from_secs(5));
+    }
 
     #[test]
     fn merge_diff_sets_changes_and_nulls_removals() {

@@ -5,6 +5,7 @@
 //! Fails (never skips) when the control plane cannot be built or started.
 
 use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
+use controller::metrics::Metrics;
 use controller::run::{Options, run};
 use controller::template::TemplateConfig;
 use controller::writes::{Write, Writes};
@@ -91,6 +92,7 @@ impl Setup {
                 setup.client.clone(),
                 setup.options("test-controller"),
                 setup.writes.clone(),
+                Arc::new(Metrics::new(setup.writes.clone())),
                 async move {
                     let _ = stopped.await;
                 },
@@ -700,7 +702,8 @@ async fn two_replicas_one_leader() {
             );
             Box::pin(async move {
                 leading.fetch_add(1, Ordering::SeqCst);
-                run(client, options, writes, lost).await;
+                let metrics = Arc::new(Metrics::new(writes.clone()));
+                run(client, options, writes, metrics, lost).await;
                 leading.fetch_sub(1, Ordering::SeqCst);
             })
         });
@@ -1024,51 +1027,194 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// `deploy/virt-controller.yaml` is made of valid objects: the API server accepts each one
-/// (server-side dry run, in a namespace of the test).
+/// `images/deploy/10-virt-controller.yaml` is all the controller needs: with its namespace,
+/// ServiceAccount and RBAC applied, the binary started with the Deployment's arguments and
+/// acting as that ServiceAccount (impersonated through its kubeconfig) takes the Lease
+/// `kubevirt/virt-controller`, brings a VM with a PVC volume to Scheduled (VMI, revision, pod,
+/// readiness gate, PVC look-up, events) and removes it again. A right missing from the
+/// ClusterRole or Role makes it fail. (That the API server accepts every manifest in
+/// images/deploy is `integration/tests/deploy_manifests.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deployment_manifest_is_accepted() {
+async fn deploy_manifest_rights_and_arguments_are_enough() {
     let setup = Setup::new("ctl-deploy", false).await;
-    let text = include_str!("../deploy/virt-controller.yaml");
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let mut kinds = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(text) {
-        let mut object: kube::api::DynamicObject =
-            serde::Deserialize::deserialize(document).expect("a Kubernetes object");
-        let types = object.types.clone().expect("apiVersion and kind");
-        kinds.push(types.kind.clone());
-        let (group, version) = match types.api_version.split_once('/') {
-            Some((g, v)) => (g.to_string(), v.to_string()),
-            None => (String::new(), types.api_version.clone()),
-        };
-        let gvk = kube::api::GroupVersionKind::gvk(&group, &version, &types.kind);
-        let (resource, capabilities) = kube::discovery::pinned_kind(&setup.client, &gvk)
-            .await
-            .expect("the API server knows the kind");
-        let api: Api<kube::api::DynamicObject> =
-            if capabilities.scope == kube::discovery::Scope::Namespaced {
-                object.metadata.namespace = Some(setup.namespace.clone());
-                Api::namespaced_with(setup.client.clone(), &setup.namespace, &resource)
-            } else {
-                Api::all_with(setup.client.clone(), &resource)
-            };
-        api.create(&dry_run, &object)
-            .await
-            .unwrap_or_else(|e| panic!("{} rejected: {e}", types.kind));
+    let cp = control_plane().await;
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../images/deploy");
+    let mut deployment = None;
+    for file in ["00-namespace.yaml", "10-virt-controller.yaml"] {
+        let text = std::fs::read_to_string(format!("{deploy}/{file}")).expect("manifest");
+        for object in integration::manifests::parse(&text).expect(file) {
+            if object
+                .types
+                .as_ref()
+                .is_some_and(|t| t.kind == "Deployment")
+            {
+                deployment = Some(object);
+                continue;
+            }
+            integration::manifests::apply(&setup.client, &object, None, false)
+                .await
+                .unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        }
     }
-    assert_eq!(
-        kinds,
-        [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-            "Deployment"
-        ]
+    let container =
+        deployment.expect("a Deployment").data["spec"]["template"]["spec"]["containers"][0].clone();
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).expect("args");
+    assert!(
+        args.iter().any(|a| a == "--leader-namespace=kubevirt"),
+        "{args:?}"
+    );
+
+    // The control plane's kubeconfig, acting as the Deployment's ServiceAccount.
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubeconfig: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(cp.kubeconfig_path()).unwrap()).unwrap();
+    for user in kubeconfig["users"].as_sequence_mut().expect("users") {
+        user["user"]["as"] = "system:serviceaccount:kubevirt:virt-controller".into();
+    }
+    let kubeconfig_path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig_path,
+        serde_yaml::to_string(&kubeconfig).unwrap(),
+    )
+    .unwrap();
+    let identity = format!("deploy-{}", setup.namespace);
+    let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
+    // The Deployment's metrics address, moved to a free loopback port for this test.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    assert!(
+        args.iter().any(|a| a.starts_with("--metrics-listen=")),
+        "{args:?}"
+    );
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--metrics-listen=") {
+                format!("--metrics-listen=127.0.0.1:{metrics_port}")
+            } else {
+                a
+            }
+        })
+        .collect();
+    let _controller = std::process::Command::new(env!("CARGO_BIN_EXE_virt-controller"))
+        .args(&args)
+        // Only this test's namespace: other tests run their own controllers.
+        .args([
+            "--watch-namespace",
+            &setup.namespace,
+            "--identity",
+            &identity,
+        ])
+        .env("KUBECONFIG", &kubeconfig_path)
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .map(KillOnDrop)
+        .expect("virt-controller starts");
+    let log_text =
+        || std::fs::read_to_string(dir.path().join("controller.log")).unwrap_or_default();
+
+    let leases: Api<Lease> = Api::namespaced(setup.client.clone(), "kubevirt");
+    wait_for("the Lease kubevirt/virt-controller", || async {
+        get(&leases, "virt-controller")
+            .await
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| *h == identity)
+    })
+    .await;
+
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = setup.api();
+    pvcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .unwrap(),
+    )
+    .await
+    .expect("PVC");
+    let mut machine = vm("rbacvm", "Always");
+    let template = machine.spec.template.spec.as_mut().expect("template spec");
+    template
+        .domain
+        .devices
+        .disks
+        .push(serde_json::from_value(json!({"name": "data", "disk": {"bus": "virtio"}})).unwrap());
+    template.volumes.push(
+        serde_json::from_value(
+            json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}),
+        )
+        .unwrap(),
+    );
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    vms.create(&PostParams::default(), &machine)
+        .await
+        .expect("VM");
+    let vmi = wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "rbacvm")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    assert!(vmi.spec.volumes.iter().any(|v| v.name == "data"));
+    // The reconciles that got it there are on /metrics.
+    let scrape = || {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", metrics_port)).expect("metrics port");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).expect("response");
+        text
+    };
+    let text = scrape();
+    for metric in [
+        r#"kubevirt_controller_reconciles_total{controller="vm",result="ok"}"#,
+        r#"kubevirt_controller_reconciles_total{controller="vmi",result="ok"}"#,
+        r#"kubevirt_controller_api_writes_total{kind="PodCreate"} 1"#,
+    ] {
+        assert!(text.contains(metric), "{metric} missing:\n{text}");
+    }
+    wait_for("the VM's status", || async {
+        get(&vms, "rbacvm")
+            .await
+            .and_then(|v| v.status?.printable_status)
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = setup.api();
+    wait_for("an event from virt-controller", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reporting_controller.as_deref() == Some("virt-controller"))
+    })
+    .await;
+
+    vms.patch(
+        "rbacvm",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"runStrategy": "Halted"}})),
+    )
+    .await
+    .expect("halt");
+    wait_for("the VMI to be gone", || async {
+        get(&vmis, "rbacvm").await.is_none().then_some(())
+    })
+    .await;
+    let text = log_text();
+    assert!(
+        !text.contains("forbidden"),
+        "no request was forbidden:\n{text}"
     );
 }
 
@@ -1171,4 +1317,52 @@ async fn manual_vm_follows_start_and_stop_requests() {
         get(&vmis, "manual").await.is_none(),
         "Manual does not restart by itself"
     );
+}
+
+/// A VMI created directly (no VM, no virt-api webhook here) gets the webhook's defaults stored
+/// before its pod exists: the handler and the launcher then see KubeVirt's spec (the default
+/// pod network and bridge interface, ACPI, the machine type), not a VMI without a NIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmi_created_directly_gets_the_webhooks_defaults_stored_before_its_pod() {
+    let setup = Setup::new("ctl-defaults", true).await;
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let mut spec = vm("x", "Always")
+        .spec
+        .template
+        .spec
+        .expect("a template spec");
+    spec.domain.devices.interfaces.clear();
+    spec.networks.clear();
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "bare"},
+        "spec": spec,
+    }))
+    .unwrap();
+    vmis.create(&PostParams::default(), &vmi)
+        .await
+        .expect("VMI");
+    let pods: Api<Pod> = setup.api();
+    wait_for("the launcher pod", || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .next()
+    })
+    .await;
+    let stored = get(&vmis, "bare").await.expect("the VMI");
+    let value = serde_json::to_value(&stored.spec).unwrap();
+    assert_eq!(
+        value["domain"]["devices"]["interfaces"],
+        json!([{"name": "default", "bridge": {}}]),
+        "{value}"
+    );
+    assert_eq!(
+        value["networks"],
+        json!([{"name": "default", "pod": {}}]),
+        "{value}"
+    );
+    assert_eq!(value["domain"]["machine"]["type"], json!("q35"), "{value}");
 }

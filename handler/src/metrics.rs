@@ -1,5 +1,5 @@
 //! Prometheus metrics of the handler: VMIs by phase, reconcile latency, launcher errors,
-//! served in the OpenMetrics text format on `/metrics` (and `/healthz`).
+//! notify events refused, served in the OpenMetrics text format on `/metrics` (and `/healthz`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,11 +24,17 @@ pub struct CommandLabels {
     pub command: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     vmis_by_phase: Family<PhaseLabels, Gauge>,
     sync_duration: Histogram,
     launcher_errors: Family<CommandLabels, Counter>,
+    notify_rejected: Family<ReasonLabels, Counter>,
     phases: Mutex<HashMap<String, Phase>>,
 }
 
@@ -56,11 +62,20 @@ impl Metrics {
             "Failed calls to launchers by command",
             launcher_errors.clone(),
         );
+        let notify_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "notify_events_rejected",
+            "Events from launcher pods the handler dropped: about another VMI than the pod's \
+             (identity), relists asked for too often (rate), past the domain cache's bound \
+             (capacity), or malformed",
+            notify_rejected.clone(),
+        );
         Metrics {
             registry,
             vmis_by_phase,
             sync_duration,
             launcher_errors,
+            notify_rejected,
             phases: Mutex::new(HashMap::new()),
         }
     }
@@ -109,6 +124,24 @@ impl Metrics {
                 command: command.to_string(),
             })
             .inc();
+    }
+
+    /// Counts one notify event dropped for `reason`.
+    pub fn notify_event_rejected(&self, reason: &str) {
+        self.notify_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many notify events were dropped for `reason`.
+    pub fn notify_events_rejected(&self, reason: &str) -> u64 {
+        self.notify_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .get()
     }
 
     /// The OpenMetrics text of every metric.

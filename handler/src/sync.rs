@@ -1,4 +1,4 @@
-//! The decision table of KubeVirt v1.9.0's handler (contract §3.3–§3.6), as pure functions.
+//! The decision table of KubeVirt v1.9.0's handler (proto/CONTRACT.md §3.3–§3.6), as pure functions.
 //!
 //! Nothing here does I/O: the agent gathers the VMI, the cached domain and what it knows
 //! about the launcher, asks [`decide`] what to do and [`calculate_phase`] what the VMI's
@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use proto::domain::{Domain, LifeCycle, StateChangeReason};
 use proto::kubevirt::{Phase, VirtualMachineInstance, well_known};
 
-/// What the agent knows about the launcher of a VMI (contract §3.1).
+/// What the agent knows about the launcher of a VMI (proto/CONTRACT.md §3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LauncherState {
     /// Connected and answering (the `launcher-sock` exists and CmdInfo negotiated).
@@ -21,7 +21,7 @@ pub enum LauncherState {
     Unresponsive,
 }
 
-/// One step of the graceful-shutdown state machine (contract §3.5).
+/// One step of the graceful-shutdown state machine (proto/CONTRACT.md §3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownStep {
     /// Send `ShutdownVirtualMachine` and look again after `recheck`.
@@ -45,7 +45,7 @@ pub enum Action {
     /// Look again later without acting (e.g. the launcher socket is not there yet).
     Requeue { after: Duration, why: &'static str },
     /// The domain belongs to an older VMI with the same name: clean its launcher up once it
-    /// is unresponsive (contract §3.3 step 3).
+    /// is unresponsive (proto/CONTRACT.md §3.3 step 3).
     CleanupStale { old_uid: String },
     /// Stop the VM gracefully, or kill it.
     Shutdown(ShutdownStep),
@@ -145,7 +145,7 @@ fn vmi_uid(vmi: &VirtualMachineInstance) -> &str {
     vmi.metadata.uid.as_deref().unwrap_or("")
 }
 
-/// The reconcile decision (contract §3.3 `execute` then §3.4 `sync`).
+/// The reconcile decision (proto/CONTRACT.md §3.3 `execute` then §3.4 `sync`).
 pub fn decide(facts: &Facts<'_>) -> Action {
     // §3.3 step 3: a domain of an older VMI with the same name. Its UID is kept even when
     // the domain is marked deleted.
@@ -253,7 +253,7 @@ pub fn decide(facts: &Facts<'_>) -> Action {
     Action::Nothing("VMI and domain agree")
 }
 
-/// The grace period in force (contract §3.5): the domain's `DeletionGracePeriodSeconds`
+/// The grace period in force (proto/CONTRACT.md §3.5): the domain's `DeletionGracePeriodSeconds`
 /// decides whether there is one at all; if so the VMI's own value wins.
 pub fn grace_period_seconds(vmi: Option<&VirtualMachineInstance>, domain: &Domain) -> i64 {
     let domain_grace = domain
@@ -331,7 +331,7 @@ fn destroyed_means_failed(vmi: &VirtualMachineInstance, domain: &Domain) -> bool
     }
 }
 
-/// The VMI phase the domain implies (`calculateVmPhaseForStatusReason`, contract §3.6).
+/// The VMI phase the domain implies (`calculateVmPhaseForStatusReason`, proto/CONTRACT.md §3.6).
 /// Without a VMI there is no phase: returns `Unset`.
 pub fn calculate_phase(facts: &Facts<'_>) -> Phase {
     let Some(vmi) = facts.vmi else {

@@ -1,4 +1,4 @@
-//! The handler's phase 1 of KubeVirt's masquerade binding (contract §5.1), as one operation.
+//! The handler's phase 1 of KubeVirt's masquerade binding (proto/CONTRACT.md §5.1), as one operation.
 //!
 //! [`setup`] inspects the pod's namespace, checks the plan against what is there, then
 //! creates the bridge, gateway addresses, tap, sysctls and NAT rules. It converges: what an

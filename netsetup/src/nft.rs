@@ -1,4 +1,4 @@
-//! KubeVirt's masquerade NAT ruleset (contract §5.1), built and installed over netlink.
+//! KubeVirt's masquerade NAT ruleset (proto/CONTRACT.md §5.1), built and installed over netlink.
 //!
 //! The ruleset is first described as plain data ([`NatRuleset`] → [`Rule`]s, printable in
 //! `nft` syntax so it can be compared with KubeVirt's commands), then encoded with the
@@ -216,7 +216,7 @@ pub struct NatRuleset {
 }
 
 impl NatRuleset {
-    /// The rules in the order KubeVirt adds them (contract §5.1 rows 7–11).
+    /// The rules in the order KubeVirt adds them (proto/CONTRACT.md §5.1 rows 7–11).
     pub fn rules(&self) -> Vec<Rule> {
         let fam = self.family;
         let loopback = fam.loopback();

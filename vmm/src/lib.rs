@@ -23,7 +23,8 @@ pub mod timing;
 pub mod vm;
 
 pub use config::{
-    ApStart, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+    ApStart, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget,
+    VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

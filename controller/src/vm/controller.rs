@@ -35,15 +35,13 @@ pub fn controller(
     Controller::for_shared_stream(vms, store).owns_shared_stream(vmis)
 }
 
-pub fn error_policy(vm: Arc<VirtualMachine>, error: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(vm = %vm.name_any(), %error, "re-enqueuing VirtualMachine");
-    // A conflict only means the cache was behind: retry soon.
-    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
-    Action::requeue(if conflict {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(5)
-    })
+impl crate::run::ReconcileError for Error {
+    fn kube(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Kube(e) => Some(e),
+            Error::Sync(_) => None,
+        }
+    }
 }
 
 fn key(vm: &VirtualMachine) -> String {

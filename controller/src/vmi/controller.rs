@@ -37,15 +37,13 @@ pub fn controller(
     Controller::for_shared_stream(vmis, store).owns_shared_stream(pods)
 }
 
-pub fn error_policy(vmi: Arc<VirtualMachineInstance>, error: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(vmi = %vmi.name_any(), %error, "re-enqueuing VirtualMachineInstance");
-    // A conflict only means the cache was behind: retry soon.
-    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
-    Action::requeue(if conflict {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(5)
-    })
+impl crate::run::ReconcileError for Error {
+    fn kube(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Kube(e) => Some(e),
+            Error::Render(_) | Error::Json(_) => None,
+        }
+    }
 }
 
 /// The pods controlled by `uid`, from the cache plus those created and not yet cached.
@@ -111,6 +109,20 @@ pub async fn reconcile(
         let mut finalizers = current.finalizers().to_vec();
         finalizers.push(FOREGROUND_DELETE_FINALIZER.to_string());
         current = patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
+    }
+
+    // A VMI created directly never went through virt-api's mutating webhook (there is none
+    // here): store its defaults before the first pod, as the webhook would have at creation,
+    // so the handler and the launcher see the same spec KubeVirt's would (a default pod
+    // interface, ACPI, ...). VMIs the VM controller creates are stored defaulted already.
+    if plan.create_pod {
+        let mut defaulted = current.clone();
+        crate::defaults::apply_vmi(&mut defaulted, &ctx.options.template);
+        if defaulted.spec != current.spec
+            || defaulted.metadata.annotations != current.metadata.annotations
+        {
+            current = store_defaults(&ctx, &api, &current, &defaulted).await?;
+        }
     }
 
     let mut created_pod = None;
@@ -278,6 +290,33 @@ async fn patch_metadata(
             &vmi.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&json!({"metadata": metadata})),
+        )
+        .await?;
+    ctx.writes.record(Write::VmiPatch);
+    ctx.wrote_vmi(&patched);
+    Ok(patched)
+}
+
+/// Writes the webhook's defaults into a VMI created without them (spec and annotations, as
+/// one merge patch guarded by the resource version).
+async fn store_defaults(
+    ctx: &Context,
+    api: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    defaulted: &VirtualMachineInstance,
+) -> Result<VirtualMachineInstance, Error> {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": vmi.resource_version(),
+            "annotations": defaulted.metadata.annotations,
+        },
+        "spec": serde_json::to_value(&defaulted.spec)?,
+    });
+    let patched = api
+        .patch(
+            &vmi.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
         )
         .await?;
     ctx.writes.record(Write::VmiPatch);

@@ -14,7 +14,7 @@ use proto::domain::{Domain, LifeCycle};
 use proto::kubevirt::{Phase, VirtualMachineInstance};
 use tokio::sync::{mpsc, watch};
 
-use crate::domains::{CacheChange, DomainCache};
+use crate::domains::{CacheChange, CacheChanges, DomainCache};
 use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user};
 use crate::metrics::Metrics;
 use crate::podside::{self, PodInterfaceCache};
@@ -68,6 +68,8 @@ pub enum ReconcileError {
     PodSide(#[from] podside::PodSideError),
     #[error("launcher of {0} is not reachable")]
     NoClient(String),
+    #[error("cannot prepare the pod of {key}: {reason}")]
+    PodPreparation { key: String, reason: String },
     #[error(transparent)]
     Status(#[from] StatusWriteError),
 }
@@ -130,7 +132,7 @@ impl Agent {
     /// forwarding, the resync and the watchdog.
     pub async fn run(
         self: Arc<Self>,
-        mut cache_changes: mpsc::UnboundedReceiver<CacheChange>,
+        mut cache_changes: CacheChanges,
         mut vmi_changes: mpsc::UnboundedReceiver<String>,
         mut shutdown: watch::Receiver<bool>,
     ) {
@@ -423,16 +425,14 @@ impl Agent {
                 let client = client.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
                 let starting = vmi.phase() != Phase::Running;
                 if starting && self.config.prepare_pod {
-                    let pid = pid.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
+                    let pid = pid.ok_or_else(|| ReconcileError::PodPreparation {
+                        key: key.to_string(),
+                        reason: "the launcher's PID is not known".into(),
+                    })?;
                     let owner = runtime_user(vmi);
                     let vmi = vmi.clone();
                     let cache = self.pod_ifaces.clone();
-                    // netsetup enters the pod's namespace on its own thread and blocks.
-                    tokio::task::spawn_blocking(move || podside::prepare(&vmi, pid, owner, &cache))
-                        .await
-                        .map_err(|e| {
-                            ReconcileError::NoClient(format!("pod preparation task failed: {e}"))
-                        })??;
+                    prepare_pod(key, move || podside::prepare(&vmi, pid, owner, &cache)).await?;
                 }
                 client.sync_virtual_machine(vmi).await?;
                 if domain.is_none_or(|d| d.is_gone()) {
@@ -553,6 +553,22 @@ impl Agent {
     }
 }
 
+/// Runs the pod's preparation (netsetup enters the pod's namespace on its own thread and
+/// blocks); its error, or its panic, is reported as a failed preparation of `key`'s pod.
+async fn prepare_pod<T: Send + 'static>(
+    key: &str,
+    prepare: impl FnOnce() -> Result<T, podside::PodSideError> + Send + 'static,
+) -> Result<T, ReconcileError> {
+    let done =
+        tokio::task::spawn_blocking(prepare)
+            .await
+            .map_err(|e| ReconcileError::PodPreparation {
+                key: key.to_string(),
+                reason: format!("the preparation task failed: {e}"),
+            })?;
+    Ok(done?)
+}
+
 fn cmd_name(action: &Action) -> &'static str {
     match action {
         Action::Update => "SyncVirtualMachine",
@@ -568,5 +584,28 @@ fn ignore_disconnect(result: Result<(), CmdError>) -> Result<(), CmdError> {
     match result {
         Err(e) if e.is_disconnected() => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failed_pod_preparation_says_so() {
+        let panicked = prepare_pod::<()>("ns/v", || panic!("netlink went away"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            panicked.starts_with("cannot prepare the pod of ns/v: the preparation task failed"),
+            "{panicked}"
+        );
+        let failed = prepare_pod::<()>("ns/v", || Err(podside::PodSideError::InvalidPort(0)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(failed, "invalid port 0 in interface ports");
+        assert_eq!(prepare_pod("ns/v", || Ok(7)).await.unwrap(), 7);
     }
 }

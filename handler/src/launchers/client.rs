@@ -1,4 +1,4 @@
-//! The cmd client: how the handler calls one launcher (contract §1).
+//! The cmd client: how the handler calls one launcher (proto/CONTRACT.md §1).
 //!
 //! Dials the launcher's unix socket (2 s connect timeout), negotiates the version with
 //! `CmdInfo.Info` on every new connection, then sends commands with KubeVirt's timeouts
@@ -184,7 +184,7 @@ fn vmi_request(
     })
 }
 
-/// The options the handler sends with `SyncVirtualMachine` (contract §1.5 table).
+/// The options the handler sends with `SyncVirtualMachine` (proto/CONTRACT.md §1.5 table).
 pub fn sync_options(vmi: &VirtualMachineInstance) -> VirtualMachineOptions {
     let attachments = vmi
         .spec
@@ -292,7 +292,7 @@ impl LauncherClient {
         check_response(name, Some(&reply))
     }
 
-    /// `SyncVirtualMachine` with the options of contract §1.5.
+    /// `SyncVirtualMachine` with the options of proto/CONTRACT.md §1.5.
     pub async fn sync_virtual_machine(&self, vmi: &VirtualMachineInstance) -> Result<(), CmdError> {
         self.vmi_command(VmiCommand::Sync, vmi, sync_options(vmi))
             .await

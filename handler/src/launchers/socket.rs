@@ -1,4 +1,4 @@
-//! Where a launcher's sockets are and who is listening on them (contract §3.1).
+//! Where a launcher's sockets are and who is listening on them (proto/CONTRACT.md §3.1).
 //!
 //! Pod directories are written by pods: a socket is only taken when the whole path below
 //! the pods directory is free of links (see [`super::podfs`]).

@@ -1,4 +1,4 @@
-//! The VMI status the handler derives from the domain (`updateVMIStatus`, contract §3.4,
+//! The VMI status the handler derives from the domain (`updateVMIStatus`, proto/CONTRACT.md §3.4,
 //! §3.7), as a pure function, and the JSON merge patch that writes only what it owns.
 
 use std::collections::BTreeMap;

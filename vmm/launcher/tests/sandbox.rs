@@ -90,7 +90,9 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
         .await;
     // The block bench runs shortly after the start; its I/O threads live
     // while it runs (the guest's reset of the device stops them).
-    let log = pod.paths.serial_log(UID);
+    let log = pod
+        .paths
+        .serial_log(&launcher::paths::PathName::vmi_uid(UID).unwrap());
     let console = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while !console().contains("BENCH virtio-blk start") {

@@ -99,6 +99,7 @@ fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, Devic
         let opts = block::OpenOptions {
             read_only: disk.read_only,
             direct: disk.cache == DiskCache::None,
+            backing: disk.backing.clone(),
         };
         let backend =
             block::ConcurrentDisk::open(&disk.path, disk.format, opts).map_err(|source| {
