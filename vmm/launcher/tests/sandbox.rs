@@ -20,6 +20,9 @@ const ARGS: &str = "console=ttyS0 checks=serial,virtio-blk,virtio-blk-bench,virt
 struct ThreadStatus {
     name: String,
     seccomp: String,
+    /// How many filters the thread runs under: the launcher's denylist,
+    /// plus a VMM thread's own allowlist (and its parent's, if inherited).
+    filters: String,
     no_new_privs: String,
     /// Effective and permitted capabilities.
     caps: (String, String),
@@ -46,6 +49,7 @@ fn threads(pid: u32) -> Vec<ThreadStatus> {
         out.push(ThreadStatus {
             name: comm.trim().to_string(),
             seccomp: field(&status, "Seccomp:"),
+            filters: field(&status, "Seccomp_filters:"),
             no_new_privs: field(&status, "NoNewPrivs:"),
             uids: field(&status, "Uid:"),
             caps: (field(&status, "CapEff:"), field(&status, "CapPrm:")),
@@ -144,6 +148,9 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
         assert_eq!(t.seccomp, "2", "{t:?}");
         assert_eq!(t.no_new_privs, "1", "{t:?}");
         if is_vmm_thread(&t.name) {
+            // `Seccomp: 2` alone would hold with the denylist only.
+            let filters: u32 = t.filters.parse().unwrap_or(0);
+            assert!(filters >= 2, "{t:?}: no allowlist of its own");
             assert_eq!(
                 t.uids, "107\t107\t107\t107",
                 "{t:?}: a VMM thread runs as root"
