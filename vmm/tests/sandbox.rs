@@ -1,7 +1,7 @@
 //! What happens when a VMM thread makes a system call outside its filter.
 //!
 //! The sandbox's test hook (`SandboxConfig::forbidden_syscall_on`) makes a
-//! thread of one kind open a file right after entering its sandbox. Under
+//! thread of one kind create a file right after entering its sandbox. Under
 //! `trap` the whole process ends with status 159 and names the call, so
 //! each case runs the VM in a child process: this test binary again, with
 //! `VMM_SANDBOX_CHILD=<mode>:<thread kind>` selecting the ignored `child`
@@ -117,7 +117,7 @@ fn under_log_a_forbidden_call_is_logged_and_landlock_refuses_the_open() {
     );
     // The open went past seccomp (logged, not trapped) and hit Landlock.
     assert!(
-        stderr.contains("Vcpu thread opened /proc/self/status: Err(\"Permission denied"),
+        stderr.contains("Vcpu thread created a file: Err(\"Permission denied"),
         "{stderr}"
     );
     // The kernel's audit record of the logged call (SECCOMP_RET_LOG is

@@ -9,6 +9,15 @@
 //! and to add a filter, `clone` only for threads, signals only the vCPU
 //! kick. Nothing opens a file, creates a socket, executes a program or
 //! changes credentials.
+//!
+//! One exception, and why it opens nothing: glibc reads files lazily from
+//! whichever thread gets there first (`/sys/devices/system/cpu/online` when
+//! a thread needs a new malloc arena, `/proc/sys/vm/overcommit_memory` when
+//! an arena's heap shrinks; Cloud Hypervisor met both). Trapping those
+//! would end the VMM at random. So every allowlist lets a read-only
+//! `openat` through, and a second filter on every thread
+//! ([`compile_refused_reads`]) answers it with `EACCES`: glibc falls back,
+//! no file is ever opened, and any other `openat` still traps.
 
 use std::collections::BTreeMap;
 
@@ -86,7 +95,36 @@ fn base() -> Rules {
         (libc::SYS_restart_syscall, vec![]),
         (libc::SYS_exit, vec![]),
         (libc::SYS_exit_group, vec![]),
+        // glibc's lazy reads (see the module's doc): let through here,
+        // refused with EACCES by `compile_refused_reads`.
+        (libc::SYS_openat, read_only_open()),
     ]
+}
+
+/// The flags of glibc's internal reads (and of `File::open`).
+const READ_ONLY_OPEN: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+
+/// `openat(_, _, O_RDONLY | O_CLOEXEC)` and no other flags.
+fn read_only_open() -> Vec<SeccompRule> {
+    vec![rule(vec![cond(2, Op::Eq, READ_ONLY_OPEN)])]
+}
+
+/// The second filter of every VMM thread: a read-only `openat` fails with
+/// `EACCES`, every other call passes on to the thread's allowlist (the
+/// kernel applies the strictest answer of all filters).
+pub(super) fn compile_refused_reads() -> seccompiler::Result<BpfProgram> {
+    let map: BTreeMap<i64, Vec<SeccompRule>> =
+        [(libc::SYS_openat, read_only_open())].into_iter().collect();
+    let filter = SeccompFilter::new(
+        map,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        std::env::consts::ARCH
+            .try_into()
+            .map_err(seccompiler::Error::Backend)?,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    filter.try_into().map_err(seccompiler::Error::Backend)
 }
 
 /// Starting a thread that adds its own, narrower, filter: the parent's

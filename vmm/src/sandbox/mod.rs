@@ -213,6 +213,9 @@ pub enum SandboxError {
 pub struct Sandbox {
     config: SandboxConfig,
     filters: HashMap<ThreadKind, BpfProgram>,
+    /// Installed with every thread's filter: read-only opens fail with
+    /// `EACCES` instead of trapping (`filters::compile_refused_reads`).
+    refused_reads: Option<BpfProgram>,
     /// Directories the control threads may remove files from (the console
     /// socket's, which `vmm run` removes at the end).
     removable_in: Vec<PathBuf>,
@@ -226,7 +229,15 @@ impl Sandbox {
         removable_in: Vec<PathBuf>,
     ) -> Result<Arc<Sandbox>, SandboxError> {
         let mut compiled = HashMap::new();
+        let mut refused_reads = None;
         if let Some(action) = filters::mismatch_action(config.seccomp) {
+            refused_reads =
+                Some(
+                    filters::compile_refused_reads().map_err(|e| SandboxError::Filter {
+                        kind: ThreadKind::Control,
+                        message: format!("refused reads: {e}"),
+                    })?,
+                );
             if config.seccomp == SeccompMode::Trap {
                 sigsys::install().map_err(SandboxError::Signal)?;
             }
@@ -242,6 +253,7 @@ impl Sandbox {
         Ok(Arc::new(Sandbox {
             config,
             filters: compiled,
+            refused_reads,
             removable_in,
         }))
     }
@@ -276,6 +288,11 @@ impl Sandbox {
         }
         sigsys::set_thread_kind(kind.name());
         if let Some(program) = self.filters.get(&kind) {
+            // An inheriting thread has its parent's already.
+            if let (Some(reads), false) = (&self.refused_reads, kind.inherits()) {
+                seccompiler::apply_filter(reads)
+                    .map_err(|e| io::Error::other(format!("seccomp refused reads: {e}")))?;
+            }
             seccompiler::apply_filter(program)
                 .map_err(|e| io::Error::other(format!("seccomp filter for {kind:?}: {e}")))?;
         }
@@ -384,15 +401,21 @@ fn set_no_new_privs() -> io::Result<()> {
     Ok(())
 }
 
-/// The test hook's forbidden call: opening a file, which no VMM thread
-/// does after start-up. Under `trap` the process ends here; under `log` the
-/// kernel logs it and Landlock refuses it.
+/// The test hook's forbidden call: creating a file (`openat` for writing),
+/// which no VMM thread does. Under `trap` the process ends here; under
+/// `log` the kernel logs it and Landlock refuses it.
 fn forbidden_syscall(kind: ThreadKind) {
-    let result = std::fs::File::open("/proc/self/status");
+    // No pid in the name: getpid is outside some filters. Only a failing
+    // test creates it, and removes it at once.
+    let path = std::env::temp_dir().join("vmm-sandbox-hook");
+    let result = std::fs::File::create(&path);
+    if result.is_ok() {
+        let _ = std::fs::remove_file(&path);
+    }
     // Straight to stderr: the test reads it from a process without a
     // tracing subscriber.
     eprintln!(
-        "sandbox test hook: {kind:?} thread opened /proc/self/status: {:?}",
+        "sandbox test hook: {kind:?} thread created a file: {:?}",
         result.as_ref().map(|_| ()).map_err(|e| e.to_string())
     );
 }
@@ -418,7 +441,8 @@ mod tests {
     fn no_vmm_thread_may_open_connect_exec_or_change_credentials() {
         let forbidden = [
             libc::SYS_open,
-            libc::SYS_openat,
+            // openat only read-only, and refused by the second filter
+            // (`read_only_opens_fail_with_eacces_on_every_thread`).
             libc::SYS_openat2,
             libc::SYS_creat,
             libc::SYS_socket,
@@ -494,7 +518,10 @@ mod tests {
             seccompiler::apply_filter(&program).unwrap();
             let mut buf = [0u8; 4];
             let read = file.read_at(&mut buf, 3).map(|_| buf);
-            let opened = std::fs::File::open(&path).map(|_| ());
+            let opened = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map(|_| ());
             (
                 read.map_err(|e| e.kind()),
                 opened.map_err(|e| e.raw_os_error()),
@@ -504,6 +531,40 @@ mod tests {
         .unwrap();
         assert_eq!(read, Ok(*b"3456"));
         assert_eq!(opened, Err(Some(libc::EPERM)));
+    }
+
+    /// glibc's lazy reads must fail cleanly, not trap; and no VMM thread
+    /// may open a file, read-only or not. Both filters as `enter` installs
+    /// them, with `EPERM` for the allowlist's refusals instead of a trap.
+    #[test]
+    fn read_only_opens_fail_with_eacces_on_every_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        std::fs::write(&path, b"x").unwrap();
+        let reads = filters::compile_refused_reads().unwrap();
+        for kind in ThreadKind::ALL {
+            let program =
+                filters::compile(kind, seccompiler::SeccompAction::Errno(libc::EPERM as u32))
+                    .unwrap();
+            let (reads, path) = (reads.clone(), path.clone());
+            let (read_only, writable) = std::thread::spawn(move || {
+                seccompiler::apply_filter(&reads).unwrap();
+                seccompiler::apply_filter(&program).unwrap();
+                let read_only = std::fs::File::open(&path).map(|_| ());
+                let writable = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map(|_| ());
+                (
+                    read_only.map_err(|e| e.raw_os_error()),
+                    writable.map_err(|e| e.raw_os_error()),
+                )
+            })
+            .join()
+            .unwrap();
+            assert_eq!(read_only, Err(Some(libc::EACCES)), "{kind:?}");
+            assert_eq!(writable, Err(Some(libc::EPERM)), "{kind:?}");
+        }
     }
 
     #[test]
