@@ -47,6 +47,7 @@ impl<'a> Harness<'a> {
     fn with_options(mem: &'a GuestMemoryMmap, tap: &str, options: NetOptions) -> Self {
         create_tap(tap);
         let net = Net::with_options(tap, options).expect("open the tap");
+        super::test_tap::wait_running(tap);
         let counters = net.counters();
         let mut mmio = MmioDriver::new(Box::new(net), mem);
         let rxq = GuestDriver::at(mem, 16, 0x1000);
