@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::devices::legacy::serial::SerialCapture;
+use crate::sandbox::SandboxConfig;
 
 /// Default kernel command line: a Linux guest logs to the 8250 console and
 /// reboots (through the i8042) instead of halting, which ends the VM.
@@ -178,6 +179,8 @@ pub struct VmConfig {
     pub rng: bool,
     pub serial: SerialTarget,
     pub ap_start: ApStart,
+    /// How the VMM's threads are confined (see [`crate::sandbox`]).
+    pub sandbox: SandboxConfig,
 }
 
 impl VmConfig {
@@ -194,6 +197,7 @@ impl VmConfig {
             rng: false,
             serial: SerialTarget::default(),
             ap_start: ApStart::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }
