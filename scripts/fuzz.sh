@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target of the project for SECONDS each (default 60),
-# one after the other, and fails on the first crash (its input is kept under
-# the target's fuzz/artifacts/). Needs a nightly toolchain and cargo-fuzz:
+# Runs every cargo-fuzz target of the project (or only the TARGETs named)
+# for SECONDS each (default 60), one after the other, and fails on the first
+# crash (its input is kept under the target's fuzz/artifacts/).
+#   scripts/fuzz.sh [SECONDS [TARGET...]] Needs a nightly toolchain and cargo-fuzz:
 #   rustup toolchain install nightly && cargo install cargo-fuzz
 # The same entry points also run on deterministic random input in the
 # normal test suite; this script is the long, coverage-guided run.
 set -euo pipefail
 
 seconds=${1:-60}
+shift || true
+only=("$@")
 root=$(cd "$(dirname "$0")/.." && pwd)
 targets=(
     "vmm/block qcow2_header"
@@ -15,6 +18,9 @@ targets=(
     "vmm/block qcow2_concurrent_ops"
     "vmm/virtio-devices blk_queue"
     "vmm/virtio-devices mmio_registers"
+    "vmm/virtio-devices blk_concurrent"
+    "vmm/virtio-devices net_queues"
+    "vmm/virtio-devices rng_queue"
     "vmm legacy_port_io"
     "netsetup dhcp_answer"
     "proto domain_json"
@@ -25,6 +31,9 @@ targets=(
 )
 for entry in "${targets[@]}"; do
     read -r dir target <<<"$entry"
+    if ((${#only[@]})) && [[ " ${only[*]} " != *" $target "* ]]; then
+        continue
+    fi
     echo "== $dir: $target ($seconds s)"
     (cd "$root/$dir/fuzz" && cargo +nightly fuzz run "$target" -- \
         -max_total_time="$seconds" -rss_limit_mb=2048)

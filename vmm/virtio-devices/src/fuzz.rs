@@ -18,6 +18,11 @@ use crate::block::{Block, BlockOptions};
 use crate::interrupt::InterruptTrigger;
 use crate::{MmioTransport, feature_bit};
 
+mod devices;
+mod guest;
+
+pub use devices::{blk_concurrent, net_queues, rng_queue};
+
 /// A disk held in memory, for tests and fuzzing.
 #[derive(Debug, Clone, Default)]
 pub struct MemDisk {

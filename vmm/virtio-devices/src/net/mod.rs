@@ -150,7 +150,11 @@ impl Net {
 
     /// Attaches to tap `tap_name` and presents the device as `options` say.
     pub fn with_options(tap_name: &str, options: NetOptions) -> Result<Net, NetError> {
-        let tap = Tap::open(tap_name)?;
+        Ok(Net::with_tap(Tap::open(tap_name)?, options))
+    }
+
+    /// The device on an open tap (or a stand-in for one, see [`Tap::stand_in`]).
+    pub(crate) fn with_tap(tap: Tap, options: NetOptions) -> Net {
         let mut features = feature_bit(VIRTIO_F_VERSION_1)
             | feature_bit(VIRTIO_NET_F_MAC)
             | feature_bit(VIRTIO_NET_F_STATUS)
@@ -158,7 +162,7 @@ impl Net {
         if options.mtu.is_some() {
             features |= feature_bit(VIRTIO_NET_F_MTU);
         }
-        Ok(Net {
+        Net {
             tap: Arc::new(tap),
             config: config_space(&options),
             link_up: options.link_up,
@@ -168,7 +172,7 @@ impl Net {
             rx: None,
             log: GuestErrorLog::default(),
             counters: Arc::default(),
-        })
+        }
     }
 
     /// The device's traffic counters, live (for `GetDomainStats`).
