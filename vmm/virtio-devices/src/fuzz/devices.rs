@@ -79,6 +79,7 @@ pub fn blk_concurrent(data: &[u8]) -> Reached {
     let opts = OpenOptions {
         read_only,
         direct: false,
+        ..OpenOptions::default()
     };
     let disk = ConcurrentDisk::open(&image.0, Format::Qcow2, opts).expect("open a new image");
     let options = BlockOptions {
