@@ -135,7 +135,9 @@ pod="$(kubectl -n "$NAMESPACE" get pods -l "kubevirt.io=virt-launcher,vm.kubevir
 # ---- the guest's console -------------------------------------------------------------------
 log "step 5/6: the guest's serial console (kubectl logs $pod -c guest-console-log)"
 deadline=$((SECONDS + TIMEOUT))
-until kubectl -n "$NAMESPACE" logs "$pod" -c guest-console-log 2>/dev/null | grep -q '^DONE '; do
+# The log captured first: `kubectl logs | grep -q` under pipefail fails when grep's early exit
+# kills kubectl with SIGPIPE.
+until grep -q '^DONE ' <<<"$(kubectl -n "$NAMESPACE" logs "$pod" -c guest-console-log 2>/dev/null)"; do
     ((SECONDS < deadline)) || die "the guest printed no DONE line within ${TIMEOUT}s"
     sleep 1
 done
