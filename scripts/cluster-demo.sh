@@ -3,6 +3,7 @@
 #
 #   sudo bash scripts/cluster-demo.sh                  # bring up, run the VM, tear down
 #   sudo KEEP_CLUSTER=1 bash scripts/cluster-demo.sh   # leave the cluster and the VM running
+#   sudo PROFILE=dev bash scripts/cluster-demo.sh      # the tests' unoptimised images (faster build)
 #
 # Steps: the images (images/build.sh: static, stripped release programs), the node
 # (scripts/cluster.sh up), the images imported with ctr into the node's containerd and
@@ -17,7 +18,9 @@
 # later runs rebuild only what changed). A warm run takes about 2 minutes.
 #
 # Environment: KEEP_CLUSTER=1 keeps the cluster (and the VM) up and prints the KUBECONFIG= and
-# KUBECTL= lines; IMAGES_DIR (default target/images) is where images/build.sh writes.
+# KUBECTL= lines; PROFILE (release, the default, or dev: the images the end-to-end tests build,
+# in target/e2e-images) is images/build.sh's --profile; IMAGES_DIR (default target/images, or
+# target/e2e-images with PROFILE=dev) is where it writes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +38,12 @@ die() {
 
 [[ "$(id -u)" == 0 ]] || die "must run as root (the cluster's daemons, containerd, the kubelet)"
 KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
-IMAGES_DIR="${IMAGES_DIR:-target/images}"
+PROFILE="${PROFILE:-release}"
+case "$PROFILE" in
+    release) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/images}" ;;
+    dev) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/e2e-images}" ;;
+    *) die "PROFILE is release or dev, not $PROFILE" ;;
+esac
 IMAGES=(virt-controller virt-handler virt-launcher test-guest-kernel test-disk)
 VM=testguest
 NAMESPACE=default
@@ -43,8 +51,9 @@ TIMEOUT=300
 STATE=/var/lib/kubevirt-rs-cluster
 
 # ---- the images ----------------------------------------------------------------------------
-log "step 1/6: images (bash images/build.sh: static, stripped release programs; see above for how long)"
-bash images/build.sh --out "$IMAGES_DIR" >&2 || die "images/build.sh failed"
+log "step 1/6: images (bash images/build.sh --profile $PROFILE: static, stripped programs; see above for how long)"
+CARGO_INCREMENTAL=0 bash images/build.sh --profile "$PROFILE" --out "$IMAGES_DIR" >&2 ||
+    die "images/build.sh failed"
 
 # ---- the node ------------------------------------------------------------------------------
 brought_up=0
@@ -126,7 +135,9 @@ pod="$(kubectl -n "$NAMESPACE" get pods -l "kubevirt.io=virt-launcher,vm.kubevir
 # ---- the guest's console -------------------------------------------------------------------
 log "step 5/6: the guest's serial console (kubectl logs $pod -c guest-console-log)"
 deadline=$((SECONDS + TIMEOUT))
-until kubectl -n "$NAMESPACE" logs "$pod" -c guest-console-log 2>/dev/null | grep -q '^DONE '; do
+# The log captured first: `kubectl logs | grep -q` under pipefail fails when grep's early exit
+# kills kubectl with SIGPIPE.
+until grep -q '^DONE ' <<<"$(kubectl -n "$NAMESPACE" logs "$pod" -c guest-console-log 2>/dev/null)"; do
     ((SECONDS < deadline)) || die "the guest printed no DONE line within ${TIMEOUT}s"
     sleep 1
 done

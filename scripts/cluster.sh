@@ -355,7 +355,9 @@ preflight() {
     check_no_route_overlap "$SERVICE_CIDR"
     local port
     for port in "${ETCD_CLIENT##*:}" "${ETCD_PEER##*:}" 10248 10249 10256; do
-        if ss -Htln "sport = :$port" | grep -q .; then
+        # Output captured first: `cmd | grep -q` under pipefail fails when grep's early exit
+        # kills cmd with SIGPIPE.
+        if [[ -n "$(ss -Htln "sport = :$port")" ]]; then
             die "TCP port $port is in use on this machine; the cluster needs it"
         fi
     done
@@ -626,8 +628,12 @@ EOF
 
     log "sandbox image: importing $PAUSE_ARCHIVE"
     import_archive "$PAUSE_ARCHIVE"
-    ctr_k8s images ls -q | grep -qxF "$PAUSE_IMAGE" ||
-        die "$PAUSE_ARCHIVE holds no image named $PAUSE_IMAGE (it has: $(ctr_k8s images ls -q | tr '\n' ' '))"
+    # Not `ctr ... | grep -q`: grep's early exit can kill ctr with SIGPIPE, which fails the
+    # pipeline under pipefail (seen: "holds no image named" with the name in the list).
+    local images
+    images="$(ctr_k8s images ls -q)" || die "ctr images ls failed"
+    grep -qxF "$PAUSE_IMAGE" <<<"$images" ||
+        die "$PAUSE_ARCHIVE holds no image named $PAUSE_IMAGE (it has: $(tr '\n' ' ' <<<"$images"))"
 }
 
 # Imports an OCI (or Docker) archive into the k8s.io namespace, unpacked for the CRI's

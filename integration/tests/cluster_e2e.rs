@@ -266,17 +266,30 @@ impl Vms {
 
     /// Waits until `pod`'s console (the `guest-console-log` container) shows the guest's
     /// `DONE` line, and returns the console.
+    /// On a time-out it shows what `kubectl logs` last gave and the pod.
     async fn console_done(&self, cluster: &Cluster, pod: &str) -> String {
-        let namespace = self.namespace.clone();
-        let console = wait_for("the guest's DONE line", || {
-            let out = cluster
-                .kubectl_output(&["-n", &namespace, "logs", pod, "-c", "guest-console-log"])
-                .unwrap_or_default();
-            async move { out.lines().any(|l| l.starts_with("DONE ")).then_some(out) }
-        })
-        .await;
-        assert_guest_passed(&console);
-        console
+        let namespace = self.namespace.as_str();
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let out =
+                cluster.kubectl_output(&["-n", namespace, "logs", pod, "-c", "guest-console-log"]);
+            if let Ok(console) = &out
+                && console.lines().any(|l| l.starts_with("DONE "))
+            {
+                assert_guest_passed(console);
+                return console.clone();
+            }
+            if Instant::now() >= deadline {
+                let state = cluster
+                    .kubectl_output(&["-n", namespace, "get", "pod", pod, "-o", "yaml"])
+                    .unwrap_or_else(|e| format!("{e:#}"));
+                panic!(
+                    "timed out ({TIMEOUT:?}) waiting for the guest's DONE line in pod {pod}; \
+                     kubectl logs last gave {out:?}; the pod:\n{state}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// Waits until VMI `name` and every launcher pod of the namespace are gone.
