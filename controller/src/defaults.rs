@@ -17,16 +17,16 @@ use proto::kubevirt::{
 use serde_json::json;
 
 /// `kubevirt.io/pci-topology-version`: which PCI hotplug-port layout the VM was created with.
-pub const PCI_TOPOLOGY_VERSION_ANNOTATION: &str = "kubevirt.io/pci-topology-version";
+pub(crate) const PCI_TOPOLOGY_VERSION_ANNOTATION: &str = "kubevirt.io/pci-topology-version";
 /// The layout the webhook gives new VMIs (`PciTopologyVersionV3`).
-pub const PCI_TOPOLOGY_VERSION: &str = "v3";
+pub(crate) const PCI_TOPOLOGY_VERSION: &str = "v3";
 /// `v1.DefaultCPUModel`, the model of a VMI that names none (amd64).
-pub const DEFAULT_CPU_MODEL: &str = "host-model";
+pub(crate) const DEFAULT_CPU_MODEL: &str = "host-model";
 /// The model of an arm64 VMI that names none (`defaultCPUModelArm64`).
-pub const DEFAULT_CPU_MODEL_ARM64: &str = "host-passthrough";
+pub(crate) const DEFAULT_CPU_MODEL_ARM64: &str = "host-passthrough";
 
 /// The machine type for an architecture (`GetMachineType` defaults).
-pub fn default_machine_type(arch: &str) -> &'static str {
+pub(crate) fn default_machine_type(arch: &str) -> &'static str {
     match arch {
         "arm64" => "virt",
         "s390x" => "s390-ccw-virtio",
@@ -35,14 +35,14 @@ pub fn default_machine_type(arch: &str) -> &'static str {
 }
 
 /// Applies the webhook's defaults to a new VMI: the spec's, then the metadata's.
-pub fn apply_vmi(vmi: &mut VirtualMachineInstance, config: &TemplateConfig) {
+pub(crate) fn apply_vmi(vmi: &mut VirtualMachineInstance, config: &TemplateConfig) {
     apply(&mut vmi.spec, config);
     apply_metadata(&mut vmi.metadata, &vmi.spec);
 }
 
 /// The annotation the webhook adds (`setDefaultPciTopologyVersion`), where the machine
 /// supports PCIe hotplug (`SupportsPCIeHotplug`: amd64 q35 or arm64 virt).
-pub fn apply_metadata(metadata: &mut ObjectMeta, spec: &VirtualMachineInstanceSpec) {
+pub(crate) fn apply_metadata(metadata: &mut ObjectMeta, spec: &VirtualMachineInstanceSpec) {
     let arch_ok = matches!(
         spec.architecture.as_deref(),
         None | Some("amd64" | "arm64" | "")

@@ -8,9 +8,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 /// Lease duration in seconds, as KubeVirt's virt-controller uses.
-pub const LEASE_DURATION_SECONDS: u64 = 15;
+pub(crate) const LEASE_DURATION_SECONDS: u64 = 15;
 /// How long before expiry the holder renews.
-pub const LEASE_GRACE_SECONDS: u64 = 5;
+pub(crate) const LEASE_GRACE_SECONDS: u64 = 5;
 
 #[derive(Debug, Clone)]
 pub struct LeaderOptions {

@@ -20,7 +20,7 @@ pub enum Format {
 
 /// A non-negative quantity in thousandths of a unit, with its format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Qty {
+pub(crate) struct Qty {
     pub milli: u128,
     pub format: Format,
 }
@@ -48,7 +48,7 @@ impl Qty {
         }
     }
 
-    pub fn mebibytes(mib: u64) -> Self {
+    pub(crate) fn mebibytes(mib: u64) -> Self {
         Self::bytes(mib << 20, Format::BinarySi)
     }
 
@@ -75,14 +75,14 @@ impl Qty {
 
     /// apimachinery's `Sub` for a smaller `other` (the resources never go negative): the
     /// receiver's format is kept, as with [`Qty::plus`].
-    pub fn minus(self, other: Qty) -> Qty {
+    pub(crate) fn minus(self, other: Qty) -> Qty {
         Qty {
             milli: self.milli.saturating_sub(other.milli),
             format: self.format,
         }
     }
 
-    pub fn to_quantity(self) -> Quantity {
+    pub(crate) fn to_quantity(self) -> Quantity {
         Quantity(self.to_string())
     }
 }

@@ -45,7 +45,7 @@ pub struct Context {
 }
 
 /// How long a write may take to show up in the cache before the controller stops waiting.
-pub const CACHE_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const CACHE_WAIT: Duration = Duration::from_secs(30);
 
 /// A reconcile error that may come from the API server.
 pub trait ReconcileError: std::fmt::Display {
@@ -55,7 +55,7 @@ pub trait ReconcileError: std::fmt::Display {
 
 /// What both controllers do after a failed reconcile: retry in 5 s, or in 200 ms after a
 /// conflict (the cache was only behind).
-pub fn error_policy<K, E>(
+pub(crate) fn error_policy<K, E>(
     object: Arc<K>,
     error: &E,
     _: Arc<Context>,
@@ -113,7 +113,7 @@ impl Context {
     }
 
     /// Whether the cache shows the VMI as of our last write (see `vmi_versions`).
-    pub fn vmi_cache_current(&self, vmi: &VirtualMachineInstance) -> bool {
+    pub(crate) fn vmi_cache_current(&self, vmi: &VirtualMachineInstance) -> bool {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let mut versions = self.vmi_versions.lock().unwrap_or_else(|p| p.into_inner());
         let Some((expected, since)) = versions.get(&uid) else {
@@ -133,7 +133,7 @@ impl Context {
         false
     }
 
-    pub fn wrote_vmi(&self, written: &VirtualMachineInstance) {
+    pub(crate) fn wrote_vmi(&self, written: &VirtualMachineInstance) {
         if let (Some(uid), Some(rv)) = (&written.metadata.uid, &written.metadata.resource_version) {
             self.vmi_versions
                 .lock()
@@ -378,7 +378,7 @@ pub async fn run(
 
 /// A JSON merge patch turning the object `old` into `new`, top-level keys only: changed keys
 /// get their new value, vanished keys `null` (a merge patch replaces lists wholesale).
-pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+pub(crate) fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
     let empty = serde_json::Map::new();
     let old = old.as_object().unwrap_or(&empty);
     let new = new.as_object().unwrap_or(&empty);

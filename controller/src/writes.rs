@@ -24,7 +24,7 @@ const KINDS: usize = 12;
 
 impl Write {
     /// Every kind, in declaration order.
-    pub const ALL: [Write; KINDS] = [
+    pub(crate) const ALL: [Write; KINDS] = [
         Write::VmiCreate,
         Write::VmiPatch,
         Write::VmiStatusPatch,

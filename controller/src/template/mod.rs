@@ -14,8 +14,9 @@ mod resources;
 mod scheduling;
 mod volumes;
 
-pub use overhead::{FIXED_OVERHEAD_MIB, memory_overhead};
-pub use volumes::{PvcInfo, claim_name};
+pub(crate) use overhead::memory_overhead;
+pub use volumes::PvcInfo;
+pub(crate) use volumes::claim_name;
 
 use crate::quantity::Qty;
 use k8s_openapi::api::core::v1::{
@@ -32,24 +33,24 @@ use proto::kubevirt::{ResourceRequirements, VirtualMachineInstance};
 use std::collections::BTreeMap;
 
 /// Launcher binary inside the launcher image (ours lives at the same path).
-pub const LAUNCHER_MONITOR: &str = "/usr/bin/virt-launcher-monitor";
+pub(crate) const LAUNCHER_MONITOR: &str = "/usr/bin/virt-launcher-monitor";
 /// The compute container's name; KubeVirt keeps it first in the list.
-pub const COMPUTE_CONTAINER: &str = "compute";
+pub(crate) const COMPUTE_CONTAINER: &str = "compute";
 /// Readiness gate the controller flips when the VM is paused or unpaused.
-pub const UNPAUSED_READINESS_GATE: &str = "kubevirt.io/virtual-machine-unpaused";
+pub(crate) const UNPAUSED_READINESS_GATE: &str = "kubevirt.io/virtual-machine-unpaused";
 /// `--qemu-timeout` jitter range: the flag is `base + rand[0, 120)` seconds.
-pub const QEMU_TIMEOUT_JITTER_RANGE: u32 = 120;
+pub(crate) const QEMU_TIMEOUT_JITTER_RANGE: u32 = 120;
 /// Seconds added to the VMI grace period for the launcher, and again for the pod.
-pub const GRACE_PERIOD_PADDING_SECONDS: i64 = 15;
+pub(crate) const GRACE_PERIOD_PADDING_SECONDS: i64 = 15;
 /// Ephemeral storage added to every launcher pod's request.
-pub const EPHEMERAL_STORAGE_OVERHEAD: &str = "50M";
+pub(crate) const EPHEMERAL_STORAGE_OVERHEAD: &str = "50M";
 
 const VIRT_PRIVATE_DIR: &str = "/var/run/kubevirt-private";
 const CONTAINER_BINARY_DIR: &str = "/container-disk-binary";
 const LAUNCHER_VOLUME: &str = "launcher-volume";
 const SKIP_BACKUP_HOOKS_ANNOTATION: &str = "kubevirt.io/skip-backup-hooks";
 /// The launcher pod's memory overhead in bytes (`v1.MemoryOverheadAnnotationBytes`).
-pub const MEMORY_OVERHEAD_ANNOTATION: &str = "kubevirt.io/memory-overhead-bytes";
+pub(crate) const MEMORY_OVERHEAD_ANNOTATION: &str = "kubevirt.io/memory-overhead-bytes";
 /// Istio sidecar injection: an annotation on the VMI, copied to a label on the pod.
 const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
 /// Istio's annotations naming the in-pod bridge whose traffic the sidecar leaves alone
@@ -169,7 +170,7 @@ pub struct RenderContext {
 
 impl TemplateConfig {
     /// `GetOVMFPath`: the firmware directory for the VMI's architecture.
-    pub fn ovmf_path_for(&self, arch: &str) -> &str {
+    pub(crate) fn ovmf_path_for(&self, arch: &str) -> &str {
         match arch {
             "arm64" => &self.ovmf_path_arm64,
             "s390x" => &self.ovmf_path_s390x,
@@ -733,7 +734,7 @@ fn resource_requirements(
 }
 
 /// First DNS label of the VMI name (at most 63 characters), unless `spec.hostname` is set.
-pub fn sanitized_hostname(vmi: &VirtualMachineInstance, name: &str) -> String {
+pub(crate) fn sanitized_hostname(vmi: &VirtualMachineInstance, name: &str) -> String {
     if let Some(hostname) = vmi.spec.hostname.as_deref().filter(|h| !h.is_empty()) {
         return hostname.to_string();
     }
@@ -743,7 +744,7 @@ pub fn sanitized_hostname(vmi: &VirtualMachineInstance, name: &str) -> String {
 
 /// `vmi.kubevirt.io/id`: the name, or for names over 63 characters a 54-character prefix,
 /// `-` and the first 8 hex digits of the name's SHA-1.
-pub fn vmi_id(name: &str) -> String {
+pub(crate) fn vmi_id(name: &str) -> String {
     if name.len() <= 63 {
         return name.to_string();
     }

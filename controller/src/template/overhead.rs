@@ -9,11 +9,14 @@ const MI: u64 = 1 << 20;
 
 /// RSS estimates of the processes in the compute container, in MiB: virt-launcher-monitor 25,
 /// virt-launcher 100, virtlogd 25, virtqemud 40, qemu 30 (`QemuOverhead` at v1.9.0).
-pub const FIXED_OVERHEAD_MIB: u64 = 25 + 100 + 25 + 40 + 30;
+pub(crate) const FIXED_OVERHEAD_MIB: u64 = 25 + 100 + 25 + 40 + 30;
 
 /// The overhead as apimachinery computes it, including the format its sum ends up with (the
 /// first non-zero term decides it; see [`Qty::plus`]).
-pub fn memory_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, TemplateError> {
+pub(crate) fn memory_overhead(
+    vmi: &VirtualMachineInstance,
+    arch: &str,
+) -> Result<Qty, TemplateError> {
     let domain = &vmi.spec.domain;
     let mut overhead = Qty::ZERO;
 

@@ -38,7 +38,7 @@ const HUGEPAGES_DIR: &str = "/dev/hugepages";
 
 /// The claim a volume's disk lives on: a PVC's, an ephemeral volume's, or the PVC a
 /// DataVolume populated (named like it).
-pub fn claim_name(volume: &proto::kubevirt::Volume) -> Option<String> {
+pub(crate) fn claim_name(volume: &proto::kubevirt::Volume) -> Option<String> {
     volume
         .persistent_volume_claim
         .as_ref()
@@ -117,7 +117,7 @@ fn host_to_container(name: &str, path: &str) -> VolumeMount {
 }
 
 /// Where a file-system PVC or host disk is mounted (`hostdisk.GetMountedHostDiskDir`).
-pub fn mounted_disk_dir(volume: &str) -> String {
+pub(crate) fn mounted_disk_dir(volume: &str) -> String {
     format!("{VIRT_PRIVATE_DIR}/vmi-disks/{volume}")
 }
 

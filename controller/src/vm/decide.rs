@@ -5,11 +5,11 @@
 use proto::kubevirt::{Phase, RunStrategy, VirtualMachine, VirtualMachineInstance};
 
 /// `defaultMaxCrashLoopBackoffDelaySeconds`.
-pub const MAX_START_BACKOFF_SECONDS: u64 = 300;
+pub(crate) const MAX_START_BACKOFF_SECONDS: u64 = 300;
 
 /// The run strategy of a VM (`vm.RunStrategy()`): `running` and `runStrategy` are exclusive;
 /// neither means `Halted`.
-pub fn run_strategy(vm: &VirtualMachine) -> Result<RunStrategy, String> {
+pub(crate) fn run_strategy(vm: &VirtualMachine) -> Result<RunStrategy, String> {
     match (vm.spec.running, vm.spec.run_strategy) {
         (Some(_), Some(_)) => Err("running and runstrategy are mutually exclusive".into()),
         (Some(true), None) => Ok(RunStrategy::Always),
@@ -20,13 +20,13 @@ pub fn run_strategy(vm: &VirtualMachine) -> Result<RunStrategy, String> {
 
 /// The first state-change request of the VM (`status.stateChangeRequests[0]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChangeRequest {
+pub(crate) enum ChangeRequest {
     Start,
     /// A stop for the VMI with this UID.
     Stop(Option<String>),
 }
 
-pub fn first_change_request(vm: &VirtualMachine) -> Option<ChangeRequest> {
+pub(crate) fn first_change_request(vm: &VirtualMachine) -> Option<ChangeRequest> {
     let status = vm.status.as_ref()?;
     let first = status.state_change_requests.first()?;
     match first.get("action").and_then(|a| a.as_str()) {
@@ -43,7 +43,7 @@ pub fn first_change_request(vm: &VirtualMachine) -> Option<ChangeRequest> {
 
 /// What the VMI looks like to the VM controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmiFacts {
+pub(crate) struct VmiFacts {
     pub uid: String,
     pub phase: Phase,
     pub deleting: bool,
@@ -61,7 +61,7 @@ impl VmiFacts {
 
 /// What `syncRunStrategy` does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunAction {
+pub(crate) enum RunAction {
     Nothing,
     /// Create a VMI.
     Start,
@@ -76,7 +76,7 @@ pub enum RunAction {
 
 /// `syncRunStrategy` for one VM. `backoff_left` is the time left of a start-failure back-off;
 /// `status_run_strategy` is the strategy recorded in the VM status.
-pub fn decide_run(
+pub(crate) fn decide_run(
     strategy: RunStrategy,
     vmi: Option<&VmiFacts>,
     request: Option<&ChangeRequest>,
@@ -147,7 +147,7 @@ pub fn decide_run(
 }
 
 /// Whether the first state-change request has been served and can be dropped.
-pub fn change_request_done(request: Option<&ChangeRequest>, vmi: Option<&VmiFacts>) -> bool {
+pub(crate) fn change_request_done(request: Option<&ChangeRequest>, vmi: Option<&VmiFacts>) -> bool {
     match (request, vmi) {
         (Some(ChangeRequest::Start), Some(vmi)) => !vmi.deleting && !vmi.phase.is_final(),
         (Some(ChangeRequest::Stop(uid)), vmi) => match vmi {
@@ -225,14 +225,14 @@ pub fn printable_status(
 
 /// `calculateStartBackoffTime` without its random part: `max(maxDelay/30, 10) × failures²`,
 /// capped; the caller adds up to half of it at random.
-pub fn start_backoff_base(failures: u32, max_delay: u64) -> u64 {
+pub(crate) fn start_backoff_base(failures: u32, max_delay: u64) -> u64 {
     let failures = u64::from(failures.max(1));
     let interval = (max_delay / 30).max(10);
     (interval.saturating_mul(failures.saturating_mul(failures))).min(max_delay)
 }
 
 /// Whether a VMI ended without ever running (counts as a start failure).
-pub fn failed_early(vmi: &VirtualMachineInstance) -> bool {
+pub(crate) fn failed_early(vmi: &VirtualMachineInstance) -> bool {
     vmi.phase().is_final()
         && !vmi.status.as_ref().is_some_and(|s| {
             s.phase_transition_timestamps

@@ -20,11 +20,11 @@ pub fn legacy_firmware_uuid(vm_name: &str) -> String {
 }
 
 /// `revision-start-vm-<VM UID>-<generation>`.
-pub fn revision_name(vm_uid: &str, generation: i64) -> String {
+pub(crate) fn revision_name(vm_uid: &str, generation: i64) -> String {
     format!("revision-start-vm-{vm_uid}-{generation}")
 }
 
-pub fn vm_owner_reference(vm: &VirtualMachine) -> Option<OwnerReference> {
+pub(crate) fn vm_owner_reference(vm: &VirtualMachine) -> Option<OwnerReference> {
     Some(OwnerReference {
         api_version: "kubevirt.io/v1".into(),
         kind: "VirtualMachine".into(),
@@ -38,7 +38,7 @@ pub fn vm_owner_reference(vm: &VirtualMachine) -> Option<OwnerReference> {
 /// `SetupVMIFromVM` plus what `startVMI` adds: the template's metadata and spec, the VM's name
 /// and namespace, the owner reference, a stable firmware UUID, a disk for every volume
 /// without one, the generation annotation and the VM controller's finalizer.
-pub fn vmi_from_vm(vm: &VirtualMachine) -> Result<VirtualMachineInstance, String> {
+pub(crate) fn vmi_from_vm(vm: &VirtualMachine) -> Result<VirtualMachineInstance, String> {
     let name = vm.metadata.name.clone().ok_or("VM without a name")?;
     let template = &vm.spec.template;
     let spec = template
@@ -117,7 +117,7 @@ pub struct Expectations {
 }
 
 impl Expectations {
-    pub const TTL: Duration = Duration::from_secs(300);
+    pub(crate) const TTL: Duration = Duration::from_secs(300);
 
     pub fn expect(&self, key: &str, expectation: Expectation) {
         self.lock()
@@ -129,7 +129,7 @@ impl Expectations {
     }
 
     /// Whether the cache has caught up. `cached` is the VMI in the cache: (name, uid, deleting).
-    pub fn satisfied(&self, key: &str, cached: Option<(&str, &str, bool)>) -> bool {
+    pub(crate) fn satisfied(&self, key: &str, cached: Option<(&str, &str, bool)>) -> bool {
         let mut pending = self.lock();
         let Some((expectation, since)) = pending.get(key) else {
             return true;

@@ -8,7 +8,7 @@ use proto::kubevirt::VirtualMachineInstance;
 use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, VM_CONTROLLER_FINALIZER};
 
 /// The deprecated spelling of the foreground finalizer, migrated to the qualified one.
-pub const DEPRECATED_FOREGROUND_FINALIZER: &str = "foregroundDeleteVirtualMachine";
+pub(crate) const DEPRECATED_FOREGROUND_FINALIZER: &str = "foregroundDeleteVirtualMachine";
 
 /// The facts about a launcher pod the decisions depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -202,7 +202,7 @@ pub fn ready_condition(phase: Phase, pod: Option<&PodView>) -> (String, String, 
 }
 
 /// The pod that counts: the newest one controlled by the VMI.
-pub fn current_pod(pods: &[PodView]) -> Option<&PodView> {
+pub(crate) fn current_pod(pods: &[PodView]) -> Option<&PodView> {
     pods.iter().max_by_key(|p| p.created)
 }
 
