@@ -19,7 +19,7 @@ use std::path::Path;
 use crate::power_loss::PowerLossFile;
 
 /// Alignment that O_DIRECT accepts on every device we expect (4 KiB sectors too).
-pub const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// A heap buffer whose usable part starts on a `DIRECT_ALIGN` boundary.
 struct AlignedBuf {
@@ -51,7 +51,7 @@ impl AlignedBuf {
 /// The file behind a disk: a host file, or (for the power-loss tests) a
 /// simulated one that loses unsynced writes. Everything the engines write
 /// goes through here, so the simulation sees every write and every barrier.
-pub struct HostFile {
+pub(crate) struct HostFile {
     io: FileIo,
     bounce: AlignedBuf,
 }
@@ -91,7 +91,7 @@ impl HostFile {
 
     /// A second handle on the same file (same open file descriptions, so
     /// the same O_DIRECT setting) for data I/O from several threads at once.
-    pub fn data_handle(&self) -> io::Result<DataHandle> {
+    pub(crate) fn data_handle(&self) -> io::Result<DataHandle> {
         Ok(DataHandle {
             io: match &self.io {
                 FileIo::Os { file, direct } => FileIo::Os {
@@ -111,14 +111,14 @@ impl HostFile {
     }
 
     /// Reads `buf` at `offset`; bytes past the end of the file read as zeroes.
-    pub fn read_meta(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn read_meta(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.io {
             FileIo::Os { file, .. } => read_full(file, buf, offset),
             FileIo::Simulated(sim) => sim.read(buf, offset),
         }
     }
 
-    pub fn write_meta(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn write_meta(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         match &self.io {
             FileIo::Os { file, .. } => file.write_all_at(buf, offset),
             FileIo::Simulated(sim) => sim.write(buf, offset),
@@ -165,7 +165,7 @@ impl HostFile {
     }
 
     /// Frees the host blocks of a range; it then reads as zeroes.
-    pub fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+    pub(crate) fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
             FileIo::Simulated(sim) => sim.punch(offset, len),
             FileIo::Os { .. } => self.fallocate(
@@ -185,7 +185,7 @@ impl HostFile {
     }
 
     /// Makes a range read as zeroes without writing them, where the host supports it.
-    pub fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+    pub(crate) fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
             FileIo::Simulated(sim) => sim.punch(offset, len),
             FileIo::Os { .. } => self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len),
@@ -250,7 +250,7 @@ thread_local! {
 
 /// Data I/O on a host file through `&self`, usable from many threads at
 /// once (positional reads and writes need no shared cursor).
-pub struct DataHandle {
+pub(crate) struct DataHandle {
     io: FileIo,
 }
 

@@ -23,7 +23,6 @@ pub use host_file::DirectBuf;
 pub use io_buffers::{HUGE_PAGE, IoBuffer, Pages, io_buffers};
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
 pub use qcow2::{BackingPolicy, Qcow2Image};
-pub use raw::RawFile;
 pub use shared::{SerializedDisk, SharedDisk};
 
 /// Why a disk request failed. Each variant maps to one virtio-blk status.

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::host_file::HostFile;
 use crate::{DiskBackend, DiskError, DiskResult};
 
-pub struct RawFile {
+pub(crate) struct RawFile {
     file: HostFile,
     size: u64,
     read_only: bool,

@@ -48,7 +48,7 @@ pub enum BackingPolicy {
 /// (`qemuDomainStorageSourceValidateDepth`); KubeVirt's layouts use one
 /// (an overlay over its base). 16 leaves room for hand-made snapshot
 /// chains while keeping the per-layer memory below bounded.
-pub const MAX_CHAIN_DEPTH: usize = 16;
+pub(crate) const MAX_CHAIN_DEPTH: usize = 16;
 
 /// Most memory the tables read at open (L1 tables; refcount tables of
 /// writable images) may take over a whole chain. QEMU caps one image's L1
@@ -56,13 +56,13 @@ pub const MAX_CHAIN_DEPTH: usize = 16;
 /// table at 8 MiB, but not a chain: 17 sparse files with 32 MiB L1 tables
 /// would pin 544 MiB. 64 MiB holds two of the largest L1 tables; a 1 TiB
 /// disk with 64 KiB clusters needs 16 KiB.
-pub const CHAIN_TABLE_BUDGET: u64 = 64 << 20;
+pub(crate) const CHAIN_TABLE_BUDGET: u64 = 64 << 20;
 
 /// L2 cache of each backing layer. Backing files are read only where the
 /// layers above have no data, so they get less than the top image's
 /// (`DEFAULT_L2_CACHE`): 4 MiB maps 32 GiB of a 64 KiB-cluster base. With
 /// [`MAX_CHAIN_DEPTH`] layers the caches of a chain stay under 64 MiB.
-pub const BACKING_L2_CACHE: u64 = 4 << 20;
+pub(crate) const BACKING_L2_CACHE: u64 = 4 << 20;
 
 /// What opening one chain has taken so far.
 pub(crate) struct Chain {

@@ -6,7 +6,11 @@ use crate::cast::u64_to_usize;
 /// Decompresses one cluster from `input` into `out` (exactly one cluster).
 /// `input` may carry trailing bytes: the compressed stream is followed by
 /// whatever the rest of its last sector holds.
-pub fn decompress(kind: CompressionType, input: &[u8], out: &mut [u8]) -> Result<(), String> {
+pub(crate) fn decompress(
+    kind: CompressionType,
+    input: &[u8],
+    out: &mut [u8],
+) -> Result<(), String> {
     match kind {
         CompressionType::Zlib => inflate_raw(input, out),
         CompressionType::Zstd => zstd_decompress(input, out),

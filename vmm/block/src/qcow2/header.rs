@@ -8,46 +8,46 @@ use crate::cast::u64_to_usize;
 use std::fmt;
 
 pub const MAGIC: u32 = 0x5146_49fb; // "QFI\xfb"
-pub const V2_HEADER_LEN: u32 = 72;
-pub const V3_HEADER_LEN: u32 = 104;
+pub(crate) const V2_HEADER_LEN: u32 = 72;
+pub(crate) const V3_HEADER_LEN: u32 = 104;
 /// Header length QEMU writes for v3 (includes the compression type byte and padding).
-pub const V3_HEADER_LEN_WITH_COMPRESSION: u32 = 112;
+pub(crate) const V3_HEADER_LEN_WITH_COMPRESSION: u32 = 112;
 
-pub const MIN_CLUSTER_BITS: u32 = 9;
-pub const MAX_CLUSTER_BITS: u32 = 21;
+pub(crate) const MIN_CLUSTER_BITS: u32 = 9;
+pub(crate) const MAX_CLUSTER_BITS: u32 = 21;
 /// Largest L1 table QEMU accepts (32 MiB); bounds our memory too.
-pub const MAX_L1_BYTES: u64 = 32 << 20;
+pub(crate) const MAX_L1_BYTES: u64 = 32 << 20;
 /// Largest refcount table QEMU accepts (8 MiB).
-pub const MAX_REFTABLE_BYTES: u64 = 8 << 20;
+pub(crate) const MAX_REFTABLE_BYTES: u64 = 8 << 20;
 /// QEMU refuses backing file names longer than this.
-pub const MAX_BACKING_NAME: u32 = 1023;
+pub(crate) const MAX_BACKING_NAME: u32 = 1023;
 
-pub const EXT_END: u32 = 0;
-pub const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
-pub const EXT_FEATURE_NAMES: u32 = 0x6803_f857;
+pub(crate) const EXT_END: u32 = 0;
+pub(crate) const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
+pub(crate) const EXT_FEATURE_NAMES: u32 = 0x6803_f857;
 pub const EXT_BITMAPS: u32 = 0x2385_2875;
-pub const EXT_CRYPTO: u32 = 0x0537_be77;
-pub const EXT_DATA_FILE: u32 = 0x4441_5441;
+pub(crate) const EXT_CRYPTO: u32 = 0x0537_be77;
+pub(crate) const EXT_DATA_FILE: u32 = 0x4441_5441;
 
-pub const INCOMPAT_DIRTY: u64 = 1 << 0;
-pub const INCOMPAT_CORRUPT: u64 = 1 << 1;
-pub const INCOMPAT_DATA_FILE: u64 = 1 << 2;
-pub const INCOMPAT_COMPRESSION: u64 = 1 << 3;
+pub(crate) const INCOMPAT_DIRTY: u64 = 1 << 0;
+pub(crate) const INCOMPAT_CORRUPT: u64 = 1 << 1;
+pub(crate) const INCOMPAT_DATA_FILE: u64 = 1 << 2;
+pub(crate) const INCOMPAT_COMPRESSION: u64 = 1 << 3;
 pub const INCOMPAT_EXTL2: u64 = 1 << 4;
 /// Incompatible bits this engine implements.
-pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_COMPRESSION;
+pub(crate) const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_COMPRESSION;
 
-pub const COMPAT_LAZY_REFCOUNTS: u64 = 1 << 0;
+pub(crate) const COMPAT_LAZY_REFCOUNTS: u64 = 1 << 0;
 
 pub const AUTOCLEAR_BITMAPS: u64 = 1 << 0;
 pub const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
 
 // Field offsets inside the header, for in-place updates.
-pub const OFF_L1_SIZE: u64 = 36;
+pub(crate) const OFF_L1_SIZE: u64 = 36;
 pub const OFF_L1_TABLE_OFFSET: u64 = 40;
-pub const OFF_REFTABLE_OFFSET: u64 = 48;
-pub const OFF_INCOMPAT: u64 = 72;
-pub const OFF_AUTOCLEAR: u64 = 88;
+pub(crate) const OFF_REFTABLE_OFFSET: u64 = 48;
+pub(crate) const OFF_INCOMPAT: u64 = 72;
+pub(crate) const OFF_AUTOCLEAR: u64 = 88;
 
 /// Why a header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -142,19 +142,19 @@ fn be64(buf: &[u8], off: usize) -> Result<u64, HeaderError> {
 }
 
 /// Bytes covered by one L2 table, given the cluster size.
-pub fn l2_coverage(cluster_bits: u32) -> u64 {
+pub(crate) fn l2_coverage(cluster_bits: u32) -> u64 {
     // An L2 table is one cluster of 8-byte entries, each mapping one cluster.
     (1u64 << (cluster_bits - 3)) << cluster_bits
 }
 
 /// Number of L1 entries needed for a disk of `size` bytes.
-pub fn l1_entries_for(size: u64, cluster_bits: u32) -> u64 {
+pub(crate) fn l1_entries_for(size: u64, cluster_bits: u32) -> u64 {
     size.div_ceil(l2_coverage(cluster_bits))
 }
 
 /// Reads the cluster size from the first bytes of an image, so the caller
 /// knows how much to read before calling [`Header::parse`].
-pub fn peek_cluster_bits(buf: &[u8]) -> Result<u32, HeaderError> {
+pub(crate) fn peek_cluster_bits(buf: &[u8]) -> Result<u32, HeaderError> {
     if be32(buf, 0)? != MAGIC {
         return Err(HeaderError::BadMagic);
     }
@@ -456,7 +456,7 @@ impl Header {
 
     /// Serializes the header, its extensions and the backing name into a
     /// buffer of one cluster. Offsets of the backing name are recomputed.
-    pub fn to_cluster(&self) -> Result<Vec<u8>, HeaderError> {
+    pub(crate) fn to_cluster(&self) -> Result<Vec<u8>, HeaderError> {
         let cs = u64_to_usize(self.cluster_size());
         let mut out = vec![0u8; cs];
         let put32 =
@@ -550,7 +550,7 @@ impl Header {
 }
 
 /// The feature name table QEMU 7.x writes into new images.
-pub fn default_feature_names() -> Vec<FeatureName> {
+pub(crate) fn default_feature_names() -> Vec<FeatureName> {
     let f = |kind: u8, bit: u8, name: &str| FeatureName {
         kind,
         bit,

@@ -49,9 +49,9 @@ pub use create::{CreateOptions, create};
 pub use repair::repair;
 
 /// Default memory for cached L2 tables (as QEMU's default maximum).
-pub const DEFAULT_L2_CACHE: u64 = 32 << 20;
+pub(crate) const DEFAULT_L2_CACHE: u64 = 32 << 20;
 /// Default memory for cached refcount blocks.
-pub const DEFAULT_REFCOUNT_CACHE: u64 = 8 << 20;
+pub(crate) const DEFAULT_REFCOUNT_CACHE: u64 = 8 << 20;
 /// Largest run of clusters allocated and written with one request.
 const MAX_WRITE_RUN_BYTES: u64 = 4 << 20;
 /// The file grows in steps of this much when guest writes need new clusters:

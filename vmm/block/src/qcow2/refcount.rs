@@ -46,7 +46,7 @@ pub fn set(block: &mut [u8], order: u32, index: usize, value: u64) {
 }
 
 /// Largest refcount an entry of this width can hold.
-pub fn max_value(order: u32) -> u64 {
+pub(crate) fn max_value(order: u32) -> u64 {
     if order >= 6 {
         u64::MAX
     } else {
@@ -55,7 +55,7 @@ pub fn max_value(order: u32) -> u64 {
 }
 
 /// Entries in one refcount block.
-pub fn entries_per_block(cluster_bits: u32, order: u32) -> u64 {
+pub(crate) fn entries_per_block(cluster_bits: u32, order: u32) -> u64 {
     (1u64 << (cluster_bits + 3)) >> order
 }
 

@@ -14,7 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// cache is small), so a multiplicative hash is enough and much cheaper
 /// than SipHash on the per-request lookup path.
 #[derive(Default)]
-pub struct OffsetHasher(u64);
+pub(crate) struct OffsetHasher(u64);
 
 impl Hasher for OffsetHasher {
     fn finish(&self) -> u64 {
@@ -37,10 +37,10 @@ impl Hasher for OffsetHasher {
 type OffsetMap<V> = HashMap<u64, V, BuildHasherDefault<OffsetHasher>>;
 
 /// Bits 9..=55 of an L1/L2 entry hold a host offset.
-pub const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+pub(crate) const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 /// The cluster's refcount is exactly one (it may be written in place).
-pub const COPIED: u64 = 1 << 63;
-pub const COMPRESSED: u64 = 1 << 62;
+pub(crate) const COPIED: u64 = 1 << 63;
+pub(crate) const COMPRESSED: u64 = 1 << 62;
 /// v3: the cluster reads as zeroes.
 pub const ZERO: u64 = 1;
 /// Bits that must be zero in a standard L2 entry (1..=8 and 56..=61).
@@ -50,7 +50,7 @@ const L1_RESERVED: u64 = 0x7f00_0000_0000_01ff;
 
 /// What one L2 entry says about a guest cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mapping {
+pub(crate) enum Mapping {
     /// Not allocated here: read through to the backing image (or zeroes).
     Unallocated,
     /// Reads as zeroes; `host` is kept allocated for later writes when set.
@@ -62,7 +62,7 @@ pub enum Mapping {
 }
 
 /// Decodes a standard L2 entry. `None` when it is malformed.
-pub fn decode_l2(entry: u64, cluster_bits: u32, version: u32) -> Result<Mapping, String> {
+pub(crate) fn decode_l2(entry: u64, cluster_bits: u32, version: u32) -> Result<Mapping, String> {
     if entry & COMPRESSED != 0 {
         // Bits 0..x-1 offset, x..61 additional 512-byte sectors, x = 62 - (cluster_bits - 8).
         let x = 62 - (cluster_bits - 8);
@@ -103,7 +103,7 @@ pub fn decode_l2(entry: u64, cluster_bits: u32, version: u32) -> Result<Mapping,
 }
 
 /// Decodes an L1 entry into the L2 table offset (0 = no table).
-pub fn decode_l1(entry: u64, cluster_bits: u32) -> Result<u64, String> {
+pub(crate) fn decode_l1(entry: u64, cluster_bits: u32) -> Result<u64, String> {
     if entry & L1_RESERVED != 0 {
         return Err(format!("L1 entry {entry:#x} has reserved bits set"));
     }
@@ -114,26 +114,26 @@ pub fn decode_l1(entry: u64, cluster_bits: u32) -> Result<u64, String> {
     Ok(off)
 }
 
-pub struct CachedCluster {
+pub(crate) struct CachedCluster {
     pub data: Vec<u8>,
     pub dirty: bool,
     last_use: u64,
 }
 
 impl CachedCluster {
-    pub fn get_u64(&self, index: usize) -> u64 {
+    pub(crate) fn get_u64(&self, index: usize) -> u64 {
         let b = &self.data[index * 8..index * 8 + 8];
         u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
     }
 
-    pub fn set_u64(&mut self, index: usize, value: u64) {
+    pub(crate) fn set_u64(&mut self, index: usize, value: u64) {
         self.data[index * 8..index * 8 + 8].copy_from_slice(&value.to_be_bytes());
         self.dirty = true;
     }
 }
 
 /// A bounded map from host offset to a cached metadata cluster.
-pub struct MetadataCache {
+pub(crate) struct MetadataCache {
     map: OffsetMap<CachedCluster>,
     capacity: usize,
     clock: u64,
@@ -162,7 +162,7 @@ impl MetadataCache {
         self.map.contains_key(&offset)
     }
 
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.map.len() >= self.capacity
     }
 
@@ -207,7 +207,7 @@ impl MetadataCache {
     /// stays dirty. Returns whether anything was written. The one write-back
     /// loop of both caches (L2 tables, refcount blocks): the caller orders
     /// it against other writes.
-    pub fn write_dirty(
+    pub(crate) fn write_dirty(
         &mut self,
         mut write: impl FnMut(u64, &[u8]) -> std::io::Result<()>,
     ) -> std::io::Result<bool> {
@@ -221,7 +221,7 @@ impl MetadataCache {
         Ok(!dirty.is_empty())
     }
 
-    pub fn has_dirty(&self) -> bool {
+    pub(crate) fn has_dirty(&self) -> bool {
         self.map.values().any(|c| c.dirty)
     }
 }
