@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::devices::legacy::serial::SerialCapture;
+pub use crate::kvm::cpuid::CpuProfile;
 
 /// Default kernel command line: a Linux guest logs to the 8250 console and
 /// reboots (through the i8042) instead of halting, which ends the VM.
@@ -157,6 +158,18 @@ pub enum ApStart {
     InitSipi,
 }
 
+/// How a bzImage is booted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelDecompress {
+    /// The VMM decompresses the payload and enters the kernel directly
+    /// (64-bit boot protocol): no in-guest decompressor.
+    #[default]
+    Host,
+    /// The image is loaded as it is and its own decompressor runs in the
+    /// guest (slow where KVM emulates; kept for images without a payload).
+    Guest,
+}
+
 /// A complete VM description.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -170,6 +183,10 @@ pub struct VmConfig {
     pub rng: bool,
     pub serial: SerialTarget,
     pub ap_start: ApStart,
+    pub kernel_decompress: KernelDecompress,
+    /// The guest's CPUID profile; `None` detects it (see
+    /// [`crate::kvm::cpuid::CpuProfile::detect`]).
+    pub cpu_profile: Option<CpuProfile>,
 }
 
 impl VmConfig {
@@ -186,6 +203,8 @@ impl VmConfig {
             rng: false,
             serial: SerialTarget::default(),
             ap_start: ApStart::default(),
+            kernel_decompress: KernelDecompress::default(),
+            cpu_profile: None,
         }
     }
 }

@@ -21,7 +21,8 @@ pub mod timing;
 pub mod vm;
 
 pub use config::{
-    ApStart, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+    ApStart, CpuProfile, DiskCache, DiskConfig, DiskFormat, KernelDecompress, KernelSource,
+    NetConfig, SerialTarget, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

@@ -20,6 +20,7 @@ use crate::devices::legacy::{
     EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, SERIAL_GSI, SERIAL_PORT,
     SERIAL_PORT_LEN,
 };
+use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
 use crate::kvm::vcpu::{Buses, Vcpu};
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};
@@ -87,18 +88,26 @@ impl Vm {
             .map_err(|e| Error::Device(e.to_string()))?;
         kvm::boot::write_long_mode_tables(&memory)?;
         kvm::mptable::write(&memory, config.vcpus)?;
-        let entry = kvm::boot::load(&memory, &config.kernel, &cmdline, config.initrd.as_deref())?;
+        let entry = kvm::boot::load(
+            &memory,
+            &config.kernel,
+            config.kernel_decompress,
+            &cmdline,
+            config.initrd.as_deref(),
+        )?;
 
         let supported = kvm_sys
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm::kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let profile = config.cpu_profile.unwrap_or_else(CpuProfile::detect);
+        let cpuid = CpuidPolicy::new(&supported, profile, config.vcpus);
         let vcpus = (0..config.vcpus)
             .map(|i| {
                 Vcpu::new(
                     &vm,
-                    &supported,
+                    &memory,
+                    &cpuid.for_vcpu(i),
                     i,
-                    config.vcpus,
                     entry.entry.0,
                     config.ap_start,
                 )
@@ -123,6 +132,21 @@ impl Vm {
             },
         })
     }
+}
+
+/// The guest CPUID `vcpus` vCPUs would get under `profile` (detected when
+/// `None`), as the table `vmm cpuid` prints.
+pub fn cpuid_table(profile: Option<CpuProfile>, vcpus: u8) -> Result<String> {
+    let kvm = kvm_ioctls::Kvm::new().map_err(kvm::Error::OpenKvm)?;
+    let supported = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm::kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let policy = CpuidPolicy::new(
+        &supported,
+        profile.unwrap_or_else(CpuProfile::detect),
+        vcpus.max(1),
+    );
+    Ok(policy.describe(&supported))
 }
 
 fn validate(config: &VmConfig) -> Result<()> {

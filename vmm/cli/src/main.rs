@@ -41,6 +41,16 @@ fn main() -> ExitCode {
             vcpus: args.vcpus,
             verbose: args.verbose,
         }),
+        Command::Cpuid { vcpus, cpu_profile } => match vmm::vm::cpuid_table(cpu_profile, vcpus) {
+            Ok(table) => {
+                print!("{table}");
+                0
+            }
+            Err(e) => {
+                eprintln!("vmm cpuid: {e}");
+                1
+            }
+        },
         Command::Img(command) => match img::run(command) {
             Ok(status) => status,
             Err(e) => {
