@@ -158,6 +158,18 @@ pub enum ApStart {
     InitSipi,
 }
 
+/// How virtio devices reach the guest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VirtioTransportKind {
+    /// virtio-pci (modern) behind a PCI host bridge with MSI-X: what stock
+    /// distribution kernels find (the default).
+    #[default]
+    Pci,
+    /// virtio-mmio windows announced on the kernel command line
+    /// (`virtio_mmio.device=`): kernels built for microVMs, the test guest.
+    Mmio,
+}
+
 /// How a bzImage is booted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelDecompress {
@@ -187,6 +199,7 @@ pub struct VmConfig {
     /// The guest's CPUID profile; `None` detects it (see
     /// [`crate::kvm::cpuid::CpuProfile::detect`]).
     pub cpu_profile: Option<CpuProfile>,
+    pub transport: VirtioTransportKind,
 }
 
 impl VmConfig {
@@ -205,6 +218,7 @@ impl VmConfig {
             ap_start: ApStart::default(),
             kernel_decompress: KernelDecompress::default(),
             cpu_profile: None,
+            transport: VirtioTransportKind::default(),
         }
     }
 }

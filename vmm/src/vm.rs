@@ -5,12 +5,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::devices::virtio::VirtioTransport;
 use kvm_ioctls::VmFd;
 use linux_loader::cmdline::Cmdline;
-use virtio_devices::MmioTransport;
 use vm_memory::GuestMemoryMmap;
 
-use crate::config::{MAX_VCPUS, VmConfig};
+use crate::acpi::platform::{self, AcpiPlatform};
+use crate::config::{MAX_VCPUS, VirtioTransportKind, VmConfig};
 use crate::devices::bus::{Bus, lock};
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
@@ -60,6 +61,7 @@ impl Vm {
         kvm::kick::install_handler()
             .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
         let (kvm_sys, vm) = kvm::create_vm()?;
+        let vm = Arc::new(vm);
         let memory = kvm::memory::create(&vm, config.memory_mib << 20)?;
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
 
@@ -83,17 +85,40 @@ impl Vm {
         )
         .map_err(bus_err)?;
 
+        let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
+            control.clone(),
+            IrqLine::new(&vm, platform::GED_GSI)?,
+        )));
+        pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
+            .map_err(bus_err)?;
+
         let mut cmdline = build_cmdline(&config)?;
-        let virtio = crate::devices::virtio::attach(&config, &vm, &memory, &mut mmio, &mut cmdline)
-            .map_err(|e| Error::Device(e.to_string()))?;
+        let virtio = match config.transport {
+            VirtioTransportKind::Mmio => {
+                crate::devices::virtio::attach(&config, &vm, &memory, &mut mmio, &mut cmdline)
+            }
+            VirtioTransportKind::Pci => {
+                crate::devices::virtio_pci::attach(&config, &vm, &memory, &mut pio, &mut mmio)
+            }
+        }
+        .map_err(|e| Error::Device(e.to_string()))?;
         kvm::boot::write_long_mode_tables(&memory)?;
         kvm::mptable::write(&memory, config.vcpus)?;
+        let rsdp = crate::acpi::write(
+            &memory,
+            &crate::acpi::Platform {
+                vcpus: config.vcpus,
+                pci: config.transport == VirtioTransportKind::Pci,
+            },
+        )
+        .map_err(|e| Error::Device(e.to_string()))?;
         let entry = kvm::boot::load(
             &memory,
             &config.kernel,
             config.kernel_decompress,
             &cmdline,
             config.initrd.as_deref(),
+            rsdp,
         )?;
 
         let supported = kvm_sys
@@ -120,6 +145,7 @@ impl Vm {
         Ok(VmHandle {
             control,
             i8042,
+            acpi,
             virtio: virtio.transports,
             counters: virtio.counters,
             vcpu_tids,
@@ -260,13 +286,14 @@ fn spawn_vcpus(
     Ok(threads)
 }
 
-/// What must live as long as the VM runs. Field order is drop order: the VM
-/// fd goes before the memory KVM maps.
+/// What must live as long as the VM runs. Field order is drop order: the
+/// buses (whose PCI devices hold the VM fd for MSI routing) go first, then
+/// the VM fd goes before the memory KVM maps.
 struct Resources {
-    _vm: VmFd,
+    _buses: Arc<Buses>,
+    _vm: Arc<VmFd>,
     _memory: GuestMemoryMmap,
     _console: Console,
-    _buses: Arc<Buses>,
 }
 
 /// A running VM. Methods may be called from any thread; dropping the
@@ -274,7 +301,8 @@ struct Resources {
 pub struct VmHandle {
     control: Arc<Control>,
     i8042: Arc<Mutex<I8042>>,
-    virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    acpi: Arc<Mutex<AcpiPlatform>>,
+    virtio: Vec<VirtioTransport>,
     counters: DeviceCounters,
     vcpu_tids: VcpuTids,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -293,7 +321,7 @@ impl VmHandle {
         self.control.request_pause();
         if self.control.wait_paused(PAUSE_TIMEOUT) {
             for transport in &self.virtio {
-                lock(transport).pause();
+                transport.pause();
             }
             return Ok(());
         }
@@ -307,15 +335,24 @@ impl VmHandle {
     pub fn resume(&self) -> Result<()> {
         self.ensure_running()?;
         for transport in &self.virtio {
-            lock(transport).resume();
+            transport.resume();
         }
         self.control.resume();
         Ok(())
     }
 
-    /// Asks the guest to shut down: types Ctrl-Alt-Del on its keyboard
-    /// controller. A Linux guest reboots, which ends the VM with a reset.
+    /// Asks the guest to shut down: presses the ACPI power button (as
+    /// KubeVirt's default graceful shutdown does through libvirt). A Linux
+    /// guest powers off through `_S5`, which ends the VM with a power-off.
     pub fn request_shutdown(&self) -> Result<()> {
+        self.ensure_running()?;
+        lock(&self.acpi).press_power_button();
+        Ok(())
+    }
+
+    /// Types Ctrl-Alt-Del on the guest's keyboard controller: a Linux guest
+    /// reboots (a soft reboot), which ends the VM with a reset.
+    pub fn request_ctrl_alt_del(&self) -> Result<()> {
         self.ensure_running()?;
         lock(&self.i8042).trigger_ctrl_alt_del();
         Ok(())

@@ -204,7 +204,7 @@ fn sum_bytes(addr: u64, len: u64) -> u8 {
     (0..len).fold(0u8, |s, i| s.wrapping_add(crate::io::mmio_read8(addr + i)))
 }
 
-fn expected_cpus(cmdline: &[u8]) -> u32 {
+pub fn expected_cpus(cmdline: &[u8]) -> u32 {
     cmdline::value(cmdline, "cpus")
         .and_then(cmdline::parse_u64)
         .map(|n| n.min(64) as u32)
@@ -239,4 +239,21 @@ pub fn triplefault(r: &mut dyn Reporter) -> ! {
     crate::idt::load_empty();
     // SAFETY: deliberately faults; with an empty IDT this never returns.
     unsafe { core::arch::asm!("ud2", options(nostack, noreturn)) }
+}
+
+/// `cpuid`: the features the VMM's CPUID policy shows this vCPU (leaf 1
+/// ECX/EDX, leaf 7 EBX/ECX), for the host to compare with `vmm cpuid`.
+pub fn cpuid(r: &mut dyn Reporter) {
+    let (_, _, ecx1, edx1) = crate::io::cpuid(1, 0);
+    let (_, ebx7, ecx7, _) = crate::io::cpuid(7, 0);
+    let mut d = Detail::new();
+    d.str("leaf1.ecx=")
+        .hex(u64::from(ecx1))
+        .str(" leaf1.edx=")
+        .hex(u64::from(edx1))
+        .str(" leaf7.ebx=")
+        .hex(u64::from(ebx7))
+        .str(" leaf7.ecx=")
+        .hex(u64::from(ecx7));
+    r.result("cpuid", true, d.as_str());
 }

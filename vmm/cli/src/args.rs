@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use vmm::config::{
     ApStart, CpuProfile, DiskCache, DiskConfig, DiskFormat, KernelDecompress, KernelSource,
-    NetConfig, SerialTarget, VmConfig, parse_mac,
+    NetConfig, SerialTarget, VirtioTransportKind, VmConfig, parse_mac,
 };
 
 #[derive(Debug, Parser)]
@@ -61,12 +61,18 @@ pub struct RunArgs {
     /// decompressor runs in the guest).
     #[arg(long, default_value = "host", value_parser = parse_decompress)]
     pub decompress: KernelDecompress,
+    /// How virtio devices reach the guest: `pci` (virtio-pci behind a PCI
+    /// host bridge, with MSI-X; what stock kernels find) or `mmio`
+    /// (virtio-mmio windows appended to the command line).
+    #[arg(long, default_value = "pci", value_parser = parse_transport)]
+    pub transport: VirtioTransportKind,
     /// Guest CPUID profile: host or emulated (default: detected; see `vmm cpuid`).
     #[arg(long)]
     pub cpu_profile: Option<CpuProfile>,
     #[arg(long)]
     pub initrd: Option<PathBuf>,
-    /// Kernel command line (virtio-mmio devices are appended to it).
+    /// Kernel command line (virtio-mmio devices are appended to it with
+    /// `--transport mmio`).
     #[arg(long, default_value = vmm::config::DEFAULT_CMDLINE)]
     pub cmdline: String,
     /// Guest memory in MiB.
@@ -116,6 +122,7 @@ impl RunArgs {
             ap_start: self.ap_start,
             kernel_decompress: self.decompress,
             cpu_profile: self.cpu_profile,
+            transport: self.transport,
         }
     }
 }
@@ -205,6 +212,14 @@ pub fn parse_net(text: &str) -> Result<NetConfig, String> {
         mac,
         ..NetConfig::new(tap.ok_or("a net device needs tap=NAME")?)
     })
+}
+
+pub fn parse_transport(text: &str) -> Result<VirtioTransportKind, String> {
+    match text {
+        "pci" => Ok(VirtioTransportKind::Pci),
+        "mmio" => Ok(VirtioTransportKind::Mmio),
+        _ => Err(format!("expected pci or mmio, got {text:?}")),
+    }
 }
 
 pub fn parse_decompress(text: &str) -> Result<KernelDecompress, String> {

@@ -110,8 +110,8 @@ fn block_termination_signals() -> std::io::Result<libc::sigset_t> {
     }
 }
 
-/// SIGTERM or SIGINT: the first asks the guest to shut down (Ctrl-Alt-Del
-/// through the i8042; Linux reboots, which ends the VM) and gives it
+/// SIGTERM or SIGINT: the first asks the guest to shut down (the ACPI
+/// power button; Linux powers off, which ends the VM) and gives it
 /// `shutdown_timeout` to do so; the second, or the end of that time, kills it.
 fn forward_termination_signals(
     set: &libc::sigset_t,

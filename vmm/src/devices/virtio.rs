@@ -10,7 +10,7 @@ use linux_loader::cmdline::Cmdline;
 use virtio_devices::block::{Block, BlockOptions};
 use virtio_devices::net::{Net, NetOptions};
 use virtio_devices::rng::Rng;
-use virtio_devices::{InterruptTrigger, MmioTransport, VirtioDevice};
+use virtio_devices::{InterruptTrigger, MmioTransport, PciTransport, VirtioDevice};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::{DiskCache, VmConfig};
@@ -74,7 +74,9 @@ pub fn default_mac(index: usize) -> [u8; 6] {
 
 /// The devices the configuration asks for, in a fixed order: disks, nets,
 /// rng; and their counters.
-fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
+pub(crate) fn build_devices(
+    config: &VmConfig,
+) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     let mut counters = DeviceCounters::default();
     for disk in &config.disks {
@@ -130,9 +132,32 @@ fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, Devic
     Ok((devices, counters))
 }
 
+/// A device behind its transport (virtio-mmio here, virtio-pci in
+/// `virtio_pci`).
+pub enum VirtioTransport {
+    Mmio(Arc<Mutex<MmioTransport>>),
+    Pci(Arc<Mutex<PciTransport>>),
+}
+
+impl VirtioTransport {
+    pub fn pause(&self) {
+        match self {
+            VirtioTransport::Mmio(t) => lock(t).pause(),
+            VirtioTransport::Pci(t) => lock(t).pause(),
+        }
+    }
+
+    pub fn resume(&self) {
+        match self {
+            VirtioTransport::Mmio(t) => lock(t).resume(),
+            VirtioTransport::Pci(t) => lock(t).resume(),
+        }
+    }
+}
+
 /// The devices on the bus, and their counters.
 pub struct Attached {
-    pub transports: Vec<Arc<Mutex<MmioTransport>>>,
+    pub transports: Vec<VirtioTransport>,
     pub counters: DeviceCounters,
 }
 
@@ -168,7 +193,7 @@ pub fn attach(
         cmdline
             .add_virtio_mmio_device(VIRTIO_MMIO_SIZE, GuestAddress(base), gsi, None)
             .map_err(|e| Error::Setup(format!("kernel command line: {e}")))?;
-        transports.push(transport);
+        transports.push(VirtioTransport::Mmio(transport));
     }
     Ok(Attached {
         transports,

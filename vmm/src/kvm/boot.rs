@@ -50,6 +50,7 @@ pub fn load(
     decompress: KernelDecompress,
     cmdline: &Cmdline,
     initrd: Option<&std::path::Path>,
+    acpi_rsdp: u64,
 ) -> Result<KernelEntry> {
     let image: std::borrow::Cow<'_, [u8]> = match kernel {
         KernelSource::Path(path) => std::fs::read(path)
@@ -85,6 +86,9 @@ pub fn load(
         params.hdr.ramdisk_size = size as u32;
     }
 
+    // Boot protocol 2.14: where the ACPI tables start (Linux also scans
+    // the BIOS area, where they are).
+    params.acpi_rsdp_addr = acpi_rsdp;
     add_e820_map(mem, &mut params)?;
     LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
         &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE_ADDR)),
@@ -211,7 +215,7 @@ fn load_initrd(
 }
 
 /// e820: RAM below the EBDA, RAM from 1 MiB to the end of each region, and
-/// the hole reserved.
+/// PCI's configuration space reserved.
 fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
     let mut entries = vec![boot_e820_entry {
         addr: 0,
@@ -229,9 +233,12 @@ fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
             });
         }
     }
+    // Only PCI's ECAM is reserved (Linux wants MMCONFIG reserved before
+    // using it); the rest of the hole is not RAM and stays free for the PCI
+    // window the DSDT announces, as on QEMU's q35.
     entries.push(boot_e820_entry {
-        addr: MMIO_HOLE_START,
-        size: MMIO_HOLE_END - MMIO_HOLE_START,
+        addr: PCI_ECAM_BASE,
+        size: PCI_ECAM_SIZE,
         r#type: E820_RESERVED,
     });
     if entries.len() > params.e820_table.len() {
