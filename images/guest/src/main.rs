@@ -68,6 +68,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     if cmdline::check_selected(cmdline, "smp") {
         checks::smp(&mut r, cmdline);
     }
+    if cmdline::check_named(cmdline, "emulation") {
+        checks::emulation(&mut r);
+    }
     if cmdline::check_named(cmdline, "acpi") {
         acpi::check(&mut r, checks::expected_cpus(cmdline));
     }
@@ -93,6 +96,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
 
     if cmdline::check_named(cmdline, "panic") {
         checks::panic(&mut r);
+    }
+    if cmdline::check_named(cmdline, "unemulated") {
+        checks::unemulated(&mut r);
     }
     if cmdline::check_named(cmdline, "triplefault") {
         checks::triplefault(&mut r);

@@ -154,14 +154,14 @@ pub fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
     let corrupt = |e: &dyn std::fmt::Display| Error::Corrupt(what, e.to_string());
     let out = match payload.compression {
         // gzip's own trailer ends with the size: the stream is the whole payload.
-        Compression::Gzip => read_limited(flate2::read::GzDecoder::new(data), expected)?,
-        Compression::Bzip2 => read_limited(bzip2::read::BzDecoder::new(stream), expected)?,
+        Compression::Gzip => read_limited(what, flate2::read::GzDecoder::new(data), expected)?,
+        Compression::Bzip2 => read_limited(what, bzip2::read::BzDecoder::new(stream), expected)?,
         Compression::Lzma => {
             let reader = lzma_rust2::LzmaReader::new_mem_limit(stream, u32::MAX, None)
                 .map_err(|e| corrupt(&e))?;
-            read_limited(reader, expected)?
+            read_limited(what, reader, expected)?
         }
-        Compression::Xz => read_limited(lzma_rust2::XzReader::new(stream, false), expected)?,
+        Compression::Xz => read_limited(what, lzma_rust2::XzReader::new(stream, false), expected)?,
         Compression::Lzo => lzop(stream, expected)?,
         Compression::Lz4 => lz4_legacy(stream, expected)?,
         Compression::Zstd => {
@@ -170,7 +170,7 @@ pub fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
                 .single_frame();
             // The kernel build compresses with `zstd -22 --ultra`: windows up to 2^27.
             decoder.window_log_max(31).map_err(|e| corrupt(&e))?;
-            read_limited(decoder, expected)?
+            read_limited(what, decoder, expected)?
         }
     };
     if out.len() != expected {
@@ -184,12 +184,12 @@ pub fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
 }
 
 /// Reads a decoder to its end, refusing more than `expected` bytes.
-fn read_limited(reader: impl Read, expected: usize) -> Result<Vec<u8>, Error> {
+fn read_limited(what: &'static str, reader: impl Read, expected: usize) -> Result<Vec<u8>, Error> {
     let mut out = Vec::with_capacity(expected);
     reader
         .take(expected as u64 + 1)
         .read_to_end(&mut out)
-        .map_err(|e| Error::Corrupt("compressed", e.to_string()))?;
+        .map_err(|e| Error::Corrupt(what, e.to_string()))?;
     Ok(out)
 }
 

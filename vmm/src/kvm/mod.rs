@@ -34,7 +34,7 @@ pub enum Error {
     KernelFile(PathBuf, #[source] std::io::Error),
     #[error("cannot read the kernel image: {0}")]
     KernelRead(#[source] std::io::Error),
-    #[error("cannot decompress the bzImage's kernel: {0}")]
+    #[error("cannot load the kernel: bzImage payload: {0}")]
     KernelPayload(#[from] kernel_image::Error),
     #[error("cannot load the kernel: {0}")]
     KernelLoad(String),
