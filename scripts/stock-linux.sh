@@ -11,11 +11,12 @@
 # cache hit. Output, in $STOCK_LINUX_DIR (default ~/.cache/kubevirt-rs/stock-linux):
 #   vmlinuz          the packaged bzImage, as installed in /boot
 #   initramfs.gz     the initramfs (newc cpio, gzip)
-#   version          the kernel package name and version
+#   version          the package versions and this script's hash (the cache key)
 set -euo pipefail
 
 dir=${STOCK_LINUX_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-rs/stock-linux}
 mkdir -p "$dir"
+script=$(readlink -f "$0")
 cd "$dir"
 
 apt_lists_ready() { apt-cache show linux-image-amd64 >/dev/null 2>&1; }
@@ -23,7 +24,8 @@ apt_lists_ready || apt-get update -qq
 kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 kver=$(apt-cache show "$kpkg" | awk '/^Version:/ {print $2; exit}')
 bver=$(apt-cache show busybox-static | awk '/^Version:/ {print $2; exit}')
-want="$kpkg $kver busybox-static $bver"
+# Rebuilt when a package or this script changes.
+want="$kpkg $kver busybox-static $bver script $(sha256sum "$script" | cut -c1-16)"
 if [ -s initramfs.gz ] && [ -s vmlinuz ] && [ "$(cat version 2>/dev/null)" = "$want" ]; then
   exit 0
 fi
@@ -44,7 +46,7 @@ mods=pkg/lib/modules/$release/kernel
 for m in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_modern_dev \
          drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci net/core/failover \
          drivers/net/net_failover drivers/net/virtio_net drivers/block/virtio_blk \
-         drivers/char/hw_random/virtio-rng; do
+         drivers/char/hw_random/virtio-rng drivers/acpi/button drivers/input/evdev; do
   cp "$mods/$m.ko" root/lib/modules/
 done
 
@@ -80,8 +82,22 @@ bytes=$(dd if=/dev/hwrng bs=16 count=1 2>/dev/null | od -An -tx1 | tr -d ' \n')
 case "$cur" in virtio*) [ ${#bytes} = 32 ] && echo "STOCK rng PASS $cur $bytes" || echo "STOCK rng FAIL read $bytes";;
   *) echo "STOCK rng FAIL current=$cur";; esac
 echo "STOCK done"
+# stock.wait on the command line: stay up until the ACPI power button (a
+# graceful shutdown: the launcher's ShutdownVirtualMachine), then power off.
+if grep -q stock.wait /proc/cmdline; then
+  insmod /lib/modules/button.ko
+  insmod /lib/modules/evdev.ko
+  acpid -c /etc/acpi -a /etc/acpid.conf
+  echo "STOCK waiting for the power button"
+  while :; do sleep 3600; done
+fi
 poweroff -f
 INIT
+mkdir -p root/etc/acpi/PWRF
+# busybox acpid: the power button's event runs /etc/acpi/PWRF/00000080.
+printf 'PWRF PWRF/00000080\n' > root/etc/acpid.conf
+printf '#!/bin/sh\necho "STOCK power button: powering off"\npoweroff -f\n' > root/etc/acpi/PWRF/00000080
+chmod +x root/etc/acpi/PWRF/00000080
 cat > root/udhcpc.sh <<'DHCP'
 #!/bin/sh
 # udhcpc's hook: configure the lease.

@@ -265,7 +265,7 @@ const SOFT_INT_PIN: u32 = 19;
 /// `emulation`: instructions KVM's emulator may lack, finished by the VMM:
 /// `int3` reaches the #BP handler with RIP past it, `int n` reaches
 /// vector n, `stac`/`clac` set and clear RFLAGS.AC (or raise #UD where
-/// CPUID shows no SMAP).
+/// CPUID shows no SMAP), `fwait` without a pending x87 exception returns.
 pub fn emulation(r: &mut dyn Reporter) {
     let (bp_rip, after) = crate::idt::trigger_breakpoint();
     crate::idt::take_pending(SOFT_INT_PIN);
@@ -275,6 +275,9 @@ pub fn emulation(r: &mut dyn Reporter) {
     let soft_int = crate::idt::take_pending(SOFT_INT_PIN);
     let smap = crate::io::cpuid(7, 0).1 & (1 << 20) != 0;
     let (ac_set, ac_after_clac, uds) = crate::idt::toggle_ac();
+    // No x87 exception pending: fwait does nothing (and comes back).
+    // SAFETY: fwait only checks the x87 status word.
+    unsafe { core::arch::asm!("fwait", options(nomem, nostack)) };
     let ac_ok = if smap {
         ac_set && !ac_after_clac && uds == 0
     } else {
@@ -294,7 +297,8 @@ pub fn emulation(r: &mut dyn Reporter) {
         .str(" clac_ac=")
         .dec(u64::from(ac_after_clac))
         .str(" ud=")
-        .dec(u64::from(uds));
+        .dec(u64::from(uds))
+        .str(" fwait=ok");
     r.result("emulation", bp_rip == after && soft_int && ac_ok, d.as_str());
 }
 

@@ -28,7 +28,7 @@ use virtio_devices::net::test_tap::{create_tap, in_new_netns};
 /// host's KVM answers the guest's CPUID itself (the VMM's KVM_SET_CPUID2 is
 /// not what the guest sees) and offers features its instruction emulator
 /// cannot run: the kernel must be told directly.
-const CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 noxsave \
+const CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 reboot=k panic=-1 noxsave \
     clearcpuid=popcnt,smap,fsgsbase,rdpid,rdrand,rdseed,clflushopt,clwb,pku,umip,la57,avx2,bmi1,bmi2,invpcid,pcid";
 const MEMORY_MIB: &str = "512";
 /// Bound on one boot (the emulated kernel needs minutes to get where it stops).

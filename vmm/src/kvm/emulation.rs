@@ -9,7 +9,10 @@
 //!   interrupt is injected with RIP past the instruction, as the CPU would
 //!   deliver it (KVM's emulator implements software interrupts only in real
 //!   mode);
-//! - `clac` / `stac` at CPL 0: RFLAGS.AC is cleared or set.
+//! - `clac` / `stac` at CPL 0: RFLAGS.AC is cleared or set;
+//! - `fwait`: nothing to do unless an unmasked x87 exception is pending
+//!   (FSW.ES), which becomes #MF (Linux runs it when a task drops its FPU
+//!   state, `fpu__drop`).
 //!
 //! At CPL 3 anything else becomes #UD (what KVM does there on its own). At
 //! CPL 0 anything else ends the VM as a guest crash whose message carries
@@ -31,6 +34,9 @@ const RFLAGS_AC: u64 = 1 << 18;
 const VECTOR_DB: u8 = 1;
 const VECTOR_BP: u8 = 3;
 const VECTOR_UD: u8 = 6;
+const VECTOR_MF: u8 = 16;
+/// x87 status word: an unmasked exception is pending.
+const FSW_ES: u16 = 1 << 7;
 
 /// The instruction at the failing RIP, as far as it could be read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -59,6 +65,8 @@ pub enum Action {
     Interrupt { vector: u8, len: u64 },
     /// Set (`true`) or clear RFLAGS.AC and step over `len` bytes.
     SetAc { set: bool, len: u64 },
+    /// `fwait`: #MF if an x87 exception is pending, else step over `len` bytes.
+    Fwait { len: u64 },
     /// Deliver #UD at the instruction (a fault: RIP stays).
     InvalidOpcode,
     /// Nothing the VMM can do: the guest crashes.
@@ -112,6 +120,7 @@ pub fn decide(bytes: &[u8], cpl: u8, long: bool) -> Action {
             len: len(3),
         },
         Some([0x0f, 0x01, 0xca | 0xcb, ..]) => Action::InvalidOpcode,
+        Some([0x9b, ..]) => Action::Fwait { len: len(1) },
         _ => unknown,
     }
 }
@@ -137,6 +146,18 @@ pub fn handle(vcpu: &mut VcpuFd, mem: &GuestMemoryMmap) -> Result<Option<Instruc
                 regs.rflags & !RFLAGS_AC
             };
             set_rip_flags(vcpu, regs, regs.rip.wrapping_add(len), rflags)?;
+        }
+        Action::Fwait { len } => {
+            let fpu = vcpu.get_fpu().map_err(kvm_err("KVM_GET_FPU"))?;
+            if fpu.fsw & FSW_ES != 0 {
+                inject(vcpu, |events| {
+                    events.exception.injected = 1;
+                    events.exception.nr = VECTOR_MF;
+                    events.exception.has_error_code = 0;
+                })?;
+            } else {
+                set_rip_flags(vcpu, regs, regs.rip.wrapping_add(len), regs.rflags)?;
+            }
         }
         Action::Exception { vector, len } => {
             set_rip_flags(vcpu, regs, regs.rip.wrapping_add(len), regs.rflags)?;
@@ -272,6 +293,12 @@ mod tests {
             Action::SetAc { set: true, len: 3 }
         );
         assert_eq!(decide(&[0x0f, 0x01, 0xcb], 3, true), Action::InvalidOpcode);
+    }
+
+    #[test]
+    fn fwait_is_finished_by_the_vmm() {
+        assert_eq!(decide(&[0x9b, 0x65], 0, true), Action::Fwait { len: 1 });
+        assert_eq!(decide(&[0x9b], 3, true), Action::Fwait { len: 1 });
     }
 
     #[test]

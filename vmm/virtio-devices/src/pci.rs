@@ -461,7 +461,7 @@ impl PciTransport {
                 // queue_notify_off is the queue index; the value written is
                 // the queue index too (no VIRTIO_F_NOTIFICATION_DATA).
                 let rel = o - NOTIFY_OFFSET;
-                if rel % u64::from(NOTIFY_MULTIPLIER) == 0 {
+                if rel.is_multiple_of(u64::from(NOTIFY_MULTIPLIER)) {
                     let queue = (rel / u64::from(NOTIFY_MULTIPLIER)) as u32;
                     self.inner
                         .write(u64::from(VIRTIO_MMIO_QUEUE_NOTIFY), &queue.to_le_bytes());
