@@ -18,7 +18,7 @@ use proto::domain::{LifeCycle, StateChangeReason};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 reboot=k panic=-1 noxsave \
+const CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 reboot=k panic=-1 nowatchdog noxsave \
     clearcpuid=popcnt,smap,fsgsbase,rdpid,rdrand,rdseed,clflushopt,clwb,pku,umip,la57,avx2,bmi1,bmi2,invpcid,pcid \
     stock.wait";
 /// On hardware KVM the initramfs waits for the button within a few seconds.

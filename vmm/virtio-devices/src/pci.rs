@@ -664,7 +664,8 @@ impl PciTransport {
     /// a queue that is not yet enabled (the inner transport's rule).
     fn inner_accepts_queue_config(&mut self) -> bool {
         let status = self.inner.status();
-        let configuring = status & 0x4f == 0x0b; // ACK | DRIVER | FEATURES_OK, no DRIVER_OK/FAILED/NEEDS_RESET
+        // ACK | DRIVER | FEATURES_OK, and none of DRIVER_OK, NEEDS_RESET, FAILED.
+        let configuring = status & 0xcf == 0x0b;
         configuring && self.mmio_read(VIRTIO_MMIO_QUEUE_READY) == 0
     }
 
