@@ -42,7 +42,7 @@ const TAP: &str = "stock0";
 const GATEWAY: &str = "10.0.2.1";
 
 /// How far a boot got, in order; each is a line (or part of one) on the
-/// serial console.
+/// serial console (`{cpus}`: the vCPU count).
 const MILESTONES: &[(&str, &str)] = &[
     ("kernel entered", "Linux version 6."),
     ("ACPI tables read", "ACPI: XSDT 0x"),
@@ -50,7 +50,7 @@ const MILESTONES: &[(&str, &str)] = &[
         "FPU set up without XSAVE",
         "x86/fpu: x87 FPU will use FXSAVE",
     ),
-    ("CPUs brought up", "smp: Brought up"),
+    ("every vCPU up", "smp: Brought up 1 node, {cpus} CPU"),
     ("PCI bus 0 enumerated", "pci 0000:00:01.0: [1af4:"),
     ("userspace started", "Run /init as init process"),
     ("/init ran", "STOCK init PASS"),
@@ -58,9 +58,10 @@ const MILESTONES: &[(&str, &str)] = &[
 ];
 
 /// The furthest milestone this host's KVM lets the stock kernel reach
-/// (index into MILESTONES), and the instruction it stops at; measured as
-/// described in vmm/README.md.
-const FURTHEST_HERE: usize = 2;
+/// within the tests' time (index into MILESTONES): every vCPU up, with 1
+/// and with 2 (measured as vmm/README.md describes; the kernel goes on
+/// through its initcalls at emulation speed after that).
+const FURTHEST_HERE: usize = 3;
 
 /// The packaged kernel and the initramfs (built, cached, by the script
 /// `scripts/setup.sh` runs; run here too if the cache is missing).

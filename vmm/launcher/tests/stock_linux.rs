@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 const CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 reboot=k panic=-1 nowatchdog noxsave \
     clearcpuid=popcnt,smap,fsgsbase,rdpid,rdrand,rdseed,clflushopt,clwb,pku,umip,la57,avx2,bmi1,bmi2,invpcid,pcid \
     stock.wait";
-/// On hardware KVM the initramfs waits for the button within a few seconds.
-const TO_USERSPACE: Duration = Duration::from_secs(90);
+/// On hardware KVM the kernel runs `/init` within seconds and the
+/// initramfs waits for the button soon after (its DHCP may take a while).
+const TO_INIT: Duration = Duration::from_secs(20);
+const TO_WAITING: Duration = Duration::from_secs(90);
 /// Early boot on the emulating KVM: the banner and the ACPI tables.
 const EARLY: Duration = Duration::from_secs(300);
 
@@ -99,7 +101,8 @@ async fn a_stock_kernel_vmi_boots_and_is_shut_down_by_acpi() {
     let (t, _) = notify.next(Duration::from_secs(60)).await;
     assert_eq!(t, "ADDED");
 
-    let waiting = console_shows(&pod, "STOCK waiting for the power button", TO_USERSPACE).await;
+    let waiting = console_shows(&pod, "Run /init as init process", TO_INIT).await
+        && console_shows(&pod, "STOCK waiting for the power button", TO_WAITING).await;
     if !waiting {
         // The emulating KVM: still in early boot. The packaged bzImage was
         // decompressed on the host and read our ACPI tables.
