@@ -3,5 +3,7 @@
 # VMI from a manifest end to end with `virt-handler standalone` (no cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/progress.sh
+step "set-up: Debian packages and tools (scripts/setup.sh)"
 bash scripts/setup.sh
 exec bash images/examples/run.sh "$@"

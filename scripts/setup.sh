@@ -21,6 +21,10 @@ for tool in bzip2 xz lzma lzop lz4 zstd; do                   # bzImage payloads
     xz|lzma) need+=(xz-utils) ;; *) need+=($tool) ;; esac
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+[ -x /usr/sbin/runc ] || need+=(runc)                       # the test cluster's OCI runtime
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins) # the test cluster's pod network
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # static busybox in test images
+command -v openssl >/dev/null || need+=(openssl)            # the test cluster's certificates
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod defaults;
 pub mod leader;
+pub mod metrics;
 pub mod quantity;
 pub mod run;
 pub mod template;

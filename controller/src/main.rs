@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
+use controller::metrics::Metrics;
 use controller::run::{Options, run};
 use controller::template::TemplateConfig;
 use controller::writes::Writes;
@@ -33,6 +34,14 @@ struct Args {
     /// Let VMIs run without /dev/kvm (no kvm and vhost-net device requests).
     #[arg(long)]
     allow_emulation: bool,
+    /// Do not request devices.kubevirt.io/vhost-net for virtio NICs: the launcher's virtio-net
+    /// is userspace and never opens /dev/vhost-net (for nodes whose kernel has none).
+    #[arg(long)]
+    no_vhost_net: bool,
+    /// Serve Prometheus metrics (`/metrics`: reconciles, their durations and failures, API
+    /// writes) on this address, e.g. 0.0.0.0:8443.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// KubeVirt's `Root` feature gate: launcher pods run as root (uid 0, SYS_NICE) unless a
     /// VMI's creator asked for a non-root one. Off: always uid 107.
     #[arg(long)]
@@ -64,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
             launcher_image: args.launcher_image,
             launcher_qemu_timeout_seconds: args.launcher_qemu_timeout,
             allow_emulation: args.allow_emulation,
+            request_vhost_net: !args.no_vhost_net,
             root: args.root,
             ..TemplateConfig::default()
         },
@@ -71,12 +81,19 @@ async fn main() -> anyhow::Result<()> {
         identity: identity.clone(),
     };
     let writes = Arc::new(Writes::default());
+    let metrics = Arc::new(Metrics::new(writes.clone()));
+    // Served by every replica (a follower reports no reconciles), for the whole process.
+    let _metrics_task = match args.metrics_listen {
+        Some(addr) => Some(controller::metrics::serve(metrics.clone(), addr).await?.1),
+        None => None,
+    };
     let work_client = client.clone();
     let work: LeaderWork = Box::new(move |lost| {
         Box::pin(run(
             work_client.clone(),
             options.clone(),
             writes.clone(),
+            metrics.clone(),
             lost,
         ))
     });

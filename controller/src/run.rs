@@ -1,4 +1,4 @@
-//! Wiring: one shared watch per resource kind, the two controllers on top, until shutdown.
+//! Wiring: one watch per resource kind, the two controllers on top, until shutdown.
 
 use crate::template::TemplateConfig;
 use crate::vm::Expectations;
@@ -6,9 +6,9 @@ use crate::writes::Writes;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub vms: Store<VirtualMachine>,
     pub vm_expectations: Expectations,
+    /// Reconcile counts, durations and failures (`/metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Pods created but not yet in the cache, by VMI UID.
     pub created_pods: Mutex<HashMap<String, (Pod, Instant)>>,
     /// VMI resource versions written but not yet in the cache, by VMI UID.
@@ -44,6 +46,37 @@ pub struct Context {
 
 /// How long a write may take to show up in the cache before the controller stops waiting.
 pub const CACHE_WAIT: Duration = Duration::from_secs(30);
+
+/// A reconcile error that may come from the API server.
+pub trait ReconcileError: std::fmt::Display {
+    /// The API server's answer, if that is what failed.
+    fn kube(&self) -> Option<&kube::Error>;
+}
+
+/// What both controllers do after a failed reconcile: retry in 5 s, or in 200 ms after a
+/// conflict (the cache was only behind).
+pub fn error_policy<K, E>(
+    object: Arc<K>,
+    error: &E,
+    _: Arc<Context>,
+) -> kube::runtime::controller::Action
+where
+    K: Resource<DynamicType = ()> + kube::ResourceExt,
+    E: ReconcileError,
+{
+    let kind = K::kind(&());
+    let name = object.name_any();
+    tracing::warn!(%kind, %name, %error, "re-enqueuing");
+    kube::runtime::controller::Action::requeue(requeue_after(error.kube()))
+}
+
+/// The delay [`error_policy`] waits after `api_error`.
+fn requeue_after(api_error: Option<&kube::Error>) -> Duration {
+    match api_error {
+        Some(kube::Error::Api(status)) if status.code == 409 => Duration::from_millis(200),
+        _ => Duration::from_secs(5),
+    }
+}
 
 impl Context {
     pub fn api<K>(&self, namespace: &str) -> Api<K>
@@ -137,63 +170,115 @@ where
     }
 }
 
+/// The failure reason a metric names: the API's reason (`Conflict`, `NotFound`, ...) for an
+/// API error, else the error's kind.
+fn kube_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => status.reason.clone(),
+        other => format!("{other:?}")
+            .split(['(', ' ', '{'])
+            .next()
+            .unwrap_or("Other")
+            .to_string(),
+    }
+}
+
 /// Runs the VM and VMI controllers until `shutdown` resolves.
+///
+/// One watch per kind fills a store; its events are turned into reconcile triggers here
+/// (the object itself, and the owners of kind VM/VMI), sent through unbounded channels. Not
+/// kube-runtime's shared-store subscribers: in kube-runtime 5.0 a subscriber whose next
+/// object was deleted from the store before it was polled answers `Pending` without asking
+/// to be woken (`ReflectHandle::poll_next`), and the controller never hears from that kind
+/// again (seen on a real cluster: after a launcher pod came and went within one read, no
+/// pod change reached the VMI controller, so no VMI was ever handed to its node again).
+///
+/// No reconcile runs before every store has its first full list, as KubeVirt waits for
+/// its informers' caches: a VMI reconciled against an empty pod cache would look as if its
+/// pod had vanished and be failed (seen: a restarted controller failing every running VMI).
 pub async fn run(
     client: Client,
     options: Options,
     writes: Arc<Writes>,
+    metrics: Arc<crate::metrics::Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let watch_config = watcher::Config::default().any_semantic();
-    let (vmi_reader, vmi_writer) = reflector::store_shared::<VirtualMachineInstance>(1024);
-    let (pod_reader, pod_writer) = reflector::store_shared::<Pod>(1024);
-    let (vm_reader, vm_writer) = reflector::store_shared::<VirtualMachine>(1024);
-    let subscribe = "a shared store hands out subscribers";
-    let vmi_for_vmi_controller = vmi_writer.subscribe().expect(subscribe);
-    let (pod_gone_tx, pod_gone_rx) = futures::channel::mpsc::unbounded();
-    let (vmi_gone_tx, vmi_gone_rx) = futures::channel::mpsc::unbounded();
-    let vmi_for_vm_controller = vmi_writer.subscribe().expect(subscribe);
-    let pods_for_vmi_controller = pod_writer.subscribe().expect(subscribe);
-    let vms_for_vm_controller = vm_writer.subscribe().expect(subscribe);
+    let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
+    // Reconcile triggers, queued until the controllers run.
+    let (vmi_tx, vmi_rx) = futures::channel::mpsc::unbounded::<VirtualMachineInstance>();
+    let (vmi_ref_tx, vmi_ref_rx) =
+        futures::channel::mpsc::unbounded::<ObjectRef<VirtualMachineInstance>>();
+    let (vm_tx, vm_rx) = futures::channel::mpsc::unbounded::<VirtualMachine>();
+    let (vm_ref_tx, vm_ref_rx) = futures::channel::mpsc::unbounded::<ObjectRef<VirtualMachine>>();
 
-    let vmi_watch = watcher(
-        api_all::<VirtualMachineInstance>(&client, &options.namespace),
-        watch_config.clone(),
+    let vmi_watch = reflector(
+        vmi_writer,
+        watcher(
+            api_all::<VirtualMachineInstance>(&client, &options.namespace),
+            watch_config.clone(),
+        )
+        .default_backoff(),
     )
-    .default_backoff()
-    .reflect_shared(vmi_writer)
-    .for_each(move |event| {
-        // Subscribers of a shared store hear about changes, not deletions: a deleted VMI
-        // wakes its VM through this channel.
-        if let Ok(watcher::Event::Delete(vmi)) = &event {
-            for owner in owners_of_kind(vmi, "VirtualMachine") {
-                let _ = vmi_gone_tx.unbounded_send(owner);
+    .for_each({
+        let vm_ref_tx = vm_ref_tx.clone();
+        move |event| {
+            match event {
+                Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) => {
+                    for owner in owners_of_kind(&vmi, "VirtualMachine") {
+                        let _ = vm_ref_tx.unbounded_send(owner);
+                    }
+                    let _ = vmi_tx.unbounded_send(vmi);
+                }
+                // A deleted VMI wakes its VM (which may start the next one).
+                Ok(watcher::Event::Delete(vmi)) => {
+                    for owner in owners_of_kind(&vmi, "VirtualMachine") {
+                        let _ = vm_ref_tx.unbounded_send(owner);
+                    }
+                }
+                _ => {}
             }
+            async {}
         }
-        async {}
     });
-    let pod_watch = watcher(
-        api_all::<Pod>(&client, &options.namespace),
-        watch_config.clone().labels("kubevirt.io=virt-launcher"),
+    let pod_watch = reflector(
+        pod_writer,
+        watcher(
+            api_all::<Pod>(&client, &options.namespace),
+            watch_config.clone().labels("kubevirt.io=virt-launcher"),
+        )
+        .default_backoff(),
     )
-    .default_backoff()
-    .reflect_shared(pod_writer)
     .for_each(move |event| {
-        // Likewise, a deleted pod wakes its VMI.
-        if let Ok(watcher::Event::Delete(pod)) = &event {
+        // Every change of a launcher pod, its deletion included, wakes its VMI.
+        if let Ok(
+            watcher::Event::Apply(pod)
+            | watcher::Event::InitApply(pod)
+            | watcher::Event::Delete(pod),
+        ) = &event
+        {
             for owner in owners_of_kind(pod, "VirtualMachineInstance") {
-                let _ = pod_gone_tx.unbounded_send(owner);
+                let _ = vmi_ref_tx.unbounded_send(owner);
             }
         }
         async {}
     });
-    let vm_watch = watcher(
-        api_all::<VirtualMachine>(&client, &options.namespace),
-        watch_config,
+    let vm_watch = reflector(
+        vm_writer,
+        watcher(
+            api_all::<VirtualMachine>(&client, &options.namespace),
+            watch_config,
+        )
+        .default_backoff(),
     )
-    .default_backoff()
-    .reflect_shared(vm_writer)
-    .for_each(|_| async {});
+    .for_each(move |event| {
+        if let Ok(watcher::Event::Apply(vm) | watcher::Event::InitApply(vm)) = event {
+            let _ = vm_tx.unbounded_send(vm);
+        }
+        async {}
+    });
 
     let recorder = Recorder::new(
         client.clone(),
@@ -207,9 +292,10 @@ pub async fn run(
         options,
         writes,
         vmis: vmi_reader.clone(),
-        pods: pod_reader,
+        pods: pod_reader.clone(),
         vms: vm_reader.clone(),
         vm_expectations: Expectations::default(),
+        metrics,
         created_pods: Mutex::default(),
         vmi_versions: Mutex::default(),
         pod_gates: Mutex::default(),
@@ -220,29 +306,58 @@ pub async fn run(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let vmi_controller = crate::vmi::controller::controller(
-        vmi_for_vmi_controller,
-        vmi_reader,
-        pods_for_vmi_controller,
-    )
-    .reconcile_on(pod_gone_rx)
-    .graceful_shutdown_on(stopped(stop_rx.clone()))
-    .run(
-        crate::vmi::controller::reconcile,
-        crate::vmi::controller::error_policy,
-        context.clone(),
-    );
-    let vm_controller =
-        crate::vm::controller::controller(vms_for_vm_controller, vm_reader, vmi_for_vm_controller)
-            .reconcile_on(vmi_gone_rx)
+    let controllers = async move {
+        let (vmis, pods, vms) = futures::join!(
+            vmi_reader.wait_until_ready(),
+            pod_reader.wait_until_ready(),
+            vm_reader.wait_until_ready()
+        );
+        if vmis.is_err() || pods.is_err() || vms.is_err() {
+            return; // a watch ended before its first list; `watches` reports it
+        }
+        tracing::info!("caches synced: starting the VM and VMI controllers");
+        let vmi_controller =
+            crate::vmi::controller::controller(vmi_rx.map(Ok), vmi_reader, vmi_ref_rx)
+                .graceful_shutdown_on(stopped(stop_rx.clone()))
+                .run(
+                    |vmi, ctx: Arc<Context>| async move {
+                        let key =
+                            format!("{}/{}", vmi.namespace().unwrap_or_default(), vmi.name_any());
+                        let metrics = Arc::clone(&ctx.metrics);
+                        metrics
+                            .reconcile(
+                                "vmi",
+                                &key,
+                                crate::vmi::controller::reconcile(vmi, ctx),
+                                |e| match e {
+                                    crate::vmi::controller::Error::Kube(e) => kube_reason(e),
+                                    crate::vmi::controller::Error::Render(_) => "Render".into(),
+                                    crate::vmi::controller::Error::Json(_) => "Json".into(),
+                                },
+                            )
+                            .await
+                    },
+                    error_policy,
+                    context.clone(),
+                );
+        let vm_controller = crate::vm::controller::controller(vm_rx.map(Ok), vm_reader, vm_ref_rx)
             .graceful_shutdown_on(stopped(stop_rx))
             .run(
-                crate::vm::controller::reconcile,
-                crate::vm::controller::error_policy,
+                |vm, ctx: Arc<Context>| async move {
+                    let key = format!("{}/{}", vm.namespace().unwrap_or_default(), vm.name_any());
+                    let metrics = Arc::clone(&ctx.metrics);
+                    metrics
+                        .reconcile("vm", &key, crate::vm::controller::reconcile(vm, ctx), |e| {
+                            match e {
+                                crate::vm::controller::Error::Kube(e) => kube_reason(e),
+                                crate::vm::controller::Error::Sync(_) => "Sync".into(),
+                            }
+                        })
+                        .await
+                },
+                error_policy,
                 context.clone(),
             );
-
-    let controllers = async {
         futures::join!(
             vmi_controller.for_each(|_| async {}),
             vm_controller.for_each(|_| async {})
@@ -283,8 +398,23 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_jso
 
 #[cfg(test)]
 mod tests {
-    use super::merge_diff;
+    use super::{merge_diff, requeue_after};
     use serde_json::json;
+    use std::time::Duration;
+
+    #[test]
+    fn conflicts_retry_soon_other_errors_later() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "Conflict")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert_eq!(requeue_after(Some(&api(409))), Duration::from_millis(200));
+        assert_eq!(requeue_after(Some(&api(500))), Duration::from_secs(5));
+        assert_eq!(requeue_after(None), Duration::from_secs(5));
+    }
 
     #[test]
     fn merge_diff_sets_changes_and_nulls_removals() {

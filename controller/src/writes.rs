@@ -22,6 +22,24 @@ pub enum Write {
 
 const KINDS: usize = 12;
 
+impl Write {
+    /// Every kind, in declaration order.
+    pub const ALL: [Write; KINDS] = [
+        Write::VmiCreate,
+        Write::VmiPatch,
+        Write::VmiStatusPatch,
+        Write::VmiDelete,
+        Write::PodCreate,
+        Write::PodDelete,
+        Write::PodPatch,
+        Write::VmPatch,
+        Write::VmStatusPatch,
+        Write::RevisionCreate,
+        Write::RevisionDelete,
+        Write::Event,
+    ];
+}
+
 /// Thread-safe counters, one per [`Write`].
 #[derive(Debug, Default)]
 pub struct Writes {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 /// How long a successful check is trusted.
-pub const CACHE_FOR: Duration = Duration::from_secs(60);
+pub(crate) const CACHE_FOR: Duration = Duration::from_secs(60);
 /// A check that takes longer fails (the probes time out after 10 s).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -62,7 +62,7 @@ impl ApiHealth {
 }
 
 /// The status and body for a version lookup's outcome.
-pub fn health_body(version: Result<Value, String>) -> (u16, Value) {
+pub(crate) fn health_body(version: Result<Value, String>) -> (u16, Value) {
     match version {
         Ok(v) => (
             200,

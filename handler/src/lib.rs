@@ -3,7 +3,7 @@
 //! It brings the VMIs scheduled to its node to life and keeps their status true, talking
 //! to launchers only over the cmd/notify gRPC contract (never linking the VMM).
 //!
-//! - [`sync`]: the decision table as pure functions (contract §3.3–§3.6).
+//! - [`sync`]: the decision table as pure functions (proto/CONTRACT.md §3.3–§3.6).
 //! - [`launchers`]: finding launchers (socket paths, peer PID), the cmd client, ghost records.
 //! - [`domains`]: the domain cache, the notify server and the notify pipes.
 //! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
@@ -23,6 +23,6 @@ pub mod healthz;
 pub mod launchers;
 pub mod metrics;
 pub mod node;
-pub mod podside;
+pub(crate) mod podside;
 pub mod sync;
 pub mod vmis;

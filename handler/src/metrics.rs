@@ -1,5 +1,5 @@
 //! Prometheus metrics of the handler: VMIs by phase, reconcile latency, launcher errors,
-//! served in the OpenMetrics text format on `/metrics` (and `/healthz`).
+//! notify events refused, served in the OpenMetrics text format on `/metrics` (and `/healthz`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,13 +15,18 @@ use prometheus_client::registry::Registry;
 use proto::kubevirt::Phase;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PhaseLabels {
+pub(crate) struct PhaseLabels {
     pub phase: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CommandLabels {
+pub(crate) struct CommandLabels {
     pub command: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabels {
+    pub reason: String,
 }
 
 pub struct Metrics {
@@ -29,6 +34,7 @@ pub struct Metrics {
     vmis_by_phase: Family<PhaseLabels, Gauge>,
     sync_duration: Histogram,
     launcher_errors: Family<CommandLabels, Counter>,
+    notify_rejected: Family<ReasonLabels, Counter>,
     phases: Mutex<HashMap<String, Phase>>,
 }
 
@@ -56,11 +62,20 @@ impl Metrics {
             "Failed calls to launchers by command",
             launcher_errors.clone(),
         );
+        let notify_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "notify_events_rejected",
+            "Events from launcher pods the handler dropped: about another VMI than the pod's \
+             (identity), relists asked for too often (rate), past the domain cache's bound \
+             (capacity), or malformed",
+            notify_rejected.clone(),
+        );
         Metrics {
             registry,
             vmis_by_phase,
             sync_duration,
             launcher_errors,
+            notify_rejected,
             phases: Mutex::new(HashMap::new()),
         }
     }
@@ -99,14 +114,23 @@ impl Metrics {
         }
     }
 
-    pub fn observe_sync(&self, took: Duration) {
+    pub(crate) fn observe_sync(&self, took: Duration) {
         self.sync_duration.observe(took.as_secs_f64());
     }
 
-    pub fn launcher_error(&self, command: &str) {
+    pub(crate) fn launcher_error(&self, command: &str) {
         self.launcher_errors
             .get_or_create(&CommandLabels {
                 command: command.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one notify event dropped for `reason`.
+    pub(crate) fn notify_event_rejected(&self, reason: &str) {
+        self.notify_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
             })
             .inc();
     }

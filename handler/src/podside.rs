@@ -48,14 +48,14 @@ pub enum PodSideError {
 
 /// How the VMI's pod network interface is built.
 #[derive(Debug, Clone, PartialEq)]
-pub enum PodNetworkPlan {
+pub(crate) enum PodNetworkPlan {
     Masquerade(MasqueradeConfig),
     Bridge(BridgeConfig),
 }
 
 /// The plan for the VMI's pod network interface (its name and binding), or `None` if it
 /// has none.
-pub fn pod_network_plan(
+pub(crate) fn pod_network_plan(
     vmi: &VirtualMachineInstance,
     pid: u32,
     owner: u32,
@@ -240,7 +240,7 @@ fn masquerade_plan(
 /// Where pod interfaces are remembered across handler restarts:
 /// `<private dir>/network-info-cache/<vmiUID>/<ifaceName>`.
 #[derive(Debug, Clone)]
-pub struct PodInterfaceCache {
+pub(crate) struct PodInterfaceCache {
     dir: PathBuf,
 }
 
@@ -300,11 +300,11 @@ impl PodInterfaceCache {
 /// `claimDeviceOwnership` gives them (`pkg/virt-handler/controller.go`, `non-root.go`):
 /// the hypervisor device, and the network devices the pod network uses. A node the pod
 /// does not have is skipped.
-pub const OWNED_DEVICES: &[&str] = &["/dev/kvm", "/dev/vhost-net", "/dev/net/tun"];
+pub(crate) const OWNED_DEVICES: &[&str] = &["/dev/kvm", "/dev/vhost-net", "/dev/net/tun"];
 
 /// Prepares the pod: masquerade network, device ownership. Returns the pod interfaces
 /// (also stored in `cache`).
-pub fn prepare(
+pub(crate) fn prepare(
     vmi: &VirtualMachineInstance,
     pid: u32,
     owner: u32,
@@ -367,7 +367,7 @@ pub fn prepare(
 /// walked one component at a time without following links, and the file is written
 /// under a fresh name and renamed over the target (which replaces a planted link
 /// instead of writing through it).
-pub fn write_into_pod(
+pub(crate) fn write_into_pod(
     root: &Path,
     path_in_pod: &str,
     bytes: &[u8],
@@ -429,7 +429,7 @@ pub fn write_into_pod(
 /// (KubeVirt's `safepath.JoinNoFollow`), checked to be a character device and changed
 /// through that same descriptor, so neither a planted link nor a swap after the check
 /// can redirect the change to a host file.
-pub fn own_devices(root: &Path, owner: u32) -> Result<(), PodSideError> {
+pub(crate) fn own_devices(root: &Path, owner: u32) -> Result<(), PodSideError> {
     use crate::launchers::podfs;
     use nix::fcntl::{AtFlags, OFlag};
     use nix::sys::stat::SFlag;

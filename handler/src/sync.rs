@@ -1,4 +1,4 @@
-//! The decision table of KubeVirt v1.9.0's handler (contract §3.3–§3.6), as pure functions.
+//! The decision table of KubeVirt v1.9.0's handler (proto/CONTRACT.md §3.3–§3.6), as pure functions.
 //!
 //! Nothing here does I/O: the agent gathers the VMI, the cached domain and what it knows
 //! about the launcher, asks [`decide`] what to do and [`calculate_phase`] what the VMI's
@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use proto::domain::{Domain, LifeCycle, StateChangeReason};
 use proto::kubevirt::{Phase, VirtualMachineInstance, well_known};
 
-/// What the agent knows about the launcher of a VMI (contract §3.1).
+/// What the agent knows about the launcher of a VMI (proto/CONTRACT.md §3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LauncherState {
     /// Connected and answering (the `launcher-sock` exists and CmdInfo negotiated).
@@ -21,7 +21,7 @@ pub enum LauncherState {
     Unresponsive,
 }
 
-/// One step of the graceful-shutdown state machine (contract §3.5).
+/// One step of the graceful-shutdown state machine (proto/CONTRACT.md §3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownStep {
     /// Send `ShutdownVirtualMachine` and look again after `recheck`.
@@ -42,10 +42,12 @@ pub enum Action {
     /// `sync` ran and found nothing to do (with why, for the decision log); the status
     /// is still brought up to date.
     Nothing(&'static str),
-    /// Look again later without acting (e.g. the launcher socket is not there yet).
-    Requeue { after: Duration, why: &'static str },
+    /// The launcher socket is not there or not answering yet: look again soon. KubeVirt
+    /// looks again after a fixed second; the agent polls from a few milliseconds up to
+    /// that second, so a launcher that comes up fast is taken over at once.
+    WaitForLauncher,
     /// The domain belongs to an older VMI with the same name: clean its launcher up once it
-    /// is unresponsive (contract §3.3 step 3).
+    /// is unresponsive (proto/CONTRACT.md §3.3 step 3).
     CleanupStale { old_uid: String },
     /// Stop the VM gracefully, or kill it.
     Shutdown(ShutdownStep),
@@ -78,7 +80,7 @@ impl Action {
     /// Whether the reconcile goes on to write the status (`updateVMIStatus`): not after
     /// an early return of `execute` (ignored VMI, stale domain of an older VMI, whose
     /// state says nothing about this VMI).
-    pub fn updates_status(&self) -> bool {
+    pub(crate) fn updates_status(&self) -> bool {
         !matches!(self, Action::Ignore(_) | Action::CleanupStale { .. })
     }
 }
@@ -91,7 +93,7 @@ impl Facts<'_> {
 }
 
 /// `domainAlive`: exists and not `Shutoff`, `Crashed` or the empty state.
-pub fn domain_alive(domain: Option<&Domain>) -> bool {
+pub(crate) fn domain_alive(domain: Option<&Domain>) -> bool {
     domain.is_some_and(|d| {
         !d.is_gone()
             && !matches!(
@@ -103,7 +105,7 @@ pub fn domain_alive(domain: Option<&Domain>) -> bool {
 
 /// Migration in progress (`isMigrationInProgress`): a migration started and not ended in
 /// the domain metadata, or a domain paused for a migration.
-pub fn migration_in_progress(domain: &Domain) -> bool {
+pub(crate) fn migration_in_progress(domain: &Domain) -> bool {
     let paused_for_migration = domain.status.status == LifeCycle::Paused
         && matches!(
             domain.status.reason,
@@ -125,7 +127,7 @@ pub fn migration_in_progress(domain: &Domain) -> bool {
 }
 
 /// Whether this node owns the VMI: the `kubevirt.io/nodeName` label, else `status.nodeName`.
-pub fn owned_by_node(vmi: &VirtualMachineInstance, node: &str) -> bool {
+pub(crate) fn owned_by_node(vmi: &VirtualMachineInstance, node: &str) -> bool {
     let label = vmi
         .metadata
         .labels
@@ -145,7 +147,7 @@ fn vmi_uid(vmi: &VirtualMachineInstance) -> &str {
     vmi.metadata.uid.as_deref().unwrap_or("")
 }
 
-/// The reconcile decision (contract §3.3 `execute` then §3.4 `sync`).
+/// The reconcile decision (proto/CONTRACT.md §3.3 `execute` then §3.4 `sync`).
 pub fn decide(facts: &Facts<'_>) -> Action {
     // §3.3 step 3: a domain of an older VMI with the same name. Its UID is kept even when
     // the domain is marked deleted.
@@ -242,18 +244,15 @@ pub fn decide(facts: &Facts<'_>) -> Action {
     if should_update {
         return match facts.launcher {
             LauncherState::Ready => Action::Update,
-            // "client not initialized": look again in a second (§3.6).
-            LauncherState::NotReady => Action::Requeue {
-                after: Duration::from_secs(1),
-                why: "launcher socket not ready",
-            },
+            // "client not initialized": look again soon (§3.6).
+            LauncherState::NotReady => Action::WaitForLauncher,
             LauncherState::Unresponsive => Action::Nothing("launcher unresponsive"),
         };
     }
     Action::Nothing("VMI and domain agree")
 }
 
-/// The grace period in force (contract §3.5): the domain's `DeletionGracePeriodSeconds`
+/// The grace period in force (proto/CONTRACT.md §3.5): the domain's `DeletionGracePeriodSeconds`
 /// decides whether there is one at all; if so the VMI's own value wins.
 pub fn grace_period_seconds(vmi: Option<&VirtualMachineInstance>, domain: &Domain) -> i64 {
     let domain_grace = domain
@@ -272,7 +271,7 @@ pub fn grace_period_seconds(vmi: Option<&VirtualMachineInstance>, domain: &Domai
 }
 
 /// The next step of a graceful shutdown (`helperVmShutdown`, `hasGracePeriodExpired`).
-pub fn shutdown_step(facts: &Facts<'_>) -> ShutdownStep {
+pub(crate) fn shutdown_step(facts: &Facts<'_>) -> ShutdownStep {
     let Some(domain) = facts.live_domain() else {
         return ShutdownStep::Kill;
     };
@@ -331,9 +330,9 @@ fn destroyed_means_failed(vmi: &VirtualMachineInstance, domain: &Domain) -> bool
     }
 }
 
-/// The VMI phase the domain implies (`calculateVmPhaseForStatusReason`, contract §3.6).
+/// The VMI phase the domain implies (`calculateVmPhaseForStatusReason`, proto/CONTRACT.md §3.6).
 /// Without a VMI there is no phase: returns `Unset`.
-pub fn calculate_phase(facts: &Facts<'_>) -> Phase {
+pub(crate) fn calculate_phase(facts: &Facts<'_>) -> Phase {
     let Some(vmi) = facts.vmi else {
         return Phase::Unset;
     };
@@ -586,7 +585,7 @@ mod tests {
         );
         assert!(matches!(
             decide(&facts(Some(&v), None, LauncherState::NotReady)),
-            Action::Requeue { .. }
+            Action::WaitForLauncher
         ));
     }
 

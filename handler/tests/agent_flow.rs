@@ -300,9 +300,11 @@ impl Node {
         let (cache, cache_changes) = DomainCache::new();
         let cache = Arc::new(cache);
         // The fake launcher lives in this process, whose root is the host's.
-        let launchers = Arc::new(Launchers::new(self.paths(), NODE).without_notify_pipes());
-        let server = notify::start(&self.paths().share_dir, Arc::clone(&cache), store.clone())
-            .expect("notify server");
+        let metrics = Arc::new(Metrics::new());
+        let hub = notify::NotifyHub::new(Arc::clone(&cache), store.clone(), Arc::clone(&metrics));
+        let launchers =
+            Arc::new(Launchers::new(self.paths(), NODE, hub.clone()).without_notify_pipes());
+        let server = notify::start(&self.paths().share_dir, hub).expect("notify server");
         let mut config = AgentConfig::new(NODE, self.dir.path().join("private"));
         config.prepare_pod = false;
         configure(&mut config);
@@ -312,7 +314,7 @@ impl Node {
             store.clone(),
             cache,
             launchers,
-            Arc::new(Metrics::new()),
+            metrics,
         );
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(agent.run(cache_changes, vmi_changes, stopped));
@@ -513,7 +515,17 @@ async fn a_domain_of_an_older_vmi_is_cleaned_up_only_once_its_launcher_is_gone()
             .filter(|c| c.as_str() == "Sync")
             .count()
     };
-    let syncs_before = syncs();
+    // The old VMI's own reconciles (a Sync after each status write) settle first: only
+    // what the new VMI's arrival triggers counts below.
+    let mut syncs_before = syncs();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = syncs();
+        if now == syncs_before {
+            break;
+        }
+        syncs_before = now;
+    }
     store.admit(fresh, None);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The old launcher answers: its domain is left alone and the new VMI waits.

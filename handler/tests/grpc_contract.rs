@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use handler::domains::notify::{self, K8sEvent, K8sEventSink};
+use handler::domains::notify::{self, K8sEvent, K8sEventSink, NotifyHub, VmiIdentity};
 use handler::domains::pipe::NotifyPipe;
 use handler::domains::{CacheChange, DomainCache};
 use handler::launchers::client::{LauncherClient, unix_channel};
 use handler::launchers::{CmdError, VmiCommand};
+use handler::metrics::Metrics;
 use proto::domain::{Domain, LifeCycle};
 use proto::grpc::cmd::info::cmd_info_server::{CmdInfo, CmdInfoServer};
 use proto::grpc::cmd::info::{CmdInfoRequest, CmdInfoResponse};
@@ -411,7 +412,8 @@ async fn notify_server_feeds_the_cache_and_answers_like_kubevirt() {
         vmi_uid: "u-1".into(),
         recorded: Mutex::new(Vec::new()),
     });
-    let server = notify::start(dir.path(), Arc::clone(&cache), sink.clone()).expect("start");
+    let hub = NotifyHub::new(Arc::clone(&cache), sink.clone(), Arc::new(Metrics::new()));
+    let server = notify::start(dir.path(), hub.clone()).expect("start");
     let socket = dir.path().join("domain-notify.sock");
     assert_eq!(server.path, socket);
 
@@ -510,9 +512,14 @@ async fn notify_server_feeds_the_cache_and_answers_like_kubevirt() {
         .path()
         .join("var/run/kubevirt/domain-notify-pipe.sock");
     // The pipe goes into an existing pod directory; it never creates one.
-    assert!(NotifyPipe::start(&pipe_path, &socket, Some(107)).is_err());
+    let pod_vmi = VmiIdentity {
+        namespace: "default".into(),
+        name: "vmi".into(),
+        uid: "u-1".into(),
+    };
+    assert!(NotifyPipe::start(&pipe_path, hub.clone(), pod_vmi.clone(), Some(107)).is_err());
     std::fs::create_dir_all(pipe_path.parent().expect("parent")).expect("mkdir");
-    let pipe = NotifyPipe::start(&pipe_path, &socket, Some(107)).expect("pipe");
+    let pipe = NotifyPipe::start(&pipe_path, hub, pod_vmi, Some(107)).expect("pipe");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&pipe_path).expect("pipe file").uid(), 107);
     let mut via_pipe = notify_client(&pipe_path).await;
@@ -536,4 +543,207 @@ async fn notify_server_feeds_the_cache_and_answers_like_kubevirt() {
 
     server.stop().await.expect("stop");
     assert!(!socket.exists());
+}
+
+/// A malicious launcher, speaking gRPC through its pod's notify pipe: it cannot change
+/// another VMI's domain (forged state, deletion), record events about it, grow the cache
+/// with names of its choosing, ask for relists in a loop, or hold more than the pipe's
+/// connections and message size; each dropped event is counted on `/metrics`.
+#[tokio::test]
+async fn a_launcher_pod_reports_about_its_own_vmi_only() {
+    let (cache, mut changes) = DomainCache::new();
+    let cache = Arc::new(cache);
+    let metrics = Arc::new(Metrics::new());
+    // The recorder knows both VMIs: only the pipe's binding keeps B's events out.
+    struct Both(Mutex<Vec<K8sEvent>>);
+    impl K8sEventSink for Both {
+        fn record(&self, event: &K8sEvent) -> Result<(), String> {
+            self.0.lock().expect("lock").push(event.clone());
+            Ok(())
+        }
+    }
+    let sink = Arc::new(Both(Mutex::new(Vec::new())));
+    let hub = NotifyHub::new(Arc::clone(&cache), sink.clone(), Arc::clone(&metrics));
+
+    // Tenant B's VM runs; its domain is in the cache.
+    let mut victim = Domain::new("tenant-b", "vm-b", "uid-b");
+    victim.status.status = LifeCycle::Running;
+    cache.set("tenant-b/vm-b", victim.clone());
+    assert_eq!(
+        changes.recv().await,
+        Some(CacheChange::Key("tenant-b/vm-b".into()))
+    );
+
+    // Tenant A's pod and its pipe.
+    let pod = tempfile::tempdir().expect("tempdir");
+    let pipe_path = pod.path().join("domain-notify-pipe.sock");
+    let own = VmiIdentity {
+        namespace: "tenant-a".into(),
+        name: "vm-a".into(),
+        uid: "uid-a".into(),
+    };
+    let _pipe = NotifyPipe::start(&pipe_path, hub, own, None).expect("pipe");
+    let mut attacker = notify_client(&pipe_path).await;
+
+    // Forged states and a deletion of B's domain, under B's name and UID.
+    let mut forged = victim.clone();
+    forged.status.status = LifeCycle::Shutoff;
+    for request in [
+        event("MODIFIED", &forged),
+        event("DELETED", &forged),
+        event(
+            "ADDED",
+            &Domain::gone(
+                "tenant-b",
+                "vm-b",
+                "uid-b",
+                proto::kubevirt::Time(k8s_openapi::jiff::Timestamp::now()),
+            ),
+        ),
+    ] {
+        let reply = attacker
+            .handle_domain_event(request)
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert!(!reply.success);
+        assert!(
+            reply.message.contains("not this pod's VMI"),
+            "{}",
+            reply.message
+        );
+    }
+    assert_eq!(cache.get("tenant-b/vm-b"), Some(victim.clone()));
+    // Its own name with another UID.
+    let reply = attacker
+        .handle_domain_event(event("MODIFIED", &Domain::new("tenant-a", "vm-a", "uid-b")))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(!reply.success);
+    // A thousand new names: none is kept.
+    for i in 0..1000 {
+        let reply = attacker
+            .handle_domain_event(event(
+                "ADDED",
+                &Domain::new("tenant-a", &format!("x{i}"), "uid-a"),
+            ))
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert!(!reply.success);
+    }
+    assert_eq!(cache.len(), 1);
+    assert!(changes.try_recv().is_err(), "no reconcile was queued");
+    // An event about B.
+    let about_b = K8sEventRequest {
+        event_json: serde_json::json!({
+            "involvedObject": {"namespace": "tenant-b", "name": "vm-b", "uid": "uid-b"},
+            "type": "Warning", "reason": "Forged", "message": "x"
+        })
+        .to_string()
+        .into_bytes(),
+    };
+    let reply = attacker
+        .handle_k8s_event(about_b)
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(!reply.success);
+    assert!(sink.0.lock().expect("lock").is_empty());
+
+    // Its own domain is taken (an empty UID is filled in with the pod's).
+    let mut mine = Domain::new("tenant-a", "vm-a", "");
+    mine.status.status = LifeCycle::Running;
+    let reply = attacker
+        .handle_domain_event(event("ADDED", &mine))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success, "{}", reply.message);
+    assert_eq!(
+        changes.recv().await,
+        Some(CacheChange::Key("tenant-a/vm-a".into()))
+    );
+    assert_eq!(
+        cache
+            .get("tenant-a/vm-a")
+            .map(|d| d.spec.metadata.kubevirt.uid),
+        Some("uid-a".into())
+    );
+
+    // A relist, then no second one right after.
+    let error = || DomainEventRequest {
+        domain_json: Vec::new(),
+        status_json: b"{}".to_vec(),
+        event_type: "ERROR".into(),
+    };
+    let first = attacker
+        .handle_domain_event(error())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(first.success);
+    assert_eq!(changes.recv().await, Some(CacheChange::Relist));
+    let second = attacker
+        .handle_domain_event(error())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert!(!second.success);
+    assert!(changes.try_recv().is_err());
+
+    // A message over the bound is refused by gRPC itself.
+    let mut huge = event("MODIFIED", &mine);
+    huge.status_json = vec![b' '; notify::MAX_MESSAGE_BYTES + 1];
+    let status = attacker
+        .handle_domain_event(huge)
+        .await
+        .expect_err("too large");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+
+    // Every drop is counted.
+    let text = metrics.encode();
+    for (reason, count) in [("identity", 1005), ("rate", 1)] {
+        let line = format!(
+            r#"kubevirt_handler_notify_events_rejected_total{{reason="{reason}"}} {count}"#
+        );
+        assert!(text.contains(&line), "{line} in {text}");
+    }
+
+    // Connections: the pipe serves PIPE_CONNECTIONS at once; the next waits for one to
+    // close.
+    drop(attacker);
+    let mut held = Vec::new();
+    for _ in 0..notify::PIPE_CONNECTIONS {
+        let mut client = notify_client(&pipe_path).await;
+        let reply = client
+            .handle_domain_event(event("MODIFIED", &mine))
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert!(reply.success);
+        held.push(client);
+    }
+    let waiting = {
+        let pipe_path = pipe_path.clone();
+        let mine = mine.clone();
+        tokio::spawn(async move {
+            let mut client = notify_client(&pipe_path).await;
+            client.handle_domain_event(event("MODIFIED", &mine)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a connection past the bound is not served"
+    );
+    held.pop();
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("served once a connection closed")
+        .expect("join")
+        .expect("rpc")
+        .into_inner();
+    assert!(reply.success);
 }

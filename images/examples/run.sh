@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
+. scripts/progress.sh
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "run.sh: run as root (network namespaces, mounts, /dev/kvm)" >&2
@@ -20,13 +21,13 @@ fi
 [[ -e /dev/kvm ]] || { echo "run.sh: /dev/kvm is missing" >&2; exit 1; }
 
 target=${CARGO_TARGET_DIR:-$repo/target}
-echo "== building virt-handler, virt-launcher, vmm"
+step "building virt-handler, virt-launcher, vmm (first run: ~10-15 min on 2 cores, then seconds)"
 cargo build -p virt-handler -p virt-launcher -p vmm-cli --bins
 
 work=${WORK:-$(mktemp -d /tmp/kubevirt-demo.XXXXXX)}
 mkdir -p "$work"
 chmod 0755 "$work"
-echo "== preparing images in $work"
+step "preparing images in $work"
 "$target/debug/vmm" test-guest --output "$work/guest.elf"
 # The container disk's base image (raw); the launcher puts a qcow2 overlay over it.
 rm -f "$work/base.raw"
@@ -37,7 +38,7 @@ cp images/examples/vmi-testguest.yaml "$work/"
 stop=(--stop-after-console "DONE passed=")
 [[ ${KEEP_RUNNING:-0} == 1 ]] && stop=()
 
-echo "== running virt-handler standalone"
+step "running virt-handler standalone"
 log="$work/handler.out"
 set +e
 # The handler logs one line per decision on stderr; RUST_LOG=info shows them.
@@ -49,7 +50,7 @@ RUST_LOG=${RUST_LOG:-warn} "$target/debug/virt-handler" standalone "$work/vmi-te
 rc=${PIPESTATUS[0]}
 set -e
 
-echo "== status written to $work/vmi-testguest.yaml.status.yaml"
+step "status written to $work/vmi-testguest.yaml.status.yaml"
 if [[ $rc -ne 0 ]]; then
     echo "run.sh: virt-handler failed ($rc)" >&2
     exit "$rc"

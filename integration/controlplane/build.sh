@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Builds (once, then cached) the Kubernetes control plane used by the integration tests:
-# kube-apiserver and kube-controller-manager from the k8s.io/kubernetes Go module, and etcd
-# from go.etcd.io/etcd/server/v3. No binary downloads: only the Go module proxy is used.
+# Builds (once, then cached) the Kubernetes binaries used by the integration tests and by
+# scripts/cluster.sh: from the k8s.io/kubernetes Go module kube-apiserver,
+# kube-controller-manager, kube-scheduler, kube-proxy, kubelet and kubectl; etcd from
+# go.etcd.io/etcd/server/v3; containerd, containerd-shim-runc-v2 and ctr from
+# github.com/containerd/containerd/v2. No binary downloads: only the Go module proxy is used.
 #
 # Usage: integration/controlplane/build.sh
-#   stdout: one line, the directory holding kube-apiserver, kube-controller-manager and etcd.
+#   stdout: one line, the directory holding all the binaries.
 #   stderr: progress.
 #
 # Environment (all optional):
 #   KUBE_VERSION                 k8s.io/kubernetes release (default below)
 #   ETCD_VERSION                 go.etcd.io/etcd/server/v3 release (default below)
+#   CONTAINERD_VERSION           github.com/containerd/containerd/v2 release (default below)
 #   KUBEVIRT_RS_CONTROLPLANE_CACHE  cache root
 #                                (default ${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-rs/controlplane)
 #   CONTROLPLANE_BUILD_JOBS      go build -p value (default 2: the dev machines are shared)
@@ -18,14 +21,23 @@ set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+# 2.3 is a containerd line recommended for Kubernetes 1.36 (its RELEASES.md), has CRI image
+# volumes (since 2.1), a configurable shim socket directory, and still supports cgroup v1.
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.3.7}"
 CACHE_ROOT="${KUBEVIRT_RS_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-rs/controlplane}"
 JOBS="${CONTROLPLANE_BUILD_JOBS:-2}"
 NICE="${CONTROLPLANE_NICE:-19}"
 
-VERSION_DIR="$CACHE_ROOT/kubernetes-$KUBE_VERSION-etcd-$ETCD_VERSION"
+# Bump LAYOUT when the set of binaries or how they are built changes: the directory name
+# changes with it, so an older cache (or an older checkout sharing the cache) keeps its own
+# directory instead of both rebuilding each other's in turn.
+LAYOUT=2
+VERSION_DIR="$CACHE_ROOT/layout$LAYOUT-kubernetes-$KUBE_VERSION-etcd-$ETCD_VERSION-containerd-$CONTAINERD_VERSION"
 BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/VERSIONS"
-STAMP_CONTENT="kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION"
+STAMP_CONTENT="layout=$LAYOUT kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION containerd=$CONTAINERD_VERSION"
+# The k8s.io/kubernetes commands built (all with one `go build`, so shared packages compile once).
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
 
 log() { echo "controlplane/build.sh: $*" >&2; }
 die() {
@@ -33,20 +45,31 @@ die() {
     exit 1
 }
 
-# True when `$1 --version` prints the line $2. The output is captured first: `cmd | grep -q`
-# can kill cmd with SIGPIPE, which fails the pipeline under pipefail.
+# True when the command "$2..." prints the line $1. The output is captured first:
+# `cmd | grep -q` can kill cmd with SIGPIPE, which fails the pipeline under pipefail.
 reports() {
-    local out
-    out="$("$1" --version 2>/dev/null)" || return 1
-    grep -qxF "$2" <<<"$out"
+    local line="$1" out
+    shift
+    out="$("$@" 2>/dev/null)" || return 1
+    grep -qxF "$line" <<<"$out"
 }
 
 # True when the cached binaries exist and report the wanted versions.
 cached_binaries_match() {
     [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] || return 1
-    reports "$BIN_DIR/kube-apiserver" "Kubernetes $KUBE_VERSION" || return 1
-    reports "$BIN_DIR/kube-controller-manager" "Kubernetes $KUBE_VERSION" || return 1
-    reports "$BIN_DIR/etcd" "etcd Version: ${ETCD_VERSION#v}" || return 1
+    local cmd
+    for cmd in "${KUBE_COMMANDS[@]}"; do
+        [[ "$cmd" == kubectl ]] && continue
+        reports "Kubernetes $KUBE_VERSION" "$BIN_DIR/$cmd" --version || return 1
+    done
+    reports "Client Version: $KUBE_VERSION" "$BIN_DIR/kubectl" version --client || return 1
+    reports "etcd Version: ${ETCD_VERSION#v}" "$BIN_DIR/etcd" --version || return 1
+    local containerd_line="containerd github.com/containerd/containerd/v2 $CONTAINERD_VERSION"
+    containerd_line+=" module-$CONTAINERD_VERSION"
+    reports "$containerd_line" "$BIN_DIR/containerd" --version || return 1
+    reports "ctr github.com/containerd/containerd/v2 $CONTAINERD_VERSION" \
+        "$BIN_DIR/ctr" --version || return 1
+    reports "  Version:  $CONTAINERD_VERSION" "$BIN_DIR/containerd-shim-runc-v2" -v || return 1
 }
 
 gocmd() { nice -n "$NICE" go "$@"; }
@@ -72,12 +95,12 @@ go_environment() {
     export GOMODCACHE="$CACHE_ROOT/go/mod"
     export GOCACHE="$CACHE_ROOT/go/build"
     export GOTOOLCHAIN=local # never download another toolchain; fail clearly instead
-    export CGO_ENABLED=0     # upstream builds these three servers without cgo
+    export CGO_ENABLED=0     # upstream builds these servers, kubelet and the shim without cgo
     export GOFLAGS="-buildvcs=false -mod=mod -p=$JOBS"
     export GOWORK=off
 }
 
-# kube-apiserver and kube-controller-manager.
+# The k8s.io/kubernetes commands (KUBE_COMMANDS).
 #
 # k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/apiserver, ...) at v0.0.0
 # and replaces them with ./staging/src/... — replaces that only apply inside that repository.
@@ -115,9 +138,12 @@ build_kubernetes() {
         edits+=(-replace="$m=$m@$staging_version")
     done
     gocmd mod edit "${edits[@]}"
+    local packages=() cmd
+    for cmd in "${KUBE_COMMANDS[@]}"; do
+        packages+=("k8s.io/kubernetes/cmd/$cmd")
+    done
     log "kubernetes $KUBE_VERSION: resolving modules"
-    gocmd get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" \
-        "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBE_VERSION"
+    gocmd get "${packages[@]/%/@$KUBE_VERSION}"
 
     # The -X variables of upstream's hack/lib/version.sh: the apiserver reports them on
     # /version and derives its binary (and default emulation) version from them.
@@ -126,9 +152,9 @@ build_kubernetes() {
         ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
         ldflags+=" -X $pkg.buildDate=$BUILD_DATE -X $pkg.gitTreeState=clean"
     done
-    log "kubernetes $KUBE_VERSION: compiling (go build -p $JOBS, nice $NICE)"
-    gocmd build -ldflags "$ldflags" -o "$BIN_DIR/" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+    log "kubernetes $KUBE_VERSION: compiling ${KUBE_COMMANDS[*]} (go build -p $JOBS, nice $NICE)"
+    gocmd build -ldflags "$ldflags" -o "$BIN_DIR/" "${packages[@]}"
+    log "kubernetes $KUBE_VERSION: done"
 }
 
 # etcd: in 3.6 the module go.etcd.io/etcd/server/v3 has the `etcd` main package at its root.
@@ -147,6 +173,49 @@ build_etcd() {
     local ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$ETCD_VERSION"
     log "etcd $ETCD_VERSION: compiling"
     gocmd build -ldflags "$ldflags" -o "$BIN_DIR/etcd" go.etcd.io/etcd/server/v3
+    log "etcd $ETCD_VERSION: done"
+}
+
+# containerd, its runc shim and ctr, with the tags and version variables of containerd's
+# Makefile. Without cgo the btrfs snapshotter drops out by itself (its file needs cgo);
+# devmapper, zfs and tracing are left out by tag: the cluster uses the overlayfs snapshotter.
+build_containerd() {
+    [[ "$CONTAINERD_VERSION" =~ ^v2\.[0-9]+\.[0-9]+$ ]] ||
+        die "CONTAINERD_VERSION must be a v2.x.y tag, got '$CONTAINERD_VERSION'"
+    local module=github.com/containerd/containerd/v2
+    local wrapper="$VERSION_DIR/wrapper-containerd"
+    mkdir -p "$wrapper"
+    cd "$wrapper"
+    gocmd mod init kubevirt-rs.invalid/controlplane/containerd 2>/dev/null
+    gocmd mod edit -require="$module@$CONTAINERD_VERSION"
+    log "containerd $CONTAINERD_VERSION: resolving modules"
+    gocmd get "$module/cmd/containerd@$CONTAINERD_VERSION" \
+        "$module/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" "$module/cmd/ctr@$CONTAINERD_VERSION"
+    local ldflags="-s -w -X $module/version.Version=$CONTAINERD_VERSION"
+    ldflags+=" -X $module/version.Revision=module-$CONTAINERD_VERSION -X $module/version.Package=$module"
+    log "containerd $CONTAINERD_VERSION: compiling"
+    gocmd build -tags "urfave_cli_no_docs no_btrfs no_devmapper no_zfs no_tracing" \
+        -ldflags "$ldflags" -o "$BIN_DIR/" "$module/cmd/containerd" "$module/cmd/ctr"
+    # The shim, as upstream builds it: no gRPC server (it speaks ttrpc), static.
+    gocmd build -tags "urfave_cli_no_docs no_grpc" -ldflags "$ldflags" \
+        -o "$BIN_DIR/containerd-shim-runc-v2" "$module/cmd/containerd-shim-runc-v2"
+    log "containerd $CONTAINERD_VERSION: done"
+}
+
+# Runs the builds given as function names side by side (each one is a `go build -p JOBS`; on
+# a machine with more cores they overlap, and the long links of one fill the idle cores of
+# another). Output goes to stderr as it comes; fails if any of them failed.
+build_in_parallel() {
+    local pids=() build failed=0
+    for build in "$@"; do
+        ("$build") &
+        pids+=($!)
+    done
+    local pid
+    for pid in "${pids[@]}"; do
+        wait "$pid" || failed=1
+    done
+    ((failed == 0)) || die "a build failed (see the messages above)"
 }
 
 main() {
@@ -171,8 +240,7 @@ main() {
     rm -rf "$VERSION_DIR"
     mkdir -p "$BIN_DIR"
     BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    (build_kubernetes)
-    (build_etcd)
+    build_in_parallel build_kubernetes build_etcd build_containerd
 
     echo "$STAMP_CONTENT" >"$STAMP"
     cached_binaries_match || die "built binaries do not report the expected versions ($STAMP_CONTENT)"

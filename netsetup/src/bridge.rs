@@ -94,7 +94,7 @@ impl BridgeConfig {
     }
 
     /// The pod interface's name once bridged: `<iface>-nic`.
-    pub fn nic_name(&self) -> String {
+    pub(crate) fn nic_name(&self) -> String {
         bridged_pod_iface_name(&self.iface)
     }
 

@@ -6,11 +6,12 @@
 //! [`answer`] is the whole protocol as a pure function from a request datagram to the
 //! reply datagram; [`DhcpServer`] only moves bytes between it and a UDP socket bound to
 //! the bridge. Packets come from the guest, so they are untrusted: anything malformed gives
-//! an error (the server logs it and drops the packet), never a panic.
+//! an error (the server logs it and drops the packet), never a panic; the guest decides how
+//! many packets it sends, so those log lines are thinned ([`GuestLog`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{FromRawFd, IntoRawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode, OptionCode, UnknownOption};
@@ -22,11 +23,11 @@ use proto::contract::dhcp_cache::DhcpConfig as DhcpCache;
 use crate::resolv::ResolvConf;
 
 /// `infiniteLease = 999*24h`, in seconds.
-pub const INFINITE_LEASE_SECS: u32 = 999 * 24 * 3600;
+pub(crate) const INFINITE_LEASE_SECS: u32 = 999 * 24 * 3600;
 /// DNS server when `resolv.conf` names no IPv4 one.
-pub const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
+pub(crate) const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
 /// Search domain when `resolv.conf` has none.
-pub const DEFAULT_SEARCH_DOMAIN: &str = "cluster.local";
+pub(crate) const DEFAULT_SEARCH_DOMAIN: &str = "cluster.local";
 /// Replies are padded to the BOOTP minimum; some clients drop shorter ones.
 const BOOTP_MIN_LEN: usize = 300;
 const SERVER_PORT: u16 = 67;
@@ -511,6 +512,29 @@ pub enum ServerError {
 pub struct DhcpServer {
     socket: UdpSocket,
     config: DhcpConfig,
+    /// Packets dropped as malformed or not for us.
+    dropped: GuestLog,
+    /// Replies that could not be sent.
+    unsent: GuestLog,
+}
+
+/// Counts a log line that a guest can cause once per packet: the first [`ALWAYS_LOGGED`]
+/// occurrences are logged, then only every power-of-two one, with the running count, so a
+/// guest sending garbage in a loop cannot fill the node's disk through the launcher's log.
+/// This is the rule of `virtio-devices`' `GuestErrorLog`; one helper for both would belong in
+/// a small leaf crate that the two depend on.
+#[derive(Debug, Default)]
+struct GuestLog(AtomicU64);
+
+/// Occurrences always logged before the log thins out.
+const ALWAYS_LOGGED: u64 = 32;
+
+impl GuestLog {
+    /// Counts one occurrence; the running count when this one is to be logged.
+    fn tick(&self) -> Option<u64> {
+        let n = self.0.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        (n <= ALWAYS_LOGGED || n.is_power_of_two()).then_some(n)
+    }
 }
 
 impl DhcpServer {
@@ -546,7 +570,16 @@ impl DhcpServer {
         .map_err(err)?;
         // SAFETY: fd is a freshly created, owned UDP socket handed over to UdpSocket.
         let socket = unsafe { UdpSocket::from_raw_fd(fd.into_raw_fd()) };
-        Ok(DhcpServer { socket, config })
+        Ok(DhcpServer::on(socket, config))
+    }
+
+    fn on(socket: UdpSocket, config: DhcpConfig) -> Self {
+        DhcpServer {
+            socket,
+            config,
+            dropped: GuestLog::default(),
+            unsent: GuestLog::default(),
+        }
     }
 
     /// Serves until `stop` is set (checked every `poll` interval).
@@ -569,7 +602,7 @@ impl DhcpServer {
     }
 
     /// Receives one datagram and answers it; bad packets are logged and dropped.
-    pub fn handle_one(&self) -> Result<(), ServerError> {
+    pub(crate) fn handle_one(&self) -> Result<(), ServerError> {
         let mut buf = [0u8; 1500];
         let (len, from) = self.socket.recv_from(&mut buf)?;
         let Some(request) = buf.get(..len) else {
@@ -586,12 +619,19 @@ impl DhcpServer {
                     _ => SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT),
                 };
                 // A failed send (bridge flapping, guest gone) loses one reply, not the server.
-                if let Err(e) = self.socket.send_to(&reply, to) {
-                    tracing::warn!("cannot send DHCP reply to {to}: {e}");
+                if let Err(e) = self.socket.send_to(&reply, to)
+                    && let Some(n) = self.unsent.tick()
+                {
+                    tracing::warn!(unsent = n, "cannot send DHCP reply to {to}: {e}");
                 }
             }
             Ok(None) => tracing::debug!("DHCP request from {from} needs no answer"),
-            Err(e) => tracing::warn!("dropping DHCP packet from {from}: {e}"),
+            // The guest's doing, not a fault of the host: INFO, as virtio-devices logs them.
+            Err(e) => {
+                if let Some(n) = self.dropped.tick() {
+                    tracing::info!(target: "guest_error", guest_errors = n, "dropping DHCP packet from {from}: {e}");
+                }
+            }
         }
         Ok(())
     }
@@ -1025,5 +1065,54 @@ mod tests {
         );
         assert!(offer.opts().get(OptionCode::Router).is_none());
         assert!(offer.opts().get(OptionCode::ClasslessStaticRoute).is_none());
+    }
+
+    /// A guest sending a malformed packet in a loop: every packet is dropped, but the log
+    /// gets the first 32 lines and then one per power of two, not one per packet.
+    #[test]
+    fn a_guest_flooding_bad_packets_gets_a_thinned_log() {
+        use std::io::Write;
+        use std::sync::{Arc, Mutex};
+
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .finish();
+
+        let server = DhcpServer::on(UdpSocket::bind("127.0.0.1:0").unwrap(), config());
+        let guest = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = server.socket.local_addr().unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..1000 {
+                guest.send_to(b"not a DHCP packet", to).unwrap();
+                server.handle_one().unwrap();
+            }
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let logged: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("dropping DHCP packet"))
+            .collect();
+        // 1..=32, then 64, 128, 256, 512.
+        assert_eq!(logged.len(), 36, "{text}");
+        assert!(logged[35].contains("guest_errors=512"), "{}", logged[35]);
+        assert!(
+            logged.iter().all(|l| l.contains("INFO guest_error")),
+            "{text}"
+        );
     }
 }

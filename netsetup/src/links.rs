@@ -215,7 +215,7 @@ pub async fn create_bridge(
 
 /// Creates a link of a kind that needs no parent and carries no traffic while down
 /// (`dummy`, `ifb`), with a MAC, MTU and alias, and returns its index.
-pub async fn create_inert_link(
+pub(crate) async fn create_inert_link(
     handle: &Handle,
     name: &str,
     kind: InfoKind,
@@ -251,7 +251,7 @@ pub async fn create_inert_link(
 
 /// Whether the kernel refused a request as unsupported (`EOPNOTSUPP`), e.g. a link kind
 /// whose driver it was built without.
-pub fn is_unsupported(err: &LinkError) -> bool {
+pub(crate) fn is_unsupported(err: &LinkError) -> bool {
     matches!(&err.source, rtnetlink::Error::NetlinkError(msg)
         if msg.code.is_some_and(|c| c.get() == -libc::EOPNOTSUPP))
 }
@@ -314,7 +314,7 @@ pub async fn change_link(handle: &Handle, index: u32, change: LinkChange) -> Res
         .map_err(LinkError::new(format!("cannot configure link #{index}")))
 }
 
-pub async fn delete_link(handle: &Handle, index: u32) -> Result<(), LinkError> {
+pub(crate) async fn delete_link(handle: &Handle, index: u32) -> Result<(), LinkError> {
     handle
         .link()
         .del(index)
@@ -340,7 +340,7 @@ pub async fn add_address(
 }
 
 /// Removes every address of link `index` for which `pick` is true.
-pub async fn delete_addresses(
+pub(crate) async fn delete_addresses(
     handle: &Handle,
     index: u32,
     pick: impl Fn(&AddrState) -> bool,
@@ -372,7 +372,11 @@ pub async fn delete_addresses(
 
 /// Turns MAC learning of bridge port `index` on or off
 /// (`ip link set DEV type bridge_slave learning on|off`).
-pub async fn set_port_learning(handle: &Handle, index: u32, on: bool) -> Result<(), LinkError> {
+pub(crate) async fn set_port_learning(
+    handle: &Handle,
+    index: u32,
+    on: bool,
+) -> Result<(), LinkError> {
     // RTM_NEWLINK on the existing link, as `ip link set` sends it: the kernel hands the
     // port ("slave") data to the bridge. Without NLM_F_EXCL (the link exists) and without
     // NLM_F_REPLACE, which the kernel refuses for an existing link.
@@ -389,7 +393,7 @@ pub async fn set_port_learning(handle: &Handle, index: u32, on: bool) -> Result<
 
 /// A unicast route of the main table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteState {
+pub(crate) struct RouteState {
     /// Destination network (the network address) and prefix length; `/0` is the default.
     pub dst: IpAddr,
     pub prefix_len: u8,
@@ -404,11 +408,11 @@ pub struct RouteState {
 }
 
 /// `RTPROT_KERNEL`: routes the kernel derives from addresses (and makes again with them).
-pub const RTPROT_KERNEL: u8 = 2;
+pub(crate) const RTPROT_KERNEL: u8 = 2;
 
 /// The unicast routes of the main table that leave through link `oif`, IPv4 first, each
 /// family in the kernel's dump order (what `ip route show dev X` lists).
-pub async fn routes_via(handle: &Handle, oif: u32) -> Result<Vec<RouteState>, LinkError> {
+pub(crate) async fn routes_via(handle: &Handle, oif: u32) -> Result<Vec<RouteState>, LinkError> {
     let mut out = Vec::new();
     let queries = [
         rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
@@ -481,7 +485,7 @@ fn route_state(msg: &RouteMessage) -> Option<RouteState> {
 }
 
 /// Adds `route` to the main table (scope link when it has no gateway).
-pub async fn add_route(handle: &Handle, route: &RouteState) -> Result<(), LinkError> {
+pub(crate) async fn add_route(handle: &Handle, route: &RouteState) -> Result<(), LinkError> {
     let mut message = rtnetlink::RouteMessageBuilder::<IpAddr>::new().build();
     message.header.address_family = if route.dst.is_ipv4() {
         AddressFamily::Inet
@@ -521,6 +525,6 @@ pub async fn add_route(handle: &Handle, route: &RouteState) -> Result<(), LinkEr
 }
 
 /// Whether `link` is of the given kind (`bridge`, `tun`...).
-pub fn is_kind(link: &LinkState, kind: InfoKind) -> bool {
+pub(crate) fn is_kind(link: &LinkState, kind: InfoKind) -> bool {
     link.kind.as_deref() == Some(kind.to_string().as_str())
 }

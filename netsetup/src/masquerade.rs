@@ -1,4 +1,4 @@
-//! The handler's phase 1 of KubeVirt's masquerade binding (contract §5.1), as one operation.
+//! The handler's phase 1 of KubeVirt's masquerade binding (proto/CONTRACT.md §5.1), as one operation.
 //!
 //! [`setup`] inspects the pod's namespace, checks the plan against what is there, then
 //! creates the bridge, gateway addresses, tap, sysctls and NAT rules. It converges: what an
@@ -166,7 +166,7 @@ pub struct GuestAddresses {
     pub prefix_len: u8,
 }
 
-pub fn guest_addresses_v4(net: Ipv4Net) -> GuestAddresses {
+pub(crate) fn guest_addresses_v4(net: Ipv4Net) -> GuestAddresses {
     let base = net.network().to_bits();
     GuestAddresses {
         gateway: IpAddr::V4(Ipv4Addr::from_bits(base.wrapping_add(1))),
@@ -175,7 +175,7 @@ pub fn guest_addresses_v4(net: Ipv4Net) -> GuestAddresses {
     }
 }
 
-pub fn guest_addresses_v6(net: Ipv6Net) -> GuestAddresses {
+pub(crate) fn guest_addresses_v6(net: Ipv6Net) -> GuestAddresses {
     let base = net.network().to_bits();
     GuestAddresses {
         gateway: IpAddr::V6(Ipv6Addr::from_bits(base.wrapping_add(1))),

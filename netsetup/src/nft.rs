@@ -1,4 +1,4 @@
-//! KubeVirt's masquerade NAT ruleset (contract §5.1), built and installed over netlink.
+//! KubeVirt's masquerade NAT ruleset (proto/CONTRACT.md §5.1), built and installed over netlink.
 //!
 //! The ruleset is first described as plain data ([`NatRuleset`] → [`Rule`]s, printable in
 //! `nft` syntax so it can be compared with KubeVirt's commands), then encoded with the
@@ -25,24 +25,24 @@ use netlink_bindings::utils::{RequestBuf, push_header};
 use netlink_socket2::NetlinkSocket;
 
 /// The table KubeVirt uses in both families.
-pub const NAT_TABLE: &str = "nat";
-pub const PREROUTING: &str = "prerouting";
-pub const INPUT: &str = "input";
-pub const OUTPUT: &str = "output";
-pub const POSTROUTING: &str = "postrouting";
+pub(crate) const NAT_TABLE: &str = "nat";
+pub(crate) const PREROUTING: &str = "prerouting";
+pub(crate) const INPUT: &str = "input";
+pub(crate) const OUTPUT: &str = "output";
+pub(crate) const POSTROUTING: &str = "postrouting";
 pub const KUBEVIRT_PREINBOUND: &str = "KUBEVIRT_PREINBOUND";
 pub const KUBEVIRT_POSTINBOUND: &str = "KUBEVIRT_POSTINBOUND";
 
 /// Legacy (TCP) migration ports kept away from the guest when migration does not go over a unix socket.
-pub const LEGACY_MIGRATION_PORTS: [u16; 2] = [49152, 49153];
+pub(crate) const LEGACY_MIGRATION_PORTS: [u16; 2] = [49152, 49153];
 /// Ports the Istio sidecar owns (`istio.ReservedPorts()`).
-pub const ISTIO_RESERVED_PORTS: [u16; 10] = [
+pub(crate) const ISTIO_RESERVED_PORTS: [u16; 10] = [
     15000, 15001, 15004, 15006, 15008, 15009, 15020, 15021, 15053, 15090,
 ];
 /// Ports Istio does not proxy, so they still go to the guest (`istio.NonProxiedPorts()`).
-pub const ISTIO_NON_PROXIED_PORTS: [u16; 1] = [22];
+pub(crate) const ISTIO_NON_PROXIED_PORTS: [u16; 1] = [22];
 /// Source address of traffic the Istio sidecar forwards (`istio.GetLoopbackAddress()`).
-pub const ISTIO_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 6);
+pub(crate) const ISTIO_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 6);
 
 const NFPROTO_IPV4: u8 = libc::NFPROTO_IPV4 as u8;
 const NFPROTO_IPV6: u8 = libc::NFPROTO_IPV6 as u8;
@@ -162,14 +162,14 @@ pub struct Rule {
 
 /// A base chain: `type nat hook <hook> priority <priority>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BaseChain {
+pub(crate) struct BaseChain {
     pub name: &'static str,
     pub hook: u32,
     pub priority: i32,
 }
 
 /// The base chains in KubeVirt's order, with their hooks and priorities.
-pub const BASE_CHAINS: [BaseChain; 4] = [
+pub(crate) const BASE_CHAINS: [BaseChain; 4] = [
     BaseChain {
         name: PREROUTING,
         hook: libc::NF_INET_PRE_ROUTING as u32,
@@ -192,7 +192,7 @@ pub const BASE_CHAINS: [BaseChain; 4] = [
     },
 ];
 /// The regular chains.
-pub const REGULAR_CHAINS: [&str; 2] = [KUBEVIRT_PREINBOUND, KUBEVIRT_POSTINBOUND];
+pub(crate) const REGULAR_CHAINS: [&str; 2] = [KUBEVIRT_PREINBOUND, KUBEVIRT_POSTINBOUND];
 
 /// Everything that decides the NAT rules of one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,7 +216,7 @@ pub struct NatRuleset {
 }
 
 impl NatRuleset {
-    /// The rules in the order KubeVirt adds them (contract §5.1 rows 7–11).
+    /// The rules in the order KubeVirt adds them (proto/CONTRACT.md §5.1 rows 7–11).
     pub fn rules(&self) -> Vec<Rule> {
         let fam = self.family;
         let loopback = fam.loopback();

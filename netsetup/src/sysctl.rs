@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-pub const IPV4_FORWARD: &str = "net/ipv4/ip_forward";
-pub const IPV6_FORWARDING: &str = "net/ipv6/conf/all/forwarding";
+pub(crate) const IPV4_FORWARD: &str = "net/ipv4/ip_forward";
+pub(crate) const IPV6_FORWARDING: &str = "net/ipv6/conf/all/forwarding";
 /// ARP replies only for addresses of the receiving interface (mode 1): set by the bridge
 /// binding, whose pod IP stays a local address of the pod (`procsys.ARPReplyMode1`).
 pub const ARP_IGNORE_ALL: &str = "net/ipv4/conf/all/arp_ignore";

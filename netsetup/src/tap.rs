@@ -10,7 +10,8 @@ use std::os::fd::AsRawFd;
 /// Flags KubeVirt uses for a single-queue tap: `IFF_TAP` + `TUNTAP_DEFAULTS`
 /// (`IFF_TUN_EXCL | IFF_ONE_QUEUE`). No `IFF_NO_PI`: whoever opens the tap (the VMM) sets
 /// its own per-open flags.
-pub const TAP_CREATE_FLAGS: libc::c_int = libc::IFF_TAP | libc::IFF_TUN_EXCL | libc::IFF_ONE_QUEUE;
+pub(crate) const TAP_CREATE_FLAGS: libc::c_int =
+    libc::IFF_TAP | libc::IFF_TUN_EXCL | libc::IFF_ONE_QUEUE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {

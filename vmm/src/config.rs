@@ -27,6 +27,9 @@ pub enum KernelSource {
 /// qcow2 header into a raw disk).
 pub use block::Format as DiskFormat;
 
+/// Where a disk's qcow2 backing file may come from (the `block` crate's).
+pub use block::BackingPolicy as DiskBacking;
+
 /// A virtio-blk disk: the image and how the guest sees it.
 #[derive(Clone, Debug)]
 pub struct DiskConfig {
@@ -43,6 +46,10 @@ pub struct DiskConfig {
     /// Off (`discard=ignore`), the guest cannot discard and written zeroes
     /// are always allocated. Never offered on a read-only disk.
     pub discard: bool,
+    /// Which backing file a qcow2 image may open (`block::BackingPolicy`).
+    /// The default opens none: an image naming one is refused, since its
+    /// name could point at any host file.
+    pub backing: DiskBacking,
 }
 
 impl DiskConfig {
@@ -56,6 +63,7 @@ impl DiskConfig {
             cache: DiskCache::default(),
             serial: String::new(),
             discard: true,
+            backing: DiskBacking::Forbid,
         }
     }
 }

@@ -23,8 +23,8 @@ pub mod timing;
 pub mod vm;
 
 pub use config::{
-    ApStart, CpuProfile, DiskCache, DiskConfig, DiskFormat, KernelDecompress, KernelSource,
-    NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
+    ApStart, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelDecompress,
+    KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

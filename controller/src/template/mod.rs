@@ -94,6 +94,12 @@ pub struct TemplateConfig {
     pub disk_memory_limit_bytes: u64,
     pub hypervisor: String,
     pub allow_emulation: bool,
+    /// Request `devices.kubevirt.io/vhost-net` for virtio NICs (KubeVirt always does, unless
+    /// emulation is allowed). This project's launcher runs virtio-net in userspace on the
+    /// tap, as libvirt falls back to without `/dev/vhost-net`, and never opens the device:
+    /// off (`virt-controller --no-vhost-net`), pods also schedule on nodes whose kernel has
+    /// no vhost-net, where the handler advertises only unhealthy devices.
+    pub request_vhost_net: bool,
     /// Beta feature gates, on unless disabled in the KubeVirt CR.
     pub image_volume: bool,
     pub libvirt_hook_server_and_client: bool,
@@ -134,6 +140,7 @@ impl Default for TemplateConfig {
             disk_memory_limit_bytes: 2000 * 1024 * 1024,
             hypervisor: "kvm".into(),
             allow_emulation: false,
+            request_vhost_net: true,
             image_volume: true,
             libvirt_hook_server_and_client: true,
             upgrade_ordinal_ifaces: true,

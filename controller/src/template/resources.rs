@@ -62,7 +62,7 @@ pub(super) fn render(
     if !devices.interfaces.is_empty() || devices.autoattach_pod_interface != Some(false) {
         vm_limits.insert("devices.kubevirt.io/tun".into(), one);
     }
-    if has_virtio_interface(vmi) && !config.allow_emulation {
+    if has_virtio_interface(vmi) && !config.allow_emulation && config.request_vhost_net {
         vm_limits.insert("devices.kubevirt.io/vhost-net".into(), one);
     }
     if !config.allow_emulation {

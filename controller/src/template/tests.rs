@@ -401,6 +401,28 @@ fn no_interfaces_without_pod_interface_needs_no_tun() {
     );
 }
 
+/// `--no-vhost-net`: a virtio NIC no longer asks for vhost-net; kvm and tun stay.
+#[test]
+fn no_vhost_net_request_keeps_kvm_and_tun() {
+    let limits = |config: &TemplateConfig| {
+        let pod = render_launcher_pod(&migratable(), config, &RenderContext::default()).unwrap();
+        serde_json::to_value(pod).unwrap()["spec"]["containers"][0]["resources"]["limits"].clone()
+    };
+    assert_eq!(
+        limits(&config()),
+        json!({"devices.kubevirt.io/kvm": "1", "devices.kubevirt.io/tun": "1",
+               "devices.kubevirt.io/vhost-net": "1"})
+    );
+    let without = TemplateConfig {
+        request_vhost_net: false,
+        ..config()
+    };
+    assert_eq!(
+        limits(&without),
+        json!({"devices.kubevirt.io/kvm": "1", "devices.kubevirt.io/tun": "1"})
+    );
+}
+
 #[test]
 fn pvcs_mount_as_files_or_devices() {
     let mut vmi = migratable();

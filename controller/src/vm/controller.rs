@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use proto::kubevirt::well_known::{VM_CONTROLLER_FINALIZER, VM_GENERATION_ANNOTATION};
 use proto::kubevirt::{Condition, Phase, VirtualMachine, VirtualMachineInstance};
@@ -27,23 +27,25 @@ pub enum Error {
     Sync(String),
 }
 
+/// The VM controller: reconciles each VM of `vms` (the watch's objects, see
+/// `crate::run::run`) and each VM named by `related` (owners of changed or deleted VMIs).
 pub fn controller(
-    vms: ReflectHandle<VirtualMachine>,
+    vms: impl futures::Stream<Item = Result<VirtualMachine, kube::runtime::watcher::Error>>
+    + Send
+    + 'static,
     store: Store<VirtualMachine>,
-    vmis: ReflectHandle<VirtualMachineInstance>,
+    related: impl futures::Stream<Item = ObjectRef<VirtualMachine>> + Send + 'static,
 ) -> Controller<VirtualMachine> {
-    Controller::for_shared_stream(vms, store).owns_shared_stream(vmis)
+    Controller::for_stream(vms, store).reconcile_on(related)
 }
 
-pub fn error_policy(vm: Arc<VirtualMachine>, error: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(vm = %vm.name_any(), %error, "re-enqueuing VirtualMachine");
-    // A conflict only means the cache was behind: retry soon.
-    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
-    Action::requeue(if conflict {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(5)
-    })
+impl crate::run::ReconcileError for Error {
+    fn kube(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Kube(e) => Some(e),
+            Error::Sync(_) => None,
+        }
+    }
 }
 
 fn key(vm: &VirtualMachine) -> String {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ReflectHandle, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, NODE_NAME_LABEL};
 use proto::kubevirt::{
@@ -29,23 +29,25 @@ pub enum Error {
     Json(#[from] serde_json::Error),
 }
 
+/// The VMI controller: reconciles each VMI of `vmis` (the watch's objects, see
+/// `crate::run::run`) and each VMI named by `related` (owners of changed or deleted pods).
 pub fn controller(
-    vmis: ReflectHandle<VirtualMachineInstance>,
+    vmis: impl futures::Stream<Item = Result<VirtualMachineInstance, kube::runtime::watcher::Error>>
+    + Send
+    + 'static,
     store: Store<VirtualMachineInstance>,
-    pods: ReflectHandle<Pod>,
+    related: impl futures::Stream<Item = ObjectRef<VirtualMachineInstance>> + Send + 'static,
 ) -> Controller<VirtualMachineInstance> {
-    Controller::for_shared_stream(vmis, store).owns_shared_stream(pods)
+    Controller::for_stream(vmis, store).reconcile_on(related)
 }
 
-pub fn error_policy(vmi: Arc<VirtualMachineInstance>, error: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(vmi = %vmi.name_any(), %error, "re-enqueuing VirtualMachineInstance");
-    // A conflict only means the cache was behind: retry soon.
-    let conflict = matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409);
-    Action::requeue(if conflict {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(5)
-    })
+impl crate::run::ReconcileError for Error {
+    fn kube(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Kube(e) => Some(e),
+            Error::Render(_) | Error::Json(_) => None,
+        }
+    }
 }
 
 /// The pods controlled by `uid`, from the cache plus those created and not yet cached.
@@ -111,6 +113,20 @@ pub async fn reconcile(
         let mut finalizers = current.finalizers().to_vec();
         finalizers.push(FOREGROUND_DELETE_FINALIZER.to_string());
         current = patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
+    }
+
+    // A VMI created directly never went through virt-api's mutating webhook (there is none
+    // here): store its defaults before the first pod, as the webhook would have at creation,
+    // so the handler and the launcher see the same spec KubeVirt's would (a default pod
+    // interface, ACPI, ...). VMIs the VM controller creates are stored defaulted already.
+    if plan.create_pod {
+        let mut defaulted = current.clone();
+        crate::defaults::apply_vmi(&mut defaulted, &ctx.options.template);
+        if defaulted.spec != current.spec
+            || defaulted.metadata.annotations != current.metadata.annotations
+        {
+            current = store_defaults(&ctx, &api, &current, &defaulted).await?;
+        }
     }
 
     let mut created_pod = None;
@@ -278,6 +294,33 @@ async fn patch_metadata(
             &vmi.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&json!({"metadata": metadata})),
+        )
+        .await?;
+    ctx.writes.record(Write::VmiPatch);
+    ctx.wrote_vmi(&patched);
+    Ok(patched)
+}
+
+/// Writes the webhook's defaults into a VMI created without them (spec and annotations, as
+/// one merge patch guarded by the resource version).
+async fn store_defaults(
+    ctx: &Context,
+    api: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    defaulted: &VirtualMachineInstance,
+) -> Result<VirtualMachineInstance, Error> {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": vmi.resource_version(),
+            "annotations": defaulted.metadata.annotations,
+        },
+        "spec": serde_json::to_value(&defaulted.spec)?,
+    });
+    let patched = api
+        .patch(
+            &vmi.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
         )
         .await?;
     ctx.writes.record(Write::VmiPatch);

@@ -203,6 +203,8 @@ async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> R
     let vmis = Arc::new(vmis);
     let (cache, cache_changes) = DomainCache::new();
     let cache = Arc::new(cache);
+    let metrics = Arc::new(Metrics::new());
+    let hub = notify::NotifyHub::new(Arc::clone(&cache), vmis.clone(), Arc::clone(&metrics));
     let launchers = Arc::new(Launchers::new(
         LauncherPaths {
             pods_dir: cluster.pods_dir.clone(),
@@ -210,13 +212,9 @@ async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> R
             ghost_dir: cluster.kubevirt_private_dir.join("ghost-records"),
         },
         &node,
+        hub.clone(),
     ));
-    let metrics = Arc::new(Metrics::new());
-    let notify_server = notify::start(
-        &cluster.kubevirt_share_dir,
-        Arc::clone(&cache),
-        vmis.clone(),
-    )?;
+    let notify_server = notify::start(&cluster.kubevirt_share_dir, hub)?;
     let metrics_task = match common.metrics_listen {
         Some(addr) => {
             let health = Arc::new(handler::healthz::ApiHealth::new(client.clone()));

@@ -144,6 +144,15 @@ fn the_daemonset_runs_the_handler_as_kubevirts_does() {
         help.contains("[default: /proc/1/root]"),
         "host root through hostPID"
     );
+    // The DaemonSet does not rely on /proc/1/root (denied on some hosts even to privileged
+    // root): the host's /dev is mounted at /host/dev and the host root is /host.
+    let args = c.args.as_ref().expect("args");
+    let host_root = args
+        .iter()
+        .position(|a| a == "--host-root")
+        .and_then(|i| args.get(i + 1));
+    assert_eq!(host_root.map(String::as_str), Some("/host"), "{args:?}");
+    assert_eq!(mounts.get("/host/dev").map(String::as_str), Some("/dev"));
 }
 
 /// A client that authenticates as the handler's ServiceAccount.

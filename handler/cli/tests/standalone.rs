@@ -675,16 +675,11 @@ fn bridge_binding_carries_the_guests_frames_to_the_node_and_serves_the_pod_addre
     assert!(!state.exists(), "state dir left behind");
 }
 
-#[test]
-fn a_vmi_the_launcher_cannot_run_ends_failed_at_once_and_the_run_fails() {
-    require_root_and_kvm();
-    let demo = demo("sa-refused", 30);
+/// Runs `virt-handler standalone` on the demo's manifest, which it must refuse at once:
+/// the run fails naming the VMI, one FailedCreate event naming `field`, the VMI `Failed`
+/// with `Synchronized=False`, and nothing left behind.
+fn assert_refused_at_once(demo: &Demo, field: &str) {
     let state = demo.dir.path().join("state");
-    // A sata disk: the launcher has virtio disks only.
-    let text = std::fs::read_to_string(&demo.manifest).expect("manifest");
-    let sata = text.replacen("bus: virtio", "bus: sata", 1);
-    assert_ne!(text, sata, "the example manifest names a virtio disk bus");
-    std::fs::write(&demo.manifest, sata).expect("manifest");
     let (monitor, _) = helper_binaries();
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
@@ -713,13 +708,9 @@ fn a_vmi_the_launcher_cannot_run_ends_failed_at_once_and_the_run_fails() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("ended Failed: default/"), "{stderr}");
     assert!(
-        stderr.contains("ended Failed: default/sa-refused"),
-        "{stderr}"
-    );
-    assert!(
-        stdout.contains("event Warning FailedCreate")
-            && stdout.contains("spec.domain.devices.disks[0]"),
+        stdout.contains("event Warning FailedCreate") && stdout.contains(field),
         "{stdout}"
     );
     assert_eq!(
@@ -727,8 +718,8 @@ fn a_vmi_the_launcher_cannot_run_ends_failed_at_once_and_the_run_fails() {
         1,
         "{stdout}"
     );
-    assert_eq!(status_phase(&demo), "Failed");
-    let status = status(&demo);
+    assert_eq!(status_phase(demo), "Failed");
+    let status = status(demo);
     let conditions = status["conditions"]
         .as_sequence()
         .cloned()
@@ -740,6 +731,35 @@ fn a_vmi_the_launcher_cannot_run_ends_failed_at_once_and_the_run_fails() {
                 && c["reason"].as_str() == Some("FailedCreate")),
         "{status:?}"
     );
-    assert_eq!(ready(&demo).0, "False");
+    assert_eq!(ready(demo).0, "False");
     assert!(!state.exists(), "state dir left behind");
+}
+
+#[test]
+fn a_vmi_the_launcher_cannot_run_ends_failed_at_once_and_the_run_fails() {
+    require_root_and_kvm();
+    let demo = demo("sa-refused", 30);
+    // A sata disk: the launcher has virtio disks only.
+    let text = std::fs::read_to_string(&demo.manifest).expect("manifest");
+    let sata = text.replacen("bus: virtio", "bus: sata", 1);
+    assert_ne!(text, sata, "the example manifest names a virtio disk bus");
+    std::fs::write(&demo.manifest, sata).expect("manifest");
+    assert_refused_at_once(&demo, "spec.domain.devices.disks[0]");
+}
+
+/// A volume name the launcher would turn into a path out of its directories: refused like
+/// any VMI the launcher cannot run, before a pod exists.
+#[test]
+fn a_volume_name_that_is_no_dns_label_ends_failed_at_once() {
+    require_root_and_kvm();
+    let demo = demo("sa-badname", 30);
+    let text = std::fs::read_to_string(&demo.manifest).expect("manifest");
+    let climbing = text.replace("name: rootdisk", "name: ../../escape");
+    assert_ne!(
+        text, climbing,
+        "the example manifest has a volume named rootdisk"
+    );
+    std::fs::write(&demo.manifest, climbing).expect("manifest");
+    assert_refused_at_once(&demo, "spec.volumes[0].name");
+    assert!(!demo.dir.path().join("escape").exists());
 }

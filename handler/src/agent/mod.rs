@@ -14,7 +14,7 @@ use proto::domain::{Domain, LifeCycle};
 use proto::kubevirt::{Phase, VirtualMachineInstance};
 use tokio::sync::{mpsc, watch};
 
-use crate::domains::{CacheChange, DomainCache};
+use crate::domains::{CacheChange, CacheChanges, DomainCache};
 use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user};
 use crate::metrics::Metrics;
 use crate::podside::{self, PodInterfaceCache};
@@ -25,9 +25,9 @@ use crate::vmis::{EventKind, StatusWriteError, StatusWriter, VmiStore};
 pub use queue::WorkQueue;
 
 /// `--domain-resync-period-seconds` default.
-pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(300);
 /// `--watchdog-timeout` default.
-pub const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -68,6 +68,8 @@ pub enum ReconcileError {
     PodSide(#[from] podside::PodSideError),
     #[error("launcher of {0} is not reachable")]
     NoClient(String),
+    #[error("cannot prepare the pod of {key}: {reason}")]
+    PodPreparation { key: String, reason: String },
     #[error(transparent)]
     Status(#[from] StatusWriteError),
 }
@@ -89,6 +91,35 @@ pub struct Agent {
     pod_ifaces: PodInterfaceCache,
     /// When each launcher socket first failed to answer the watchdog.
     unreachable_since: Mutex<BTreeMap<String, Instant>>,
+    /// How often each VMI has looked for its launcher so far.
+    launcher_polls: LauncherPolls,
+}
+
+/// The growing interval at which a VMI looks for its launcher socket: 10 ms, doubling up
+/// to KubeVirt's fixed second. A launcher is usually up within tens of milliseconds of its
+/// pod, and a new socket triggers nothing else (no watch on pod directories), so the first
+/// looks come fast; a pod that takes long costs at most one look a second.
+#[derive(Default)]
+struct LauncherPolls(Mutex<BTreeMap<String, u32>>);
+
+impl LauncherPolls {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    /// The wait before the next look for `key`'s launcher (and counts this one).
+    fn next(&self, key: &str) -> Duration {
+        let mut polls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = polls.entry(key.to_string()).or_insert(0);
+        let wait = Self::FIRST
+            .checked_mul(2u32.saturating_pow(*n))
+            .map_or(Self::MAX, |w| w.min(Self::MAX));
+        *n = n.saturating_add(1);
+        wait
+    }
+
+    fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
 }
 
 impl Agent {
@@ -111,6 +142,7 @@ impl Agent {
             metrics,
             pod_ifaces,
             unreachable_since: Mutex::new(BTreeMap::new()),
+            launcher_polls: LauncherPolls::default(),
         })
     }
 
@@ -130,7 +162,7 @@ impl Agent {
     /// forwarding, the resync and the watchdog.
     pub async fn run(
         self: Arc<Self>,
-        mut cache_changes: mpsc::UnboundedReceiver<CacheChange>,
+        mut cache_changes: CacheChanges,
         mut vmi_changes: mpsc::UnboundedReceiver<String>,
         mut shutdown: watch::Receiver<bool>,
     ) {
@@ -179,7 +211,7 @@ impl Agent {
     }
 
     /// The informer's List: ask every known launcher (ghost records) for its domain.
-    pub async fn list_domains(&self) {
+    pub(crate) async fn list_domains(&self) {
         for record in self.launchers.ghosts().list() {
             let key = record.key();
             if !crate::launchers::podfs::entry_exists(&record.socket_file) {
@@ -216,7 +248,7 @@ impl Agent {
     }
 
     /// The periodic resync: GetDomain on every known launcher; `""` is ignored here.
-    pub async fn resync_domains(&self) {
+    pub(crate) async fn resync_domains(&self) {
         for record in self.launchers.ghosts().list() {
             if let Some(client) = self.launchers.client_for_uid(&record.uid).await {
                 match client.get_domain().await {
@@ -407,9 +439,12 @@ impl Agent {
             .and_then(|v| v.metadata.uid.clone())
             .or_else(|| domain.map(|d| d.spec.metadata.kubevirt.uid.clone()))
             .unwrap_or_default();
+        if *action != Action::WaitForLauncher {
+            self.launcher_polls.forget(key);
+        }
         match action {
             Action::Nothing(_) | Action::Ignore(_) => Ok(After::Done),
-            Action::Requeue { after, .. } => Ok(After::Requeue(*after)),
+            Action::WaitForLauncher => Ok(After::Requeue(self.launcher_polls.next(key))),
             Action::CleanupStale { old_uid } => {
                 if self.launchers.is_unresponsive(old_uid) {
                     self.cleanup(key, old_uid);
@@ -423,16 +458,14 @@ impl Agent {
                 let client = client.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
                 let starting = vmi.phase() != Phase::Running;
                 if starting && self.config.prepare_pod {
-                    let pid = pid.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
+                    let pid = pid.ok_or_else(|| ReconcileError::PodPreparation {
+                        key: key.to_string(),
+                        reason: "the launcher's PID is not known".into(),
+                    })?;
                     let owner = runtime_user(vmi);
                     let vmi = vmi.clone();
                     let cache = self.pod_ifaces.clone();
-                    // netsetup enters the pod's namespace on its own thread and blocks.
-                    tokio::task::spawn_blocking(move || podside::prepare(&vmi, pid, owner, &cache))
-                        .await
-                        .map_err(|e| {
-                            ReconcileError::NoClient(format!("pod preparation task failed: {e}"))
-                        })??;
+                    prepare_pod(key, move || podside::prepare(&vmi, pid, owner, &cache)).await?;
                 }
                 client.sync_virtual_machine(vmi).await?;
                 if domain.is_none_or(|d| d.is_gone()) {
@@ -553,6 +586,22 @@ impl Agent {
     }
 }
 
+/// Runs the pod's preparation (netsetup enters the pod's namespace on its own thread and
+/// blocks); its error, or its panic, is reported as a failed preparation of `key`'s pod.
+async fn prepare_pod<T: Send + 'static>(
+    key: &str,
+    prepare: impl FnOnce() -> Result<T, podside::PodSideError> + Send + 'static,
+) -> Result<T, ReconcileError> {
+    let done =
+        tokio::task::spawn_blocking(prepare)
+            .await
+            .map_err(|e| ReconcileError::PodPreparation {
+                key: key.to_string(),
+                reason: format!("the preparation task failed: {e}"),
+            })?;
+    Ok(done?)
+}
+
 fn cmd_name(action: &Action) -> &'static str {
     match action {
         Action::Update => "SyncVirtualMachine",
@@ -568,5 +617,42 @@ fn ignore_disconnect(result: Result<(), CmdError>) -> Result<(), CmdError> {
     match result {
         Err(e) if e.is_disconnected() => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failed_pod_preparation_says_so() {
+        let panicked = prepare_pod::<()>("ns/v", || panic!("netlink went away"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            panicked.starts_with("cannot prepare the pod of ns/v: the preparation task failed"),
+            "{panicked}"
+        );
+        let failed = prepare_pod::<()>("ns/v", || Err(podside::PodSideError::InvalidPort(0)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(failed, "invalid port 0 in interface ports");
+        assert_eq!(prepare_pod("ns/v", || Ok(7)).await.unwrap(), 7);
+    }
+
+    #[test]
+    fn launcher_polls_start_fast_grow_to_a_second_and_restart_when_forgotten() {
+        let polls = LauncherPolls::default();
+        let waits: Vec<u128> = (0..9).map(|_| polls.next("ns/a").as_millis()).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        assert_eq!(polls.next("ns/b"), Duration::from_millis(10), "per key");
+        for _ in 0..100 {
+            polls.next("ns/a");
+        }
+        assert_eq!(polls.next("ns/a"), Duration::from_secs(1), "no overflow");
+        polls.forget("ns/a");
+        assert_eq!(polls.next("ns/a"), Duration::from_millis(10));
     }
 }

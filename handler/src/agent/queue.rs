@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-pub const BASE_DELAY: Duration = Duration::from_millis(5);
-pub const MAX_DELAY: Duration = Duration::from_secs(1000);
+pub(crate) const BASE_DELAY: Duration = Duration::from_millis(5);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(1000);
 
 #[derive(Default)]
 struct State {
@@ -57,7 +57,7 @@ impl WorkQueue {
     }
 
     /// Queues `key` after `delay`.
-    pub fn add_after(self: &Arc<Self>, key: &str, delay: Duration) {
+    pub(crate) fn add_after(self: &Arc<Self>, key: &str, delay: Duration) {
         if delay.is_zero() {
             self.add(key);
             return;
@@ -71,7 +71,7 @@ impl WorkQueue {
     }
 
     /// The back-off for the next failure of `key` (and counts the failure).
-    pub fn next_backoff(&self, key: &str) -> Duration {
+    pub(crate) fn next_backoff(&self, key: &str) -> Duration {
         let mut s = self.lock();
         let n = s.failures.entry(key.to_string()).or_insert(0);
         let delay = BASE_DELAY
@@ -83,7 +83,7 @@ impl WorkQueue {
     }
 
     /// Queues `key` again after its growing back-off.
-    pub fn add_rate_limited(self: &Arc<Self>, key: &str) {
+    pub(crate) fn add_rate_limited(self: &Arc<Self>, key: &str) {
         let delay = self.next_backoff(key);
         self.add_after(key, delay);
     }
@@ -138,7 +138,7 @@ impl WorkQueue {
     }
 
     /// Stops handing out keys once the queue drains; wakes every waiting worker.
-    pub fn shut_down(&self) {
+    pub(crate) fn shut_down(&self) {
         self.lock().shut_down = true;
         self.ready.notify_waiters();
     }

@@ -27,7 +27,7 @@ pub enum Health {
 
 impl Health {
     /// The `Device.health` string of the device-plugin API.
-    pub fn as_api_str(self) -> &'static str {
+    pub(crate) fn as_api_str(self) -> &'static str {
         use proto::grpc::deviceplugin::v1beta1::{HEALTHY, UNHEALTHY};
         match self {
             Health::Healthy => HEALTHY,
@@ -63,7 +63,7 @@ pub fn probe(node: &Path) -> Health {
 
 /// The directories to watch for `node` under `root`: every directory from `root` down to
 /// the node's parent, so a parent that appears late (`/dev/net`) is noticed too.
-pub fn watched_dirs(root: &Path, device: &Path) -> Vec<PathBuf> {
+pub(crate) fn watched_dirs(root: &Path, device: &Path) -> Vec<PathBuf> {
     let mut dirs = vec![root.to_path_buf()];
     let mut current = root.to_path_buf();
     if let Some(parent) = device.parent() {
@@ -92,13 +92,13 @@ impl AsFd for InotifyFd {
 }
 
 /// An inotify instance watching directories for entries that come, go or change.
-pub struct DirWatch {
+pub(crate) struct DirWatch {
     fd: AsyncFd<InotifyFd>,
 }
 
 /// What a directory watch reports: the directory and the entry name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEvent {
+pub(crate) struct DirEvent {
     pub dir: PathBuf,
     pub name: Option<std::ffi::OsString>,
     /// The entry is gone (deleted or moved away), or the directory itself is.

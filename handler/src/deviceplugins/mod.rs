@@ -27,10 +27,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use health::{Health, probe};
-pub use plugin::PluginError;
 
 /// The resource namespace of KubeVirt's devices (`DeviceNamespace`).
-pub const DEVICE_NAMESPACE: &str = "devices.kubevirt.io";
+pub(crate) const DEVICE_NAMESPACE: &str = "devices.kubevirt.io";
 /// `--max-devices` default: devices advertised per plugin (KubeVirt's `maxDevices`).
 pub const MAX_DEVICES: usize = 1000;
 /// Where the handler sees the host's root, so the host's `/dev` need not be mounted
@@ -38,7 +37,7 @@ pub const MAX_DEVICES: usize = 1000;
 pub const HOST_ROOT: &str = "/proc/1/root";
 /// Pause before restarting a plugin, by the number of failed starts in a row
 /// (`defaultBackoffTime`).
-pub const BACKOFF: [Duration; 4] = [
+pub(crate) const BACKOFF: [Duration; 4] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
     Duration::from_secs(5),
@@ -68,12 +67,12 @@ impl GenericDevice {
     }
 
     /// The plugin's socket in the device-plugin directory (`kubevirt-<name>.sock`).
-    pub fn socket_name(&self) -> String {
+    pub(crate) fn socket_name(&self) -> String {
         format!("kubevirt-{}.sock", self.name)
     }
 
     /// The ID of device `index` (`kvm0` ... `kvm999`).
-    pub fn device_id(&self, index: usize) -> String {
+    pub(crate) fn device_id(&self, index: usize) -> String {
         format!("{}{index}", self.name)
     }
 }
@@ -92,7 +91,7 @@ pub fn permanent_devices() -> Vec<GenericDevice> {
 /// The cgroup device permissions of a `DeviceSpec`: `rwm` on cgroup v2, else `rw`.
 /// On cgroup v2 runc's eBPF device filter also checks `mknod` for the `access` probe
 /// libraries do on the node, hence the `m` (KubeVirt: `pkg/virt-handler/vm.go`).
-pub fn device_permissions() -> &'static str {
+pub(crate) fn device_permissions() -> &'static str {
     if cgroup2_unified() { "rwm" } else { "rw" }
 }
 

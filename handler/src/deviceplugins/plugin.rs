@@ -34,7 +34,7 @@ const DEREGISTER_WAIT: Duration = Duration::from_secs(1);
 const SERVER_STOP_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
-pub enum PluginError {
+pub(crate) enum PluginError {
     #[error("device-plugin directory {0} does not exist (no kubelet here?)")]
     NoPluginDir(PathBuf),
     #[error("cannot watch {0}: {1}")]
@@ -56,7 +56,7 @@ pub(crate) struct Plugin {
 }
 
 /// The device list `ListAndWatch` sends: `max` devices with one health.
-pub fn device_list(device: &GenericDevice, max: usize, health: Health) -> Vec<Device> {
+pub(crate) fn device_list(device: &GenericDevice, max: usize, health: Health) -> Vec<Device> {
     (0..max)
         .map(|i| Device {
             id: device.device_id(i),

@@ -5,4 +5,4 @@ pub mod cache;
 pub mod notify;
 pub mod pipe;
 
-pub use cache::{CacheChange, DomainCache, EventType};
+pub use cache::{CacheChange, CacheChanges, DomainCache, EventType};

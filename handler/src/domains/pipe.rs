@@ -1,7 +1,11 @@
 //! The notify pipe: a socket the handler places inside each launcher pod
-//! (`<launcher root>/var/run/kubevirt/domain-notify-pipe.sock`) and byte-proxies to its own
-//! notify server, so launchers reach the handler without sharing a directory with it
-//! (KubeVirt's `notify-server/pipe`).
+//! (`<launcher root>/var/run/kubevirt/domain-notify-pipe.sock`), so launchers reach the
+//! handler without sharing a directory with it (KubeVirt's `notify-server/pipe`).
+//!
+//! KubeVirt's pipe copies bytes to the handler's one notify socket, where every event is
+//! taken about whichever VMI it names. Here the pipe serves the notify services itself,
+//! bound to the VMI of the pod it was placed in ([`super::notify`]): a pod can report about
+//! its own VMI only, within the pipe's bounds.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -9,8 +13,8 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 use tokio::net::UnixListener;
-use tokio::task::JoinHandle;
 
+use super::notify::{self, NotifyHub, VmiIdentity};
 use crate::launchers::podfs;
 
 /// A listening pipe; dropping it stops accepting and removes the socket file.
@@ -23,7 +27,9 @@ pub struct NotifyPipe {
     /// (device, inode) of the socket file this pipe bound, so that dropping an older
     /// pipe never removes a newer one bound at the same path.
     identity: Option<(u64, u64)>,
-    task: JoinHandle<()>,
+    /// Ends the pipe's server: it accepts nothing more and its connections close once
+    /// their requests are answered.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 fn identity(dir: &OwnedFd, name: &std::ffi::OsStr) -> Option<(u64, u64)> {
@@ -34,8 +40,13 @@ fn identity(dir: &OwnedFd, name: &std::ffi::OsStr) -> Option<(u64, u64)> {
 
 impl NotifyPipe {
     /// Binds `pipe` (a path the handler controls; its directory must exist), replacing a
-    /// stale file, gives it to `owner` and proxies every connection to `target`.
-    pub fn start(pipe: &Path, target: &Path, owner: Option<u32>) -> std::io::Result<Self> {
+    /// stale file, gives it to `owner` and serves notify events about `vmi` on it.
+    pub fn start(
+        pipe: &Path,
+        hub: NotifyHub,
+        vmi: VmiIdentity,
+        owner: Option<u32>,
+    ) -> std::io::Result<Self> {
         let (parent, name) = split(pipe)?;
         let dir = nix::fcntl::open(
             parent,
@@ -43,30 +54,32 @@ impl NotifyPipe {
             nix::sys::stat::Mode::empty(),
         )
         .map_err(std::io::Error::from)?;
-        Self::start_at(dir, name, pipe.to_path_buf(), target, owner)
+        Self::start_at(dir, name, pipe.to_path_buf(), hub, vmi, owner)
     }
 
     /// Binds `pipe` inside a launcher's root (`/proc/<pid>/root`): the directory is
     /// resolved as the pod sees it and never outside `root` (the pod's `/var/run` is
     /// usually a link to `/run`), then the socket is bound, owned and later removed
     /// through that directory's descriptor, never by name.
-    pub fn start_in_root(
+    pub(crate) fn start_in_root(
         root: &Path,
         pipe: &Path,
-        target: &Path,
+        hub: NotifyHub,
+        vmi: VmiIdentity,
         owner: Option<u32>,
     ) -> std::io::Result<Self> {
         let (parent, name) = split(pipe)?;
         let dir = podfs::open_in_root(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
         let shown = root.join(pipe.strip_prefix("/").unwrap_or(pipe));
-        Self::start_at(dir, name, shown, target, owner)
+        Self::start_at(dir, name, shown, hub, vmi, owner)
     }
 
     fn start_at(
         dir: OwnedFd,
         name: &std::ffi::OsStr,
         path: PathBuf,
-        target: &Path,
+        hub: NotifyHub,
+        vmi: VmiIdentity,
         owner: Option<u32>,
     ) -> std::io::Result<Self> {
         match nix::unistd::unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir) {
@@ -85,31 +98,14 @@ impl NotifyPipe {
             )
             .map_err(std::io::Error::from)?;
         }
-        let target = target.to_path_buf();
-        let task = tokio::spawn(async move {
-            loop {
-                let (mut inbound, _) = match listener.accept().await {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "notify pipe accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let target = target.clone();
-                tokio::spawn(async move {
-                    match crate::launchers::socket::connect_async(&target).await {
-                        Ok(mut outbound) => {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                        Err(e) => tracing::warn!(
-                            target = %target.display(),
-                            error = %e,
-                            "notify pipe cannot reach the notify server"
-                        ),
-                    }
-                });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shown = path.display().to_string();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            if let Err(e) = notify::serve(listener, hub, Some(vmi), shutdown).await {
+                tracing::warn!(pipe = %shown, error = %e, "notify pipe stopped");
             }
         });
         let identity = identity(&dir, name);
@@ -118,7 +114,7 @@ impl NotifyPipe {
             dir,
             name: name.to_os_string(),
             identity,
-            task,
+            stop: Some(stop),
         })
     }
 
@@ -140,7 +136,9 @@ fn split(pipe: &Path) -> std::io::Result<(&Path, &std::ffi::OsStr)> {
 
 impl Drop for NotifyPipe {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         // The pod may already be gone, taking the file with it; and a newer pipe may
         // have replaced ours at the same path.
         if self.identity.is_some() && identity(&self.dir, &self.name) == self.identity {
@@ -154,13 +152,24 @@ impl Drop for NotifyPipe {
 mod tests {
     use super::*;
 
+    fn hub() -> NotifyHub {
+        notify::test_hub()
+    }
+
+    fn vmi() -> VmiIdentity {
+        VmiIdentity {
+            namespace: "ns".into(),
+            name: "vmi".into(),
+            uid: "u-1".into(),
+        }
+    }
+
     #[tokio::test]
     async fn dropping_an_older_pipe_keeps_the_newer_one() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("pipe.sock");
-        let target = dir.path().join("server.sock");
-        let old = NotifyPipe::start(&path, &target, None).expect("old pipe");
-        let new = NotifyPipe::start(&path, &target, None).expect("new pipe");
+        let old = NotifyPipe::start(&path, hub(), vmi(), None).expect("old pipe");
+        let new = NotifyPipe::start(&path, hub(), vmi(), None).expect("new pipe");
         drop(old);
         assert!(path.exists(), "the newer pipe's socket stays");
         drop(new);
@@ -172,12 +181,11 @@ mod tests {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("root");
-        let target = dir.path().join("server.sock");
         std::fs::create_dir_all(root.join("run/kubevirt")).expect("mkdir");
         std::fs::create_dir_all(root.join("var")).expect("mkdir");
         std::os::unix::fs::symlink("/run", root.join("var/run")).expect("symlink");
         let pipe_in_pod = Path::new("/var/run/kubevirt/domain-notify-pipe.sock");
-        let pipe = NotifyPipe::start_in_root(&root, pipe_in_pod, &target, Some(107))
+        let pipe = NotifyPipe::start_in_root(&root, pipe_in_pod, hub(), vmi(), Some(107))
             .expect("pipe in the pod's /run");
         let bound = root.join("run/kubevirt/domain-notify-pipe.sock");
         let meta = std::fs::symlink_metadata(&bound).expect("socket in the pod");
@@ -192,7 +200,7 @@ mod tests {
         std::fs::remove_dir(root.join("run/kubevirt")).expect("rmdir");
         let escape = format!("/../../../{}", dir.path().join("outside").display());
         std::os::unix::fs::symlink(&escape, root.join("run/kubevirt")).expect("symlink");
-        let _ = NotifyPipe::start_in_root(&root, pipe_in_pod, &target, Some(107));
+        let _ = NotifyPipe::start_in_root(&root, pipe_in_pod, hub(), vmi(), Some(107));
         assert!(
             !dir.path().join("outside/domain-notify-pipe.sock").exists(),
             "nothing bound outside the pod's root"

@@ -1,4 +1,4 @@
-//! The cmd client: how the handler calls one launcher (contract §1).
+//! The cmd client: how the handler calls one launcher (proto/CONTRACT.md §1).
 //!
 //! Dials the launcher's unix socket (2 s connect timeout), negotiates the version with
 //! `CmdInfo.Info` on every new connection, then sends commands with KubeVirt's timeouts
@@ -19,13 +19,13 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// The cmd versions this handler speaks (`supportedCmdVersions`).
-pub const SUPPORTED_CMD_VERSIONS: &[u32] = &[cmdv1::CMD_VERSION];
+pub(crate) const SUPPORTED_CMD_VERSIONS: &[u32] = &[cmdv1::CMD_VERSION];
 /// `CONNECT_TIMEOUT_SECONDS`.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// `shortTimeout`: GetDomain, Ping, Info, ...
-pub const SHORT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const SHORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `longTimeout`: every VMIRequest command.
-pub const LONG_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const LONG_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A failed command, classified as `handleError` does.
 #[derive(Debug, thiserror::Error)]
@@ -68,11 +68,6 @@ impl CmdError {
     /// Whether the launcher went away mid-call (`IsDisconnected`).
     pub fn is_disconnected(&self) -> bool {
         matches!(self, CmdError::Disconnected { .. })
-    }
-
-    /// `EFI OVMF rom missing` in a SyncVirtualMachine error fails the VMI.
-    pub fn is_missing_ovmf(&self) -> bool {
-        self.to_string().contains("EFI OVMF rom missing")
     }
 }
 
@@ -184,8 +179,8 @@ fn vmi_request(
     })
 }
 
-/// The options the handler sends with `SyncVirtualMachine` (contract §1.5 table).
-pub fn sync_options(vmi: &VirtualMachineInstance) -> VirtualMachineOptions {
+/// The options the handler sends with `SyncVirtualMachine` (proto/CONTRACT.md §1.5 table).
+pub(crate) fn sync_options(vmi: &VirtualMachineInstance) -> VirtualMachineOptions {
     let attachments = vmi
         .spec
         .domain
@@ -224,7 +219,7 @@ impl LauncherClient {
 
     /// [`Self::connect`] through a socket pinned by its descriptor: this connection and
     /// every reconnect of the channel reach the socket that was opened.
-    pub async fn connect_pinned(
+    pub(crate) async fn connect_pinned(
         socket: std::sync::Arc<super::podfs::PinnedSocket>,
     ) -> Result<Self, CmdError> {
         let path = socket.path().to_path_buf();
@@ -292,7 +287,7 @@ impl LauncherClient {
         check_response(name, Some(&reply))
     }
 
-    /// `SyncVirtualMachine` with the options of contract §1.5.
+    /// `SyncVirtualMachine` with the options of proto/CONTRACT.md §1.5.
     pub async fn sync_virtual_machine(&self, vmi: &VirtualMachineInstance) -> Result<(), CmdError> {
         self.vmi_command(VmiCommand::Sync, vmi, sync_options(vmi))
             .await

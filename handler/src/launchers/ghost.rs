@@ -1,5 +1,5 @@
 //! Ghost records: what the handler remembers about each launcher it has talked to, on
-//! disk, so a restarted handler finds its launchers again (contract §3.1; KubeVirt's
+//! disk, so a restarted handler finds its launchers again (proto/CONTRACT.md §3.1; KubeVirt's
 //! `/var/run/kubevirt-private/ghost-records/<vmiUID>`).
 
 use std::path::{Path, PathBuf};

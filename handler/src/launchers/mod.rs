@@ -1,9 +1,9 @@
-//! Finding and calling launchers (contract §3.1): socket discovery, the peer PID, one
+//! Finding and calling launchers (proto/CONTRACT.md §3.1): socket discovery, the peer PID, one
 //! cached cmd client per VMI UID, ghost records, and the notify pipe in each pod.
 
 pub mod client;
 pub mod ghost;
-pub mod podfs;
+pub(crate) mod podfs;
 pub mod socket;
 
 use std::collections::HashMap;
@@ -17,20 +17,20 @@ pub use client::{CmdError, LauncherClient, VmiCommand};
 pub use ghost::{GhostRecord, GhostRecords};
 pub use socket::PodPaths;
 
-use crate::domains::notify::NOTIFY_SOCKET;
+use crate::domains::notify::{NotifyHub, VmiIdentity};
 use crate::domains::pipe::NotifyPipe;
 use crate::sync::LauncherState;
 
 /// How long a pod may exist without a launcher socket before the launcher counts as
 /// unresponsive (KubeVirt: 3 minutes).
-pub const SOCKET_APPEAR_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const SOCKET_APPEAR_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Where things are on this node.
 #[derive(Debug, Clone)]
 pub struct LauncherPaths {
     /// The kubelet pods directory as the handler sees it (`/pods` in a cluster).
     pub pods_dir: PathBuf,
-    /// `--kubevirt-share-dir`: holds the handler's notify socket.
+    /// `--kubevirt-share-dir`: holds the handler's notify socket (`domains::notify::start`).
     pub share_dir: PathBuf,
     /// Ghost records (`<private dir>/ghost-records`).
     pub ghost_dir: PathBuf,
@@ -51,7 +51,8 @@ pub struct Launchers {
     ghosts: GhostRecords,
     connected: Mutex<HashMap<String, Entry>>,
     first_looked: Mutex<HashMap<String, Instant>>,
-    place_notify_pipes: bool,
+    /// What the notify pipes placed in pods feed; `None`: no pipes.
+    notify: Option<NotifyHub>,
 }
 
 /// The answer for one VMI: how its launcher is, and a client when it is ready.
@@ -96,7 +97,8 @@ pub fn runtime_user(vmi: &VirtualMachineInstance) -> u32 {
 }
 
 impl Launchers {
-    pub fn new(paths: LauncherPaths, node: &str) -> Self {
+    /// Launchers whose notify pipes feed `notify`.
+    pub fn new(paths: LauncherPaths, node: &str, notify: NotifyHub) -> Self {
         let ghosts = GhostRecords::new(&paths.ghost_dir);
         Launchers {
             paths,
@@ -104,7 +106,7 @@ impl Launchers {
             ghosts,
             connected: Mutex::new(HashMap::new()),
             first_looked: Mutex::new(HashMap::new()),
-            place_notify_pipes: true,
+            notify: Some(notify),
         }
     }
 
@@ -112,7 +114,7 @@ impl Launchers {
     /// root is the handler's, so a pipe would land in the host's `/var/run/kubevirt`.
     /// Such launchers report to the notify socket directly.
     pub fn without_notify_pipes(mut self) -> Self {
-        self.place_notify_pipes = false;
+        self.notify = None;
         self
     }
 
@@ -129,14 +131,9 @@ impl Launchers {
         self.connected.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The notify server socket launchers' pipes lead to.
-    pub fn notify_socket(&self) -> PathBuf {
-        self.paths.share_dir.join(NOTIFY_SOCKET)
-    }
-
     /// Connects to `socket` for VMI `key`/`uid`: pins the socket (no link below the pods
     /// directory), negotiates, learns the listener's PID through the same socket, records
-    /// a ghost record and places the notify pipe in the pod.
+    /// a ghost record and places the notify pipe in the pod, bound to that VMI.
     async fn connect(
         &self,
         key: &str,
@@ -166,13 +163,17 @@ impl Launchers {
             tracing::warn!(key, error = %e, "cannot write ghost record");
         }
         let owner = (owner != 0).then_some(owner);
-        let pipe = if !self.place_notify_pipes {
-            None
-        } else {
-            match NotifyPipe::start_in_root(
+        let pipe = match &self.notify {
+            None => None,
+            Some(hub) => match NotifyPipe::start_in_root(
                 &socket::launcher_root(pid),
                 Path::new(socket::NOTIFY_PIPE_IN_POD),
-                &self.notify_socket(),
+                hub.clone(),
+                VmiIdentity {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    uid: uid.to_string(),
+                },
                 owner,
             ) {
                 Ok(p) => Some(p),
@@ -180,7 +181,7 @@ impl Launchers {
                     tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
                     None
                 }
-            }
+            },
         };
         self.connected().insert(
             uid.to_string(),
@@ -195,7 +196,7 @@ impl Launchers {
         Ok((client, pid))
     }
 
-    /// The launcher of `vmi` (contract §3.1 `GetLauncherClient` + responsiveness).
+    /// The launcher of `vmi` (proto/CONTRACT.md §3.1 `GetLauncherClient` + responsiveness).
     pub async fn lookup(&self, vmi: &VirtualMachineInstance) -> LauncherLookup {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let key = vmi_key(vmi);
@@ -266,7 +267,7 @@ impl Launchers {
 
     /// A client for a launcher known only by UID (stale domains, VMIs already gone),
     /// through the cache or its ghost record. `None` when it cannot be reached.
-    pub async fn client_for_uid(&self, uid: &str) -> Option<LauncherClient> {
+    pub(crate) async fn client_for_uid(&self, uid: &str) -> Option<LauncherClient> {
         if let Some(e) = self.connected().get(uid) {
             return Some(e.client.clone());
         }
@@ -286,7 +287,7 @@ impl Launchers {
     }
 
     /// Whether the launcher of `uid` is gone for good (socket missing or marked).
-    pub fn is_unresponsive(&self, uid: &str) -> bool {
+    pub(crate) fn is_unresponsive(&self, uid: &str) -> bool {
         let socket = self
             .connected()
             .get(uid)
@@ -309,7 +310,7 @@ impl Launchers {
 
     /// Whether the launcher socket at `socket` (a ghost record's) accepts a connection,
     /// reached without links below the pods directory.
-    pub async fn socket_reachable(&self, socket: &Path) -> bool {
+    pub(crate) async fn socket_reachable(&self, socket: &Path) -> bool {
         match podfs::PinnedSocket::open(&self.paths.pods_dir, socket) {
             Ok(pinned) => pinned.connect_async().await.is_ok(),
             Err(_) => false,
@@ -318,7 +319,7 @@ impl Launchers {
 
     /// Marks the launcher behind `socket` unresponsive (`launcher-unresponsive` next to
     /// it), creating the marker without following links.
-    pub fn mark_unresponsive(&self, socket: &Path) {
+    pub(crate) fn mark_unresponsive(&self, socket: &Path) {
         let marker = socket.with_file_name(socket::UNRESPONSIVE_MARKER);
         let Ok(inner) = marker.strip_prefix(&self.paths.pods_dir) else {
             tracing::warn!(socket = %socket.display(), "launcher socket is not under the pods directory");
@@ -347,11 +348,6 @@ impl Launchers {
             tracing::warn!(uid, error = %e, "cannot remove ghost record");
         }
     }
-
-    /// How many launchers are connected.
-    pub fn connected_count(&self) -> usize {
-        self.connected().len()
-    }
 }
 
 #[cfg(test)]
@@ -366,6 +362,7 @@ mod tests {
                 ghost_dir: dir.join("ghosts"),
             },
             "n1",
+            crate::domains::notify::test_hub(),
         )
     }
 

@@ -76,7 +76,7 @@ fn open_with(
 
 /// Opens `path` (relative to `base`, or absolute as seen from it) below `base`, refusing
 /// any symlink and anything that leaves `base`.
-pub fn open_beneath(base: &Path, path: &Path, flags: OFlag) -> std::io::Result<OwnedFd> {
+pub(crate) fn open_beneath(base: &Path, path: &Path, flags: OFlag) -> std::io::Result<OwnedFd> {
     open_with(
         base,
         path,
@@ -87,7 +87,7 @@ pub fn open_beneath(base: &Path, path: &Path, flags: OFlag) -> std::io::Result<O
 
 /// Opens `path` as a process whose root is `root` sees it: absolute links restart at
 /// `root`, `..` stops there, `/proc` magic links are refused.
-pub fn open_in_root(root: &Path, path: &Path, flags: OFlag) -> std::io::Result<OwnedFd> {
+pub(crate) fn open_in_root(root: &Path, path: &Path, flags: OFlag) -> std::io::Result<OwnedFd> {
     open_with(
         root,
         path,
@@ -97,7 +97,7 @@ pub fn open_in_root(root: &Path, path: &Path, flags: OFlag) -> std::io::Result<O
 }
 
 /// The same with no symlink at all (KubeVirt's `JoinNoFollow` on a launcher root).
-pub fn open_in_root_no_symlinks(
+pub(crate) fn open_in_root_no_symlinks(
     root: &Path,
     path: &Path,
     flags: OFlag,
@@ -111,18 +111,18 @@ pub fn open_in_root_no_symlinks(
 }
 
 /// `/proc/self/fd/<fd>`: the file `fd` holds, as a path the kernel resolves to exactly it.
-pub fn fd_path(fd: &OwnedFd) -> PathBuf {
+pub(crate) fn fd_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// Whether `path` exists as an entry itself (a symlink is not followed).
-pub fn entry_exists(path: &Path) -> bool {
+pub(crate) fn entry_exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
 /// Creates `name` (a marker file) below `base` without following any link; an existing
 /// entry is left as it is.
-pub fn touch_beneath(base: &Path, path: &Path) -> std::io::Result<()> {
+pub(crate) fn touch_beneath(base: &Path, path: &Path) -> std::io::Result<()> {
     open_beneath(
         base,
         path,
@@ -134,7 +134,7 @@ pub fn touch_beneath(base: &Path, path: &Path) -> std::io::Result<()> {
 /// A unix socket held by an `O_PATH` descriptor: every connection made through it
 /// reaches the socket that was opened, whatever happens to its name afterwards.
 #[derive(Debug)]
-pub struct PinnedSocket {
+pub(crate) struct PinnedSocket {
     fd: OwnedFd,
     path: PathBuf,
 }
@@ -185,14 +185,14 @@ impl PinnedSocket {
 
     /// The PID of the process listening on the socket (`SO_PEERCRED`), in the handler's
     /// PID namespace: the handler must share the host's (`hostPID`) to see launchers.
-    pub fn peer_pid(&self) -> std::io::Result<u32> {
+    pub(crate) fn peer_pid(&self) -> std::io::Result<u32> {
         let stream = self.connect()?;
         peer_pid_of(&stream)
     }
 }
 
 /// The peer PID of a connected unix stream.
-pub fn peer_pid_of(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
+pub(crate) fn peer_pid_of(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
     let creds = getsockopt(stream, PeerCredentials).map_err(std::io::Error::from)?;
     match creds.pid() {
         0 => Err(std::io::Error::other(

@@ -1,4 +1,4 @@
-//! Where a launcher's sockets are and who is listening on them (contract §3.1).
+//! Where a launcher's sockets are and who is listening on them (proto/CONTRACT.md §3.1).
 //!
 //! Pod directories are written by pods: a socket is only taken when the whole path below
 //! the pods directory is free of links (see [`super::podfs`]).
@@ -9,13 +9,11 @@ use proto::kubevirt::VirtualMachineInstance;
 pub use proto::unix::{SocketPath, connect, connect_async};
 
 /// The cmd socket once the launcher is ready (`StandardLauncherSocketFileName`).
-pub const LAUNCHER_SOCK: &str = "launcher-sock";
-/// The cmd socket before the launcher answers its own Ping.
-pub const LAUNCHER_INIT_SOCK: &str = "launcher-init-sock";
+pub(crate) const LAUNCHER_SOCK: &str = "launcher-sock";
 /// Touched by the handler when a launcher stops answering.
-pub const UNRESPONSIVE_MARKER: &str = "launcher-unresponsive";
+pub(crate) const UNRESPONSIVE_MARKER: &str = "launcher-unresponsive";
 /// The notify pipe inside the pod, relative to the launcher's root.
-pub const NOTIFY_PIPE_IN_POD: &str = "/var/run/kubevirt/domain-notify-pipe.sock";
+pub(crate) const NOTIFY_PIPE_IN_POD: &str = "/var/run/kubevirt/domain-notify-pipe.sock";
 /// The serial console socket inside the pod.
 pub fn serial_console_in_pod(vmi_uid: &str) -> String {
     format!("/var/run/kubevirt-private/{vmi_uid}/virt-serial0")
@@ -50,13 +48,13 @@ impl PodPaths {
         self.sockets_dir().join(LAUNCHER_SOCK)
     }
 
-    pub fn unresponsive_marker(&self) -> PathBuf {
+    pub(crate) fn unresponsive_marker(&self) -> PathBuf {
         self.sockets_dir().join(UNRESPONSIVE_MARKER)
     }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FindSocketError {
+pub(crate) enum FindSocketError {
     #[error("VMI has no active pods on node {0}")]
     NoActivePods(String),
     #[error("no launcher socket found for the VMI's pods on node {0}")]
@@ -66,13 +64,16 @@ pub enum FindSocketError {
 }
 
 /// A pod UID as a directory name: one plain path component.
-pub fn valid_pod_uid(uid: &str) -> bool {
+pub(crate) fn valid_pod_uid(uid: &str) -> bool {
     !uid.is_empty() && uid != "." && uid != ".." && !uid.contains('/') && !uid.contains('\0')
 }
 
 /// The pods of the VMI on this node (`status.activePods` entries whose node matches;
 /// an empty node name matches any). A UID that is no plain directory name is ignored.
-pub fn active_pods_on_node<'a>(vmi: &'a VirtualMachineInstance, node: &'a str) -> Vec<&'a str> {
+pub(crate) fn active_pods_on_node<'a>(
+    vmi: &'a VirtualMachineInstance,
+    node: &'a str,
+) -> Vec<&'a str> {
     vmi.status
         .as_ref()
         .and_then(|s| s.active_pods.as_ref())
@@ -88,7 +89,7 @@ pub fn active_pods_on_node<'a>(vmi: &'a VirtualMachineInstance, node: &'a str) -
 
 /// `FindSocket`: exactly one `launcher-sock` among the VMI's pods on this node, each a
 /// socket reached without any link below `pods_dir` (KubeVirt: `safepath.NewPathNoFollow`).
-pub fn find_socket(
+pub(crate) fn find_socket(
     vmi: &VirtualMachineInstance,
     node: &str,
     pods_dir: &Path,
@@ -112,12 +113,13 @@ pub fn find_socket(
 /// The PID of the process listening on a unix socket, through `SO_PEERCRED` of a
 /// connection to it (the isolation detector's trick: that PID's `/proc` entries give the
 /// pod's root and namespaces).
-pub fn peer_pid(socket: &Path) -> std::io::Result<u32> {
+#[cfg(test)]
+pub(crate) fn peer_pid(socket: &Path) -> std::io::Result<u32> {
     super::podfs::peer_pid_of(&connect(socket)?)
 }
 
 /// The launcher's root filesystem as the handler sees it.
-pub fn launcher_root(pid: u32) -> PathBuf {
+pub(crate) fn launcher_root(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root"))
 }
 
@@ -129,7 +131,7 @@ const MAX_SYMLINKS: usize = 40;
 /// `/`. (`/proc/<pid>/root/var/run` is a symlink to `/run` in most images: resolved by
 /// the kernel it would land in the host's `/run`.) Like KubeVirt's safepath, `..` never
 /// climbs above `root`. The last component is not resolved (it may not exist yet).
-pub fn resolve_in_root(root: &Path, path: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn resolve_in_root(root: &Path, path: &Path) -> std::io::Result<PathBuf> {
     use std::path::Component;
     let mut pending: Vec<std::ffi::OsString> = path
         .components()

@@ -55,7 +55,7 @@ impl Default for HeartbeatConfig {
 }
 
 /// `metav1.Time` in JSON: RFC 3339 in UTC, whole seconds.
-pub fn heartbeat_time(now: Timestamp) -> String {
+pub(crate) fn heartbeat_time(now: Timestamp) -> String {
     Timestamp::from_second(now.as_second())
         .unwrap_or(now)
         .strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -64,7 +64,7 @@ pub fn heartbeat_time(now: Timestamp) -> String {
 
 /// The strategic merge patch of one beat (KubeVirt's `do` and, with `schedulable`
 /// false, `labelNodeUnschedulable`).
-pub fn heartbeat_patch(schedulable: bool, now: Timestamp) -> Value {
+pub(crate) fn heartbeat_patch(schedulable: bool, now: Timestamp) -> Value {
     json!({"metadata": {
         "labels": {
             SCHEDULABLE_LABEL: schedulable.to_string(),
@@ -76,7 +76,7 @@ pub fn heartbeat_patch(schedulable: bool, now: Timestamp) -> Value {
 }
 
 /// The start-up patch (`markNodeAsUnschedulable`): the label alone.
-pub fn unschedulable_patch() -> Value {
+pub(crate) fn unschedulable_patch() -> Value {
     json!({"metadata": {"labels": {SCHEDULABLE_LABEL: "false"}}})
 }
 

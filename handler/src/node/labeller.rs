@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 /// The prefixes (and whole keys) the labeller owns (`nodeLabellerLabels`).
-pub const OWNED_LABEL_PREFIXES: &[&str] = &[
+pub(crate) const OWNED_LABEL_PREFIXES: &[&str] = &[
     "cpu-feature.node.kubevirt.io/",
     "cpu-model.node.kubevirt.io/",
     "cpu-model-migration.node.kubevirt.io/",
@@ -47,12 +47,12 @@ pub const OWNED_LABEL_PREFIXES: &[&str] = &[
 ];
 
 /// The machine types the launcher runs (see the module docs).
-pub const SUPPORTED_MACHINE_TYPES: &[&str] = &["q35"];
+pub(crate) const SUPPORTED_MACHINE_TYPES: &[&str] = &["q35"];
 
 /// Between runs, before jitter.
-pub const INTERVAL: Duration = Duration::from_secs(180);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(180);
 /// Jitter factor of the period.
-pub const JITTER: f64 = 1.2;
+pub(crate) const JITTER: f64 = 1.2;
 
 fn owned(label: &str) -> bool {
     OWNED_LABEL_PREFIXES.iter().any(|p| label.starts_with(p))
@@ -60,7 +60,7 @@ fn owned(label: &str) -> bool {
 
 /// The labels the node should carry: `current` without the labeller's old labels, plus
 /// this handler's.
-pub fn desired_labels(current: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub(crate) fn desired_labels(current: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     let mut labels: BTreeMap<String, String> = current
         .iter()
         .filter(|(k, _)| !owned(k))
@@ -77,7 +77,7 @@ pub fn desired_labels(current: &BTreeMap<String, String>) -> BTreeMap<String, St
 
 /// The JSON patch from `observed` to `desired` labels: a test of what was read, then the
 /// replacement (`None` when nothing changes).
-pub fn labels_patch(
+pub(crate) fn labels_patch(
     observed: Option<&BTreeMap<String, String>>,
     desired: &BTreeMap<String, String>,
 ) -> Option<json_patch::Patch> {

@@ -83,7 +83,7 @@ pub(crate) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 }
 
 /// `wait.Jitter`: `base` plus a random share of up to `factor × base`.
-pub fn jittered(base: Duration, factor: f64, random: f64) -> Duration {
+pub(crate) fn jittered(base: Duration, factor: f64, random: f64) -> Duration {
     let factor = if factor > 0.0 { factor } else { 0.0 };
     base + base.mul_f64(factor * random.clamp(0.0, 1.0))
 }

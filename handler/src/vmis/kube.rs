@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 
 use super::status::status_merge_patch;
 use super::{BoxFuture, EventKind, StatusWriteError, StatusWriter, VmiStore, key_of};
-use crate::domains::notify::{K8sEvent, K8sEventSink};
 
 /// The VMIs of one node, kept current by a reflector.
 #[derive(Clone)]
@@ -150,25 +149,5 @@ impl StatusWriter for KubeVmis {
                 tracing::debug!(error = %e, "cannot record event");
             }
         });
-    }
-}
-
-impl K8sEventSink for KubeVmis {
-    fn record(&self, event: &K8sEvent) -> Result<(), String> {
-        let key = format!(
-            "{}/{}",
-            event.involved_object.namespace, event.involved_object.name
-        );
-        let vmi = self
-            .get(&key)
-            .filter(|v| v.metadata.uid.as_deref() == Some(event.involved_object.uid.as_str()))
-            .ok_or_else(|| "VMI not found".to_string())?;
-        let kind = if event.event_type == "Warning" {
-            EventKind::Warning
-        } else {
-            EventKind::Normal
-        };
-        self.record_event(&vmi, kind, &event.reason, &event.message);
-        Ok(())
     }
 }

@@ -12,6 +12,8 @@ use std::pin::Pin;
 
 use proto::kubevirt::{VirtualMachineInstance, VirtualMachineInstanceStatus};
 
+use crate::domains::notify::{K8sEvent, K8sEventSink};
+
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The VMIs the agent may act on, keyed `<namespace>/<name>`.
@@ -65,6 +67,25 @@ pub trait StatusWriter: Send + Sync + 'static {
         reason: &str,
         message: &str,
     );
+}
+
+/// Launchers' Kubernetes events, recorded by any store that can record events: the VMI
+/// must exist with the event's UID (else `"VMI not found"`, KubeVirt's answer).
+impl<T: VmiStore + StatusWriter> K8sEventSink for T {
+    fn record(&self, event: &K8sEvent) -> Result<(), String> {
+        let about = &event.involved_object;
+        let vmi = self
+            .get(&format!("{}/{}", about.namespace, about.name))
+            .filter(|v| v.metadata.uid.as_deref() == Some(about.uid.as_str()))
+            .ok_or_else(|| "VMI not found".to_string())?;
+        let kind = if event.event_type == "Warning" {
+            EventKind::Warning
+        } else {
+            EventKind::Normal
+        };
+        self.record_event(&vmi, kind, &event.reason, &event.message);
+        Ok(())
+    }
 }
 
 /// `<namespace>/<name>` of a VMI.

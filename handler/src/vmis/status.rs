@@ -1,4 +1,4 @@
-//! The VMI status the handler derives from the domain (`updateVMIStatus`, contract §3.4,
+//! The VMI status the handler derives from the domain (`updateVMIStatus`, proto/CONTRACT.md §3.4,
 //! §3.7), as a pure function, and the JSON merge patch that writes only what it owns.
 
 use std::collections::BTreeMap;
@@ -23,11 +23,11 @@ pub const HANDLER_OWNED_FIELDS: &[&str] = &[
 ];
 
 /// Condition types the handler sets and removes; others' conditions are kept as they are.
-pub const HANDLER_CONDITIONS: &[&str] = &["Paused", "Synchronized", "AgentConnected"];
+pub(crate) const HANDLER_CONDITIONS: &[&str] = &["Paused", "Synchronized", "AgentConnected"];
 
 /// What the pod side knows about a pod interface (KubeVirt's pod-interface cache entry).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PodInterface {
+pub(crate) struct PodInterface {
     pub iface: String,
     #[serde(rename = "podIP", default)]
     pub pod_ip: String,
@@ -37,7 +37,7 @@ pub struct PodInterface {
 
 /// Inputs besides the VMI and the domain.
 #[derive(Debug, Clone, Default)]
-pub struct StatusInputs {
+pub(crate) struct StatusInputs {
     /// The phase [`crate::sync::calculate_phase`] computed.
     pub phase: Phase,
     /// The error of this reconcile, for the `Synchronized` condition.
@@ -149,7 +149,7 @@ fn domain_interfaces(
 }
 
 /// The status after this reconcile, or `None` when the handler leaves it alone (final VMI).
-pub fn compute_status(
+pub(crate) fn compute_status(
     vmi: &VirtualMachineInstance,
     domain: Option<&Domain>,
     inputs: &StatusInputs,
@@ -238,7 +238,7 @@ pub fn compute_status(
 /// A JSON merge patch (RFC 7386) setting the handler's fields of `status`, guarded by the
 /// resource version the change was computed from (so a concurrent writer causes a
 /// conflict instead of being overwritten). Fields the handler cleared become `null`.
-pub fn status_merge_patch(
+pub(crate) fn status_merge_patch(
     resource_version: Option<&str>,
     status: &VirtualMachineInstanceStatus,
 ) -> serde_json::Value {
@@ -258,7 +258,7 @@ pub fn status_merge_patch(
 }
 
 /// Whether two statuses differ in what the handler owns (one write per real change).
-pub fn owned_fields_differ(
+pub(crate) fn owned_fields_differ(
     a: &VirtualMachineInstanceStatus,
     b: &VirtualMachineInstanceStatus,
 ) -> bool {

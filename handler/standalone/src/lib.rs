@@ -339,6 +339,8 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
     let store = Arc::new(store);
     let (cache, cache_changes) = DomainCache::new();
     let cache = Arc::new(cache);
+    let metrics = Arc::new(Metrics::new());
+    let hub = notify::NotifyHub::new(Arc::clone(&cache), store.clone(), Arc::clone(&metrics));
     let launchers = Arc::new(Launchers::new(
         LauncherPaths {
             pods_dir: dirs.pods.clone(),
@@ -346,9 +348,9 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
             ghost_dir: dirs.private.join("ghost-records"),
         },
         &options.node,
+        hub.clone(),
     ));
-    let metrics = Arc::new(Metrics::new());
-    let notify_server = notify::start(&dirs.share, Arc::clone(&cache), store.clone())?;
+    let notify_server = notify::start(&dirs.share, hub)?;
     let metrics_task = match options.metrics {
         Some(addr) => Some(handler::metrics::serve(Arc::clone(&metrics), addr).await?.1),
         None => None,
@@ -463,7 +465,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         }
     }
 
-    let lines = Arc::new(ConsoleLines::default());
+    let lines = Arc::new(ConsoleLines::watching(options.stop_after_console.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut stopping: Option<Instant> = None;
@@ -495,7 +497,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
                 if stopping.is_none()
                     && let Some(text) = &options.stop_after_console
                     && !store.keys().is_empty()
-                    && store.keys().iter().all(|k| lines.contains(k, text))
+                    && store.keys().iter().all(|k| lines.has_shown(k))
                 {
                     say(&format!("every console printed {text:?}: stopping"));
                     stopping = Some(Instant::now());

@@ -185,7 +185,7 @@ pub fn image_binds(
     Ok(binds)
 }
 
-/// KubeVirt's compute command line (contract §4.1, with the v1.9.0 beta gates on).
+/// KubeVirt's compute command line (proto/CONTRACT.md §4.1, with the v1.9.0 beta gates on).
 pub fn launcher_args(vmi: &VirtualMachineInstance) -> Vec<String> {
     let grace = vmi.grace_period_seconds() + 15;
     let mut args = vec![

@@ -14,7 +14,6 @@ use proto::kubevirt::ready::{LauncherPod, ready_condition};
 use proto::kubevirt::{Time, VirtualMachineInstance, VirtualMachineInstanceStatus};
 use tokio::sync::mpsc;
 
-use handler::domains::notify::{K8sEvent, K8sEventSink};
 use handler::vmis::status::HANDLER_OWNED_FIELDS;
 use handler::vmis::{BoxFuture, EventKind, StatusWriteError, StatusWriter, VmiStore, key_of};
 
@@ -289,26 +288,6 @@ impl StatusWriter for StandaloneStore {
             key_of(vmi),
             kind.as_str()
         ));
-    }
-}
-
-impl K8sEventSink for StandaloneStore {
-    fn record(&self, event: &K8sEvent) -> Result<(), String> {
-        let key = format!(
-            "{}/{}",
-            event.involved_object.namespace, event.involved_object.name
-        );
-        let vmi = self
-            .get(&key)
-            .filter(|v| v.metadata.uid.as_deref() == Some(event.involved_object.uid.as_str()))
-            .ok_or_else(|| "VMI not found".to_string())?;
-        let kind = if event.event_type == "Warning" {
-            EventKind::Warning
-        } else {
-            EventKind::Normal
-        };
-        self.record_event(&vmi, kind, &event.reason, &event.message);
-        Ok(())
     }
 }
 

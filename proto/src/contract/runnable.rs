@@ -96,6 +96,7 @@ pub fn check(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
     cpu(vmi)?;
     memory(vmi)?;
     devices(vmi)?;
+    names(vmi)?;
     disks(vmi)?;
     volumes(vmi)?;
     interfaces(vmi)?;
@@ -326,6 +327,71 @@ fn devices(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
                 "this device is not supported by this launcher",
             ));
         }
+    }
+    Ok(())
+}
+
+/// Volume and disk names as KubeVirt's admission takes them (`validateVolumes` in
+/// `pkg/virt-api/webhooks/validating-webhook/admitters/vmi-create-admitter.go`,
+/// `ValidateDisks` in `pkg/storage/admitters/disks.go`): unique, and DNS-1123 labels (the API
+/// documents volume names as `DNS_LABEL`s; admission checks the disk of the same name). The
+/// launcher builds file names from volume names, so a name that is no label (`../x`, `/x`)
+/// would be a path out of its directories: it checks the same rule again
+/// ([`volume_name`]).
+fn names(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
+    let volumes = vmi.spec.volumes.iter().map(|v| v.name.as_str());
+    let disks = vmi
+        .spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .map(|d| d.name.as_str());
+    for (list, names) in [
+        ("spec.volumes", volumes.collect::<Vec<_>>()),
+        ("spec.domain.devices.disks", disks.collect()),
+    ] {
+        for (i, name) in names.iter().enumerate() {
+            let field = format!("{list}[{i}].name");
+            volume_name(name).map_err(|reason| Refusal::new(&field, reason))?;
+            if let Some(first) = names[..i].iter().position(|other| other == name) {
+                return Err(Refusal::new(
+                    field,
+                    format!("{list}[{i}] and {list}[{first}] must not have the same name"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The longest DNS-1123 label.
+pub const DNS1123_LABEL_MAX_LENGTH: usize = 63;
+
+/// Whether `name` can name a volume: a DNS-1123 label (at most 63 characters, lower-case
+/// letters, digits and `-`, starting and ending with a letter or digit), as KubeVirt's
+/// admission requires. Such a name is always one plain path component. `Err` says why not.
+pub fn volume_name(name: &str) -> Result<(), String> {
+    if name.len() > DNS1123_LABEL_MAX_LENGTH {
+        return Err(format!(
+            "{name:?} must be no more than {DNS1123_LABEL_MAX_LENGTH} characters"
+        ));
+    }
+    let alphanumeric = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = name.as_bytes();
+    let label = match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            alphanumeric(first)
+                && alphanumeric(last)
+                && bytes.iter().all(|&b| alphanumeric(b) || b == b'-')
+        }
+        _ => false,
+    };
+    if !label {
+        return Err(format!(
+            "{name:?} is not a lowercase RFC 1123 label: lower-case letters, digits and '-', \
+             starting and ending with a letter or digit ('[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        ));
     }
     Ok(())
 }

@@ -34,7 +34,7 @@
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::host_file::{DataHandle, DirectBuf};
 use crate::qcow2::compressed;
@@ -110,9 +110,9 @@ pub struct ConcurrentDisk {
     /// Shared by lock-free data I/O, exclusive for flush (see the module doc).
     gate: RwLock<()>,
     data: DataHandle,
-    /// Separate read-only handles on the backing chain for lock-free reads
-    /// of unallocated clusters (the engine keeps its own for copy-on-write).
-    backing: Option<Box<ConcurrentDisk>>,
+    /// The backing chain, for lock-free reads of unallocated clusters: the
+    /// same layers the engine reads for copy-on-write.
+    backing: Option<Arc<ConcurrentDisk>>,
     size: u64,
     read_only: bool,
     is_raw: bool,
@@ -121,47 +121,53 @@ pub struct ConcurrentDisk {
 }
 
 impl ConcurrentDisk {
-    /// Opens a disk image of the given format for concurrent use.
+    /// Opens a disk image of the given format for concurrent use; a qcow2
+    /// image opens its backing chain as `opts.backing` allows.
     pub fn open(path: &Path, format: Format, opts: OpenOptions) -> DiskResult<ConcurrentDisk> {
-        let engine = match format {
-            Format::Raw => Engine::Raw(RawFile::open(path, opts.read_only, opts.direct)?),
-            Format::Qcow2 => Engine::Qcow2(Box::new(Qcow2Image::open(
+        match format {
+            Format::Raw => Self::from_raw(RawFile::open(path, opts.read_only, opts.direct)?),
+            Format::Qcow2 => Self::from_qcow2(Qcow2Image::open(
                 path,
                 Qcow2Options {
                     read_only: opts.read_only,
                     direct: opts.direct,
+                    backing: opts.backing,
                     ..Qcow2Options::default()
                 },
-            )?)),
-        };
-        let (data, backing) = match &engine {
-            Engine::Raw(r) => (r.data_handle()?, None),
-            Engine::Qcow2(q) => {
-                // The engine opened (and checked: format recorded, depth,
-                // loops) this chain already; these are the same files again.
-                let backing = match q.backing_location()? {
-                    Some((p, f)) => {
-                        let p = p.canonicalize()?;
-                        let o = OpenOptions {
-                            read_only: true,
-                            direct: opts.direct,
-                        };
-                        Some(Box::new(ConcurrentDisk::open(&p, f, o)?))
-                    }
-                    None => None,
-                };
-                (q.data_handle()?, backing)
-            }
-        };
-        let mut engine = engine;
-        let size = engine.backend().size();
-        let is_raw = matches!(engine, Engine::Raw(_));
-        let cluster_bits = match &engine {
-            Engine::Raw(_) => 0,
-            Engine::Qcow2(q) => q.cluster_size().trailing_zeros(),
-        };
-        Ok(ConcurrentDisk {
+            )?),
+        }
+    }
+
+    pub(crate) fn from_raw(raw: RawFile) -> DiskResult<ConcurrentDisk> {
+        let data = raw.data_handle()?;
+        Ok(Self::with_engine(Engine::Raw(raw), data, None, 0))
+    }
+
+    /// Serves `image`; its backing chain (opened once, with the image) is
+    /// shared with the engine.
+    pub(crate) fn from_qcow2(image: Qcow2Image) -> DiskResult<ConcurrentDisk> {
+        let data = image.data_handle()?;
+        let backing = image.backing_disk().cloned();
+        let cluster_bits = image.cluster_size().trailing_zeros();
+        Ok(Self::with_engine(
+            Engine::Qcow2(Box::new(image)),
+            data,
+            backing,
+            cluster_bits,
+        ))
+    }
+
+    fn with_engine(
+        mut engine: Engine,
+        data: DataHandle,
+        backing: Option<Arc<ConcurrentDisk>>,
+        cluster_bits: u32,
+    ) -> ConcurrentDisk {
+        let backend = engine.backend();
+        let (size, read_only) = (backend.size(), backend.read_only());
+        ConcurrentDisk {
             id: NEXT_DISK_ID.fetch_add(1, Ordering::Relaxed),
+            is_raw: matches!(engine, Engine::Raw(_)),
             state: Mutex::new(State {
                 engine,
                 allocating: Vec::new(),
@@ -171,10 +177,9 @@ impl ConcurrentDisk {
             data,
             backing,
             size,
-            read_only: opts.read_only,
-            is_raw,
+            read_only,
             cluster_bits,
-        })
+        }
     }
 
     pub fn size(&self) -> u64 {

@@ -27,10 +27,9 @@ pub fn header_input(data: &[u8]) {
     drop(f);
     let opts = Qcow2Options {
         read_only: true,
-        open_backing: false,
         ..Qcow2Options::default()
     };
-    if let Ok(mut img) = Qcow2Image::open(&path, opts) {
+    if let Ok(mut img) = Qcow2Image::open_alone(&path, opts) {
         let size = img.size();
         let mut buf = vec![0u8; 4096];
         for off in [0, size / 2, size.saturating_sub(4096)] {

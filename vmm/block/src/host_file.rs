@@ -5,12 +5,18 @@
 //! buffers have no alignment guarantee); everything else, and all metadata,
 //! goes through a normal descriptor. Both refer to the same file, and the
 //! kernel keeps direct and buffered I/O coherent for a range.
+//!
+//! The power-loss tests put a simulated file (`crate::power_loss`) in the
+//! place of the host file: the engines cannot tell, and every write and
+//! barrier they issue reaches the simulation.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+
+use crate::power_loss::PowerLossFile;
 
 /// Alignment that O_DIRECT accepts on every device we expect (4 KiB sectors too).
 pub const DIRECT_ALIGN: usize = 4096;
@@ -42,10 +48,17 @@ impl AlignedBuf {
     }
 }
 
+/// The file behind a disk: a host file, or (for the power-loss tests) a
+/// simulated one that loses unsynced writes. Everything the engines write
+/// goes through here, so the simulation sees every write and every barrier.
 pub struct HostFile {
-    file: File,
-    direct: Option<File>,
+    io: FileIo,
     bounce: AlignedBuf,
+}
+
+enum FileIo {
+    Os { file: File, direct: Option<File> },
+    Simulated(PowerLossFile),
 }
 
 impl HostFile {
@@ -63,32 +76,53 @@ impl HostFile {
             None
         };
         Ok(HostFile {
-            file,
-            direct,
+            io: FileIo::Os { file, direct },
             bounce: AlignedBuf::new(),
         })
+    }
+
+    /// A file whose writes live in `sim` (see `crate::power_loss`).
+    pub fn simulated(sim: PowerLossFile) -> HostFile {
+        HostFile {
+            io: FileIo::Simulated(sim),
+            bounce: AlignedBuf::new(),
+        }
     }
 
     /// A second handle on the same file (same open file descriptions, so
     /// the same O_DIRECT setting) for data I/O from several threads at once.
     pub fn data_handle(&self) -> io::Result<DataHandle> {
         Ok(DataHandle {
-            file: self.file.try_clone()?,
-            direct: self.direct.as_ref().map(File::try_clone).transpose()?,
+            io: match &self.io {
+                FileIo::Os { file, direct } => FileIo::Os {
+                    file: file.try_clone()?,
+                    direct: direct.as_ref().map(File::try_clone).transpose()?,
+                },
+                FileIo::Simulated(sim) => FileIo::Simulated(sim.clone()),
+            },
         })
     }
 
     pub fn len(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
+        match &self.io {
+            FileIo::Os { file, .. } => Ok(file.metadata()?.len()),
+            FileIo::Simulated(sim) => Ok(sim.len()),
+        }
     }
 
     /// Reads `buf` at `offset`; bytes past the end of the file read as zeroes.
     pub fn read_meta(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        read_full(&self.file, buf, offset)
+        match &self.io {
+            FileIo::Os { file, .. } => read_full(file, buf, offset),
+            FileIo::Simulated(sim) => sim.read(buf, offset),
+        }
     }
 
     pub fn write_meta(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
+        match &self.io {
+            FileIo::Os { file, .. } => file.write_all_at(buf, offset),
+            FileIo::Simulated(sim) => sim.write(buf, offset),
+        }
     }
 
     fn aligned(buf_len: usize, offset: u64) -> bool {
@@ -96,58 +130,77 @@ impl HostFile {
     }
 
     pub fn read_data(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        match &self.direct {
-            Some(d) if Self::aligned(buf.len(), offset) => {
+        match &self.io {
+            FileIo::Os {
+                direct: Some(d), ..
+            } if Self::aligned(buf.len(), offset) => {
                 let bounce = self.bounce.slice(buf.len());
                 read_full(d, bounce, offset)?;
                 buf.copy_from_slice(bounce);
                 Ok(())
             }
-            _ => read_full(&self.file, buf, offset),
+            _ => self.read_meta(buf, offset),
         }
     }
 
     pub fn write_data(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
-        match &self.direct {
-            Some(d) if Self::aligned(buf.len(), offset) => {
+        match &self.io {
+            FileIo::Os {
+                direct: Some(d), ..
+            } if Self::aligned(buf.len(), offset) => {
                 let bounce = self.bounce.slice(buf.len());
                 bounce.copy_from_slice(buf);
                 d.write_all_at(bounce, offset)
             }
-            _ => self.file.write_all_at(buf, offset),
+            _ => self.write_meta(buf, offset),
         }
     }
 
     /// Waits until every completed write is on stable storage.
     pub fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()
+        match &self.io {
+            FileIo::Os { file, .. } => file.sync_data(),
+            FileIo::Simulated(sim) => sim.sync(),
+        }
     }
 
     /// Frees the host blocks of a range; it then reads as zeroes.
     pub fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.fallocate(
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        )
+        match &self.io {
+            FileIo::Simulated(sim) => sim.punch(offset, len),
+            FileIo::Os { .. } => self.fallocate(
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                len,
+            ),
+        }
     }
 
     /// Reserves host blocks for a range, extending the file if needed.
     pub fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.fallocate(0, offset, len)
+        match &self.io {
+            FileIo::Simulated(sim) => sim.extend(offset.saturating_add(len)),
+            FileIo::Os { .. } => self.fallocate(0, offset, len),
+        }
     }
 
     /// Makes a range read as zeroes without writing them, where the host supports it.
     pub fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len)
+        match &self.io {
+            FileIo::Simulated(sim) => sim.punch(offset, len),
+            FileIo::Os { .. } => self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len),
+        }
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        let FileIo::Os { file, .. } = &self.io else {
+            return Err(io::Error::other("fallocate on a simulated file"));
+        };
         let off =
             libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
         let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("length too large"))?;
         // SAFETY: plain syscall on a descriptor we own; no memory is passed.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, len) };
         if rc == 0 {
             Ok(())
         } else {
@@ -198,13 +251,16 @@ thread_local! {
 /// Data I/O on a host file through `&self`, usable from many threads at
 /// once (positional reads and writes need no shared cursor).
 pub struct DataHandle {
-    file: File,
-    direct: Option<File>,
+    io: FileIo,
 }
 
 impl DataHandle {
     pub fn read_data(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        match &self.direct {
+        let (file, direct) = match &self.io {
+            FileIo::Os { file, direct } => (file, direct),
+            FileIo::Simulated(sim) => return sim.read(buf, offset),
+        };
+        match direct {
             // An aligned caller buffer (guest pages, `img bench`) needs no copy.
             Some(d) if HostFile::aligned(buf.len(), offset) && aligned_addr(buf) => {
                 read_full(d, buf, offset)
@@ -216,12 +272,16 @@ impl DataHandle {
                 buf.copy_from_slice(bounce);
                 Ok(())
             }),
-            _ => read_full(&self.file, buf, offset),
+            _ => read_full(file, buf, offset),
         }
     }
 
     pub fn write_data(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        match &self.direct {
+        let (file, direct) = match &self.io {
+            FileIo::Os { file, direct } => (file, direct),
+            FileIo::Simulated(sim) => return sim.write(buf, offset),
+        };
+        match direct {
             Some(d) if HostFile::aligned(buf.len(), offset) && aligned_addr(buf) => {
                 d.write_all_at(buf, offset)
             }
@@ -231,7 +291,7 @@ impl DataHandle {
                 bounce.copy_from_slice(buf);
                 d.write_all_at(bounce, offset)
             }),
-            _ => self.file.write_all_at(buf, offset),
+            _ => file.write_all_at(buf, offset),
         }
     }
 }

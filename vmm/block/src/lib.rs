@@ -11,6 +11,8 @@ pub mod fuzz_support;
 mod host_file;
 mod io_buffers;
 mod open;
+#[doc(hidden)]
+pub mod power_loss;
 pub mod qcow2;
 pub mod raw;
 mod shared;
@@ -19,7 +21,7 @@ pub use concurrent::ConcurrentDisk;
 pub use host_file::DirectBuf;
 pub use io_buffers::{HUGE_PAGE, IoBuffer, Pages, io_buffers};
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
-pub use qcow2::Qcow2Image;
+pub use qcow2::{BackingPolicy, Qcow2Image};
 pub use raw::RawFile;
 pub use shared::{SerializedDisk, SharedDisk};
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::qcow2::{Qcow2Image, Qcow2Options};
+use crate::qcow2::{BackingPolicy, Qcow2Image, Qcow2Options};
 use crate::raw::RawFile;
 use crate::{DiskBackend, DiskError, DiskResult};
 
@@ -44,21 +44,25 @@ impl std::fmt::Display for Format {
 }
 
 /// How to open a disk.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
     pub read_only: bool,
     /// Bypass the host page cache (O_DIRECT), like QEMU's cache=none.
     pub direct: bool,
+    /// Which backing file a qcow2 image may open. The default opens none:
+    /// an image naming one is refused.
+    pub backing: BackingPolicy,
 }
 
-/// Opens a disk image of the given format.
+/// Opens a disk image of the given format (a qcow2 image that names a
+/// backing file is refused: see `open_disk_with`).
 pub fn open_disk(path: &Path, format: Format, read_only: bool) -> DiskResult<Box<dyn DiskBackend>> {
     open_disk_with(
         path,
         format,
         OpenOptions {
             read_only,
-            direct: false,
+            ..OpenOptions::default()
         },
     )
 }
@@ -75,6 +79,7 @@ pub fn open_disk_with(
             Qcow2Options {
                 read_only: opts.read_only,
                 direct: opts.direct,
+                backing: opts.backing,
                 ..Qcow2Options::default()
             },
         )?),

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::sync::Mutex;
 
-use block::{ConcurrentDisk, Format, OpenOptions};
+use block::{BackingPolicy, ConcurrentDisk, Format, OpenOptions};
 use common::{assert_identical, assert_qemu_check_clean, mixed_data, qemu_img, read_all};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -162,11 +162,17 @@ fn qcow2_case(base_format: &str, cluster_size: u32, direct: bool, seed: u64) {
         base_format,
         overlay.to_str().unwrap(),
     ]);
+    // The overlay may open its base, in the test's directory, as the
+    // launcher lets a container disk's overlay open its base.
     let opts = OpenOptions {
         read_only: false,
         direct,
+        backing: BackingPolicy::Within {
+            dir: dir.path().to_path_buf(),
+            format: base_format.parse().unwrap(),
+        },
     };
-    let disk = ConcurrentDisk::open(&overlay, Format::Qcow2, opts).expect("open overlay");
+    let disk = ConcurrentDisk::open(&overlay, Format::Qcow2, opts.clone()).expect("open overlay");
     assert_eq!(disk.size(), DISK as u64);
     let mut model = hammer(&disk, base_data, seed);
     aligned_round(&disk, &mut model, seed);
@@ -207,6 +213,7 @@ fn concurrent_raw_matches_model() {
     let opts = OpenOptions {
         read_only: false,
         direct: true,
+        ..OpenOptions::default()
     };
     let disk = ConcurrentDisk::open(&image, Format::Raw, opts).expect("open raw");
     let mut model = hammer(&disk, data, 4);
@@ -222,7 +229,7 @@ fn concurrent_disk_refuses_bad_requests() {
     qemu_img(&["create", "-q", "-f", "qcow2", image.to_str().unwrap(), "1M"]);
     let ro = OpenOptions {
         read_only: true,
-        direct: false,
+        ..OpenOptions::default()
     };
     let disk = ConcurrentDisk::open(&image, Format::Qcow2, ro).expect("open");
     let mut buf = [0u8; 16];
@@ -265,6 +272,7 @@ fn concurrent_reads_of_compressed_clusters_match_qemu() {
             let rw = OpenOptions {
                 read_only: false,
                 direct: false,
+                backing: BackingPolicy::FollowImage,
             };
             let disk = ConcurrentDisk::open(&overlay, Format::Qcow2, rw).expect("open overlay");
             for k in 0..16u64 {
@@ -278,6 +286,7 @@ fn concurrent_reads_of_compressed_clusters_match_qemu() {
             let ro = OpenOptions {
                 read_only: true,
                 direct: false,
+                backing: BackingPolicy::FollowImage,
             };
             let disk = ConcurrentDisk::open(image, Format::Qcow2, ro).expect("open");
             std::thread::scope(|scope| {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use block::qcow2::{CreateOptions, Qcow2Image, Qcow2Options, create};
-use block::{DiskError, Format};
+use block::{BackingPolicy, DiskError, Format};
 use common::*;
 
 fn make(dir: &Path, name: &str) -> PathBuf {
@@ -29,13 +29,30 @@ fn patch(path: &Path, offset: u64, bytes: &[u8]) {
     f.write_all_at(bytes, offset).unwrap();
 }
 
+/// Drops the backing format extension by renaming its type to an unknown
+/// one, as images from before `-F` have none.
+fn forget_backing_format(path: &Path) {
+    let data = std::fs::read(path).unwrap();
+    let pos = data
+        .windows(4)
+        .position(|w| w == [0xe2, 0x79, 0x2a, 0xca])
+        .unwrap();
+    patch(path, pos as u64, &[0x12, 0x34, 0x56, 0x78]);
+}
+
 /// Opening must fail, fast, with a message containing `needle`.
 fn open_err(path: &Path, needle: &str) -> DiskError {
+    open_err_with(path, BackingPolicy::Forbid, needle)
+}
+
+/// The same, with a backing policy.
+fn open_err_with(path: &Path, backing: BackingPolicy, needle: &str) -> DiskError {
     let start = Instant::now();
     let r = Qcow2Image::open(
         path,
         Qcow2Options {
             read_only: true,
+            backing,
             ..Default::default()
         },
     );
@@ -204,11 +221,12 @@ fn backing_problems_are_refused() {
         size: Some(1 << 20),
         backing_file: Some(name.to_string()),
         backing_format: Some(Format::Qcow2),
+        backing_policy: BackingPolicy::FollowImage,
         ..Default::default()
     };
     create(&a, &with_backing("b.qcow2")).unwrap();
     create(&b, &with_backing("a.qcow2")).unwrap();
-    open_err(&a, "loops");
+    open_err_with(&a, BackingPolicy::FollowImage, "loops");
     // An image that is its own backing file.
     let s = d.join("self.qcow2");
     create(
@@ -220,7 +238,7 @@ fn backing_problems_are_refused() {
     )
     .unwrap();
     create(&s, &with_backing("self.qcow2")).unwrap();
-    open_err(&s, "loops");
+    open_err_with(&s, BackingPolicy::FollowImage, "loops");
     // A chain deeper than the limit.
     let mut prev = d.join("c0.qcow2");
     create(
@@ -250,7 +268,7 @@ fn backing_problems_are_refused() {
         ]);
         prev = p;
     }
-    open_err(&prev, "deeper");
+    open_err_with(&prev, BackingPolicy::FollowImage, "deeper");
     // No recorded backing format: QEMU's images from before -F.
     let base = d.join("base.raw");
     std::fs::write(&base, vec![7u8; 1 << 20]).unwrap();
@@ -266,14 +284,8 @@ fn backing_problems_are_refused() {
         "raw",
         o.to_str().unwrap(),
     ]);
-    // Drop the backing format extension by renaming its type to an unknown one.
-    let data = std::fs::read(&o).unwrap();
-    let pos = data
-        .windows(4)
-        .position(|w| w == [0xe2, 0x79, 0x2a, 0xca])
-        .unwrap();
-    patch(&o, pos as u64, &[0x12, 0x34, 0x56, 0x78]);
-    open_err(&o, "format");
+    forget_backing_format(&o);
+    open_err_with(&o, BackingPolicy::FollowImage, "format");
     // A missing backing file.
     let m = d.join("missing.qcow2");
     create(
@@ -286,7 +298,103 @@ fn backing_problems_are_refused() {
     .unwrap();
     create(&m, &with_backing("b.qcow2")).unwrap();
     std::fs::remove_file(&b).unwrap();
-    open_err(&m, "b.qcow2");
+    open_err_with(&m, BackingPolicy::FollowImage, "b.qcow2");
+}
+
+/// An image names a host file as its backing file, as a tenant's
+/// container disk could. With no policy (every open's default) nothing is
+/// opened; `Within` opens only a file that resolves inside its directory,
+/// as its format, and no further; `FollowImage` (qemu-img's behaviour, for
+/// the user's own images) follows the name.
+#[test]
+fn backing_files_open_only_as_the_caller_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bases = d.join("bases");
+    std::fs::create_dir(&bases).unwrap();
+    // What an attacker wants to read, outside the bases directory.
+    let secret = d.join("secret.raw");
+    std::fs::write(&secret, vec![0x5e; 1 << 20]).unwrap();
+    std::fs::write(bases.join("good.raw"), vec![0x11; 1 << 20]).unwrap();
+    // -u: the name is stored as given, nothing is opened.
+    let overlay = |name: &str, backing: &str, format: &str| {
+        let p = bases.join(name);
+        let args = ["create", "-q", "-u", "-f", "qcow2", "-b", backing, "-F"];
+        qemu_img(&[&args[..], &[format, p.to_str().unwrap(), "1M"]].concat());
+        p
+    };
+    let absolute = overlay("absolute.qcow2", secret.to_str().unwrap(), "raw");
+    let dotdot = overlay("dotdot.qcow2", "../secret.raw", "raw");
+    std::os::unix::fs::symlink(&secret, bases.join("link.raw")).unwrap();
+    let link = overlay("link.qcow2", "link.raw", "raw");
+    let good = overlay("good.qcow2", "good.raw", "raw");
+
+    // No policy: refused, through every way of opening.
+    for image in [&absolute, &dotdot, &link, &good] {
+        open_err(image, "may not have a backing file");
+    }
+    let e = block::open_disk(&absolute, Format::Qcow2, false)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("refused"), "{e}");
+    let e = block::ConcurrentDisk::open(&absolute, Format::Qcow2, Default::default())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("refused"), "{e}");
+
+    // Inside a directory: whatever leads out of it is refused.
+    let within = |format| BackingPolicy::Within {
+        dir: bases.clone(),
+        format,
+    };
+    for image in [&absolute, &dotdot, &link] {
+        let e = open_err_with(image, within(Format::Raw), "outside");
+        assert!(e.to_string().contains("secret.raw"), "{e}");
+    }
+    // The policy's format, not a different one the image records.
+    open_err_with(&good, within(Format::Qcow2), "records format raw");
+    // The backing file may not have one of its own.
+    let middle = overlay("middle.qcow2", "good.raw", "raw");
+    let top = overlay("top.qcow2", "middle.qcow2", "qcow2");
+    open_err_with(&top, within(Format::Qcow2), "may not have a backing file");
+    // What resolves inside opens, also without a recorded format (the
+    // caller's format counts), and reads the base.
+    let unrecorded = overlay("unrecorded.qcow2", "good.raw", "raw");
+    forget_backing_format(&unrecorded);
+    for image in [&good, &unrecorded] {
+        let opts = block::OpenOptions {
+            read_only: true,
+            direct: false,
+            backing: within(Format::Raw),
+        };
+        let mut buf = vec![0u8; 4096];
+        let disk = block::ConcurrentDisk::open(image, Format::Qcow2, opts.clone()).unwrap();
+        disk.read_at(&mut buf, 8192).unwrap();
+        assert!(buf.iter().all(|&b| b == 0x11));
+        let mut img = block::open_disk_with(image, Format::Qcow2, opts).unwrap();
+        img.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 0x11));
+    }
+
+    // qemu-img's behaviour on request: the names are followed.
+    for image in [&absolute, &dotdot, &link] {
+        let opts = block::OpenOptions {
+            read_only: true,
+            direct: false,
+            backing: BackingPolicy::FollowImage,
+        };
+        let mut img = block::open_disk_with(image, Format::Qcow2, opts).unwrap();
+        let mut buf = vec![0u8; 512];
+        img.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 0x5e));
+    }
+    let opts = block::OpenOptions {
+        read_only: true,
+        direct: false,
+        backing: BackingPolicy::FollowImage,
+    };
+    assert!(block::open_disk_with(&top, Format::Qcow2, opts).is_ok());
+    drop(middle);
 }
 
 #[test]
@@ -340,9 +448,9 @@ fn bad_tables_give_errors_on_access() {
     // outside the engine: the same error, and the good cluster still reads.
     let ro = block::OpenOptions {
         read_only: true,
-        direct: false,
+        ..block::OpenOptions::default()
     };
-    let disk = block::ConcurrentDisk::open(&p, Format::Qcow2, ro).unwrap();
+    let disk = block::ConcurrentDisk::open(&p, Format::Qcow2, ro.clone()).unwrap();
     let e = disk.read_at(&mut buf, 0).unwrap_err();
     assert!(matches!(e, DiskError::Corrupt(_)), "{e}");
     assert!(e.to_string().contains("compressed"), "{e}");

@@ -44,6 +44,7 @@ fn raw_file_reads_writes_zeroes_and_refuses_what_it_must() {
         block::OpenOptions {
             read_only: false,
             direct: true,
+            ..block::OpenOptions::default()
         },
     )
     .unwrap();

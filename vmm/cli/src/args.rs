@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use vmm::config::{
-    ApStart, CpuProfile, DiskCache, DiskConfig, DiskFormat, KernelDecompress, KernelSource,
-    NetConfig, SerialTarget, VirtioTransportKind, VmConfig, parse_mac,
+    ApStart, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelDecompress,
+    KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig, parse_mac,
 };
 
 #[derive(Debug, Parser)]
@@ -82,9 +82,13 @@ pub struct RunArgs {
     pub vcpus: u8,
     /// A virtio-blk disk:
     /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback]
-    /// [,serial=ID][,discard=unmap|ignore]. Repeatable. cache defaults to
-    /// writeback, discard to unmap; without a serial the guest reads an
-    /// all-zero ID.
+    /// [,serial=ID][,discard=unmap|ignore]
+    /// [,backing=none|follow | ,backing-dir=DIR,backing-format=raw|qcow2].
+    /// Repeatable. cache defaults to writeback, discard to unmap; without a
+    /// serial the guest reads an all-zero ID. A qcow2 image may open a
+    /// backing file only when asked: `follow` takes the names the images
+    /// record (as QEMU), `backing-dir` only a file inside DIR, of that
+    /// format, without one of its own.
     #[arg(long, value_parser = parse_disk)]
     pub disk: Vec<DiskConfig>,
     /// A virtio-net device on an existing tap: tap=NAME[,mac=MAC]. Repeatable.
@@ -159,6 +163,7 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
     let (mut path, mut format, mut read_only) = (None, None, false);
     let mut cache = DiskCache::default();
     let (mut serial, mut discard) = (String::new(), true);
+    let (mut backing, mut backing_dir, mut backing_format) = (None, None, None);
     for (key, value) in pairs(text)? {
         match key {
             "path" if !value.is_empty() => path = Some(PathBuf::from(value)),
@@ -179,6 +184,21 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
                     _ => return Err(format!("discard must be unmap or ignore, got {value:?}")),
                 }
             }
+            "backing" => {
+                backing = Some(match value {
+                    "none" => DiskBacking::Forbid,
+                    "follow" => DiskBacking::FollowImage,
+                    _ => return Err(format!("backing must be none or follow, got {value:?}")),
+                })
+            }
+            "backing-dir" if !value.is_empty() => backing_dir = Some(PathBuf::from(value)),
+            "backing-format" => {
+                backing_format = Some(
+                    value
+                        .parse::<DiskFormat>()
+                        .map_err(|_| format!("unknown backing format {value:?} (raw or qcow2)"))?,
+                )
+            }
             _ => return Err(format!("unknown or empty disk option {key:?}")),
         }
     }
@@ -190,6 +210,15 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
         cache,
         serial,
         discard,
+        backing: match (backing, backing_dir, backing_format) {
+            (backing, None, None) => backing.unwrap_or_default(),
+            (None, Some(dir), Some(format)) => DiskBacking::Within { dir, format },
+            _ => {
+                return Err(
+                    "backing-dir and backing-format go together, and not with backing=".into(),
+                );
+            }
+        },
     })
 }
 
@@ -278,6 +307,18 @@ mod tests {
         assert_eq!((d.serial.as_str(), d.discard), ("D1", false));
         let d = parse_disk("path=/x,format=raw").unwrap();
         assert_eq!((d.serial.as_str(), d.discard), ("", true));
+        // No backing file unless asked for.
+        assert_eq!(d.backing, DiskBacking::Forbid);
+        let d = parse_disk("path=/x,format=qcow2,backing=follow").unwrap();
+        assert_eq!(d.backing, DiskBacking::FollowImage);
+        let d = parse_disk("path=/x,format=qcow2,backing-dir=/b,backing-format=raw").unwrap();
+        assert_eq!(
+            d.backing,
+            DiskBacking::Within {
+                dir: PathBuf::from("/b"),
+                format: DiskFormat::Raw
+            }
+        );
         for bad in [
             "path=/x",
             "format=raw",
@@ -287,6 +328,11 @@ mod tests {
             "path=/x,format=raw,cache=unsafe",
             "path=/x,format=raw,cache=",
             "path=/x,format=raw,discard=maybe",
+            "path=/x,format=qcow2,backing=yes",
+            "path=/x,format=qcow2,backing-dir=/b",
+            "path=/x,format=qcow2,backing-format=raw",
+            "path=/x,format=qcow2,backing=follow,backing-dir=/b,backing-format=raw",
+            "path=/x,format=qcow2,backing-dir=/b,backing-format=vmdk",
             "junk",
         ] {
             assert!(parse_disk(bad).is_err(), "{bad}");

@@ -127,7 +127,11 @@ fn check_after_crash(
     if round % 4 == 3 {
         let h = block::qcow2::check::read_image_header(img).unwrap();
         assert!(h.is_dirty(), "round {round}: lazy image not marked dirty");
-        drop(block::open_disk(img, block::Format::Qcow2, false).unwrap());
+        let opts = block::OpenOptions {
+            backing: block::BackingPolicy::FollowImage,
+            ..block::OpenOptions::default()
+        };
+        drop(block::open_disk_with(img, block::Format::Qcow2, opts).unwrap());
     }
     let out = run(Command::new(qemu_tool("qemu-img"))
         .args(["check", "-f", "qcow2"])

@@ -1,6 +1,6 @@
 //! Resident memory of the launcher (monitor + launcher, with its in-process
 //! VMM) running a VMI, excluding guest RAM, next to KubeVirt v1.9.0's memory
-//! budget for the same VMI (contract §7: 220 MiB fixed for
+//! budget for the same VMI (proto/CONTRACT.md §7: 220 MiB fixed for
 //! virt-launcher-monitor, virt-launcher, virtlogd, virtqemud and QEMU, plus
 //! 8 MiB per vCPU, 8 MiB for the IO thread and 32 MiB video).
 //!
@@ -112,7 +112,7 @@ fn one_run() -> (f64, f64, f64) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let log = paths.serial_log(uid);
+    let log = paths.serial_log(&launcher::paths::PathName::vmi_uid(uid).unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()

@@ -1,4 +1,4 @@
-//! virt-launcher's command line: KubeVirt v1.9.0's flags (contract §4.1)
+//! virt-launcher's command line: KubeVirt v1.9.0's flags (proto/CONTRACT.md §4.1)
 //! with its defaults, plus path flags so everything can be moved.
 
 use crate::paths::Paths;

@@ -7,7 +7,7 @@
 use crate::converter::{self, Context};
 use crate::disks;
 use crate::network::{self, DhcpHandle};
-use crate::paths::Paths;
+use crate::paths::{PathName, Paths};
 use crate::to_vm;
 use proto::domain::{Domain, GracePeriodMetadata, LifeCycle, StateChangeReason};
 use proto::grpc::cmd::v1::VirtualMachineOptions;
@@ -165,6 +165,9 @@ impl Manager {
             ));
         }
 
+        // What every process agrees this launcher runs, before a name becomes a path (the
+        // disk plans below check their names again).
+        proto::contract::runnable::check(vmi).map_err(|r| Failure(r.to_string()))?;
         let paths = &self.options.paths;
         let mut ctx = Context {
             paths: paths.clone(),
@@ -188,7 +191,12 @@ impl Manager {
         // Pod-local files only, each created once: a sync that fails
         // further on and is retried reuses them.
         for plan in &plans {
-            disks::materialize(plan, vmi, paths, None)?;
+            let base_format = disks::materialize(plan, vmi, paths, None)?;
+            if let (Some(format), Some((base, _)), Some(devices)) =
+                (base_format, &plan.backing, domain.spec.devices.as_mut())
+            {
+                disks::record_backing_format(&mut devices.disks, base, format);
+            }
         }
         if let Some(kb) = &ctx.kernel_boot {
             disks::link_kernel_boot(paths, kb)?;
@@ -205,7 +213,9 @@ impl Manager {
         // The one VMM configuration of this domain (also for reboots and
         // resets).
         let config = to_vm::vm_config(&domain)?;
-        let private = paths.vmi_private_dir(&uid);
+        let private = paths.vmi_private_dir(
+            &PathName::vmi_uid(&uid).map_err(|e| Failure(format!("metadata.uid: {e}")))?,
+        );
         std::fs::create_dir_all(&private)
             .map_err(|e| Failure(format!("{}: {e}", private.display())))?;
         let dhcp = if self.options.serve_dhcp {

@@ -1,4 +1,4 @@
-//! virt-launcher-monitor: the compute container's PID 1 (contract §4.3).
+//! virt-launcher-monitor: the compute container's PID 1 (proto/CONTRACT.md §4.3).
 //!
 //! Starts `virt-launcher` with the same flags (less `--keep-after-failure`),
 //! reaps every child (as PID 1 it inherits orphans), forwards SIGTERM,

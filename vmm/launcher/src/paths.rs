@@ -2,8 +2,79 @@
 //! them at these paths (through `/proc/<pid>/root`), so the defaults are
 //! KubeVirt v1.9.0's; every one can be moved with a flag for tests and for
 //! running outside a pod.
+//!
+//! Names from the VMI (volume names, the VMI's UID, namespace and name, secret names) become
+//! file names here. None is trusted (the launcher does not rely on the controller's checks):
+//! each path built from a name takes a [`PathName`], which only [`PathName::volume`] and
+//! [`PathName::component`] make, so a name like `../x` or `/etc` never leaves its directory.
 
 use std::path::{Path, PathBuf};
+
+/// A name checked to be one plain path component: joined to a directory, it names an entry
+/// of that directory and nothing else.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PathName(String);
+
+/// Why a name cannot become a file name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {name:?} cannot name a file: {reason}")]
+pub struct BadName {
+    pub what: &'static str,
+    pub name: String,
+    pub reason: String,
+}
+
+impl PathName {
+    /// A volume name: a DNS-1123 label, KubeVirt's admission rule
+    /// ([`proto::contract::runnable::volume_name`]).
+    pub fn volume(name: &str) -> Result<Self, BadName> {
+        proto::contract::runnable::volume_name(name).map_err(|reason| BadName {
+            what: "volume",
+            name: name.to_string(),
+            reason,
+        })?;
+        Ok(PathName(name.to_string()))
+    }
+
+    /// Any other name (`what` says which): not empty, not `.` or `..`, without `/` or NUL.
+    pub fn component(what: &'static str, name: &str) -> Result<Self, BadName> {
+        let reason = if name.is_empty() {
+            "it is empty"
+        } else if name == "." || name == ".." {
+            "it names a directory itself"
+        } else if name.contains(['/', '\0']) {
+            "it contains '/' or NUL"
+        } else {
+            return Ok(PathName(name.to_string()));
+        };
+        Err(BadName {
+            what,
+            name: name.to_string(),
+            reason: reason.to_string(),
+        })
+    }
+
+    /// The VMI's UID (`metadata.uid`, or `--uid`), which names its private directory.
+    pub fn vmi_uid(uid: &str) -> Result<Self, BadName> {
+        Self::component("VMI UID", uid)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for PathName {
+    fn as_ref(&self) -> &Path {
+        Path::new(&self.0)
+    }
+}
+
+impl std::fmt::Display for PathName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct Paths {
@@ -74,17 +145,19 @@ impl Paths {
         self.share_dir.join("domain-notify-pipe.sock")
     }
     /// `/var/run/kubevirt-private/<vmi uid>`.
-    pub fn vmi_private_dir(&self, uid: &str) -> PathBuf {
+    pub fn vmi_private_dir(&self, uid: &PathName) -> PathBuf {
         self.private_dir.join(uid)
     }
-    pub fn serial_socket(&self, uid: &str) -> PathBuf {
+    pub fn serial_socket(&self, uid: &PathName) -> PathBuf {
         self.vmi_private_dir(uid).join("virt-serial0")
     }
-    pub fn serial_log(&self, uid: &str) -> PathBuf {
+    /// The console log; its rotated backups are `<log>.0` (newest) and up
+    /// (`crate::console_log`).
+    pub fn serial_log(&self, uid: &PathName) -> PathBuf {
         self.vmi_private_dir(uid).join("virt-serial0-log")
     }
     /// `disk-data/<volume>/disk.qcow2`: the overlay of a container disk or ephemeral volume.
-    pub fn overlay(&self, volume: &str) -> PathBuf {
+    pub fn overlay(&self, volume: &PathName) -> PathBuf {
         self.ephemeral_disk_dir
             .join("disk-data")
             .join(volume)
@@ -99,27 +172,31 @@ impl Paths {
         self.image_volume_dir.join(format!("disk_{index}"))
     }
     /// `vmi-disks/<volume>/`: PVC and host-disk mounts.
-    pub fn vmi_disks_dir(&self, volume: &str) -> PathBuf {
+    pub fn vmi_disks_dir(&self, volume: &PathName) -> PathBuf {
         self.private_dir.join("vmi-disks").join(volume)
     }
-    pub fn empty_disk(&self, volume: &str) -> PathBuf {
+    /// `/dev/<volume>`: where a block-mode PVC appears in the container.
+    pub fn block_device(&self, volume: &PathName) -> PathBuf {
+        Path::new("/dev").join(volume)
+    }
+    pub fn empty_disk(&self, volume: &PathName) -> PathBuf {
         self.libvirt_runtime_dir
             .join("empty-disks")
-            .join(format!("{volume}.qcow2"))
+            .join(format!("{}.qcow2", volume.as_str()))
     }
     /// `cloud-init-data/<ns>/<vmi>/`: where the cloud-init ISO is made.
-    pub fn cloud_init_dir(&self, namespace: &str, name: &str) -> PathBuf {
+    pub fn cloud_init_dir(&self, namespace: &PathName, name: &PathName) -> PathBuf {
         self.ephemeral_disk_dir
             .join("cloud-init-data")
             .join(namespace)
             .join(name)
     }
     /// `cloud-init-data/<ns>/<vmi>/noCloud.iso`.
-    pub fn nocloud_iso(&self, namespace: &str, name: &str) -> PathBuf {
+    pub fn nocloud_iso(&self, namespace: &PathName, name: &PathName) -> PathBuf {
         self.cloud_init_dir(namespace, name).join("noCloud.iso")
     }
     /// `cloud-init-data/<ns>/<vmi>/configdrive.iso`.
-    pub fn config_drive_iso(&self, namespace: &str, name: &str) -> PathBuf {
+    pub fn config_drive_iso(&self, namespace: &PathName, name: &PathName) -> PathBuf {
         self.cloud_init_dir(namespace, name).join("configdrive.iso")
     }
     /// Secrets referenced by cloud-init volumes.
@@ -129,5 +206,37 @@ impl Paths {
     /// `container-disks/kernel-boot/`: links to the kernel-boot artifacts.
     pub fn kernel_boot_links(&self) -> PathBuf {
         self.container_disk_dir.join("kernel-boot")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_leave_a_directory_are_refused() {
+        for bad in ["", ".", "..", "../x", "/etc", "a/b", "a\0b"] {
+            assert!(PathName::component("test", bad).is_err(), "{bad:?}");
+            assert!(PathName::volume(bad).is_err(), "{bad:?}");
+        }
+        // A volume name is a DNS-1123 label: stricter than one component.
+        assert!(PathName::component("test", "Disk_0").is_ok());
+        assert!(PathName::volume("Disk_0").is_err());
+        let paths = Paths::under(Path::new("/root"));
+        let volume = PathName::volume("disk-0").expect("a label");
+        assert_eq!(
+            paths.overlay(&volume),
+            Path::new("/root/var/run/kubevirt-ephemeral-disks/disk-data/disk-0/disk.qcow2")
+        );
+        assert_eq!(
+            paths.empty_disk(&volume),
+            Path::new("/root/var/run/libvirt/empty-disks/disk-0.qcow2")
+        );
+        let err = PathName::volume("../x").unwrap_err();
+        assert_eq!(err.what, "volume");
+        assert!(
+            err.to_string()
+                .starts_with("volume \"../x\" cannot name a file")
+        );
     }
 }

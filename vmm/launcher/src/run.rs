@@ -41,7 +41,8 @@ async fn run_inner(flags: Flags) -> anyhow::Result<i32> {
     let sockets = paths.sockets_dir();
     std::fs::create_dir_all(&sockets).with_context(|| format!("creating {}", sockets.display()))?;
     if !flags.uid.is_empty() {
-        let private = paths.vmi_private_dir(&flags.uid);
+        let uid = crate::paths::PathName::vmi_uid(&flags.uid).context("--uid")?;
+        let private = paths.vmi_private_dir(&uid);
         std::fs::create_dir_all(&private)
             .with_context(|| format!("creating {}", private.display()))?;
     }

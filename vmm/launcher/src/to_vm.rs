@@ -11,14 +11,16 @@
 //! it is.
 
 use proto::domain::{
-    Console, ConsoleTarget, Cpu, Devices, Disk, DiskDriver, DiskSource, DiskTarget, Domain,
-    DomainSpec, Features, Interface, InterfaceDriver, InterfaceSource, InterfaceTarget, LinkState,
-    Mac, MemoryAmount, Model, Mtu, Os, OsType, Rng, RngBackend, Serial, SerialSource,
-    SerialTarget as DomainSerialTarget, Vcpu, Vcpus, VcpusVcpu,
+    BackingStore, BackingStoreFormat, Console, ConsoleTarget, Cpu, Devices, Disk, DiskDriver,
+    DiskSource, DiskTarget, Domain, DomainSpec, Features, Interface, InterfaceDriver,
+    InterfaceSource, InterfaceTarget, LinkState, Mac, MemoryAmount, Model, Mtu, Os, OsType, Rng,
+    RngBackend, Serial, SerialSource, SerialTarget as DomainSerialTarget, Vcpu, Vcpus, VcpusVcpu,
 };
 use proto::kubevirt::Extra;
-use std::path::PathBuf;
-use vmm::{DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig};
+use std::path::{Path, PathBuf};
+use vmm::{
+    DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ToVmError {
@@ -78,10 +80,6 @@ pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
     (
         "Devices.Disks.Alias",
         "the disk's name in statistics and events",
-    ),
-    (
-        "Devices.Disks.BackingStore",
-        "the qcow2 overlay names its backing file; the VMM opens the chain from the image",
     ),
     (
         "Devices.Disks.BootOrder",
@@ -389,7 +387,7 @@ fn disk_config(disk: &Disk, at: &str) -> Result<DiskConfig, ToVmError> {
         driver,
         read_only,
         alias: _,
-        backing_store: _,
+        backing_store,
         boot_order: _,
         extra,
     } = disk;
@@ -423,7 +421,65 @@ fn disk_config(disk: &Disk, at: &str) -> Result<DiskConfig, ToVmError> {
     if let Some(driver) = driver {
         driver_options(driver, &format!("{at}.Driver"), &mut config)?;
     }
+    if let Some(store) = backing_store {
+        config.backing = backing_policy(store, &format!("{at}.BackingStore"))?;
+    }
     Ok(config)
+}
+
+/// The one backing file an overlay may open: the file the domain names, as
+/// the format it names, and nothing below it (libvirt hands QEMU the chain
+/// the same way, instead of letting it follow the names in the images).
+/// The check is on resolved paths: the container-disk link leads into the
+/// image volume, so the directory allowed is the one the file really lies
+/// in, resolved when the file exists (the launcher converts after it
+/// created the files). Unresolved, the open fails on the missing file.
+fn backing_policy(store: &BackingStore, at: &str) -> Result<DiskBacking, ToVmError> {
+    let BackingStore {
+        r#type,
+        format,
+        source,
+    } = store;
+    if r#type != "file" {
+        return refuse(format!("{at}.Type"), format!("{type:?}: only file"));
+    }
+    let format = match format {
+        Some(BackingStoreFormat { r#type }) => match r#type.as_str() {
+            "raw" => DiskFormat::Raw,
+            "qcow2" => DiskFormat::Qcow2,
+            other => {
+                return refuse(
+                    format!("{at}.Format.Type"),
+                    format!("{other:?}: raw or qcow2"),
+                );
+            }
+        },
+        None => {
+            return refuse(
+                format!("{at}.Format"),
+                "required: a backing file's format is never guessed",
+            );
+        }
+    };
+    let Some(DiskSource { dev, file }) = source else {
+        return refuse(format!("{at}.Source"), "required");
+    };
+    if !dev.is_empty() {
+        return refuse(
+            format!("{at}.Source.Dev"),
+            "a backing file, not a block device",
+        );
+    }
+    let file = Path::new(file);
+    if !file.is_absolute() {
+        return refuse(
+            format!("{at}.Source.File"),
+            format!("{file:?}: must be an absolute path"),
+        );
+    }
+    let resolved = file.canonicalize().unwrap_or_else(|_| file.to_path_buf());
+    let dir = resolved.parent().unwrap_or(Path::new("/")).to_path_buf();
+    Ok(DiskBacking::Within { dir, format })
 }
 
 fn driver_options(driver: &DiskDriver, at: &str, config: &mut DiskConfig) -> Result<(), ToVmError> {

@@ -10,6 +10,7 @@ use launcher::disks::cloudinit::{
     CloudInitData, CloudInitError, DataSource, MAX_INPUT_BYTES, config_drive_data, iso_path,
     nocloud_data, prepare_cloud_init_disk, write_config_drive_iso, write_nocloud_iso,
 };
+use launcher::paths::PathName;
 use proto::kubevirt::{CloudInitSource, VirtualMachineInstance};
 use serde_json::json;
 
@@ -862,8 +863,8 @@ fn prepare_builds_the_nocloud_disk_of_a_vmi_fixture() {
         iso_path(
             out.path(),
             DataSource::NoCloud,
-            "tenant-a",
-            "fixture-vmi.with.dots"
+            &PathName::component("namespace", "tenant-a").unwrap(),
+            &PathName::component("name", "fixture-vmi.with.dots").unwrap(),
         )
     );
     assert!(

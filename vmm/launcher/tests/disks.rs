@@ -1,7 +1,7 @@
 //! Disk preparation against real files, checked with qemu-img and an ISO reader.
 
 use launcher::disks::{self, DiskError};
-use launcher::paths::Paths;
+use launcher::paths::{PathName, Paths};
 use proto::kubevirt::parse_vmi;
 use std::process::Command;
 
@@ -10,6 +10,19 @@ fn vmi(volumes_yaml: &str) -> proto::kubevirt::VirtualMachineInstance {
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: v\n  namespace: ns\n  uid: u-1\nspec:\n  domain:\n    firmware:\n      uuid: 6a1c1b9e-0d1f-4d0e-9a0b-0c0d0e0f1011\n  volumes:\n{volumes_yaml}"
     ))
     .unwrap()
+}
+
+/// A volume name as the launcher's paths take it.
+fn volume(name: &str) -> PathName {
+    PathName::volume(name).unwrap()
+}
+
+/// Namespace `ns`, name `v`: the test VMI's.
+fn ns_v() -> (PathName, PathName) {
+    (
+        PathName::component("namespace", "ns").unwrap(),
+        PathName::component("name", "v").unwrap(),
+    )
 }
 
 fn qemu_img_info(path: &std::path::Path) -> serde_json::Value {
@@ -43,21 +56,22 @@ fn every_supported_volume_type_becomes_a_real_file() {
         disks::materialize(&plan, &v, &paths, None).unwrap();
     }
     // Container disk: a qcow2 overlay whose backing is the linked base.
-    let info = qemu_img_info(&paths.overlay("cd"));
+    let info = qemu_img_info(&paths.overlay(&volume("cd")));
     assert_eq!(info["format"], "qcow2");
     assert_eq!(info["virtual-size"], 2 << 20);
     assert_eq!(info["backing-filename-format"], "raw");
     assert!(paths.container_disk_base(0).is_symlink());
     // Empty disk: qcow2 of the capacity.
-    let info = qemu_img_info(&paths.empty_disk("scratch"));
+    let info = qemu_img_info(&paths.empty_disk(&volume("scratch")));
     assert_eq!(info["virtual-size"], 10 << 20);
     // Host disk: a sparse raw file, rounded down to whole MiB.
-    let host = paths.vmi_disks_dir("host").join("host.img");
+    let host = paths.vmi_disks_dir(&volume("host")).join("host.img");
     assert_eq!(std::fs::metadata(&host).unwrap().len(), 3 << 20);
     // Cloud-init: ISOs an ISO reader can open, with the right labels.
+    let (ns, v_name) = ns_v();
     for (iso, label) in [
-        (paths.nocloud_iso("ns", "v"), "cidata"),
-        (paths.config_drive_iso("ns", "v"), "config-2"),
+        (paths.nocloud_iso(&ns, &v_name), "cidata"),
+        (paths.config_drive_iso(&ns, &v_name), "config-2"),
     ] {
         let out = Command::new("isoinfo")
             .args(["-d", "-i"])
@@ -73,7 +87,7 @@ fn every_supported_volume_type_becomes_a_real_file() {
     }
     let user = Command::new("isoinfo")
         .args(["-R", "-x", "/user-data", "-i"])
-        .arg(paths.nocloud_iso("ns", "v"))
+        .arg(paths.nocloud_iso(&ns, &v_name))
         .output()
         .unwrap();
     assert_eq!(
@@ -95,7 +109,7 @@ fn hostile_or_unsupported_volumes_are_refused() {
     let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
     assert!(matches!(err, DiskError::ContainerDisk { .. }), "{err}");
     assert!(
-        !paths.overlay("cd").exists(),
+        !paths.overlay(&volume("cd")).exists(),
         "nothing is created for a refused disk"
     );
     // An image volume with two candidate files.
@@ -206,4 +220,177 @@ fn kernel_boot_artifacts_that_leave_the_image_are_refused() {
     // Two artifacts under one name would share one link.
     let v = kernel_boot_vmi("/boot/vmlinuz", "/other/vmlinuz");
     assert!(disks::kernel_boot(&paths, &v).is_err());
+}
+
+/// A volume name becomes a file or directory name (overlay, PVC and host-disk mounts, empty
+/// disk, block device): one that is no DNS-1123 label (`..`, `/`, upper case) is refused by
+/// the plan before any path is made, for every volume kind, and so is a second volume of the
+/// same name (it would share the first one's files).
+#[test]
+fn volume_names_never_leave_their_directories() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(&root.path().join("pod"));
+    let sources = [
+        "containerDisk:\n      image: x",
+        "ephemeral:\n      persistentVolumeClaim:\n        claimName: c",
+        "persistentVolumeClaim:\n      claimName: c",
+        "hostDisk:\n      path: /data/d.img\n      type: DiskOrCreate\n      capacity: 1Mi",
+        "emptyDisk:\n      capacity: 1Mi",
+        "cloudInitNoCloud:\n      userData: x",
+    ];
+    let names = [
+        "../../../../../escape",
+        "\"/escape\"",
+        "..",
+        "a/b",
+        "\"\"",
+        "Escape",
+    ];
+    for source in sources {
+        for name in names {
+            let v = vmi(&format!("  - name: {name}\n    {source}\n"));
+            let err = disks::plan(&paths, &v, 0)
+                .expect_err(&format!("volume {name:?} with {source:?} is refused"));
+            assert!(
+                err.to_string().starts_with("spec.volumes[0].name: volume "),
+                "{name} {source}: {err}"
+            );
+        }
+        let twice = vmi(&format!(
+            "  - name: d\n    emptyDisk:\n      capacity: 1Mi\n  - name: d\n    {source}\n"
+        ));
+        assert!(disks::plan(&paths, &twice, 0).is_ok());
+        let err = disks::plan(&paths, &twice, 1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spec.volumes[1].name: spec.volumes[1] and spec.volumes[0] must not have the same name"
+        );
+    }
+    let created: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(created.is_empty(), "nothing was created: {created:?}");
+}
+
+/// A VMI with one container disk, booted from a kernel-boot container.
+fn container_disk_vmi() -> proto::kubevirt::VirtualMachineInstance {
+    parse_vmi(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: v\n  namespace: ns\n  uid: u-1\nspec:\n  domain:\n    memory:\n      guest: 128Mi\n    firmware:\n      kernelBoot:\n        container:\n          image: k\n          kernelPath: /boot/vmlinuz\n    devices:\n      disks:\n      - name: cd\n        disk:\n          bus: virtio\n      interfaces:\n      - name: default\n        masquerade: {}\n  networks:\n  - name: default\n    pod: {}\n  volumes:\n  - name: cd\n    containerDisk:\n      image: x\n",
+    )
+    .unwrap()
+}
+
+/// `qemu-img create -u`: a qcow2 image at `path` naming `backing` as raw.
+fn qcow2_naming(path: &std::path::Path, backing: &str) {
+    let out = Command::new("qemu-img")
+        .args([
+            "create", "-q", "-u", "-f", "qcow2", "-b", backing, "-F", "raw",
+        ])
+        .arg(path)
+        .arg("1M")
+        .output()
+        .expect("qemu-img is installed (scripts/setup.sh)");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// A container disk is the tenant's image. A qcow2 base that names a
+/// backing file (absolute, or climbing out with `..`) would have the VM
+/// read that host file through the overlay: the launcher refuses it, as
+/// KubeVirt's `VerifyImage` does, before it creates anything.
+#[test]
+fn container_disks_that_name_a_backing_file_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let secret = root.path().join("launcher-secret.raw");
+    std::fs::write(&secret, vec![0x5e; 1 << 20]).unwrap();
+    let v = container_disk_vmi();
+    for name in [secret.to_str().unwrap(), "../../../../launcher-secret.raw"] {
+        let image = paths.image_volume(0).join("disk");
+        let _ = std::fs::remove_dir_all(&image);
+        std::fs::create_dir_all(&image).unwrap();
+        qcow2_naming(&image.join("disk.qcow2"), name);
+        let plan = disks::plan(&paths, &v, 0).unwrap();
+        let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+        assert!(matches!(err, DiskError::ContainerDisk { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("expected no backing file, but found {name}")),
+            "{err}"
+        );
+        assert!(
+            !paths.overlay(&PathName::volume("cd").unwrap()).exists(),
+            "no overlay for a refused base"
+        );
+    }
+}
+
+/// The VMM opens an overlay with the one backing file its domain names,
+/// and nothing below it: the launcher's verification is not the only
+/// guard. A base swapped for one that names a host file after the overlay
+/// was made is refused when the VMM opens the disk.
+#[test]
+fn the_vmm_opens_only_the_backing_file_the_domain_names() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let secret = root.path().join("launcher-secret.raw");
+    std::fs::write(&secret, vec![0x5e; 1 << 20]).unwrap();
+    let image = paths.image_volume(0).join("disk");
+    std::fs::create_dir_all(&image).unwrap();
+    // A qcow2 container disk (its format is the image's, not the plan's
+    // assumption) holding 0x11 everywhere.
+    let raw = root.path().join("src.raw");
+    std::fs::write(&raw, vec![0x11; 1 << 20]).unwrap();
+    let out = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(image.join("disk.qcow2"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let v = container_disk_vmi();
+    let mut ctx = launcher::converter::Context {
+        paths: paths.clone(),
+        pod_interface: launcher::converter::PodInterface {
+            mtu: 1500,
+            mac: Some("0a:58:0a:f4:00:1b".into()),
+            tap_exists: true,
+        },
+        ..Default::default()
+    };
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    ctx.disks.insert(plan.volume.clone(), plan.clone());
+    ctx.kernel_boot = disks::kernel_boot(&paths, &v).unwrap();
+    let mut domain = launcher::converter::convert(&v, &ctx).unwrap();
+    let format = disks::materialize(&plan, &v, &paths, None).unwrap();
+    assert_eq!(format, Some(block::Format::Qcow2));
+    let devices = domain.spec.devices.as_mut().unwrap();
+    let (base, _) = plan.backing.as_ref().unwrap();
+    disks::record_backing_format(&mut devices.disks, base, block::Format::Qcow2);
+    let store = devices.disks[0].backing_store.as_ref().unwrap();
+    assert_eq!(store.format.as_ref().unwrap().r#type, "qcow2");
+
+    let config = launcher::to_vm::vm_config(&domain).unwrap();
+    let disk = &config.disks[0];
+    let open = || {
+        let opts = block::OpenOptions {
+            read_only: disk.read_only,
+            direct: false,
+            backing: disk.backing.clone(),
+        };
+        block::ConcurrentDisk::open(&disk.path, disk.format, opts)
+    };
+    let mut buf = vec![0u8; 4096];
+    open().unwrap().read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0x11), "the base shows through");
+
+    // The image's file swapped for one that names the secret.
+    std::fs::remove_file(image.join("disk.qcow2")).unwrap();
+    qcow2_naming(&image.join("disk.qcow2"), secret.to_str().unwrap());
+    let err = open().err().expect("the swapped base is refused");
+    assert!(
+        err.to_string().contains("may not have a backing file"),
+        "{err}"
+    );
 }

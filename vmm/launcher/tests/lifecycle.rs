@@ -120,7 +120,9 @@ async fn sync_pause_unpause_shutdown_delete() {
         value["Spec"]["Devices"]["Disks"][0]["Alias"]["Name"],
         "containerdisk"
     );
-    let overlay = pod.paths.overlay("containerdisk");
+    let overlay = pod
+        .paths
+        .overlay(&launcher::paths::PathName::volume("containerdisk").unwrap());
     assert_eq!(
         value["Spec"]["Devices"]["Disks"][0]["Source"]["File"],
         overlay.to_string_lossy().as_ref()
@@ -163,11 +165,12 @@ async fn sync_pause_unpause_shutdown_delete() {
     );
 
     // The guest ran its checks; the blk check wrote into the overlay only.
-    let serial = pod.paths.serial_socket(UID);
+    let uid = launcher::paths::PathName::vmi_uid(UID).unwrap();
+    let serial = pod.paths.serial_socket(&uid);
     wait_for(&serial, Duration::from_secs(10));
     // The console log (tailed by KubeVirt's guest-console-log container)
     // fills with the guest's output.
-    let log = pod.paths.serial_log(UID);
+    let log = pod.paths.serial_log(&uid);
     let deadline = std::time::Instant::now() + BOOT;
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -440,6 +443,56 @@ async fn bad_vmis_are_refused_while_the_vm_keeps_running() {
         reply
             .message
             .contains("spec.domain.devices.disks[0].disk.bus"),
+        "{}",
+        reply.message
+    );
+    // A volume name that would lead out of the pod's directories, and two volumes of one
+    // name (the second a cloud-init volume): refused with the field, not a crash, and no
+    // file appears outside the pod.
+    let escape = format!("escape-{}", std::process::id());
+    let outside = pod
+        .root
+        .path()
+        .parent()
+        .unwrap()
+        .join(format!("{escape}.qcow2"));
+    let climbing = format!("../../../../../{escape}");
+    let hostile = vmi_json(
+        ARGS,
+        serde_json::json!({
+            "domain": {"devices": {"disks": [{"name": climbing, "disk": {"bus": "virtio"}}]}},
+            "volumes": [{"name": climbing, "emptyDisk": {"capacity": "1Mi"}}],
+        }),
+    );
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(hostile))
+        .await
+        .expect("an answer, not a gRPC error")
+        .into_inner();
+    assert!(!reply.success);
+    assert!(
+        reply.message.contains("spec.volumes[0].name"),
+        "{}",
+        reply.message
+    );
+    assert!(!outside.exists(), "{} was created", outside.display());
+    let twice = vmi_json(
+        ARGS,
+        serde_json::json!({"volumes": [
+            {"name": "containerdisk", "containerDisk": {"image": "test/disk:latest"}},
+            {"name": "containerdisk", "cloudInitNoCloud": {"userData": "#cloud-config"}},
+        ]}),
+    );
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(twice))
+        .await
+        .expect("an answer, not a gRPC error (INTERNAL from a panic)")
+        .into_inner();
+    assert!(!reply.success);
+    assert!(
+        reply
+            .message
+            .contains("spec.volumes[1] and spec.volumes[0] must not have the same name"),
         "{}",
         reply.message
     );

@@ -29,7 +29,9 @@ fn grace(d: &Domain) -> proto::domain::GracePeriodMetadata {
 
 /// Waits until the guest waits for Ctrl-Alt-Del (it then honours one).
 async fn guest_waiting(pod: &Pod) {
-    let log = pod.paths.serial_log(UID);
+    let log = pod
+        .paths
+        .serial_log(&launcher::paths::PathName::vmi_uid(UID).unwrap());
     let deadline = Instant::now() + BOOT;
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()

@@ -55,7 +55,8 @@ fn artifacts() -> (PathBuf, PathBuf) {
 }
 
 fn console(pod: &Pod) -> String {
-    std::fs::read_to_string(pod.paths.serial_log(UID)).unwrap_or_default()
+    let uid = launcher::paths::PathName::vmi_uid(UID).expect("the test UID");
+    std::fs::read_to_string(pod.paths.serial_log(&uid)).unwrap_or_default()
 }
 
 /// Waits until the console shows `text`; false after `timeout`.

@@ -85,6 +85,7 @@ pub(crate) fn build_devices(
         let opts = block::OpenOptions {
             read_only: disk.read_only,
             direct: disk.cache == DiskCache::None,
+            backing: disk.backing.clone(),
         };
         let backend =
             block::ConcurrentDisk::open(&disk.path, disk.format, opts).map_err(|source| {

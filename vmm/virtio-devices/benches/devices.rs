@@ -113,6 +113,7 @@ fn device(backing: Backing<'_>, io_threads: usize) -> Block {
             let opts = block::OpenOptions {
                 read_only: false,
                 direct: matches!(backing, Backing::Direct(_)),
+                ..block::OpenOptions::default()
             };
             let disk = block::ConcurrentDisk::open(path, block::Format::Raw, opts)
                 .expect("open the benchmark file");

@@ -536,6 +536,75 @@ fn refusals_name_the_field() {
             ],
             Some("spec.accessCredentials[0].sshPublicKey.source.secret.secretName"),
         ),
+        (
+            "a volume name that leaves the directory",
+            vec![
+                ("/spec/volumes/0/name", json!("../x")),
+                ("/spec/domain/devices/disks/0/name", json!("../x")),
+            ],
+            Some("spec.volumes[0].name"),
+        ),
+        (
+            "an absolute volume name",
+            vec![
+                ("/spec/volumes/0/name", json!("/etc/passwd")),
+                ("/spec/domain/devices/disks/0/name", json!("/etc/passwd")),
+            ],
+            Some("spec.volumes[0].name"),
+        ),
+        (
+            "an upper-case volume name",
+            vec![
+                ("/spec/volumes/0/name", json!("Root")),
+                ("/spec/domain/devices/disks/0/name", json!("Root")),
+            ],
+            Some("spec.volumes[0].name"),
+        ),
+        (
+            "an empty volume name",
+            vec![
+                ("/spec/volumes/0/name", json!("")),
+                ("/spec/domain/devices/disks/0/name", json!("")),
+            ],
+            Some("spec.volumes[0].name"),
+        ),
+        (
+            "a disk name that is no label",
+            vec![("/spec/domain/devices/disks/1", json!({"name": "a.b"}))],
+            Some("spec.domain.devices.disks[1].name"),
+        ),
+        (
+            "a 63-character volume name",
+            vec![
+                ("/spec/volumes/0/name", json!("a".repeat(63))),
+                ("/spec/domain/devices/disks/0/name", json!("a".repeat(63))),
+            ],
+            None,
+        ),
+        (
+            "a 64-character volume name",
+            vec![
+                ("/spec/volumes/0/name", json!("a".repeat(64))),
+                ("/spec/domain/devices/disks/0/name", json!("a".repeat(64))),
+            ],
+            Some("spec.volumes[0].name"),
+        ),
+        (
+            "two volumes of one name",
+            vec![(
+                "/spec/volumes/1",
+                json!({"name": "root", "cloudInitNoCloud": {"userData": "#cloud-config"}}),
+            )],
+            Some("spec.volumes[1].name"),
+        ),
+        (
+            "two disks of one name",
+            vec![(
+                "/spec/domain/devices/disks/1",
+                json!({"name": "root", "disk": {"bus": "virtio"}}),
+            )],
+            Some("spec.domain.devices.disks[1].name"),
+        ),
     ];
     for (name, changes, want) in rows {
         let got = check(&with(&changes));
@@ -585,6 +654,8 @@ fn random_values_never_panic() {
         "/spec/readinessProbe",
         "/spec/accessCredentials",
         "/spec/volumes/0/hostDisk",
+        "/spec/volumes/0/name",
+        "/spec/domain/devices/disks/0/name",
     ];
     for pointer in pointers {
         for piece in &pieces {
@@ -618,5 +689,40 @@ fn examples() {
     assert_eq!(
         check(&migratable).unwrap_err().field,
         "spec.domain.firmware.kernelBoot"
+    );
+}
+
+#[test]
+fn volume_names_are_dns_labels() {
+    for good in ["a", "0", "root", "disk-0", "a1-b2", &"x".repeat(63)] {
+        assert_eq!(volume_name(good), Ok(()), "{good}");
+    }
+    for bad in [
+        "",
+        "-a",
+        "a-",
+        "A",
+        "a_b",
+        "a.b",
+        "..",
+        ".",
+        "../x",
+        "/x",
+        "a/b",
+        "a\0b",
+        " a",
+        "é",
+        &"x".repeat(64),
+    ] {
+        assert!(volume_name(bad).is_err(), "{bad:?}");
+    }
+    let refusal = check(&with(&[(
+        "/spec/volumes/1",
+        json!({"name": "root", "emptyDisk": {"capacity": "1Gi"}}),
+    )]))
+    .unwrap_err();
+    assert_eq!(
+        refusal.reason,
+        "spec.volumes[1] and spec.volumes[0] must not have the same name"
     );
 }

@@ -39,6 +39,7 @@ impl Qcow2Image {
                     // reference is at worst a leak. (The table entry for a new
                     // block is written only with `write_refcounts`.)
                     self.file.write_meta(&c.data, victim)?;
+                    self.wrote_depended_on();
                 }
             }
             let mut data = vec![0u8; self.cluster_size as usize];
@@ -259,20 +260,23 @@ impl Qcow2Image {
         for j in 0..k {
             table[(b0 + j) as usize] = (area + j) * cs;
         }
-        // Everything the new table points at must be on disk first.
-        self.write_refcounts_blocks_only()?;
+        // Everything the new table points at (the blocks in the cache, the
+        // new blocks) and the table itself must be on disk before the
+        // header names it.
+        self.rc_cache
+            .write_dirty(|off, data| self.file.write_meta(data, off))?;
         for (j, block) in blocks.iter().enumerate() {
             self.file.write_meta(block, (area + j as u64) * cs)?;
         }
         let raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
         let table_off = (area + k) * cs;
         self.file.write_meta(&raw, table_off)?;
-        self.file.sync()?;
+        self.sync()?;
         let mut hdr = [0u8; 12];
         hdr[..8].copy_from_slice(&table_off.to_be_bytes());
         hdr[8..].copy_from_slice(&(t as u32).to_be_bytes());
         self.file.write_meta(&hdr, header::OFF_REFTABLE_OFFSET)?;
-        self.file.sync()?;
+        self.sync()?;
 
         let old_off = self.header.refcount_table_offset;
         let old_clusters = self.header.refcount_table_clusters as u64;
@@ -292,25 +296,5 @@ impl Qcow2Image {
         // The header no longer points at the old table.
         self.free_range(old_off, old_clusters * cs)?;
         Ok(())
-    }
-
-    /// Writes dirty refcount blocks (not the table) and syncs.
-    fn write_refcounts_blocks_only(&mut self) -> DiskResult<()> {
-        let dirty = self.rc_cache.dirty_offsets();
-        if dirty.is_empty() {
-            return Ok(());
-        }
-        for off in dirty {
-            if let Some(c) = self.rc_cache.get(off) {
-                c.dirty = false;
-                let data = std::mem::take(&mut c.data);
-                let r = self.file.write_meta(&data, off);
-                if let Some(c) = self.rc_cache.get(off) {
-                    c.data = data;
-                }
-                r?;
-            }
-        }
-        Ok(self.file.sync()?)
     }
 }

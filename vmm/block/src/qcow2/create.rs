@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use super::header::{self, CompressionType, Header};
-use super::{Qcow2Image, Qcow2Options, backing, corrupt, refcount};
-use crate::{DiskError, DiskResult, Format, open_disk};
+use super::{BackingPolicy, Qcow2Image, Qcow2Options, backing, corrupt, refcount};
+use crate::{DiskError, DiskResult, Format, OpenOptions, open_disk_with};
 
 /// Options of `qemu-img create -f qcow2`; `Default` gives QEMU's defaults.
 #[derive(Debug, Clone)]
@@ -17,6 +17,9 @@ pub struct CreateOptions {
     pub backing_file: Option<String>,
     /// Required with `backing_file`: we never guess formats.
     pub backing_format: Option<Format>,
+    /// How the backing file's own chain is opened to check it (and to
+    /// take its size). Default: the backing file may name none.
+    pub backing_policy: BackingPolicy,
     pub lazy_refcounts: bool,
     pub refcount_bits: u32,
     /// `compat=0.10` (version 2) instead of `1.1` (version 3).
@@ -31,6 +34,7 @@ impl Default for CreateOptions {
             cluster_size: 64 << 10,
             backing_file: None,
             backing_format: None,
+            backing_policy: BackingPolicy::Forbid,
             lazy_refcounts: false,
             refcount_bits: 16,
             compat_v2: false,
@@ -66,14 +70,21 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
     if opts.compat_v2 && opts.compression_type != CompressionType::Zlib {
         return Err(bad("compat=0.10 supports only zlib compression"));
     }
+    let open_backing = |name: &str, format: Format| {
+        let opts = OpenOptions {
+            read_only: true,
+            direct: false,
+            backing: opts.backing_policy.clone(),
+        };
+        open_disk_with(&backing::resolve(path, name), format, opts)
+    };
     let size = match (opts.size, &opts.backing_file) {
         (Some(s), _) => s,
         (None, Some(name)) => {
             let fmt = opts
                 .backing_format
                 .ok_or_else(|| bad("backing file given without its format (-F)"))?;
-            let b = open_disk(&backing::resolve(path, name), fmt, true)?;
-            b.size()
+            open_backing(name, fmt)?.size()
         }
         (None, None) => return Err(bad("image size is required without a backing file")),
     };
@@ -87,7 +98,7 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
         if opts.size.is_some() {
             // Refuse a broken chain now rather than at the first read.
             let name = opts.backing_file.as_deref().unwrap_or_default();
-            open_disk(&backing::resolve(path, name), fmt, true)?;
+            open_backing(name, fmt)?;
         }
     }
     let l1_entries = header::l1_entries_for(size, cluster_bits);
@@ -164,13 +175,7 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
         f.sync_all()?;
     }
     h.size = size;
-    let mut img = Qcow2Image::open(
-        path,
-        Qcow2Options {
-            open_backing: false,
-            ..Qcow2Options::default()
-        },
-    )?;
+    let mut img = Qcow2Image::open_alone(path, Qcow2Options::default())?;
     img.set_size_and_l1(size, l1_entries)?;
     img.close()
 }
@@ -193,14 +198,14 @@ impl Qcow2Image {
             // reads as zeroes past the end of the file).
             let zeros = vec![0u8; (entries * 8) as usize];
             self.file.write_meta(&zeros, l1_off)?;
-            self.file.sync()?;
+            self.sync()?;
         }
         let mut l1_fields = [0u8; 12];
         l1_fields[..4].copy_from_slice(&(entries as u32).to_be_bytes());
         l1_fields[4..].copy_from_slice(&l1_off.to_be_bytes());
         self.file.write_meta(&l1_fields, header::OFF_L1_SIZE)?;
         self.file.write_meta(&size.to_be_bytes(), 24)?;
-        self.file.sync()?;
+        self.sync()?;
         self.header.size = size;
         self.header.l1_size = entries as u32;
         self.header.l1_table_offset = l1_off;

@@ -2,12 +2,10 @@
 //! (`crate::concurrent`): the lookup runs under the caller's lock, the data
 //! transfer outside it.
 
-use std::path::PathBuf;
-
 use super::Qcow2Image;
 use super::tables::Mapping;
+use crate::DiskResult;
 use crate::host_file::DataHandle;
-use crate::{DiskResult, Format};
 
 /// Where the first bytes of a request live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,22 +76,6 @@ impl Qcow2Image {
     pub(crate) fn data_handle(&self) -> DiskResult<DataHandle> {
         Ok(self.file.data_handle()?)
     }
-
-    /// Path and format of the backing file, resolved like `backing::open`.
-    pub(crate) fn backing_location(&self) -> DiskResult<Option<(PathBuf, Format)>> {
-        match (&self.header.backing_file, &self.backing) {
-            (Some(name), Some(_)) => {
-                let format: Format = self
-                    .header
-                    .backing_format
-                    .as_deref()
-                    .unwrap_or_default()
-                    .parse()?;
-                Ok(Some((super::backing::resolve(&self.path, name), format)))
-            }
-            _ => Ok(None),
-        }
-    }
 }
 
 /// Host clusters reserved for a write into guest clusters that have no
@@ -163,6 +145,9 @@ impl Qcow2Image {
             self.pending_frees.push((a.host, a.count * cs));
             return Ok(());
         }
+        // The data went out through another handle; the L2 entries set
+        // here must wait for it (a barrier before they are written).
+        self.wrote_depended_on();
         for i in 0..a.count {
             // Normally unchanged (the caller keeps writers, discards and
             // write-zeroes off the run); release whatever is there anyway.

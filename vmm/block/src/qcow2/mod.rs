@@ -1,17 +1,27 @@
 //! The qcow2 image format: a sparse, copy-on-write disk with a backing chain.
 //!
-//! Write ordering (crash safety). Data clusters are written to the file at
-//! once; the metadata that points at them (refcounts, L2, L1) changes in
-//! memory and goes to the file in an order where a crash at any point leaves
-//! at worst leaked clusters:
-//!   1. refcount blocks (a cluster is counted before anything uses it),
-//!      then the refcount table, with a barrier between;
-//!   2. L2 tables, barrier, then the L1 entries pointing at new L2 tables;
-//!   3. only then are clusters that lost their last reference freed.
+//! Write ordering (crash safety, also on power loss). Data clusters are
+//! written to the file at once; the metadata that points at them
+//! (refcounts, L2, L1) changes in memory and goes to the file in an order
+//! where a power loss at any point leaves at worst leaked clusters. As in
+//! QEMU's qcow2 cache (an L2 table depends on the refcount blocks, and on
+//! a flush of the file after new data): a write that depends on earlier
+//! ones is issued only after a barrier (fdatasync) has made those durable,
+//! because the page cache and the device write back in any order.
+//!   1. new data clusters (newly allocated, copied-on-write, or
+//!      preallocated zero clusters given data);
+//!   2. refcount blocks (a cluster is counted before anything uses it;
+//!      skipped with lazy refcounts), barrier, then the refcount table;
+//!   3. barrier, L2 tables (they point at 1 and are counted by 2);
+//!   4. barrier, the L1 entries pointing at new L2 tables;
+//!   5. only then are clusters that lost their last reference freed.
 //!
-//! `flush` runs those steps and ends with fdatasync, so every write completed
-//! before a flush survives a crash. A dirty L2 table evicted from the cache is
-//! written only after the refcounts it depends on (step 1 first).
+//! `flush` runs those steps and ends with fdatasync, so every write
+//! completed before a flush survives a power loss. A dirty L2 table evicted
+//! from the cache is written the same way (refcounts, barrier, table). The
+//! barrier is skipped when nothing was written since the last one
+//! (`unsynced`), so a flush costs no more syncs than the steps that have
+//! something to write.
 
 mod allocator;
 pub mod backing;
@@ -25,12 +35,15 @@ mod repair;
 pub mod tables;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::host_file::HostFile;
-use crate::{DiskBackend, DiskError, DiskResult};
+use crate::{ConcurrentDisk, DiskBackend, DiskError, DiskResult};
+use backing::Chain;
 use header::Header;
 use tables::{COPIED, Mapping, MetadataCache, ZERO};
 
+pub use backing::BackingPolicy;
 pub use create::{CreateOptions, create};
 pub use repair::repair;
 
@@ -46,15 +59,15 @@ const MAX_WRITE_RUN_BYTES: u64 = 4 << 20;
 /// (refcount 0) and is used first after a reopen.
 const PREALLOC_STEP: u64 = 8 << 20;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Qcow2Options {
     pub read_only: bool,
     /// O_DIRECT for data (cache=none).
     pub direct: bool,
     pub l2_cache_bytes: u64,
     pub refcount_cache_bytes: u64,
-    /// Open the backing chain (off only for tools that inspect one file).
-    pub open_backing: bool,
+    /// Which backing file the image may open (default: none).
+    pub backing: BackingPolicy,
 }
 
 impl Default for Qcow2Options {
@@ -64,7 +77,7 @@ impl Default for Qcow2Options {
             direct: false,
             l2_cache_bytes: DEFAULT_L2_CACHE,
             refcount_cache_bytes: DEFAULT_REFCOUNT_CACHE,
-            open_backing: true,
+            backing: BackingPolicy::Forbid,
         }
     }
 }
@@ -92,7 +105,9 @@ pub struct Qcow2Image {
     free_hint: u64,
     /// End of the file or of the last allocated cluster, whichever is larger.
     alloc_end: u64,
-    backing: Option<Box<dyn DiskBackend>>,
+    /// The backing chain: read-only layers, each opened once and shared
+    /// with `ConcurrentDisk`'s lock-free readers.
+    backing: Option<Arc<ConcurrentDisk>>,
     /// Reused buffer for copy-on-write clusters (no allocation per request).
     scratch: Vec<u8>,
     /// The last decompressed cluster, keyed by its L2 entry.
@@ -102,6 +117,10 @@ pub struct Qcow2Image {
     dirty_on_disk: bool,
     /// End of the host space already reserved with fallocate.
     prealloc_end: u64,
+    /// Writes that later metadata will depend on (new data, refcount
+    /// blocks, L2 tables, the refcount table) were issued since the last
+    /// sync: the next dependent write needs a barrier first.
+    unsynced: bool,
 }
 
 fn corrupt(msg: impl Into<String>) -> DiskError {
@@ -109,22 +128,38 @@ fn corrupt(msg: impl Into<String>) -> DiskError {
 }
 
 impl Qcow2Image {
+    /// Opens the image at `path`, and its backing chain as `opts.backing`
+    /// allows.
     pub fn open(path: &Path, opts: Qcow2Options) -> DiskResult<Qcow2Image> {
-        let mut chain = Vec::new();
-        Self::open_in_chain(path, opts, &mut chain)
+        let file = HostFile::open(path, !opts.read_only, opts.direct)?;
+        Self::open_file(file, path, opts)
+    }
+
+    /// Opens the image in `file`, named `path` (backing names resolve
+    /// against its directory).
+    pub(crate) fn open_file(
+        file: HostFile,
+        path: &Path,
+        opts: Qcow2Options,
+    ) -> DiskResult<Qcow2Image> {
+        Self::open_in_chain(file, path, opts, &mut Chain::new(path), true)
+    }
+
+    /// Opens one file without its backing chain, for tools that look at
+    /// that file only (create, repair, the header fuzzer): reads of
+    /// unallocated clusters give zeroes.
+    pub(crate) fn open_alone(path: &Path, opts: Qcow2Options) -> DiskResult<Qcow2Image> {
+        let file = HostFile::open(path, !opts.read_only, opts.direct)?;
+        Self::open_in_chain(file, path, opts, &mut Chain::new(path), false)
     }
 
     pub(crate) fn open_in_chain(
+        file: HostFile,
         path: &Path,
         opts: Qcow2Options,
-        chain: &mut Vec<PathBuf>,
+        chain: &mut Chain,
+        with_backing: bool,
     ) -> DiskResult<Qcow2Image> {
-        if chain.is_empty()
-            && let Ok(c) = path.canonicalize()
-        {
-            chain.push(c);
-        }
-        let file = HostFile::open(path, !opts.read_only, opts.direct)?;
         let header = read_header(&file)?;
         let file_len = file.len()?;
         let cs = header.cluster_size();
@@ -149,25 +184,21 @@ impl Qcow2Image {
             }
         }
 
-        let mut l1_raw = vec![0u8; l1_bytes as usize];
-        file.read_meta(&mut l1_raw, header.l1_table_offset)?;
-        let l1 = l1_raw
-            .chunks_exact(8)
-            .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect();
-        let mut rt_raw = vec![0u8; rt_bytes as usize];
-        file.read_meta(&mut rt_raw, header.refcount_table_offset)?;
-        let reftable = rt_raw
-            .chunks_exact(8)
-            .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect();
+        // The tables held in memory count against the chain's budget
+        // before they are read. A read-only image never allocates, so its
+        // refcount table stays on disk.
+        let rt_held = if opts.read_only { 0 } else { rt_bytes };
+        chain.charge(l1_bytes + rt_held, path)?;
+        let l1 = read_table(&file, header.l1_table_offset, l1_bytes)?;
+        let reftable = read_table(&file, header.refcount_table_offset, rt_held)?;
 
-        let backing = match (&header.backing_file, opts.open_backing) {
+        let backing = match (&header.backing_file, with_backing) {
             (Some(name), true) => Some(backing::open(
                 path,
                 name,
                 header.backing_format.as_deref(),
-                &opts,
+                &opts.backing,
+                opts.direct,
                 chain,
             )?),
             _ => None,
@@ -196,6 +227,7 @@ impl Qcow2Image {
             compressed_buf: Vec::new(),
             dirty_on_disk: false,
             prealloc_end: file_len,
+            unsynced: false,
             header,
         };
         if !img.read_only && img.header.is_dirty() {
@@ -209,9 +241,35 @@ impl Qcow2Image {
             img.header.autoclear_features = 0;
             img.file
                 .write_meta(&0u64.to_be_bytes(), header::OFF_AUTOCLEAR)?;
-            img.file.sync()?;
+            img.sync()?;
         }
         Ok(img)
+    }
+
+    /// The backing chain's top layer, if any.
+    pub(crate) fn backing_disk(&self) -> Option<&Arc<ConcurrentDisk>> {
+        self.backing.as_ref()
+    }
+
+    /// Waits until everything written so far is durable.
+    fn sync(&mut self) -> DiskResult<()> {
+        self.file.sync()?;
+        self.unsynced = false;
+        Ok(())
+    }
+
+    /// Makes the writes that the next metadata write depends on durable,
+    /// if there are any since the last sync.
+    fn barrier(&mut self) -> DiskResult<()> {
+        if self.unsynced {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Notes a write that later metadata will depend on.
+    pub(crate) fn wrote_depended_on(&mut self) {
+        self.unsynced = true;
     }
 
     pub fn header(&self) -> &Header {
@@ -272,14 +330,19 @@ impl Qcow2Image {
                 break;
             };
             if dirty {
-                // The table may point at clusters whose refcounts are only
-                // in memory: those go first.
-                self.write_refcounts()?;
+                // The table may point at new data and at clusters whose
+                // refcounts are only in memory: those go first, as in a
+                // flush (steps 1 to 3).
+                if !self.header.lazy_refcounts() {
+                    self.write_refcounts()?;
+                }
+                self.barrier()?;
             }
             if let Some(c) = self.l2_cache.remove(victim)
                 && dirty
             {
                 self.file.write_meta(&c.data, victim)?;
+                self.wrote_depended_on();
             }
         }
         Ok(())
@@ -350,7 +413,7 @@ impl Qcow2Image {
 
     /// Reads guest bytes from the backing chain (zeroes past its end or without one).
     fn read_backing(&mut self, buf: &mut [u8], pos: u64) -> DiskResult<()> {
-        let Some(b) = self.backing.as_mut() else {
+        let Some(b) = &self.backing else {
             buf.fill(0);
             return Ok(());
         };
@@ -458,7 +521,7 @@ impl Qcow2Image {
             let flags = self.header.incompatible_features | header::INCOMPAT_DIRTY;
             self.file
                 .write_meta(&flags.to_be_bytes(), header::OFF_INCOMPAT)?;
-            self.file.sync()?;
+            self.sync()?;
             self.header.incompatible_features = flags;
             self.dirty_on_disk = true;
         }
@@ -507,6 +570,9 @@ impl Qcow2Image {
                     let r = self.file.write_data(&scratch, host);
                     self.scratch = scratch;
                     r?;
+                    // The L2 entry that drops the zero flag must not reach
+                    // the disk before these bytes (they may be stale).
+                    self.wrote_depended_on();
                     self.set_l2_entry(vc, host | COPIED)?;
                     done += n;
                 }
@@ -572,6 +638,7 @@ impl Qcow2Image {
             self.pending_frees.push((host, run * cs));
             return Err(e);
         }
+        self.wrote_depended_on();
         for (i, m) in old.iter().enumerate() {
             self.set_l2_entry(vc + i as u64, (host + i as u64 * cs) | COPIED)?;
             self.release(*m);
@@ -647,53 +714,40 @@ impl Qcow2Image {
         (first, last.saturating_sub(first))
     }
 
-    /// Writes dirty refcount blocks, then (after a barrier) the refcount table.
+    /// Writes dirty refcount blocks, then (after a barrier) the refcount
+    /// table if it changed.
     fn write_refcounts(&mut self) -> DiskResult<()> {
-        let dirty = self.rc_cache.dirty_offsets();
-        for off in &dirty {
-            if let Some(c) = self.rc_cache.get(*off) {
-                c.dirty = false;
-                let data = std::mem::take(&mut c.data);
-                let r = self.file.write_meta(&data, *off);
-                if let Some(c) = self.rc_cache.get(*off) {
-                    c.data = data;
-                }
-                r?;
-            }
+        if self
+            .rc_cache
+            .write_dirty(|off, data| self.file.write_meta(data, off))?
+        {
+            self.wrote_depended_on();
         }
         if self.reftable_dirty {
-            if !dirty.is_empty() {
-                self.file.sync()?;
-            }
+            // New refcount blocks before the table entries naming them.
+            self.barrier()?;
             let raw: Vec<u8> = self.reftable.iter().flat_map(|e| e.to_be_bytes()).collect();
             self.file
                 .write_meta(&raw, self.header.refcount_table_offset)?;
             self.reftable_dirty = false;
-            self.file.sync()?;
-        } else if !dirty.is_empty() {
-            self.file.sync()?;
+            self.wrote_depended_on();
         }
         Ok(())
     }
 
+    /// Writes dirty L2 tables, then the changed L1 entries, each after a
+    /// barrier (steps 3 and 4 of the module doc).
     fn write_l2_and_l1(&mut self) -> DiskResult<()> {
-        let dirty = self.l2_cache.dirty_offsets();
-        for off in &dirty {
-            if let Some(c) = self.l2_cache.get(*off) {
-                c.dirty = false;
-                let data = std::mem::take(&mut c.data);
-                let r = self.file.write_meta(&data, *off);
-                if let Some(c) = self.l2_cache.get(*off) {
-                    c.data = data;
-                }
-                r?;
-            }
+        if self.l2_cache.has_dirty() {
+            // The data and refcounts the tables point at first.
+            self.barrier()?;
+            self.l2_cache
+                .write_dirty(|off, data| self.file.write_meta(data, off))?;
+            self.wrote_depended_on();
         }
         if let Some((a, b)) = self.l1_dirty {
-            if !dirty.is_empty() {
-                // New L2 tables must be on disk before L1 points at them.
-                self.file.sync()?;
-            }
+            // New L2 tables (and their refcounts) before L1 points at them.
+            self.barrier()?;
             let raw: Vec<u8> = self.l1[a..=b]
                 .iter()
                 .flat_map(|e| e.to_be_bytes())
@@ -710,7 +764,7 @@ impl Qcow2Image {
             self.write_refcounts()?;
         }
         self.write_l2_and_l1()?;
-        self.file.sync()?;
+        self.sync()?;
         if !self.pending_frees.is_empty() {
             let frees = std::mem::take(&mut self.pending_frees);
             for (off, len) in frees {
@@ -729,11 +783,11 @@ impl Qcow2Image {
         self.flush_inner()?;
         if self.dirty_on_disk {
             self.write_refcounts()?;
-            self.file.sync()?;
+            self.sync()?;
             let flags = self.header.incompatible_features & !header::INCOMPAT_DIRTY;
             self.file
                 .write_meta(&flags.to_be_bytes(), header::OFF_INCOMPAT)?;
-            self.file.sync()?;
+            self.sync()?;
             self.header.incompatible_features = flags;
             self.dirty_on_disk = false;
         }
@@ -759,6 +813,26 @@ impl Drop for Qcow2Image {
             let _ = self.close_inner();
         }
     }
+}
+
+/// Reads a table of big-endian u64 entries, `bytes` long, in pieces (no
+/// second copy of a large table in memory).
+fn read_table(file: &HostFile, offset: u64, bytes: u64) -> DiskResult<Vec<u64>> {
+    const PIECE: u64 = 1 << 20;
+    let mut table = Vec::with_capacity((bytes / 8) as usize);
+    let mut raw = vec![0u8; bytes.min(PIECE) as usize];
+    let mut done = 0;
+    while done < bytes {
+        let n = (bytes - done).min(PIECE) as usize;
+        file.read_meta(&mut raw[..n], offset + done)?;
+        table.extend(
+            raw[..n]
+                .chunks_exact(8)
+                .map(|c| u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])),
+        );
+        done += n as u64;
+    }
+    Ok(table)
 }
 
 /// Reads and parses the header of an open image file.

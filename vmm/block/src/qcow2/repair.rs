@@ -57,16 +57,16 @@ impl Qcow2Image {
         let raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
         let table_off = (area + k) * cs;
         self.file.write_meta(&raw, table_off)?;
-        self.file.sync()?;
+        self.sync()?;
         let mut hdr = [0u8; 12];
         hdr[..8].copy_from_slice(&table_off.to_be_bytes());
         hdr[8..].copy_from_slice(&(t as u32).to_be_bytes());
         self.file.write_meta(&hdr, header::OFF_REFTABLE_OFFSET)?;
-        self.file.sync()?;
+        self.sync()?;
         let flags = self.header.incompatible_features & !header::INCOMPAT_DIRTY;
         self.file
             .write_meta(&flags.to_be_bytes(), header::OFF_INCOMPAT)?;
-        self.file.sync()?;
+        self.sync()?;
         self.header.incompatible_features = flags;
         self.header.refcount_table_offset = table_off;
         self.header.refcount_table_clusters = t as u32;
@@ -82,13 +82,7 @@ impl Qcow2Image {
 /// `qemu-img check -r all`: rewrites the refcounts from the tables (fixes
 /// leaks and wrong refcounts; damaged L1/L2 tables are refused).
 pub fn repair(path: &std::path::Path) -> DiskResult<()> {
-    let mut img = Qcow2Image::open(
-        path,
-        super::Qcow2Options {
-            open_backing: false,
-            ..Default::default()
-        },
-    )?;
+    let mut img = Qcow2Image::open_alone(path, super::Qcow2Options::default())?;
     img.rebuild_refcounts()?;
     img.close()
 }

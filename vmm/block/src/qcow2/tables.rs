@@ -191,7 +191,7 @@ impl MetadataCache {
     }
 
     /// Offsets of dirty entries, sorted so writes go out in file order.
-    pub fn dirty_offsets(&self) -> Vec<u64> {
+    fn dirty_offsets(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self
             .map
             .iter()
@@ -200,6 +200,25 @@ impl MetadataCache {
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// Writes every dirty entry with `write` (offset, contents), in file
+    /// order, marking each clean once written; an entry whose write fails
+    /// stays dirty. Returns whether anything was written. The one write-back
+    /// loop of both caches (L2 tables, refcount blocks): the caller orders
+    /// it against other writes.
+    pub fn write_dirty(
+        &mut self,
+        mut write: impl FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<bool> {
+        let dirty = self.dirty_offsets();
+        for off in &dirty {
+            if let Some(c) = self.map.get_mut(off) {
+                write(*off, &c.data)?;
+                c.dirty = false;
+            }
+        }
+        Ok(!dirty.is_empty())
     }
 
     pub fn has_dirty(&self) -> bool {
@@ -236,6 +255,38 @@ mod tests {
         );
         assert_eq!(decode_l1(COPIED | 0x50000, 16), Ok(0x50000));
         assert!(decode_l1(1, 16).is_err());
+    }
+
+    #[test]
+    fn write_back_goes_in_file_order_and_keeps_what_failed_dirty() {
+        let mut c = MetadataCache::new(0, 512);
+        for off in [1536u64, 512, 1024] {
+            c.insert(off, vec![off as u8; 512], true);
+        }
+        c.insert(0, vec![0; 512], false);
+        // The write of 1024 fails: it and 1536 stay dirty.
+        let mut seen = Vec::new();
+        let r = c.write_dirty(|off, _| {
+            seen.push(off);
+            if off == 1024 {
+                Err(std::io::Error::other("disk full"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_err());
+        assert_eq!(seen, [512, 1024]);
+        let mut again = Vec::new();
+        assert!(
+            c.write_dirty(|off, _| {
+                again.push(off);
+                Ok(())
+            })
+            .unwrap()
+        );
+        assert_eq!(again, [1024, 1536]);
+        assert!(!c.has_dirty());
+        assert!(!c.write_dirty(|_, _| Ok(())).unwrap());
     }
 
     #[test]

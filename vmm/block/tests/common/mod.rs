@@ -117,9 +117,15 @@ pub fn mixed_data(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// Reads the whole disk through our engine.
+/// Reads the whole disk through our engine (the tests' own images: the
+/// backing chain they name is followed).
 pub fn read_all(path: &Path, format: block::Format) -> Vec<u8> {
-    let mut d = block::open_disk(path, format, true)
+    let opts = block::OpenOptions {
+        read_only: true,
+        direct: false,
+        backing: block::BackingPolicy::FollowImage,
+    };
+    let mut d = block::open_disk_with(path, format, opts)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     let mut v = vec![0u8; d.size() as usize];
     d.read_at(&mut v, 0).expect("read all");

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::required_format;
-use block::{ConcurrentDisk, OpenOptions, Pages, io_buffers};
+use block::{BackingPolicy, ConcurrentDisk, OpenOptions, Pages, io_buffers};
 
 /// Most requests in flight (worker threads).
 const MAX_DEPTH: u64 = 1024;
@@ -50,6 +50,8 @@ pub fn run(a: BenchArgs<'_>) -> anyhow::Result<i32> {
         OpenOptions {
             read_only: !a.write,
             direct: a.direct,
+            // As qemu-img: the backing files the images name.
+            backing: BackingPolicy::FollowImage,
         },
     )
     .with_context(|| format!("opening {}", a.filename.display()))?;

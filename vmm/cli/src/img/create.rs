@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use super::size::parse_size;
 use block::Format;
-use block::qcow2::{CreateOptions, create as create_qcow2, header::CompressionType};
+use block::qcow2::{BackingPolicy, CreateOptions, create as create_qcow2, header::CompressionType};
 
 fn on_off(key: &str, v: &str) -> anyhow::Result<bool> {
     match v {
@@ -30,6 +30,8 @@ pub fn run(
         backing_file: backing,
         backing_format: backing_format.as_deref().map(str::parse).transpose()?,
         size: size.as_deref().map(parse_size).transpose()?,
+        // As qemu-img: the backing file's own chain is opened to check it.
+        backing_policy: BackingPolicy::FollowImage,
         ..CreateOptions::default()
     };
     for kv in options

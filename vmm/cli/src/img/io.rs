@@ -19,7 +19,9 @@ use anyhow::Context;
 
 use super::required_format;
 use super::size::{human, parse_number, parse_size};
-use block::{ConcurrentDisk, OpenOptions, SerializedDisk, SharedDisk, open_disk_with};
+use block::{
+    BackingPolicy, ConcurrentDisk, OpenOptions, SerializedDisk, SharedDisk, open_disk_with,
+};
 
 /// qemu-io's default write pattern.
 const DEFAULT_WRITE_PATTERN: u8 = 0xcd;
@@ -213,7 +215,12 @@ pub fn run(
         .iter()
         .map(|c| parse(c).with_context(|| format!("command {c:?}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let opts = OpenOptions { read_only, direct };
+    let opts = OpenOptions {
+        read_only,
+        direct,
+        // As qemu-io: the backing files the images name (the user's own).
+        backing: BackingPolicy::FollowImage,
+    };
     let opening = || format!("opening {}", filename.display());
     let script: Vec<(&Command, &str)> = parsed
         .iter()

@@ -1,5 +1,8 @@
 //! `vmm img ...`: qemu-img/qemu-io style commands over the `block` crate's
-//! engines (create, info, check, bench, io), with qemu-img's flags.
+//! engines (create, info, check, bench, io), with qemu-img's flags. Like
+//! qemu-img, they follow the backing files the images name
+//! (`BackingPolicy::FollowImage`): they are for the user's own images,
+//! never a tenant's.
 
 mod bench;
 mod check;

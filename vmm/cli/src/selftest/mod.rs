@@ -112,12 +112,8 @@ pub fn run(options: &Options) -> i32 {
     config.serial = SerialTarget::Capture(capture.clone());
     config.cmdline = "exit=poweroff net.rx_ms=10000".into();
     config.disks.push(DiskConfig {
-        path: disk.clone(),
-        format: DiskFormat::Raw,
-        read_only: false,
         cache: DiskCache::default(),
-        serial: String::new(),
-        discard: true,
+        ..DiskConfig::new(disk.clone(), DiskFormat::Raw)
     });
     if net {
         config.nets.push(NetConfig::new(TAP_NAME));

@@ -509,6 +509,27 @@ fn the_table_agrees() {
             "no serial console",
             vec![("/spec/domain/devices/autoattachSerialConsole", json!(false))],
         ),
+        (
+            "a volume name that climbs out",
+            vec![
+                ("/spec/volumes/0/name", json!("../x")),
+                ("/spec/domain/devices/disks/0/name", json!("../x")),
+            ],
+        ),
+        (
+            "an upper-case volume name",
+            vec![
+                ("/spec/volumes/0/name", json!("Root")),
+                ("/spec/domain/devices/disks/0/name", json!("Root")),
+            ],
+        ),
+        (
+            "two volumes of one name",
+            vec![(
+                "/spec/volumes/1",
+                json!({"name": "root", "emptyDisk": {"capacity": "1Mi"}}),
+            )],
+        ),
     ];
     for (what, changes) in rows {
         assert_agree(what, &vmi_with(&changes));

@@ -1,7 +1,8 @@
 //! The serial console: a unix socket in the VMI's private directory (which
 //! the handler's console proxy dials) and its log file.
 
-use super::{Context, Result};
+use super::{Context, ConvertError, Result};
+use crate::paths::PathName;
 use proto::domain::{
     Console, ConsoleTarget, Devices, Serial, SerialLog, SerialSource, SerialTarget,
 };
@@ -13,8 +14,11 @@ pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devi
         return Ok(());
     }
     let uid = vmi.metadata.uid.as_deref().unwrap_or_default();
+    // The UID names the VMI's private directory, where the console lives.
+    let uid =
+        PathName::vmi_uid(uid).map_err(|e| ConvertError::new("metadata.uid", e.to_string()))?;
     let log = (d.log_serial_console != Some(false)).then(|| SerialLog {
-        file: ctx.paths.serial_log(uid).to_string_lossy().into_owned(),
+        file: ctx.paths.serial_log(&uid).to_string_lossy().into_owned(),
         append: "on".into(),
     });
     devices.serials.push(Serial {
@@ -22,7 +26,7 @@ pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devi
         target: Some(SerialTarget { port: Some(0) }),
         source: Some(SerialSource {
             mode: "bind".into(),
-            path: ctx.paths.serial_socket(uid).to_string_lossy().into_owned(),
+            path: ctx.paths.serial_socket(&uid).to_string_lossy().into_owned(),
         }),
         alias: None,
         log,

@@ -20,6 +20,7 @@ use std::fs;
 use std::io::{self, Cursor, Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::paths::PathName;
 use base64::Engine as _;
 use hadris_iso::joliet::JolietLevel;
 use hadris_iso::read::PathSeparator;
@@ -250,8 +251,8 @@ pub fn write_config_drive_iso(data: &CloudInitData, iso_path: &Path) -> Result<(
 pub fn iso_path(
     cloud_init_dir: &Path,
     source: DataSource,
-    namespace: &str,
-    vmi_name: &str,
+    namespace: &PathName,
+    vmi_name: &PathName,
 ) -> PathBuf {
     cloud_init_dir
         .join(namespace)
@@ -283,9 +284,9 @@ pub fn prepare_cloud_init_disk(
     };
     let name = vmi_name(vmi)?;
     let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
-    check_path_component("the VMI name", name)?;
-    check_path_component("the VMI namespace", namespace)?;
-    let path = iso_path(cloud_init_dir, kind, namespace, name);
+    let name = check_path_component("the VMI name", name)?;
+    let namespace = check_path_component("the VMI namespace", namespace)?;
+    let path = iso_path(cloud_init_dir, kind, &namespace, &name);
     match kind {
         DataSource::NoCloud => {
             let data = nocloud_data(vmi, &volume.name, source, secrets_dir)?;
@@ -313,8 +314,11 @@ fn user_and_network_data(
     source: &CloudInitSource,
     secrets_dir: &Path,
 ) -> Result<(Vec<u8>, Option<Vec<u8>>), CloudInitError> {
-    check_path_component("a cloud-init volume", volume_name)?;
-    let secret_dir = secrets_dir.join(volume_name);
+    let volume = PathName::volume(volume_name).map_err(|_| CloudInitError::InvalidName {
+        what: "a cloud-init volume",
+        name: volume_name.to_string(),
+    })?;
+    let secret_dir = secrets_dir.join(&volume);
 
     let user_secret = match source.secret_ref {
         Some(_) => Some(read_first_secret_file(
@@ -459,14 +463,12 @@ fn check_len(len: usize, what: impl FnOnce() -> String) -> Result<(), CloudInitE
 }
 
 /// Names from the VMI end up as path components: refuse anything that could leave the directory.
-fn check_path_component(what: &'static str, name: &str) -> Result<(), CloudInitError> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
-        return Err(CloudInitError::InvalidName {
-            what,
-            name: name.to_string(),
-        });
-    }
-    Ok(())
+/// `name` as one file name in a directory of the pod ([`PathName::component`]).
+fn check_path_component(what: &'static str, name: &str) -> Result<PathName, CloudInitError> {
+    PathName::component(what, name).map_err(|_| CloudInitError::InvalidName {
+        what,
+        name: name.to_string(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -565,8 +567,8 @@ fn public_keys(
                 ));
             }
         };
-        check_path_component("an access credential secret", secret_name)?;
-        let dir = secrets_dir.join(format!("{secret_name}-access-cred"));
+        let secret = check_path_component("an access credential secret", secret_name)?;
+        let dir = secrets_dir.join(format!("{secret}-access-cred"));
         let mut files = Vec::new();
         for entry in fs::read_dir(&dir).map_err(|e| io_error("listing", &dir, e))? {
             let entry = entry.map_err(|e| io_error("listing", &dir, e))?;

@@ -1,14 +1,16 @@
-//! Where each volume's bytes are, and making them exist (contract §4.4).
+//! Where each volume's bytes are, and making them exist (proto/CONTRACT.md §4.4).
 //!
 //! [`plan`] is pure: it maps a VMI volume to the file the VM will use (and
 //! its backing file, for overlays). [`materialize`] creates what the plan
 //! needs: qcow2 overlays over read-only bases, empty disks, the cloud-init
-//! ISO. It never touches a base image: container disks are only read.
+//! ISO. It never touches a base image: container disks are only read, and
+//! verified first (raw, or qcow2 without a backing file: the image is the
+//! tenant's, and a backing file it names could be any host file).
 
 pub mod cache_mode;
 pub mod cloudinit;
 
-use crate::paths::Paths;
+use crate::paths::{BadName, PathName, Paths};
 use block::Format;
 use proto::kubevirt::{VirtualMachineInstance, Volume, quantity};
 use std::path::{Path, PathBuf};
@@ -93,6 +95,28 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
     }
 }
 
+/// The name of volume `index` as a file name: a DNS-1123 label, and the only volume of that
+/// name (a second one would share the first one's files).
+fn volume_name(vmi: &VirtualMachineInstance, index: usize) -> Result<PathName, DiskError> {
+    let field = format!("spec.volumes[{index}].name");
+    let name = &vmi.spec.volumes[index].name;
+    let checked = PathName::volume(name).map_err(|e| DiskError::Unsupported {
+        field: field.clone(),
+        reason: e.to_string(),
+    })?;
+    if let Some(first) = vmi.spec.volumes.iter().position(|v| &v.name == name)
+        && first != index
+    {
+        return Err(DiskError::Unsupported {
+            field,
+            reason: format!(
+                "spec.volumes[{index}] and spec.volumes[{first}] must not have the same name"
+            ),
+        });
+    }
+    Ok(checked)
+}
+
 /// Resolves volume number `index` of the VMI.
 pub fn plan(
     paths: &Paths,
@@ -101,9 +125,9 @@ pub fn plan(
 ) -> Result<DiskPlan, DiskError> {
     let volume: &Volume = &vmi.spec.volumes[index];
     let field = format!("spec.volumes[{index}]");
-    let name = volume.name.clone();
+    let name = volume_name(vmi, index)?;
     let plan = |path: PathBuf, format: Format, kind, backing, action| DiskPlan {
-        volume: name.clone(),
+        volume: name.as_str().to_string(),
         path,
         format,
         kind,
@@ -112,7 +136,7 @@ pub fn plan(
     };
     if let Some(cd) = &volume.container_disk {
         return Ok(plan(
-            paths.overlay(&volume.name),
+            paths.overlay(&name),
             Format::Qcow2,
             "file",
             // The base's format is read from the image when it is linked in.
@@ -133,13 +157,10 @@ pub fn plan(
             });
         }
         return Ok(plan(
-            paths.overlay(&volume.name),
+            paths.overlay(&name),
             Format::Qcow2,
             "file",
-            Some((
-                paths.vmi_disks_dir(&volume.name).join("disk.img"),
-                Format::Raw,
-            )),
+            Some((paths.vmi_disks_dir(&name).join("disk.img"), Format::Raw)),
             Action::Overlay {
                 base_source: BaseSource::Existing,
             },
@@ -148,11 +169,11 @@ pub fn plan(
     if volume.persistent_volume_claim.is_some() || volume.data_volume.is_some() {
         // Filesystem PVCs normally arrive rewritten as hostDisk; a block PVC
         // is a device at /dev/<volume>.
-        let dev = PathBuf::from("/dev").join(&volume.name);
+        let dev = paths.block_device(&name);
         let (path, kind) = if dev.exists() {
             (dev, "block")
         } else {
-            (paths.vmi_disks_dir(&volume.name).join("disk.img"), "file")
+            (paths.vmi_disks_dir(&name).join("disk.img"), "file")
         };
         return Ok(plan(path, Format::Raw, kind, None, Action::UseAsIs));
     }
@@ -164,7 +185,7 @@ pub fn plan(
                 field: format!("{field}.hostDisk.path"),
                 reason: format!("{:?} has no file name", host.path),
             })?;
-        let path = paths.vmi_disks_dir(&volume.name).join(base);
+        let path = paths.vmi_disks_dir(&name).join(base);
         let action = match host.disk_type.as_str() {
             "Disk" => Action::UseAsIs,
             "DiskOrCreate" => {
@@ -199,7 +220,7 @@ pub fn plan(
             })?;
         // KubeVirt rounds the capacity down to whole MiB.
         return Ok(plan(
-            paths.empty_disk(&volume.name),
+            paths.empty_disk(&name),
             Format::Qcow2,
             "file",
             None,
@@ -214,8 +235,17 @@ pub fn plan(
         None
     };
     if let Some((action, file)) = cloud_init {
-        let ns = vmi.metadata.namespace.clone().unwrap_or_default();
-        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+        fn bad_name(field: &'static str) -> impl Fn(BadName) -> DiskError {
+            move |e| DiskError::Unsupported {
+                field: field.to_string(),
+                reason: e.to_string(),
+            }
+        }
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let ns = PathName::component("namespace", ns).map_err(bad_name("metadata.namespace"))?;
+        let vmi_name = vmi.metadata.name.as_deref().unwrap_or_default();
+        let vmi_name =
+            PathName::component("VMI name", vmi_name).map_err(bad_name("metadata.name"))?;
         let path = paths.cloud_init_dir(&ns, &vmi_name).join(file);
         return Ok(plan(path, Format::Raw, "file", None, action));
     }
@@ -238,13 +268,17 @@ pub fn plan(
 
 /// Creates what `plan` needs. Idempotent: an existing overlay, empty disk or
 /// ISO is kept (the VM may have written to it before a launcher restart).
-/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs).
+/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs). For an
+/// overlay, returns its base's format (a container disk's is the image's,
+/// verified here each time; the domain names it, see
+/// [`record_backing_format`]).
 pub fn materialize(
     plan: &DiskPlan,
     vmi: &VirtualMachineInstance,
     paths: &Paths,
     owner: Option<(u32, u32)>,
-) -> Result<(), DiskError> {
+) -> Result<Option<Format>, DiskError> {
+    let mut base_format = None;
     if let Some(dir) = plan.path.parent() {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
@@ -259,19 +293,30 @@ pub fn materialize(
             }
         }
         Action::Overlay { base_source } => {
-            let (base, _) = plan.backing.as_ref().expect("overlay plans have a backing");
-            if let BaseSource::ContainerDisk {
-                image_volume,
-                path_in_image,
-            } = base_source
-            {
-                link_container_disk(&plan.volume, image_volume, path_in_image.as_deref(), base)?;
-            }
+            let (base, planned_format) =
+                plan.backing.as_ref().expect("overlay plans have a backing");
+            let format = match base_source {
+                BaseSource::ContainerDisk {
+                    image_volume,
+                    path_in_image,
+                } => {
+                    link_container_disk(
+                        &plan.volume,
+                        image_volume,
+                        path_in_image.as_deref(),
+                        base,
+                    )?;
+                    verify_container_disk(&plan.volume, base)?
+                }
+                BaseSource::Existing => *planned_format,
+            };
+            base_format = Some(format);
             if !plan.path.exists() {
-                let base_format = detect_base_format(base)?;
+                // The base must name no backing file of its own (the
+                // default policy when `create` opens it).
                 let opts = block::qcow2::create::CreateOptions {
                     backing_file: Some(base.to_string_lossy().into_owned()),
-                    backing_format: Some(base_format),
+                    backing_format: Some(format),
                     ..Default::default()
                 };
                 block::qcow2::create::create(&plan.path, &opts).map_err(|source| {
@@ -303,18 +348,27 @@ pub fn materialize(
                 volume: plan.volume.clone(),
                 source,
             };
+            // The plan came from this VMI, whose volume names `plan` found unique; a VMI
+            // that no longer matches its plan is refused, not trusted.
+            let mismatch = || DiskError::Unsupported {
+                field: "spec.volumes".into(),
+                reason: format!(
+                    "volume {:?} is not the cloud-init volume planned",
+                    plan.volume
+                ),
+            };
             let secrets = paths.secrets_dir();
             if plan.action == Action::NoCloudIso {
                 let source = volume
                     .and_then(|v| v.cloud_init_no_cloud.as_ref())
-                    .expect("NoCloudIso plans come from a cloudInitNoCloud volume");
+                    .ok_or_else(mismatch)?;
                 let data = cloudinit::nocloud_data(vmi, &plan.volume, source, &secrets)
                     .map_err(cloud_err)?;
                 cloudinit::write_nocloud_iso(&data, &plan.path).map_err(cloud_err)?;
             } else {
                 let source = volume
                     .and_then(|v| v.cloud_init_config_drive.as_ref())
-                    .expect("ConfigDriveIso plans come from a cloudInitConfigDrive volume");
+                    .ok_or_else(mismatch)?;
                 let data = cloudinit::config_drive_data(vmi, &plan.volume, source, &secrets)
                     .map_err(cloud_err)?;
                 cloudinit::write_config_drive_iso(&data, &plan.path).map_err(cloud_err)?;
@@ -324,12 +378,32 @@ pub fn materialize(
     if let Some((uid, gid)) = owner {
         std::os::unix::fs::lchown(&plan.path, Some(uid), Some(gid)).map_err(io_err(&plan.path))?;
     }
-    Ok(())
+    Ok(base_format)
+}
+
+/// Sets the format of the domain disks whose backing store is `base` to
+/// the one [`materialize`] found (the converter, running before any file
+/// exists, can only assume one; KubeVirt's names the format `qemu-img
+/// info` reported).
+pub fn record_backing_format(disks: &mut [proto::domain::Disk], base: &Path, format: Format) {
+    for disk in disks {
+        if let Some(store) = &mut disk.backing_store
+            && store
+                .source
+                .as_ref()
+                .is_some_and(|s| Path::new(&s.file) == base)
+        {
+            store.format = Some(proto::domain::BackingStoreFormat {
+                r#type: format.name().into(),
+            });
+        }
+    }
 }
 
 /// The base image's format, read from its first bytes. A container disk's
 /// format is a property of the image (KubeVirt asks `qemu-img info`); only
-/// raw and qcow2 are accepted.
+/// raw and qcow2 are accepted. The base is never written (the VM writes to
+/// the overlay), so this cannot be a format a guest wrote.
 fn detect_base_format(base: &Path) -> Result<Format, DiskError> {
     use std::io::Read;
     let mut magic = [0u8; 4];
@@ -340,6 +414,33 @@ fn detect_base_format(base: &Path) -> Result<Format, DiskError> {
     } else {
         Format::Raw
     })
+}
+
+/// Verifies a container disk's base as KubeVirt's launcher does before it
+/// uses one (`VerifyImage`, `pkg/os/disk/validation.go`, called from
+/// `pkg/virt-launcher/virtwrap/manager.go`): raw, or qcow2 without a
+/// backing file. The image is the tenant's: a backing file it names (an
+/// absolute path, `..`) would be a host file the guest could read. A qcow2
+/// base must also open in the VMM's engine with no backing file allowed
+/// (bounded tables, supported features). Returns the base's format.
+fn verify_container_disk(volume: &str, base: &Path) -> Result<Format, DiskError> {
+    let invalid = |reason: String| DiskError::ContainerDisk {
+        volume: volume.to_string(),
+        reason: format!("invalid image: {reason}"),
+    };
+    let format = detect_base_format(base)?;
+    if format == Format::Qcow2 {
+        let header = block::qcow2::check::read_image_header(base)
+            .map_err(|e| invalid(format!("{}: {e}", base.display())))?;
+        if let Some(name) = header.backing_file {
+            return Err(invalid(format!(
+                "expected no backing file, but found {name}"
+            )));
+        }
+        block::open_disk(base, Format::Qcow2, true)
+            .map_err(|e| invalid(format!("{}: {e}", base.display())))?;
+    }
+    Ok(format)
 }
 
 /// Makes `container-disks/disk_<i>.img` point at the disk inside the image

@@ -226,6 +226,16 @@ fn a_full_domain_maps_onto_the_vmm() {
     assert_eq!(root.serial, "D1SK-SERIAL");
     assert!(root.discard && !root.read_only);
     assert_eq!(root.cache, DiskCache::None);
+    // The overlay may open the backing file the domain names (here, one
+    // that does not exist: its directory as named), and nothing else.
+    assert_eq!(
+        root.backing,
+        vmm::DiskBacking::Within {
+            dir: PathBuf::from("/"),
+            format: DiskFormat::Raw
+        }
+    );
+    assert_eq!(data.backing, vmm::DiskBacking::Forbid);
     assert_eq!(data.path, PathBuf::from("/dev/vg/data"));
     assert_eq!(data.format, DiskFormat::Raw);
     assert!(!data.discard && data.read_only);

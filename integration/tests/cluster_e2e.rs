@@ -1,0 +1,1459 @@
+//! The whole system on a real Kubernetes node: `scripts/cluster.sh`'s single-node cluster
+//! (kubelet, containerd with image volumes, scheduler, kube-proxy), the project's images
+//! (`images/build.sh --profile dev`) imported into its containerd, `kubectl apply -f
+//! images/deploy/` (CRDs, virt-controller, virt-handler), then VirtualMachines made from
+//! `images/examples/vm-testguest.yaml`: the test guest booted by our launcher in a launcher pod
+//! the kubelet started, with a container disk, masquerade networking and an RNG.
+//!
+//! One cluster and one deployment serve every test of this binary. Tests that disturb the
+//! node (the handler's pod deleted, the kubelet restarted, the handler's view of /dev
+//! replaced) take the node for themselves; the others run side by side.
+//!
+//! Needs root and /dev/kvm; fails (never skips) when the cluster, the images or the
+//! deployment cannot be brought up. Kept out of the normal run: `benchmark_*` (`--ignored`).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use integration::cluster::{self, Cluster, NODE_NAME, STATE_DIR};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use proto::kubevirt::{Phase, VirtualMachine, VirtualMachineInstance};
+use serde_json::{Value, json};
+use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Generous: the CI machines are small and shared, and the guest's code is emulated.
+const TIMEOUT: Duration = Duration::from_secs(240);
+/// KubeVirt's handler declares a launcher gone after its watchdog (30 s) plus its check
+/// interval (11 s); the VMI of a killed launcher is Failed within that.
+const LAUNCHER_GONE_TIMEOUT: Duration = Duration::from_secs(120);
+const KUBEVIRT_NAMESPACE: &str = "kubevirt";
+const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+const RESOURCES: [&str; 3] = [
+    "devices.kubevirt.io/kvm",
+    "devices.kubevirt.io/tun",
+    "devices.kubevirt.io/vhost-net",
+];
+
+// ---- the shared set-up ---------------------------------------------------------------------
+
+/// Serialises the tests that disturb the node (write) against the others (read).
+static NODE: RwLock<()> = RwLock::const_new(());
+
+/// The cluster with the project's images imported and `images/deploy/` applied and ready.
+async fn kubevirt() -> &'static Cluster {
+    static DEPLOYED: OnceCell<()> = OnceCell::const_new();
+    let cluster = match cluster::shared().await {
+        Ok(cluster) => cluster,
+        Err(e) => panic!("cannot bring up the test cluster: {e:#}"),
+    };
+    DEPLOYED
+        .get_or_init(|| async {
+            if let Err(e) = deploy(cluster).await {
+                panic!("cannot deploy kubevirt-rs on the test cluster: {e:#}");
+            }
+        })
+        .await;
+    cluster
+}
+
+async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
+    let started = Instant::now();
+    tokio::task::spawn_blocking(|| cluster.import_project_images()).await??;
+    let client = cluster.client()?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE);
+    // A cluster kept from an earlier run has pods of older images: restart them.
+    let redeploy = daemonsets.get_opt("virt-handler").await?.is_some();
+    let deploy_dir = repo().join("images/deploy");
+    cluster.kubectl_output(&["apply", "-f", &deploy_dir.to_string_lossy()])?;
+    if redeploy {
+        cluster.kubectl_output(&[
+            "-n",
+            KUBEVIRT_NAMESPACE,
+            "rollout",
+            "restart",
+            "deployment/virt-controller",
+            "daemonset/virt-handler",
+        ])?;
+    }
+    for what in ["deployment/virt-controller", "daemonset/virt-handler"] {
+        cluster.kubectl_output(&[
+            "-n",
+            KUBEVIRT_NAMESPACE,
+            "rollout",
+            "status",
+            what,
+            "--timeout=300s",
+        ])?;
+    }
+    wait_for(
+        "the node to be schedulable with device-plugin resources",
+        || {
+            let client = client.clone();
+            async move { node_ready_for_vms(&client).await.then_some(()) }
+        },
+    )
+    .await;
+    eprintln!(
+        "kubevirt-rs deployed on the test cluster in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `kubevirt.io/schedulable=true` and kvm and tun allocatable.
+async fn node_ready_for_vms(client: &kube::Client) -> bool {
+    let Ok(node) = Api::<Node>::all(client.clone()).get(NODE_NAME).await else {
+        return false;
+    };
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("kubevirt.io/schedulable"))
+        .is_some_and(|v| v == "true");
+    labelled && allocatable(&node, RESOURCES[0]) > 0 && allocatable(&node, RESOURCES[1]) > 0
+}
+
+fn allocatable(node: &Node, resource: &str) -> i64 {
+    quantity(node, resource, |s| s.allocatable.as_ref())
+}
+
+fn capacity(node: &Node, resource: &str) -> i64 {
+    quantity(node, resource, |s| s.capacity.as_ref())
+}
+
+fn quantity(
+    node: &Node,
+    resource: &str,
+    of: impl Fn(
+        &k8s_openapi::api::core::v1::NodeStatus,
+    )
+        -> Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> i64 {
+    let Some(text) = node
+        .status
+        .as_ref()
+        .and_then(of)
+        .and_then(|m| m.get(resource))
+        .map(|q| q.0.clone())
+    else {
+        return 0;
+    };
+    match text.strip_suffix('k') {
+        Some(thousands) => thousands.parse::<i64>().map_or(-1, |n| n * 1000),
+        None => text.parse().unwrap_or(-1),
+    }
+}
+
+async fn shared_node() -> RwLockReadGuard<'static, ()> {
+    NODE.read().await
+}
+
+async fn exclusive_node() -> RwLockWriteGuard<'static, ()> {
+    NODE.write().await
+}
+
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_for_within(what, TIMEOUT, check).await
+}
+
+async fn wait_for_within<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out ({limit:?}) waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+// ---- VMs -----------------------------------------------------------------------------------
+
+/// `images/examples/vm-testguest.yaml`, renamed, with `strategy`.
+fn test_vm(name: &str, strategy: &str) -> VirtualMachine {
+    let text = std::fs::read_to_string(repo().join("images/examples/vm-testguest.yaml"))
+        .expect("images/examples/vm-testguest.yaml");
+    let mut vm: Value = serde_yaml::from_str(&text).expect("a YAML VirtualMachine");
+    vm["metadata"] = json!({"name": name});
+    vm["spec"]["runStrategy"] = json!(strategy);
+    vm["spec"]["template"]["metadata"]["labels"]["kubevirt.io/vm"] = json!(name);
+    serde_json::from_value(vm).expect("a VirtualMachine")
+}
+
+struct Vms {
+    client: kube::Client,
+    namespace: String,
+}
+
+impl Vms {
+    async fn new(cluster: &Cluster, prefix: &str) -> Self {
+        let namespace = cluster.create_namespace(prefix).await.expect("namespace");
+        Self {
+            client: cluster.client().expect("client"),
+            namespace,
+        }
+    }
+
+    fn vms(&self) -> Api<VirtualMachine> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn vmis(&self) -> Api<VirtualMachineInstance> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn create(&self, vm: &VirtualMachine) {
+        self.vms()
+            .create(&PostParams::default(), vm)
+            .await
+            .expect("creating the VM");
+    }
+
+    /// Waits for VMI `name` Running (and, if `other_than` is given, a VMI of another UID).
+    async fn running(&self, name: &str, other_than: Option<&str>) -> VirtualMachineInstance {
+        let vmis = self.vmis();
+        let what = format!("VMI {}/{name} Running", self.namespace);
+        wait_for(&what, || {
+            let vmis = vmis.clone();
+            async move {
+                let vmi = vmis.get_opt(name).await.ok().flatten()?;
+                let uid = vmi.metadata.uid.clone().unwrap_or_default();
+                (vmi.phase() == Phase::Running && Some(uid.as_str()) != other_than).then_some(vmi)
+            }
+        })
+        .await
+    }
+
+    /// The launcher pod of `vmi` (the one in its `activePods`).
+    async fn launcher_pod(&self, vmi: &VirtualMachineInstance) -> Pod {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let pods = self
+            .pods()
+            .list(&ListParams::default().labels(&format!("kubevirt.io/created-by={uid}")))
+            .await
+            .expect("listing pods");
+        assert_eq!(pods.items.len(), 1, "one launcher pod for VMI {uid}");
+        pods.items.into_iter().next().unwrap()
+    }
+
+    /// Waits until `pod`'s console (the `guest-console-log` container) shows the guest's
+    /// `DONE` line, and returns the console.
+    async fn console_done(&self, cluster: &Cluster, pod: &str) -> String {
+        let namespace = self.namespace.clone();
+        let console = wait_for("the guest's DONE line", || {
+            let out = cluster
+                .kubectl_output(&["-n", &namespace, "logs", pod, "-c", "guest-console-log"])
+                .unwrap_or_default();
+            async move { out.lines().any(|l| l.starts_with("DONE ")).then_some(out) }
+        })
+        .await;
+        assert_guest_passed(&console);
+        console
+    }
+
+    /// Waits until VMI `name` and every launcher pod of the namespace are gone.
+    async fn vmi_and_pods_gone(&self, name: &str) {
+        let vmis = self.vmis();
+        let pods = self.pods();
+        wait_for("the VMI and its pod to be gone", || {
+            let (vmis, pods) = (vmis.clone(), pods.clone());
+            async move {
+                let vmi_gone = vmis.get_opt(name).await.ok()?.is_none();
+                let launchers = pods
+                    .list(&ListParams::default().labels("kubevirt.io=virt-launcher"))
+                    .await
+                    .ok()?;
+                (vmi_gone && launchers.items.is_empty()).then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// The test guest's report: every check `PASS`, at least the ones vm-testguest.yaml asks for,
+/// and `DONE passed=N failed=0`.
+fn assert_guest_passed(console: &str) {
+    let tests: Vec<&str> = console.lines().filter(|l| l.starts_with("TEST ")).collect();
+    for check in [
+        "serial",
+        "bootparams",
+        "idt",
+        "mem",
+        "virtio-blk",
+        "virtio-rng",
+    ] {
+        assert!(
+            tests
+                .iter()
+                .any(|l| l.starts_with(&format!("TEST {check}")) && l.contains(" PASS")),
+            "no passing {check} check in the console:\n{console}"
+        );
+    }
+    assert!(
+        tests.iter().all(|l| l.contains(" PASS")),
+        "a failed check:\n{console}"
+    );
+    let done = console
+        .lines()
+        .find(|l| l.starts_with("DONE "))
+        .expect("a DONE line");
+    assert!(done.ends_with("failed=0"), "{done}\n{console}");
+}
+
+fn condition<'a>(
+    vmi: &'a VirtualMachineInstance,
+    kind: &str,
+) -> Option<&'a proto::kubevirt::Condition> {
+    vmi.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.condition_type == kind)
+}
+
+// ---- what a running VM leaves on the host --------------------------------------------------
+
+/// Everything of one launcher pod on the host, recorded while it runs.
+#[derive(Debug)]
+struct HostTraces {
+    pod_uid: String,
+    vmi_uid: String,
+    /// The pod's sandbox and containers, from the pods' cgroups.
+    container_ids: Vec<String>,
+    /// The pod's network namespace (`net:[inode]`).
+    netns: String,
+    /// The host end of the pod's veth.
+    host_veth: String,
+    launcher_pid: u32,
+}
+
+impl HostTraces {
+    fn record(pod: &Pod, vmi: &VirtualMachineInstance) -> Self {
+        let pod_uid = pod.metadata.uid.clone().expect("pod UID");
+        let vmi_uid = vmi.metadata.uid.clone().expect("VMI UID");
+        let launcher_pid = launcher_pid(&vmi_uid).expect("the launcher process of the VMI");
+        let container_ids = pod_container_ids(&pod_uid);
+        assert!(
+            container_ids.len() >= 2,
+            "sandbox and containers of pod {pod_uid} in the cgroups: {container_ids:?}"
+        );
+        let netns = std::fs::read_link(format!("/proc/{launcher_pid}/ns/net"))
+            .expect("the launcher's network namespace")
+            .to_string_lossy()
+            .into_owned();
+        // eth0@ifN in the pod: N is the host end's index.
+        let link = run_ok(
+            "nsenter",
+            &[
+                "-t",
+                &launcher_pid.to_string(),
+                "-n",
+                "ip",
+                "-o",
+                "link",
+                "show",
+                "eth0",
+            ],
+        );
+        let index = link
+            .split_once("eth0@if")
+            .and_then(|(_, rest)| rest.split(':').next())
+            .unwrap_or_else(|| panic!("no veth peer in {link:?}"))
+            .to_owned();
+        let host = run_ok("ip", &["-o", "link", "show"]);
+        let host_veth = host
+            .lines()
+            .find_map(|l| {
+                let (i, rest) = l.split_once(": ")?;
+                (i == index).then(|| rest.split(['@', ':']).next().unwrap_or("").to_owned())
+            })
+            .unwrap_or_else(|| panic!("no host link with index {index}"));
+        Self {
+            pod_uid,
+            vmi_uid,
+            container_ids,
+            netns,
+            host_veth,
+            launcher_pid,
+        }
+    }
+
+    /// What is still there: empty once the pod is gone.
+    fn left(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for line in mountinfo.lines() {
+            if line.contains(&self.pod_uid) || self.container_ids.iter().any(|id| line.contains(id))
+            {
+                left.push(format!("mount: {line}"));
+            }
+        }
+        for (pid, link) in processes_in_netns() {
+            if link == self.netns {
+                left.push(format!("process {pid} in the pod's network namespace"));
+            }
+        }
+        if netns_is_mounted(&self.netns) {
+            left.push(format!("a mount of network namespace {}", self.netns));
+        }
+        if !pod_container_ids(&self.pod_uid).is_empty() {
+            left.push(format!("processes in the cgroup of pod {}", self.pod_uid));
+        }
+        if Path::new(&format!("/proc/{}", self.launcher_pid)).exists()
+            && launcher_pid(&self.vmi_uid) == Some(self.launcher_pid)
+        {
+            left.push(format!("launcher process {}", self.launcher_pid));
+        }
+        if Path::new(&format!("/sys/class/net/{}", self.host_veth)).exists() {
+            left.push(format!("host veth {}", self.host_veth));
+        }
+        for path in [
+            format!("/var/lib/kubelet/pods/{}", self.pod_uid),
+            format!(
+                "/var/run/kubevirt-private/network-info-cache/{}",
+                self.vmi_uid
+            ),
+            format!("/var/run/kubevirt-private/ghost-records/{}", self.vmi_uid),
+        ] {
+            if Path::new(&path).exists() {
+                left.push(path);
+            }
+        }
+        left
+    }
+
+    async fn gone(&self) {
+        let what = format!("every trace of pod {} to go", self.pod_uid);
+        let mut last = Vec::new();
+        let deadline = Instant::now() + TIMEOUT;
+        while Instant::now() < deadline {
+            last = self.left();
+            if last.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        panic!("timed out waiting for {what}; left: {last:#?}");
+    }
+}
+
+fn run_ok(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every process's `/proc/<pid>` entry.
+fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `virt-launcher` process (the VMM runs in it) of the VMI with `uid`.
+fn launcher_pid(vmi_uid: &str) -> Option<u32> {
+    pids().into_iter().find(|pid| {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        args.first() == Some(&&b"/usr/bin/virt-launcher"[..])
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--uid" && w[1] == vmi_uid.as_bytes())
+    })
+}
+
+/// Container IDs (sandbox included) of the processes in pod `uid`'s cgroups.
+fn pod_container_ids(pod_uid: &str) -> Vec<String> {
+    let needle = format!("/pod{pod_uid}/");
+    let mut ids: Vec<String> = pids()
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| Some(l.split_once(&needle)?.1.split('/').next()?.to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|id| !id.is_empty())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+fn processes_in_netns() -> Vec<(u32, String)> {
+    pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+            Some((pid, link.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
+/// Whether a bind mount of network namespace `net:[inode]` exists (the CRI keeps one per
+/// sandbox under the cluster's state directory).
+fn netns_is_mounted(netns: &str) -> bool {
+    let Some(inode) = netns
+        .strip_prefix("net:[")
+        .and_then(|s| s.strip_suffix(']'))
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return false;
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo
+        .lines()
+        .filter(|l| l.contains(" nsfs "))
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|mount| std::fs::metadata(mount).is_ok_and(|m| m.ino() == inode))
+}
+
+// ---- the tests -----------------------------------------------------------------------------
+
+/// The VM of `images/examples/vm-testguest.yaml` on a real node: Ready, its VMI Running on the
+/// node with the pod's IP, the launcher pod got the device-plugin resources and /dev/kvm and
+/// runs, the guest's checks pass on its console (`kubectl logs … -c guest-console-log`);
+/// `runStrategy: Halted` removes the VMI and its pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_runs_on_the_node_and_halted_removes_it() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-run").await;
+    vms.create(&test_vm("testguest", "Always")).await;
+    let vmi = vms.running("testguest", None).await;
+    let pod = vms.launcher_pod(&vmi).await;
+    let pod_name = pod.metadata.name.clone().unwrap();
+
+    // The VMI on the node, with the pod's address.
+    let status = vmi.status.clone().unwrap();
+    assert_eq!(status.node_name.as_deref(), Some(NODE_NAME));
+    assert_eq!(
+        vmi.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("kubevirt.io/nodeName")
+            .map(String::as_str),
+        Some(NODE_NAME)
+    );
+    let pod_ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    assert!(pod_ip.starts_with("10.217."), "{pod_ip}");
+    let iface = status
+        .interfaces
+        .first()
+        .expect("an interface in the VMI's status");
+    assert_eq!(
+        iface.ip_address.as_deref(),
+        Some(pod_ip.as_str()),
+        "{:?}",
+        status.interfaces
+    );
+    assert_eq!(iface.name.as_deref(), Some("default"));
+
+    // The launcher pod asked for the device plugins' resources (kvm, tun; not vhost-net:
+    // the Deployment passes --no-vhost-net), got them and runs; /dev/kvm is in the container.
+    let limits = pod.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    assert!(limits.contains_key("devices.kubevirt.io/kvm"), "{limits:?}");
+    assert!(limits.contains_key("devices.kubevirt.io/tun"), "{limits:?}");
+    assert!(
+        !limits.contains_key("devices.kubevirt.io/vhost-net"),
+        "{limits:?}"
+    );
+    let pid = launcher_pid(vmi.metadata.uid.as_deref().unwrap()).expect("launcher process");
+    let kvm = std::fs::metadata(format!("/proc/{pid}/root/dev/kvm")).expect("/dev/kvm in the pod");
+    assert!(kvm.file_type().is_char_device());
+
+    // The VM is Ready; the guest's checks pass on its console.
+    let vm_api = vms.vms();
+    wait_for("the VM Ready", || {
+        let vm_api = vm_api.clone();
+        async move {
+            let vm = vm_api.get("testguest").await.ok()?;
+            vm.status.as_ref()?.ready.filter(|r| *r).map(|_| ())
+        }
+    })
+    .await;
+    let console = vms.console_done(cluster, &pod_name).await;
+    eprintln!("{console}");
+
+    // Halted: the VMI and its pod go, the VM stays, Stopped.
+    vms.vms()
+        .patch(
+            "testguest",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}})),
+        )
+        .await
+        .expect("runStrategy Halted");
+    vms.vmi_and_pods_gone("testguest").await;
+    wait_for("the VM Stopped", || {
+        let vm_api = vm_api.clone();
+        async move {
+            let vm = vm_api.get("testguest").await.ok()?;
+            (vm.status.as_ref()?.printable_status.as_deref() == Some("Stopped")).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Two VMs at once, each in its own pod with its own address; `kubectl delete vm` of both
+/// while they run leaves no pod, process, mount, network namespace, veth or file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_vms_at_once_and_kubectl_delete_leaves_nothing_behind() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-two").await;
+    vms.create(&test_vm("first", "Always")).await;
+    vms.create(&test_vm("second", "Always")).await;
+    let first = vms.running("first", None).await;
+    let second = vms.running("second", None).await;
+    let first_pod = vms.launcher_pod(&first).await;
+    let second_pod = vms.launcher_pod(&second).await;
+    let ip = |vmi: &VirtualMachineInstance| {
+        vmi.status.as_ref().unwrap().interfaces[0]
+            .ip_address
+            .clone()
+            .expect("an IP")
+    };
+    assert_ne!(ip(&first), ip(&second));
+    for pod in [&first_pod, &second_pod] {
+        vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+            .await;
+    }
+    let traces = [
+        HostTraces::record(&first_pod, &first),
+        HostTraces::record(&second_pod, &second),
+    ];
+    for trace in &traces {
+        assert!(
+            !trace.left().is_empty(),
+            "the checks see a running pod: {trace:?}"
+        );
+    }
+
+    cluster
+        .kubectl_output(&[
+            "-n",
+            &vms.namespace,
+            "delete",
+            "vm",
+            "first",
+            "second",
+            "--timeout=200s",
+        ])
+        .expect("kubectl delete vm");
+    vms.vmi_and_pods_gone("first").await;
+    vms.vmi_and_pods_gone("second").await;
+    for trace in &traces {
+        trace.gone().await;
+    }
+}
+
+/// A VM the launcher cannot run (no kernel boot: it has no firmware to boot a disk) is refused
+/// before any pod exists: `Synchronized=False` naming the field, a Warning event, no pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-refused").await;
+    let mut vm = test_vm("bios", "Always");
+    let mut value = serde_json::to_value(&vm).unwrap();
+    value["spec"]["template"]["spec"]["domain"]
+        .as_object_mut()
+        .unwrap()
+        .remove("firmware");
+    vm = serde_json::from_value(value).unwrap();
+    vms.create(&vm).await;
+    let vmis = vms.vmis();
+    let refused = wait_for("the VMI refused", || {
+        let vmis = vmis.clone();
+        async move {
+            let vmi = vmis.get_opt("bios").await.ok().flatten()?;
+            let c = condition(&vmi, "Synchronized")?;
+            (c.status == "False").then(|| c.clone())
+        }
+    })
+    .await;
+    assert_eq!(refused.reason.as_deref(), Some("FailedCreate"));
+    let message = refused.message.unwrap_or_default();
+    assert!(
+        message.contains("spec.domain.firmware.kernelBoot"),
+        "{message}"
+    );
+    let events = cluster
+        .kubectl_output(&[
+            "-n",
+            &vms.namespace,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=bios,type=Warning",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .unwrap();
+    assert!(
+        events.contains("spec.domain.firmware.kernelBoot"),
+        "{events}"
+    );
+    // Still no pod a while later, and the VMI stays Pending.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pods = vms.pods().list(&ListParams::default()).await.unwrap();
+    assert!(
+        pods.items.is_empty(),
+        "{:?}",
+        pods.items
+            .iter()
+            .map(|p| &p.metadata.name)
+            .collect::<Vec<_>>()
+    );
+    let vmi = vmis.get("bios").await.unwrap();
+    assert_eq!(vmi.phase(), Phase::Pending);
+}
+
+/// Killing the VM's process (the VMM runs inside `virt-launcher`, as QEMU runs beside
+/// KubeVirt's) makes the VMI Failed; a `RerunOnFailure` VM then gets a new VMI that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-kill").await;
+    vms.create(&test_vm("phoenix", "RerunOnFailure")).await;
+    let vmi = vms.running("phoenix", None).await;
+    let first_uid = vmi.metadata.uid.clone().unwrap();
+    let pod = vms.launcher_pod(&vmi).await;
+    vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+        .await;
+
+    // Every phase the first VMI goes through, from a watch (polling could miss Failed).
+    let phases = Arc::new(Mutex::new(Vec::<Phase>::new()));
+    let watch = tokio::spawn({
+        let phases = phases.clone();
+        let vmis = vms.vmis();
+        let first_uid = first_uid.clone();
+        async move {
+            let config = watcher::Config::default().fields("metadata.name=phoenix");
+            let mut events = watcher(vmis, config).boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) = event
+                    && vmi.metadata.uid.as_deref() == Some(first_uid.as_str())
+                {
+                    let mut phases = phases.lock().unwrap();
+                    if phases.last() != Some(&vmi.phase()) {
+                        phases.push(vmi.phase());
+                    }
+                }
+            }
+        }
+    });
+    let pid = launcher_pid(&first_uid).expect("the launcher process");
+    // SAFETY: a plain kill(2) of the launcher this test's VM runs in.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    wait_for_within("the killed VMI Failed", LAUNCHER_GONE_TIMEOUT, || {
+        let phases = phases.clone();
+        async move {
+            phases
+                .lock()
+                .unwrap()
+                .contains(&Phase::Failed)
+                .then_some(())
+        }
+    })
+    .await;
+    eprintln!(
+        "VMI Failed {:.1}s after its launcher was killed",
+        killed.elapsed().as_secs_f64()
+    );
+    watch.abort();
+    let phases = phases.lock().unwrap().clone();
+    assert!(!phases.contains(&Phase::Succeeded), "{phases:?}");
+
+    let again = vms.running("phoenix", Some(&first_uid)).await;
+    let pod = vms.launcher_pod(&again).await;
+    vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+        .await;
+    vms.vms()
+        .delete("phoenix", &DeleteParams::default())
+        .await
+        .expect("delete VM");
+    vms.vmi_and_pods_gone("phoenix").await;
+}
+
+/// The node as the kubelet reports it with virt-handler running: the three device-plugin
+/// resources in capacity (1000 each, KubeVirt's count) and allocatable (vhost-net only where
+/// the host has /dev/vhost-net: a missing device is advertised unhealthy, as KubeVirt does),
+/// the node labels and the heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_shows_the_device_plugin_resources_and_labels() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let node = Api::<Node>::all(cluster.client().unwrap())
+        .get(NODE_NAME)
+        .await
+        .expect("the node");
+    for resource in RESOURCES {
+        assert_eq!(capacity(&node, resource), 1000, "capacity of {resource}");
+    }
+    assert_eq!(allocatable(&node, RESOURCES[0]), 1000);
+    assert_eq!(allocatable(&node, RESOURCES[1]), 1000);
+    let vhost_net = if Path::new("/dev/vhost-net").exists() {
+        1000
+    } else {
+        0
+    };
+    assert_eq!(allocatable(&node, RESOURCES[2]), vhost_net);
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("kubevirt.io/schedulable").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        labels
+            .get("machine-type.node.kubevirt.io/q35")
+            .map(String::as_str),
+        Some("true")
+    );
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        annotations.contains_key("kubevirt.io/heartbeat"),
+        "{annotations:?}"
+    );
+    for name in ["kvm", "tun", "vhost-net"] {
+        let socket = Path::new(DEVICE_PLUGIN_DIR).join(format!("kubevirt-{name}.sock"));
+        let meta =
+            std::fs::metadata(&socket).unwrap_or_else(|e| panic!("{}: {e}", socket.display()));
+        assert!(meta.file_type().is_socket(), "{}", socket.display());
+    }
+}
+
+/// `kubectl delete pod` of virt-handler: the running VM is untouched (same launcher process,
+/// the VMI stays Running all along) while the DaemonSet starts a new handler, which registers
+/// the device plugins again, keeps the node schedulable and takes the VM over (it stops it
+/// when the VM is halted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_handler_pod_leaves_the_vm_running() {
+    let cluster = kubevirt().await;
+    let _node = exclusive_node().await;
+    let client = cluster.client().unwrap();
+    let vms = Vms::new(cluster, "e2e-handler").await;
+    vms.create(&test_vm("steady", "Always")).await;
+    let vmi = vms.running("steady", None).await;
+    let uid = vmi.metadata.uid.clone().unwrap();
+    let pid = launcher_pid(&uid).expect("launcher process");
+
+    let phases = Arc::new(Mutex::new(Vec::<Phase>::new()));
+    let watch = tokio::spawn({
+        let phases = phases.clone();
+        let vmis = vms.vmis();
+        async move {
+            let config = watcher::Config::default().fields("metadata.name=steady");
+            let mut events = watcher(vmis, config).boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) = event {
+                    phases.lock().unwrap().push(vmi.phase());
+                }
+            }
+        }
+    });
+
+    let handler_pods: Api<Pod> = Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE);
+    let selector = ListParams::default().labels("kubevirt.io=virt-handler");
+    let old = handler_pods.list(&selector).await.unwrap().items;
+    assert_eq!(old.len(), 1);
+    let old_uid = old[0].metadata.uid.clone().unwrap();
+    let sockets_before = plugin_socket_inodes();
+    cluster
+        .kubectl_output(&[
+            "-n",
+            KUBEVIRT_NAMESPACE,
+            "delete",
+            "pod",
+            old[0].metadata.name.as_deref().unwrap(),
+        ])
+        .expect("kubectl delete pod");
+    let new_pod = wait_for("a new handler pod Ready", || {
+        let (handler_pods, selector, old_uid) =
+            (handler_pods.clone(), selector.clone(), old_uid.clone());
+        async move {
+            let pods = handler_pods.list(&selector).await.ok()?.items;
+            pods.into_iter().find(|p| {
+                p.metadata.uid.as_deref() != Some(old_uid.as_str())
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+        }
+    })
+    .await;
+    eprintln!(
+        "new handler pod {}",
+        new_pod.metadata.name.as_deref().unwrap_or("")
+    );
+    // The plugins registered again (new sockets) and the node is schedulable with them.
+    wait_for("new device-plugin sockets", || {
+        let now = plugin_socket_inodes();
+        let renewed = now.len() == 3
+            && now
+                .iter()
+                .all(|(name, inode)| sockets_before.get(name) != Some(inode));
+        async move { renewed.then_some(()) }
+    })
+    .await;
+    wait_for("the node schedulable for VMs", || {
+        let client = client.clone();
+        async move { node_ready_for_vms(&client).await.then_some(()) }
+    })
+    .await;
+
+    // The VM never noticed: same launcher, Running throughout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        launcher_pid(&uid),
+        Some(pid),
+        "the launcher process was replaced"
+    );
+    let vmi = vms.vmis().get("steady").await.unwrap();
+    assert_eq!(vmi.phase(), Phase::Running);
+    assert_eq!(vmi.metadata.uid.as_deref(), Some(uid.as_str()));
+    watch.abort();
+    let seen = phases.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|p| *p == Phase::Running),
+        "phases seen: {seen:?}"
+    );
+
+    // The new handler owns the VM: halting it stops the guest and removes the pod.
+    vms.vms()
+        .patch(
+            "steady",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}})),
+        )
+        .await
+        .unwrap();
+    vms.vmi_and_pods_gone("steady").await;
+}
+
+/// The kubelet restarted (as a service manager would): it wipes its device-plugin directory,
+/// the handler's plugins register again by themselves, and a VM started afterwards gets its
+/// devices and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_restart_makes_the_plugins_register_again() {
+    let cluster = kubevirt().await;
+    let _node = exclusive_node().await;
+    let client = cluster.client().unwrap();
+    let before = plugin_socket_inodes();
+    assert_eq!(before.len(), 3, "{before:?}");
+    tokio::task::spawn_blocking(cluster::restart_kubelet)
+        .await
+        .unwrap()
+        .expect("cluster.sh restart-kubelet");
+    wait_for("the plugins' sockets made again", || {
+        let now = plugin_socket_inodes();
+        let renewed = now.len() == 3
+            && now
+                .iter()
+                .all(|(name, inode)| before.get(name) != Some(inode));
+        async move { renewed.then_some(()) }
+    })
+    .await;
+    wait_for("kvm and tun allocatable again", || {
+        let client = client.clone();
+        async move { node_ready_for_vms(&client).await.then_some(()) }
+    })
+    .await;
+    let vms = Vms::new(cluster, "e2e-kubelet").await;
+    vms.create(&test_vm("after-restart", "Always")).await;
+    let vmi = vms.running("after-restart", None).await;
+    let pod = vms.launcher_pod(&vmi).await;
+    vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+        .await;
+    vms.vms()
+        .delete("after-restart", &DeleteParams::default())
+        .await
+        .unwrap();
+    vms.vmi_and_pods_gone("after-restart").await;
+}
+
+/// The handler's own view of the host's devices (the DaemonSet's /host/dev, here a directory
+/// of device nodes made by this test instead of the host's /dev, which is shared): when
+/// /dev/kvm goes from it, the kvm plugin reports its devices unhealthy, the node has no kvm
+/// left to allocate, and a new VM's pod cannot be scheduled ("Insufficient
+/// devices.kubevirt.io/kvm"). When it comes back, the pod is scheduled and the VM runs.
+/// (`kubevirt.io/schedulable` stays `true`, as in KubeVirt v1.9.0, whose heartbeat looks only
+/// at whether the plugins are registered; the resource is what keeps VMs off the node.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvm_gone_from_the_handlers_view_keeps_vms_off_the_node() {
+    let cluster = kubevirt().await;
+    let _node = exclusive_node().await;
+    let client = cluster.client().unwrap();
+    let view = FakeDev::new();
+    let _restore = HostDevView::point_at(cluster, &view.dir);
+    wait_for("the handler on the test's /dev, kvm allocatable", || {
+        let client = client.clone();
+        async move { node_ready_for_vms(&client).await.then_some(()) }
+    })
+    .await;
+
+    view.remove_kvm();
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for("no kvm allocatable", || {
+        let nodes = nodes.clone();
+        async move {
+            let node = nodes.get(NODE_NAME).await.ok()?;
+            (allocatable(&node, RESOURCES[0]) == 0).then_some(())
+        }
+    })
+    .await;
+    let vms = Vms::new(cluster, "e2e-nokvm").await;
+    vms.create(&test_vm("waiting", "Always")).await;
+    let pods = vms.pods();
+    let unschedulable = wait_for("the launcher pod unschedulable", || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods
+                .list(&ListParams::default().labels("kubevirt.io=virt-launcher"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()?;
+            pod.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        }
+    })
+    .await;
+    let message = unschedulable.message.unwrap_or_default();
+    assert!(
+        message.contains("Insufficient devices.kubevirt.io/kvm"),
+        "{message}"
+    );
+    let vmi = vms.vmis().get("waiting").await.unwrap();
+    assert_eq!(vmi.phase(), Phase::Scheduling);
+
+    view.restore_kvm();
+    let vmi = vms.running("waiting", None).await;
+    let pod = vms.launcher_pod(&vmi).await;
+    vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+        .await;
+    vms.vms()
+        .delete("waiting", &DeleteParams::default())
+        .await
+        .unwrap();
+    vms.vmi_and_pods_gone("waiting").await;
+}
+
+/// Inode of each `kubevirt-*.sock` in the kubelet's device-plugin directory.
+fn plugin_socket_inodes() -> BTreeMap<String, u64> {
+    std::fs::read_dir(DEVICE_PLUGIN_DIR)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    (name.starts_with("kubevirt-") && name.ends_with(".sock"))
+                        .then(|| Some((name, e.metadata().ok()?.ino())))?
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A directory with `dev/kvm` and `dev/net/tun`: device nodes with the host's numbers (no
+/// `vhost-net`, as on this machine), for the handler to watch instead of the host's /dev.
+struct FakeDev {
+    dir: PathBuf,
+    kvm_rdev: u64,
+}
+
+impl FakeDev {
+    fn new() -> Self {
+        let dir = PathBuf::from(format!("{STATE_DIR}/e2e-dev-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("dev/net")).unwrap();
+        let kvm_rdev = std::fs::metadata("/dev/kvm").expect("/dev/kvm").rdev();
+        let tun_rdev = std::fs::metadata("/dev/net/tun")
+            .expect("/dev/net/tun")
+            .rdev();
+        let view = Self { dir, kvm_rdev };
+        view.mknod("dev/net/tun", tun_rdev);
+        view.restore_kvm();
+        view
+    }
+
+    fn mknod(&self, path: &str, rdev: u64) {
+        let path = self.dir.join(path);
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mknod(2) with a NUL-terminated path this test owns.
+        let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, rdev) };
+        assert_eq!(
+            rc,
+            0,
+            "mknod {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+
+    fn remove_kvm(&self) {
+        std::fs::remove_file(self.dir.join("dev/kvm")).expect("removing the test's dev/kvm");
+    }
+
+    fn restore_kvm(&self) {
+        self.mknod("dev/kvm", self.kvm_rdev);
+    }
+}
+
+impl Drop for FakeDev {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Points the handler DaemonSet's `host-dev` volume at another directory; puts the host's
+/// /dev back (and waits for that rollout) when dropped, also when the test fails.
+struct HostDevView<'a> {
+    cluster: &'a Cluster,
+}
+
+impl<'a> HostDevView<'a> {
+    fn point_at(cluster: &'a Cluster, dir: &Path) -> Self {
+        set_host_dev(cluster, &dir.join("dev").to_string_lossy());
+        Self { cluster }
+    }
+}
+
+impl Drop for HostDevView<'_> {
+    fn drop(&mut self) {
+        set_host_dev(self.cluster, "/dev");
+    }
+}
+
+fn set_host_dev(cluster: &Cluster, path: &str) {
+    let index = volume_index(cluster, "host-dev");
+    let patch = json!([
+        {"op": "replace", "path": format!("/spec/template/spec/volumes/{index}/hostPath/path"), "value": path},
+    ]);
+    cluster
+        .kubectl_output(&[
+            "-n",
+            KUBEVIRT_NAMESPACE,
+            "patch",
+            "daemonset",
+            "virt-handler",
+            "--type",
+            "json",
+            "-p",
+            &patch.to_string(),
+        ])
+        .expect("patching the handler's host-dev volume");
+    cluster
+        .kubectl_output(&[
+            "-n",
+            KUBEVIRT_NAMESPACE,
+            "rollout",
+            "status",
+            "daemonset/virt-handler",
+            "--timeout=300s",
+        ])
+        .expect("the handler rolled out");
+}
+
+fn volume_index(cluster: &Cluster, name: &str) -> usize {
+    let names = cluster
+        .kubectl_output(&[
+            "-n",
+            KUBEVIRT_NAMESPACE,
+            "get",
+            "daemonset",
+            "virt-handler",
+            "-o",
+            "jsonpath={.spec.template.spec.volumes[*].name}",
+        ])
+        .expect("the handler's volumes");
+    names
+        .split_whitespace()
+        .position(|n| n == name)
+        .unwrap_or_else(|| panic!("no volume {name} in {names}"))
+}
+
+// ---- the benchmark -------------------------------------------------------------------------
+
+/// `kubectl apply` of vm-testguest.yaml → VMI created, Scheduled, Running (watch events as
+/// they arrive), → the guest's first console line (the CRI's time stamp of the first line of
+/// `guest-console-log`), and the API writes of one VM start (the apiserver's
+/// `apiserver_request_total` of every mutating verb, by resource, from the apply until the VM
+/// is Ready, node heartbeats and leases left out). Several runs, one after another, on a quiet
+/// node. Run with:
+///
+/// `cargo test -p integration --test cluster_e2e benchmark -- --ignored --nocapture`
+/// (`E2E_BENCH_RUNS`, default 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run explicitly"]
+async fn benchmark_kubectl_apply_to_running() {
+    let cluster = kubevirt().await;
+    let _node = exclusive_node().await;
+    let runs: usize = std::env::var("E2E_BENCH_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let vms = Vms::new(cluster, "e2e-bench").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut results: Vec<Run> = Vec::new();
+    for run in 0..runs {
+        let name = format!("bench-{run}");
+        let manifest = dir.path().join(format!("{name}.yaml"));
+        let mut vm = serde_json::to_value(test_vm(&name, "Always")).unwrap();
+        vm["apiVersion"] = json!("kubevirt.io/v1");
+        vm["kind"] = json!("VirtualMachine");
+        std::fs::write(&manifest, serde_yaml::to_string(&vm).unwrap()).unwrap();
+
+        // First sighting of each phase of the VMI, from a watch started before the apply.
+        let seen: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+        let watch = tokio::spawn({
+            let seen = seen.clone();
+            let vmis = vms.vmis();
+            let name = name.clone();
+            async move {
+                let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+                let mut events = watcher(vmis, config).boxed();
+                while let Some(event) = events.next().await {
+                    if let Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) = event {
+                        let now = Instant::now();
+                        let mut seen = seen.lock().unwrap();
+                        seen.entry("created".into()).or_insert(now);
+                        seen.entry(format!("{:?}", vmi.phase())).or_insert(now);
+                    }
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await; // the watch is established
+        let writes_before = api_writes(cluster);
+        let applied_at = Instant::now();
+        let applied_wall = k8s_openapi::jiff::Timestamp::now();
+        cluster
+            .kubectl_output(&[
+                "-n",
+                &vms.namespace,
+                "apply",
+                "-f",
+                &manifest.to_string_lossy(),
+            ])
+            .expect("kubectl apply");
+        let vmi = vms.running(&name, None).await;
+        let pod = vms.launcher_pod(&vmi).await;
+        let pod_name = pod.metadata.name.clone().unwrap();
+        let namespace = vms.namespace.clone();
+        let first_line = wait_for("the first console line", || {
+            let out = cluster
+                .kubectl_output(&[
+                    "-n",
+                    &namespace,
+                    "logs",
+                    "--timestamps",
+                    &pod_name,
+                    "-c",
+                    "guest-console-log",
+                ])
+                .unwrap_or_default();
+            async move {
+                let stamp = out.lines().next()?.split(' ').next()?.to_owned();
+                stamp.parse::<k8s_openapi::jiff::Timestamp>().ok()
+            }
+        })
+        .await;
+        let vm_api = vms.vms();
+        wait_for("the VM Ready", || {
+            let (vm_api, name) = (vm_api.clone(), name.clone());
+            async move {
+                let vm = vm_api.get(&name).await.ok()?;
+                vm.status.as_ref()?.ready.filter(|r| *r).map(|_| ())
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await; // trailing status writes
+        let writes = diff(&api_writes(cluster), &writes_before);
+        watch.abort();
+        let seen = seen.lock().unwrap().clone();
+        let at = |phase: &str| {
+            seen.get(phase)
+                .map(|t| t.duration_since(applied_at).as_secs_f64())
+                .unwrap_or(f64::NAN)
+        };
+        let console = (first_line - applied_wall)
+            .total(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or(f64::NAN);
+        let result = Run {
+            created: at("created"),
+            scheduled: at("Scheduled"),
+            running: at("Running"),
+            console,
+            writes,
+        };
+        eprintln!("run {run}: {result:?}");
+        results.push(result);
+        vm_api
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        vms.vmi_and_pods_gone(&name).await;
+    }
+
+    let median = |f: &dyn Fn(&Run) -> f64| {
+        let mut values: Vec<f64> = results.iter().map(f).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let range = |f: &dyn Fn(&Run) -> f64| {
+        let values: Vec<f64> = results.iter().map(f).collect();
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{min:.2}–{max:.2}")
+    };
+    println!("\n{runs} runs, seconds after `kubectl apply` (median, min–max):");
+    let rows: [(&str, Metric); 5] = [
+        ("VMI created", |r| r.created),
+        ("VMI Scheduled", |r| r.scheduled),
+        ("VMI Running", |r| r.running),
+        ("Scheduled -> Running", |r| r.running - r.scheduled),
+        ("first guest console line", |r| r.console),
+    ];
+    for (what, f) in rows {
+        println!("  {what:<26} {:>6.2}  ({})", median(&f), range(&f));
+    }
+    println!(
+        "API writes per VM start (median; all callers: controller, handler, kubelet, scheduler):"
+    );
+    let mut keys: Vec<String> = results
+        .iter()
+        .flat_map(|r| r.writes.keys().cloned())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let mut total = 0.0;
+    for key in keys {
+        let m = median(&|r| *r.writes.get(&key).unwrap_or(&0) as f64);
+        total += m;
+        println!("  {key:<45} {m:>4}");
+    }
+    println!("  {:<45} {total:>4}", "total");
+}
+
+/// One number of a [`Run`].
+type Metric = fn(&Run) -> f64;
+
+#[derive(Debug)]
+struct Run {
+    created: f64,
+    scheduled: f64,
+    running: f64,
+    console: f64,
+    writes: BTreeMap<String, u64>,
+}
+
+/// Mutating requests the apiserver has served, by `resource[/subresource] VERB`, without the
+/// node heartbeats, leases and the kubelet's authentication reviews (steady background).
+fn api_writes(cluster: &Cluster) -> BTreeMap<String, u64> {
+    let metrics = cluster
+        .kubectl_output(&["get", "--raw", "/metrics"])
+        .expect("the apiserver's metrics");
+    let mut writes = BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split_once(&format!("{key}=\""))
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(value, _)| value.to_owned())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        let resource = label("resource");
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY")
+            || matches!(
+                resource.as_str(),
+                "leases" | "nodes" | "tokenreviews" | "subjectaccessreviews"
+            )
+        {
+            continue;
+        }
+        let subresource = label("subresource");
+        let key = if subresource.is_empty() {
+            format!("{resource} {verb}")
+        } else {
+            format!("{resource}/{subresource} {verb}")
+        };
+        *writes.entry(key).or_insert(0) += count.parse::<f64>().unwrap_or(0.0) as u64;
+    }
+    writes
+}
+
+fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(key, n)| {
+            let d = n - before.get(key).copied().unwrap_or(0);
+            (d > 0).then(|| (key.clone(), d))
+        })
+        .collect()
+}

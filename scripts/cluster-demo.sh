@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# KubeVirt's user story on a real single-node cluster, with this project's images:
+#
+#   sudo bash scripts/cluster-demo.sh                  # bring up, run the VM, tear down
+#   sudo KEEP_CLUSTER=1 bash scripts/cluster-demo.sh   # leave the cluster and the VM running
+#
+# Steps: the images (images/build.sh: static, stripped release programs), the node
+# (scripts/cluster.sh up), the images imported with ctr into the node's containerd and
+# `kubectl apply -f images/deploy/` (CRDs, virt-controller, virt-handler), `kubectl apply -f
+# images/examples/vm-testguest.yaml`, wait for the VM Ready and its VMI Running, print the
+# guest's `TEST ... PASS` lines from `kubectl logs <launcher pod> -c guest-console-log`, then
+# delete what it made: the VM, the deployment (unless it was there before) and the cluster
+# (unless it was up before).
+#
+# The first run builds the cluster's Go binaries (about 25 min on a 2-core machine, then
+# cached in ~/.cache/kubevirt-rs) and the release programs (about 30 min on 2 busy cores;
+# later runs rebuild only what changed). A warm run takes about 2 minutes.
+#
+# Environment: KEEP_CLUSTER=1 keeps the cluster (and the VM) up and prints the KUBECONFIG= and
+# KUBECTL= lines; IMAGES_DIR (default target/images) is where images/build.sh writes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STARTED_AT="$(date +%s%N)"
+log() {
+    local now elapsed
+    now="$(date +%s%N)"
+    elapsed=$(((now - STARTED_AT) / 1000000))
+    printf 'cluster-demo [%4d.%01ds] %s\n' $((elapsed / 1000)) $((elapsed % 1000 / 100)) "$*" >&2
+}
+die() {
+    log "error: $*"
+    exit 1
+}
+
+[[ "$(id -u)" == 0 ]] || die "must run as root (the cluster's daemons, containerd, the kubelet)"
+KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
+IMAGES_DIR="${IMAGES_DIR:-target/images}"
+IMAGES=(virt-controller virt-handler virt-launcher test-guest-kernel test-disk)
+VM=testguest
+NAMESPACE=default
+TIMEOUT=300
+STATE=/var/lib/kubevirt-rs-cluster
+
+# ---- the images ----------------------------------------------------------------------------
+log "step 1/6: images (bash images/build.sh: static, stripped release programs; see above for how long)"
+bash images/build.sh --out "$IMAGES_DIR" >&2 || die "images/build.sh failed"
+
+# ---- the node ------------------------------------------------------------------------------
+brought_up=0
+if bash scripts/cluster.sh status >/dev/null 2>&1; then
+    log "step 2/6: the node is already up: using it (it stays up afterwards)"
+else
+    brought_up=1
+    log "step 2/6: the node (scripts/cluster.sh up; the first run builds the Go binaries)"
+fi
+environment="$(KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE="$IMAGES_DIR/pause.tar" bash scripts/cluster.sh up)" ||
+    die "scripts/cluster.sh up failed"
+KUBECONFIG_PATH="$(sed -n 's/^KUBECONFIG=//p' <<<"$environment")"
+KUBECTL="$(sed -n 's/^KUBECTL=//p' <<<"$environment")"
+CTR="$(dirname "$KUBECTL")/ctr"
+kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" --cache-dir "$STATE/kubectl-cache" "$@"; }
+
+deployed_before=0
+if kubectl -n kubevirt get daemonset virt-handler >/dev/null 2>&1; then
+    deployed_before=1
+fi
+
+cleanup() {
+    local rc=$?
+    if [[ "$KEEP_CLUSTER" == 1 ]]; then
+        ((rc == 0)) || log "failed; KEEP_CLUSTER=1: everything is left as it is"
+        return
+    fi
+    if ((brought_up)); then
+        log "clean-up: scripts/cluster.sh down (the VM and everything else go with the node)"
+        bash scripts/cluster.sh down || true
+    else
+        log "clean-up: the VM$( ((deployed_before)) || echo ', the deployment')"
+        kubectl delete -f images/examples/vm-testguest.yaml --ignore-not-found --wait=true \
+            --timeout=120s >/dev/null 2>&1 || true
+        if ((!deployed_before)); then
+            kubectl delete -f images/deploy/ --ignore-not-found --wait=true --timeout=120s \
+                >/dev/null 2>&1 || true
+        fi
+    fi
+    log "done$( ((rc == 0)) || echo " (failed with $rc)")"
+}
+trap cleanup EXIT
+
+log "step 3/6: ctr images import (${IMAGES[*]}), kubectl apply -f images/deploy/"
+for image in "${IMAGES[@]}"; do
+    "$CTR" --address "$STATE/containerd.sock" --namespace k8s.io \
+        images import --snapshotter overlayfs "$IMAGES_DIR/$image.tar" >/dev/null 2>&1 ||
+        die "importing $IMAGES_DIR/$image.tar into the node's containerd failed"
+done
+
+# ---- KubeVirt (ours) -----------------------------------------------------------------------
+kubectl apply -f images/deploy/ >&2
+if ((deployed_before)); then
+    # Pods of images that were there before the import: start them on the new ones.
+    kubectl -n kubevirt rollout restart deployment/virt-controller daemonset/virt-handler >&2
+fi
+kubectl -n kubevirt rollout status deployment/virt-controller --timeout="${TIMEOUT}s" >&2 ||
+    die "virt-controller did not become available"
+kubectl -n kubevirt rollout status daemonset/virt-handler --timeout="${TIMEOUT}s" >&2 ||
+    die "virt-handler did not become ready"
+kubectl wait node --all --for=jsonpath='{.metadata.labels.kubevirt\.io/schedulable}'=true \
+    --timeout="${TIMEOUT}s" >/dev/null || die "the node was never labelled kubevirt.io/schedulable=true"
+log "virt-controller and virt-handler are running; the node is schedulable:"
+kubectl get node -o custom-columns='NODE:.metadata.name,KVM:.status.allocatable.devices\.kubevirt\.io/kvm,TUN:.status.allocatable.devices\.kubevirt\.io/tun,VHOST-NET:.status.allocatable.devices\.kubevirt\.io/vhost-net' >&2
+
+# ---- the VM --------------------------------------------------------------------------------
+log "step 4/6: kubectl apply -f images/examples/vm-testguest.yaml"
+kubectl apply -f images/examples/vm-testguest.yaml >&2
+kubectl -n "$NAMESPACE" wait vm/$VM --for=condition=Ready --timeout="${TIMEOUT}s" >/dev/null ||
+    die "VM $VM not Ready within ${TIMEOUT}s: $(kubectl -n "$NAMESPACE" get vmi $VM -o yaml 2>&1 | tail -40)"
+kubectl -n "$NAMESPACE" wait vmi/$VM --for=jsonpath='{.status.phase}'=Running \
+    --timeout="${TIMEOUT}s" >/dev/null || die "VMI $VM not Running"
+log "VM $VM Ready, VMI Running:"
+kubectl -n "$NAMESPACE" get vm,vmi >&2
+pod="$(kubectl -n "$NAMESPACE" get pods -l "kubevirt.io=virt-launcher,vm.kubevirt.io/name=$VM" \
+    -o jsonpath='{.items[0].metadata.name}')"
+[[ -n "$pod" ]] || die "no launcher pod for $VM"
+
+# ---- the guest's console -------------------------------------------------------------------
+log "step 5/6: the guest's serial console (kubectl logs $pod -c guest-console-log)"
+deadline=$((SECONDS + TIMEOUT))
+until kubectl -n "$NAMESPACE" logs "$pod" -c guest-console-log 2>/dev/null | grep -q '^DONE '; do
+    ((SECONDS < deadline)) || die "the guest printed no DONE line within ${TIMEOUT}s"
+    sleep 1
+done
+console="$(kubectl -n "$NAMESPACE" logs "$pod" -c guest-console-log)"
+grep -E '^(TEST|DONE) ' <<<"$console"
+grep -q '^DONE passed=[0-9]* failed=0' <<<"$console" || die "a guest check failed"
+
+# ---- the end -------------------------------------------------------------------------------
+if [[ "$KEEP_CLUSTER" == 1 ]]; then
+    log "step 6/6: KEEP_CLUSTER=1: the cluster, KubeVirt and the VM stay up"
+    echo "KUBECONFIG=$KUBECONFIG_PATH"
+    echo "KUBECTL=$KUBECTL"
+    log "remove everything with: sudo bash scripts/cluster.sh down"
+else
+    log "step 6/6: removing everything"
+fi

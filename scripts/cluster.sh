@@ -1,0 +1,917 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster on this machine, for the tests and the demo: etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, containerd (with Debian's runc),
+# kubelet and kube-proxy (nftables mode), all built from Go modules by
+# integration/controlplane/build.sh; pod networking by Debian's CNI bridge plugin.
+#
+# Usage (as root):
+#   scripts/cluster.sh up [--owner-pid PID]   start (or reuse) the cluster; prints
+#                                            KUBECONFIG=<path> and KUBECTL=<path> on stdout
+#   scripts/cluster.sh down                  remove everything `up` made
+#   scripts/cluster.sh status                what runs (exit 0: up and Ready, 1: partly, 3: down)
+#   scripts/cluster.sh restart-kubelet       stop the kubelet (SIGTERM) and start it again, as
+#                                            a node's service manager would; pods keep running
+#
+# `up --owner-pid PID` ties the cluster to process PID (a test binary): once every owner has
+# exited, a watchdog takes the cluster down. A cluster brought up without an owner stays until
+# `down`. `up` on a healthy cluster only prints the two lines (and adds the owner, if the
+# cluster has owners); on a broken or half-started one it runs `down` first. A failed `up`
+# cleans up after itself.
+#
+# Environment (all optional):
+#   KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE  OCI archive of the sandbox image to import instead of
+#                                      building it with images/build.sh
+#   KUBEVIRT_RS_CLUSTER_READY_TIMEOUT  seconds to wait for each component (default 240)
+#
+# Progress goes to stderr, one line per step with the elapsed time. See integration/README.md
+# for the design (addresses, files, what `down` removes and why).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SELF="$REPO/scripts/cluster.sh"
+
+# ---- fixed names and addresses -------------------------------------------------------------
+# Everything the cluster writes lives under STATE, except what Kubernetes hard-codes or KubeVirt
+# expects at its usual place (KUBELET_ROOT, /var/log/containers, /var/lib/cni) — see `down`.
+STATE=/var/lib/kubevirt-rs-cluster
+# KubeVirt's virt-handler DaemonSet mounts /var/lib/kubelet (pods, device-plugins): keep it there.
+KUBELET_ROOT=/var/lib/kubelet
+CONTAINER_LOGS_DIR=/var/log/containers # kubelet hard-codes it
+CNI_CACHE_DIR=/var/lib/cni             # libcni's default cache, not configurable through CRI
+NODE_NAME=kubevirt-rs-node             # fixed: tests and manifests can name it
+BRIDGE=kvrs0                           # the pods' bridge, created by `up` (not by the plugin)
+CNI_NETWORK=kubevirt-rs
+# Not 10.244.0.0/16: the handler's standalone mode gives its pods 10.244.<n>.0/24 on the host.
+POD_CIDR=10.217.0.0/16
+NODE_IP=10.217.0.1 # on the bridge: the apiserver, the kubelet and pods' gateway
+SERVICE_CIDR=10.96.0.0/16
+APISERVER_PORT=6443
+ETCD_CLIENT=127.0.0.1:2379
+ETCD_PEER=127.0.0.1:2380
+CGROUP_NAME=kubevirt-rs # kubelet's cgroupRoot, and the parent of the daemons' cgroup
+PAUSE_IMAGE=localhost/kubevirt-rs/pause:3.10
+READY_TIMEOUT="${KUBEVIRT_RS_CLUSTER_READY_TIMEOUT:-240}"
+RUNC=/usr/sbin/runc
+CNI_BIN_DIR=/usr/lib/cni
+MARKER=.kubevirt-rs-cluster # in directories `up` created outside STATE
+
+# Daemons in start order; `down` stops them in reverse.
+DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+
+STARTED_AT="$(date +%s%N)"
+log() {
+    local now elapsed
+    now="$(date +%s%N)"
+    elapsed=$(((now - STARTED_AT) / 1000000))
+    printf 'cluster.sh [%4d.%01ds] %s\n' $((elapsed / 1000)) $((elapsed % 1000 / 100)) "$*" >&2
+}
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# ---- small helpers -----------------------------------------------------------------------
+
+# The recorded pid of daemon $1 (or of the watchdog), if that process still runs and is still
+# ours: a pid file that outlived its process must not make `down` signal whoever got the pid.
+pid_of() {
+    local pid
+    pid="$(cat "$STATE/pids/$1" 2>/dev/null)" || return 0
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    if [[ "$1" == watchdog ]]; then
+        grep -aqs -- "__watch" "/proc/$pid/cmdline" || return 0
+    else
+        grep -qsE ":/$CGROUP_NAME/daemons\$" "/proc/$pid/cgroup" || return 0
+    fi
+    echo "$pid"
+}
+alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
+
+# The end of a daemon's log, for error messages.
+log_tail() { tail -n "${2:-25}" "$STATE/log/$1.log" 2>/dev/null | sed "s/^/    $1| /" >&2 || true; }
+
+# --cache-dir: kubectl would otherwise create ~/.kube/cache.
+kubectl_admin() {
+    "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig/admin.kubeconfig" \
+        --cache-dir "$STATE/kubectl-cache" "$@"
+}
+ctr_k8s() { "$BIN/ctr" --address "$STATE/containerd.sock" --namespace k8s.io "$@"; }
+
+# Polls `$2...` until it succeeds; fails naming $1 after READY_TIMEOUT seconds. Also fails as
+# soon as one of the daemons started so far has exited.
+wait_for() {
+    local what="$1" deadline=$((SECONDS + READY_TIMEOUT))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        check_daemons_alive
+        ((SECONDS < deadline)) || die "$what: not ready within ${READY_TIMEOUT}s"
+        sleep 0.5
+    done
+}
+
+check_daemons_alive() {
+    local name pid
+    for name in "${DAEMONS[@]}"; do
+        [[ -f "$STATE/pids/$name" ]] || continue
+        pid="$(pid_of "$name")"
+        if ! alive "$pid"; then
+            log_tail "$name" 40
+            die "$name (pid $(cat "$STATE/pids/$name")) exited; its log: $STATE/log/$name.log"
+        fi
+    done
+}
+
+# Mount points of cgroup hierarchies (v1 controllers, the named systemd one, the v2 one).
+cgroup_mounts() { awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts; }
+
+# The hierarchy that tracks every process of the cluster: the daemons are started in
+# <it>/kubevirt-rs/daemons (shims inherit containerd's cgroup) and the kubelet puts pods under
+# <it>/kubevirt-rs/kubepods. The pids controller (v1) or the unified hierarchy (v2 only).
+tracking_hierarchy() {
+    if awk '$2 == "/sys/fs/cgroup/pids" && $3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; then
+        echo /sys/fs/cgroup/pids
+    elif awk '$2 == "/sys/fs/cgroup" && $3 == "cgroup2" { found = 1 } END { exit !found }' /proc/self/mounts; then
+        echo /sys/fs/cgroup
+    else
+        die "no pids cgroup hierarchy at /sys/fs/cgroup/pids (v1) or /sys/fs/cgroup (v2)"
+    fi
+}
+
+# Every process in the cluster's cgroup subtree.
+cluster_pids() {
+    local root
+    root="$(tracking_hierarchy)/$CGROUP_NAME"
+    [[ -d "$root" ]] || return 0
+    find "$root" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un
+}
+
+# Mount points at or below $1 (deepest first), decoded from /proc/self/mountinfo's octal escapes.
+mounts_under() {
+    local prefix="$1"
+    awk -v p="$prefix" '{
+        m = $5
+        while (match(m, /\\[0-7][0-7][0-7]/)) {
+            c = substr(m, RSTART + 1, 3)
+            m = substr(m, 1, RSTART - 1) sprintf("%c", (substr(c,1,1)*64 + substr(c,2,1)*8 + substr(c,3,1))) substr(m, RSTART + 4)
+        }
+        if (m == p || index(m, p "/") == 1) print length(m) "\t" m
+    }' /proc/self/mountinfo | sort -rn | cut -f2-
+}
+
+# 10.217.0.0/16 -> "start end" as integers.
+cidr_range() {
+    local ip="${1%/*}" bits="${1#*/}" a b c d
+    IFS=. read -r a b c d <<<"$ip"
+    local n=$(((a << 24) | (b << 16) | (c << 8) | d)) size=$((1 << (32 - bits)))
+    echo "$((n & ~(size - 1) & 0xffffffff)) $(((n & ~(size - 1) & 0xffffffff) + size - 1))"
+}
+
+# Fails if an existing IPv4 route (other than the default one and our bridge's) overlaps $1.
+check_no_route_overlap() {
+    local cidr="$1" lo hi dst rlo rhi dev
+    read -r lo hi < <(cidr_range "$cidr")
+    while read -r dst dev; do
+        [[ "$dst" == default || "$dev" == "$BRIDGE" ]] && continue
+        [[ "$dst" == */* ]] || dst="$dst/32"
+        read -r rlo rhi < <(cidr_range "$dst")
+        if ((rlo <= hi && lo <= rhi)); then
+            die "$cidr overlaps the route to $dst on $dev of this machine; the cluster needs it free"
+        fi
+    done < <(ip -4 route show table all type unicast | awk '{ dev = ""; for (i = 1; i < NF; i++) if ($i == "dev") dev = $(i + 1); print $1, dev }')
+}
+
+# ---- status --------------------------------------------------------------------------------
+
+# 0: every daemon runs and the node is Ready; 1: something of a cluster exists; 3: nothing.
+cluster_state() {
+    local anything=0 all=1 name
+    [[ -d "$STATE" ]] && anything=1
+    ip link show "$BRIDGE" >/dev/null 2>&1 && anything=1
+    [[ -n "$(cluster_pids)" ]] && anything=1
+    ((anything)) || return 3
+    for name in "${DAEMONS[@]}"; do
+        alive "$(pid_of "$name")" || all=0
+    done
+    ((all)) || return 1
+    [[ -f "$STATE/bin-dir" ]] || return 1
+    BIN="$(cat "$STATE/bin-dir")"
+    [[ "$(kubectl_admin get node "$NODE_NAME" \
+        -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]] || return 1
+    return 0
+}
+
+cmd_status() {
+    local state=0 name pid
+    cluster_state || state=$?
+    case $state in
+    0) echo "cluster: up, node $NODE_NAME Ready" ;;
+    1) echo "cluster: partly up (run \`$0 down\` or \`$0 up\`)" ;;
+    3) echo "cluster: down" ;;
+    esac
+    if ((state != 3)); then
+        for name in "${DAEMONS[@]}" watchdog; do
+            pid="$(pid_of "$name")"
+            if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: not running"; fi
+        done
+        echo "processes in the cluster's cgroups: $(cluster_pids | wc -l)"
+        if [[ -f "$STATE/owners" ]]; then
+            echo "owners: $(tr '\n' ' ' <"$STATE/owners")"
+        else
+            echo "owners: none (stays up until \`$0 down\`)"
+        fi
+        if ((state == 0)); then
+            echo "KUBECONFIG=$STATE/kubeconfig/admin.kubeconfig"
+            echo "KUBECTL=$BIN/kubectl"
+        fi
+    fi
+    return "$state"
+}
+
+# ---- down ----------------------------------------------------------------------------------
+
+# Removes everything `up` made. Safe when nothing runs and after a half-finished `up`.
+teardown() {
+    log "down: stopping the daemons"
+    local watchdog name pid
+    watchdog="$(pid_of watchdog)"
+    if alive "$watchdog" && ((watchdog != $$ && watchdog != BASHPID)); then
+        kill "$watchdog" 2>/dev/null || true
+    fi
+    # The daemons get 10 s to exit, etcd (10 s more) last (the apiserver's shutdown hangs without it); then
+    # every process left in the cluster's cgroups (daemons, containerd's shims, the containers:
+    # nothing of them is worth a graceful stop) is killed.
+    local deadline pids group
+    for group in "${DAEMONS[*]/etcd/}" etcd; do
+        deadline=$((SECONDS + 10))
+        for name in $group; do
+            pid="$(pid_of "$name")"
+            if alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi
+        done
+        for name in $group; do
+            pid="$(pid_of "$name")"
+            while alive "$pid" && ((SECONDS < deadline)); do
+                sleep 0.2
+            done
+        done
+    done
+    local lingering=()
+    for name in "${DAEMONS[@]}"; do
+        if alive "$(pid_of "$name")"; then lingering+=("$name"); fi
+    done
+    if ((${#lingering[@]})); then log "down: ${lingering[*]} did not exit in time; killing"; fi
+    deadline=$((SECONDS + 30))
+    while pids="$(cluster_pids)" && [[ -n "$pids" ]]; do
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+        ((SECONDS < deadline)) || die "down: processes that do not die: ${pids//$'\n'/ }"
+        sleep 0.2
+    done
+
+    # Mounts: container root filesystems, image volumes, sandbox /dev/shm, network namespaces
+    # (under STATE), pod volumes and the shared bind mount of KUBELET_ROOT. Deepest first; a
+    # busy one is detached lazily so the directories below can go.
+    log "down: unmounting"
+    local mount_point
+    for prefix in "$STATE" "$KUBELET_ROOT"; do
+        while read -r mount_point; do
+            [[ -n "$mount_point" ]] || continue
+            umount "$mount_point" 2>/dev/null || umount -l "$mount_point" ||
+                die "down: cannot unmount $mount_point"
+        done < <(mounts_under "$prefix")
+    done
+
+    # With the namespaces gone the pods' veths are gone too; remove any left on our bridge.
+    log "down: removing the network"
+    local link
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        for link in $(ip -o link show master "$BRIDGE" | awk -F': ' '{ print $2 }' | cut -d@ -f1); do
+            ip link delete "$link" 2>/dev/null || true
+        done
+        ip link delete "$BRIDGE"
+    fi
+    # kube-proxy's tables (nftables mode). No other rules exist: the bridge plugin runs
+    # without ipMasq, portmap is not configured, and kubelet and kube-proxy run without
+    # iptables on their PATH (see start_kubelet).
+    local family
+    for family in ip ip6; do
+        if nft list table "$family" kube-proxy >/dev/null 2>&1; then
+            nft delete table "$family" kube-proxy
+        fi
+    done
+    # libcni's cached results of our sandboxes (files named <network>-<sandbox id>-<ifname>,
+    # for our network and containerd's built-in loopback one): all of it if `up` created the
+    # directory, else only the entries of sandboxes our containerd knew.
+    if [[ -f "$CNI_CACHE_DIR/$MARKER" ]]; then
+        rm -rf --one-file-system "$CNI_CACHE_DIR"
+    elif [[ -d "$CNI_CACHE_DIR/results" ]]; then
+        find "$CNI_CACHE_DIR/results" -name "$CNI_NETWORK-*" -delete 2>/dev/null || true
+        local sandbox
+        for sandbox in "$STATE"/containerd/root/io.containerd.grpc.v1.cri/sandboxes/*; do
+            [[ -d "$sandbox" ]] || continue
+            find "$CNI_CACHE_DIR/results" -name "*-${sandbox##*/}-*" -delete 2>/dev/null || true
+        done
+    fi
+
+    log "down: removing cgroups and files"
+    local hierarchy
+    while read -r hierarchy; do
+        [[ -d "$hierarchy/$CGROUP_NAME" ]] || continue
+        find "$hierarchy/$CGROUP_NAME" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        [[ ! -d "$hierarchy/$CGROUP_NAME" ]] || die "down: cannot remove cgroup $hierarchy/$CGROUP_NAME"
+    done < <(cgroup_mounts)
+
+    if [[ -d "$CONTAINER_LOGS_DIR" ]]; then
+        find "$CONTAINER_LOGS_DIR" -maxdepth 1 -type l -lname "$STATE/*" -delete
+        if [[ -f "$CONTAINER_LOGS_DIR/$MARKER" ]]; then
+            rm -f "$CONTAINER_LOGS_DIR/$MARKER"
+            rmdir "$CONTAINER_LOGS_DIR" 2>/dev/null || true
+        fi
+    fi
+    # Only directories `up` created (marked), and never across a mount still there.
+    local dir
+    for dir in "$KUBELET_ROOT" "$STATE"; do
+        [[ -d "$dir" ]] || continue
+        [[ "$dir" == "$STATE" || -f "$dir/$MARKER" ]] || continue
+        [[ -z "$(mounts_under "$dir")" ]] || die "down: mounts remain under $dir"
+        rm -rf --one-file-system "$dir"
+    done
+    log "down: done"
+}
+
+# ---- up ------------------------------------------------------------------------------------
+
+preflight() {
+    [[ "$(id -u)" == 0 ]] || die "must run as root"
+    local tool
+    for tool in ip ss nft openssl unshare setsid flock mount umount; do
+        command -v "$tool" >/dev/null || die "$tool is not installed (scripts/setup.sh installs it)"
+    done
+    [[ -x "$RUNC" ]] || die "$RUNC is missing: install Debian's runc (scripts/setup.sh does)"
+    for tool in bridge host-local loopback; do
+        [[ -x "$CNI_BIN_DIR/$tool" ]] ||
+            die "$CNI_BIN_DIR/$tool is missing: install containernetworking-plugins (scripts/setup.sh does)"
+    done
+    check_no_route_overlap "$POD_CIDR"
+    check_no_route_overlap "$SERVICE_CIDR"
+    local port
+    for port in "${ETCD_CLIENT##*:}" "${ETCD_PEER##*:}" 10248 10249 10256; do
+        if ss -Htln "sport = :$port" | grep -q .; then
+            die "TCP port $port is in use on this machine; the cluster needs it"
+        fi
+    done
+    if [[ -e "$KUBELET_ROOT" && ! -f "$KUBELET_ROOT/$MARKER" ]] &&
+        [[ -n "$(ls -A "$KUBELET_ROOT" 2>/dev/null)" ]]; then
+        die "$KUBELET_ROOT exists and was not made by this script (another kubelet?)"
+    fi
+}
+
+build_binaries() {
+    log "binaries: integration/controlplane/build.sh (cached after the first build)"
+    BIN="$(bash "$REPO/integration/controlplane/build.sh")" || die "building the binaries failed"
+    [[ -x "$BIN/kubelet" && -x "$BIN/containerd" ]] || die "build.sh gave no binaries in '$BIN'"
+}
+
+pause_archive() {
+    if [[ -n "${KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE:-}" ]]; then
+        [[ -f "$KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE" ]] ||
+            die "KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE=$KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE does not exist"
+        PAUSE_ARCHIVE="$KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE"
+        return
+    fi
+    local script="$REPO/images/build.sh"
+    [[ -f "$script" ]] || die "$script does not exist: it builds the sandbox image ($PAUSE_IMAGE);
+    set KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE to an OCI archive of it instead"
+    log "sandbox image: images/build.sh pause"
+    mkdir -p "$STATE/images"
+    bash "$script" --out "$STATE/images" pause >&2 || die "images/build.sh pause failed"
+    PAUSE_ARCHIVE="$STATE/images/pause.tar"
+    [[ -f "$PAUSE_ARCHIVE" ]] || die "images/build.sh wrote no $PAUSE_ARCHIVE"
+}
+
+# Starts "$2..." as daemon $1: own session, output to its log, in the cluster's cgroup (so
+# `down` finds it and everything it forks), pid recorded.
+start_daemon() {
+    local name="$1"
+    shift
+    log "starting $name"
+    # A background job of a non-interactive shell is no process-group leader, so setsid does
+    # not fork: $! is the daemon's pid.
+    # fd 9 (the lock) is closed: a daemon must not hold it for the rest of its life.
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    setsid bash -c 'echo $$ >"$0" && exec "$@"' "$DAEMON_CGROUP/cgroup.procs" "$@" \
+        </dev/null >>"$STATE/log/$name.log" 2>&1 9<&- &
+    echo $! >"$STATE/pids/$name"
+}
+
+prepare_host() {
+    mkdir -p "$STATE"/{pids,log,pki,kubeconfig,config,etcd,cni/net.d,cni/ipam,pod-logs,s}
+    chmod 700 "$STATE"
+
+    # cgroups: kubelet's cgroupRoot in every hierarchy, the daemons' cgroup in the tracking one.
+    local hierarchy
+    while read -r hierarchy; do
+        mkdir -p "$hierarchy/$CGROUP_NAME"
+        # A new cpuset cgroup starts empty; no task can join it until cpus and mems are set.
+        if [[ -f "$hierarchy/cpuset.cpus" && ! -f "$hierarchy/cgroup.controllers" ]]; then
+            cat "$hierarchy/cpuset.cpus" >"$hierarchy/$CGROUP_NAME/cpuset.cpus"
+            cat "$hierarchy/cpuset.mems" >"$hierarchy/$CGROUP_NAME/cpuset.mems"
+        fi
+    done < <(cgroup_mounts)
+    DAEMON_CGROUP="$(tracking_hierarchy)/$CGROUP_NAME/daemons"
+    mkdir -p "$DAEMON_CGROUP"
+
+    # The bridge exists before anything starts: the apiserver and the kubelet bind to NODE_IP.
+    # Forwarding is switched on for this interface only (service traffic from a pod to another
+    # pod enters and leaves through it), never globally; no ICMP redirects for DNATed packets.
+    log "network: bridge $BRIDGE with $NODE_IP/${POD_CIDR#*/}"
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$NODE_IP/${POD_CIDR#*/}" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    echo 1 >"/proc/sys/net/ipv4/conf/$BRIDGE/forwarding"
+    echo 0 >"/proc/sys/net/ipv4/conf/$BRIDGE/send_redirects"
+
+    # Kubelet's root: a shared mount of its own, so that pods may mount (parts of) it with
+    # HostToContainer or Bidirectional propagation (KubeVirt's handler does); / is private here.
+    if [[ ! -d "$KUBELET_ROOT" ]]; then
+        mkdir -p "$KUBELET_ROOT"
+    fi
+    touch "$KUBELET_ROOT/$MARKER"
+    mount --bind "$KUBELET_ROOT" "$KUBELET_ROOT"
+    mount --make-rshared "$KUBELET_ROOT"
+
+    if [[ ! -d "$CONTAINER_LOGS_DIR" ]]; then
+        mkdir -p "$CONTAINER_LOGS_DIR"
+        touch "$CONTAINER_LOGS_DIR/$MARKER"
+    fi
+    if [[ ! -d "$CNI_CACHE_DIR" ]]; then
+        mkdir -p "$CNI_CACHE_DIR"
+        touch "$CNI_CACHE_DIR/$MARKER"
+    fi
+}
+
+# A throw-away CA, the apiserver's serving certificate, the apiserver's client certificate for
+# the kubelet, the service-account key, and one static token per component.
+write_pki_and_kubeconfigs() {
+    log "certificates and kubeconfigs"
+    local pki="$STATE/pki"
+    openssl ecparam -name prime256v1 -genkey -noout -out "$pki/ca.key" 2>/dev/null
+    openssl req -x509 -new -key "$pki/ca.key" -subj "/CN=kubevirt-rs-cluster-ca" -days 3650 \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" -out "$pki/ca.crt" 2>/dev/null
+    # sign NAME SUBJECT EXTENSIONS
+    sign() {
+        openssl ecparam -name prime256v1 -genkey -noout -out "$pki/$1.key" 2>/dev/null
+        openssl req -new -key "$pki/$1.key" -subj "$2" 2>/dev/null |
+            openssl x509 -req -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -days 3650 \
+                -set_serial "0x$(openssl rand -hex 16)" -extfile <(printf '%s\n' "$3") \
+                -out "$pki/$1.crt" 2>/dev/null
+    }
+    local first_service_ip="${SERVICE_CIDR%.*/*}.1"
+    sign apiserver "/CN=kube-apiserver" "$(printf '%s\n' \
+        "subjectAltName=IP:$NODE_IP,IP:$first_service_ip,IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
+        "extendedKeyUsage=serverAuth" "keyUsage=critical,digitalSignature")"
+    sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+        "$(printf '%s\n' "extendedKeyUsage=clientAuth" "keyUsage=critical,digitalSignature")"
+    openssl ecparam -name prime256v1 -genkey -noout -out "$pki/service-account.key" 2>/dev/null
+    openssl ec -in "$pki/service-account.key" -pubout -out "$pki/service-account.pub" 2>/dev/null
+
+    # token,user,uid,"group1,group2" — the users the default RBAC bindings know.
+    local who user groups token
+    : >"$pki/tokens.csv"
+    for who in admin kubelet kube-controller-manager kube-scheduler kube-proxy; do
+        case $who in
+        admin) user=kubevirt-rs-admin groups=system:masters ;;
+        kubelet) user="system:node:$NODE_NAME" groups=system:nodes ;;
+        *) user="system:$who" groups="" ;;
+        esac
+        token="$(openssl rand -hex 16)"
+        echo "$token,$user,$user,\"$groups\"" >>"$pki/tokens.csv"
+        cat >"$STATE/kubeconfig/$who.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kubevirt-rs
+  cluster:
+    server: https://$NODE_IP:$APISERVER_PORT
+    certificate-authority: $pki/ca.crt
+users:
+- name: $who
+  user:
+    token: $token
+contexts:
+- name: kubevirt-rs
+  context:
+    cluster: kubevirt-rs
+    user: $who
+current-context: kubevirt-rs
+EOF
+    done
+    chmod 600 "$pki"/*.key "$pki/tokens.csv" "$STATE"/kubeconfig/*
+}
+
+start_control_plane() {
+    start_daemon etcd "$BIN/etcd" --name=default --data-dir="$STATE/etcd" \
+        --listen-client-urls="http://$ETCD_CLIENT" --advertise-client-urls="http://$ETCD_CLIENT" \
+        --listen-peer-urls="http://$ETCD_PEER" --initial-advertise-peer-urls="http://$ETCD_PEER" \
+        --initial-cluster="default=http://$ETCD_PEER" --listen-metrics-urls= \
+        --unsafe-no-fsync=true --log-level=warn
+
+    local pki="$STATE/pki"
+    start_daemon kube-apiserver "$BIN/kube-apiserver" \
+        --advertise-address="$NODE_IP" --bind-address="$NODE_IP" --secure-port="$APISERVER_PORT" \
+        --etcd-servers="http://$ETCD_CLIENT" \
+        --service-cluster-ip-range="$SERVICE_CIDR" \
+        --allow-privileged=true \
+        --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+        --token-auth-file="$pki/tokens.csv" --client-ca-file="$pki/ca.crt" \
+        --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+        --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" \
+        --kubelet-client-key="$pki/apiserver-kubelet-client.key" \
+        --kubelet-preferred-address-types=InternalIP \
+        --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+        --service-account-key-file="$pki/service-account.pub" \
+        --service-account-signing-key-file="$pki/service-account.key" \
+        --cert-dir="$pki/apiserver-generated" --profiling=false
+    wait_for "kube-apiserver /readyz" kubectl_admin get --raw /readyz
+
+    # No serving port for either: nothing scrapes or probes them, and no port can clash.
+    start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
+        --kubeconfig="$STATE/kubeconfig/kube-controller-manager.kubeconfig" \
+        --use-service-account-credentials=true --root-ca-file="$pki/ca.crt" \
+        --service-cluster-ip-range="$SERVICE_CIDR" --cluster-cidr="$POD_CIDR" \
+        --leader-elect=false --secure-port=0 --profiling=false
+    start_daemon kube-scheduler "$BIN/kube-scheduler" \
+        --kubeconfig="$STATE/kubeconfig/kube-scheduler.kubeconfig" \
+        --leader-elect=false --secure-port=0 --profiling=false
+}
+
+start_containerd() {
+    # containerd 2.x, configuration version 3. Its defaults point at /run/containerd,
+    # /var/lib/containerd, /opt/containerd, /run/containerd/s and /var/run/netns; every one is
+    # moved under STATE, so nothing collides with a system containerd.
+    cat >"$STATE/config/containerd.toml" <<EOF
+version = 3
+root = "$STATE/containerd/root"
+state = "$STATE/containerd/state"
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "$STATE/containerd.sock"
+[ttrpc]
+  address = "$STATE/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = "$STATE/containerd/opt"
+  [plugins.'io.containerd.shim.v1.manager']
+    socket_dir = "$STATE/s"
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "$PAUSE_IMAGE"
+  [plugins.'io.containerd.cri.v1.runtime']
+    # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails in runc ("can't get
+    # final child's PID from pipe: EOF") when it tries to lower oom_score_adj.
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = []
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        # Absolute: a shim found on PATH might be another containerd's (Debian's 1.6 shim
+        # does not understand 2.x's bootstrap protocol).
+        runtime_path = "$BIN/containerd-shim-runc-v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = "$RUNC"
+          Root = "$STATE/runc"
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["$CNI_BIN_DIR"]
+      conf_dir = "$STATE/cni/net.d"
+      max_conf_num = 1
+EOF
+    # The pods' network: Debian's bridge + host-local + loopback plugins on our bridge. No
+    # ipMasq (it needs iptables, and there is no outside network to reach) and no isGateway:
+    # `up` owns the bridge and its address, so the plugin changes no global sysctl.
+    cat >"$STATE/cni/net.d/10-$CNI_NETWORK.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$CNI_NETWORK",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": false,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$STATE/cni/ipam",
+        "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "${NODE_IP%.*}.10", "gateway": "$NODE_IP"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+EOF
+    start_daemon containerd env PATH="$BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin" \
+        "$BIN/containerd" --config "$STATE/config/containerd.toml"
+    wait_for "containerd" "$BIN/ctr" --address "$STATE/containerd.sock" version
+
+    log "sandbox image: importing $PAUSE_ARCHIVE"
+    import_archive "$PAUSE_ARCHIVE"
+    ctr_k8s images ls -q | grep -qxF "$PAUSE_IMAGE" ||
+        die "$PAUSE_ARCHIVE holds no image named $PAUSE_IMAGE (it has: $(ctr_k8s images ls -q | tr '\n' ' '))"
+}
+
+# Imports an OCI (or Docker) archive into the k8s.io namespace, unpacked for the CRI's
+# snapshotter, so pods can use its images without pulling.
+import_archive() {
+    ctr_k8s images import --snapshotter overlayfs "$1" >&2 ||
+        die "ctr images import $1 failed"
+}
+
+start_kubelet() {
+    cat >"$STATE/config/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# Measured here: cgroup v1 (hybrid), PID 1 is not systemd, no swap.
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_NAME
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://$STATE/containerd.sock
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: $STATE/pki/ca.crt
+authorization:
+  mode: Webhook
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+podLogsDir: $STATE/pod-logs
+volumePluginDir: $STATE/kubelet-plugins/volume/exec
+# A shared, busy disk: no evictions or image garbage collection because other users fill it
+# (pods are evicted only when the disk is all but full).
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 100Mi
+  imagefs.available: 100Mi
+  nodefs.inodesFree: 1%
+  imagefs.inodesFree: 1%
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+EOF
+    # The kernel settings kubelet insists on (vm.overcommit_memory=1, kernel.panic=10,
+    # kernel.panic_on_oops=1, ...) would change the whole machine. kubelet runs in a mount
+    # namespace of its own in which each differing /proc/sys file is covered by a read-only
+    # file holding the wanted value, so it finds them set and writes nothing. Propagation is
+    # left unchanged: KUBELET_ROOT is a shared mount, so pod volumes still appear on the host.
+    mkdir -p "$STATE/kubelet-sysctls" "$STATE/path"
+    # Without iptables on its PATH kubelet skips its KUBE-IPTABLES-HINT and KUBE-FIREWALL
+    # chains (only iptables-mode kube-proxy needs them); kube-proxy gets `nft` alone.
+    ln -sf "$(command -v nft)" "$STATE/path/nft"
+    local setting wanted
+    local masks=()
+    for setting in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 \
+        kernel/panic_on_oops=1 kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
+        wanted="${setting#*=}"
+        setting="${setting%=*}"
+        [[ "$(cat "/proc/sys/$setting")" == "$wanted" ]] && continue
+        echo "$wanted" >"$STATE/kubelet-sysctls/${setting//\//.}"
+        masks+=("$STATE/kubelet-sysctls/${setting//\//.}" "/proc/sys/$setting")
+    done
+    start_daemon kubelet env PATH=/usr/local/bin:/usr/bin:/bin \
+        unshare --mount --propagation unchanged \
+        bash "$SELF" __exec-with-masks "${masks[@]}" -- \
+        "$BIN/kubelet" --config="$STATE/config/kubelet.yaml" \
+        --kubeconfig="$STATE/kubeconfig/kubelet.kubeconfig" \
+        --root-dir="$KUBELET_ROOT" --hostname-override="$NODE_NAME" --node-ip="$NODE_IP"
+    wait_for "node $NODE_NAME registered" kubectl_admin get node "$NODE_NAME"
+    wait_for "node $NODE_NAME Ready" kubectl_admin wait --for=condition=Ready \
+        "node/$NODE_NAME" --timeout=5s
+}
+
+start_kube_proxy() {
+    cat >"$STATE/config/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection:
+  kubeconfig: $STATE/kubeconfig/kube-proxy.kubeconfig
+hostnameOverride: $NODE_NAME
+clusterCIDR: $POD_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["$NODE_IP/32"]
+# Zero: leave the machine's conntrack sysctls as they are.
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+EOF
+    start_daemon kube-proxy env PATH="$STATE/path:/usr/bin:/bin" \
+        "$BIN/kube-proxy" --config="$STATE/config/kube-proxy.yaml"
+    local first_service_ip="${SERVICE_CIDR%.*/*}.1"
+    wait_for "kube-proxy rules for the kubernetes service" \
+        bash -c "nft list table ip kube-proxy | grep -qF '$first_service_ip'"
+}
+
+# Pods need the `default` service account (ServiceAccount admission) in their namespace.
+wait_for_service_accounts() {
+    wait_for "service account default/default" kubectl_admin get serviceaccount default -n default
+}
+
+# Keeps the cluster while any owner process lives; then takes it down.
+start_watchdog() {
+    local watchdog
+    watchdog="$(pid_of watchdog)"
+    alive "$watchdog" && return
+    setsid bash "$SELF" __watch </dev/null >>"$STATE/log/watchdog.log" 2>&1 9<&- &
+    echo $! >"$STATE/pids/watchdog"
+}
+
+add_owner() {
+    local owner="$1"
+    if ! [[ "$owner" =~ ^[0-9]+$ ]] || ! alive "$owner"; then
+        die "--owner-pid $owner: no such process"
+    fi
+    echo "$owner" >>"$STATE/owners"
+    start_watchdog
+}
+
+print_environment() {
+    echo "KUBECONFIG=$STATE/kubeconfig/admin.kubeconfig"
+    echo "KUBECTL=$BIN/kubectl"
+}
+
+cmd_up() {
+    local owner=""
+    while (($#)); do
+        case $1 in
+        --owner-pid)
+            owner="${2:-}"
+            shift 2 || die "--owner-pid needs a pid"
+            ;;
+        *) die "up: unknown argument $1" ;;
+        esac
+    done
+    lock
+    local state=0
+    cluster_state || state=$?
+    if ((state == 0)); then
+        log "already up"
+        if [[ -n "$owner" && -f "$STATE/owners" ]]; then
+            add_owner "$owner"
+        elif [[ -z "$owner" ]]; then
+            rm -f "$STATE/owners" # brought up by hand now: stays until `down`
+        fi
+        print_environment
+        return
+    fi
+    if ((state == 1)); then
+        log "a broken or half-started cluster exists: taking it down first"
+        teardown
+    fi
+    [[ "$(id -u)" == 0 ]] || die "must run as root"
+    build_binaries
+    preflight
+
+    # From here on, a failure takes down whatever was started.
+    trap 'rc=$?; if ((rc != 0)); then log "up failed: cleaning up"; teardown || true; fi' EXIT
+    prepare_host
+    echo "$BIN" >"$STATE/bin-dir"
+    pause_archive
+    write_pki_and_kubeconfigs
+    start_control_plane
+    start_containerd
+    start_kubelet
+    start_kube_proxy
+    wait_for_service_accounts
+    if [[ -n "$owner" ]]; then
+        add_owner "$owner"
+    fi
+    trap - EXIT
+    log "up: node $NODE_NAME Ready"
+    print_environment
+}
+
+cmd_down() {
+    [[ "$(id -u)" == 0 ]] || die "must run as root"
+    lock
+    teardown
+}
+
+# The kubelet stops and starts again with the same configuration (what a node's service
+# manager does on an upgrade or a crash): containers keep running, and on start it wipes its
+# device-plugin directory, so every device plugin has to register again.
+cmd_restart_kubelet() {
+    [[ "$(id -u)" == 0 ]] || die "must run as root"
+    lock
+    local state=0 pid
+    cluster_state || state=$?
+    ((state == 0)) || die "restart-kubelet: the cluster is not up (\`$0 status\`)"
+    pid="$(pid_of kubelet)"
+    log "restart-kubelet: stopping the kubelet (pid $pid)"
+    kill "$pid"
+    local deadline=$((SECONDS + 30))
+    while alive "$pid"; do
+        ((SECONDS < deadline)) || { kill -KILL "$pid" 2>/dev/null || true; break; }
+        sleep 0.2
+    done
+    DAEMON_CGROUP="$(tracking_hierarchy)/$CGROUP_NAME/daemons"
+    start_kubelet
+    log "restart-kubelet: node $NODE_NAME Ready"
+}
+
+# One `up`/`down` at a time, across checkouts: the lock is the parent directory of STATE (a
+# directory every checkout agrees on, and nothing to clean up afterwards).
+lock() {
+    exec 9<"$(dirname "$STATE")"
+    flock 9
+}
+
+# The watchdog: polls the owners; once none has been alive for a grace period (so the next test
+# binary of a `cargo test` run can take the cluster over), takes the cluster down. A manual `up`
+# removes the owners file: then the cluster stays and the watchdog exits.
+any_owner_alive() {
+    local owner
+    while read -r owner; do
+        alive "$owner" && return 0
+    done <"$STATE/owners"
+    return 1
+}
+
+cmd_watch() {
+    local grace=10 orphaned_since=""
+    log "watchdog: pid $$"
+    while sleep 1; do
+        if [[ ! -f "$STATE/owners" ]]; then
+            log "watchdog: no owners file (cluster down or kept by hand); exiting"
+            return
+        fi
+        if any_owner_alive; then
+            orphaned_since=""
+            continue
+        fi
+        orphaned_since="${orphaned_since:-$SECONDS}"
+        ((SECONDS - orphaned_since >= grace)) || continue
+        lock
+        # Re-checked under the lock: an `up --owner-pid` may have added an owner meanwhile.
+        if [[ -f "$STATE/owners" ]] && ! any_owner_alive; then
+            log "watchdog: every owner has exited; taking the cluster down"
+            teardown
+            return
+        fi
+        exec 9<&-
+        orphaned_since=""
+    done
+}
+
+# Internal: `__exec-with-masks FILE TARGET ... -- COMMAND...` bind-mounts each FILE read-only
+# over TARGET (in the caller's private mount namespace) and execs COMMAND.
+cmd_exec_with_masks() {
+    while [[ "$1" != -- ]]; do
+        mount --bind "$1" "$2"
+        mount -o remount,bind,ro "$2"
+        shift 2
+    done
+    shift
+    exec "$@"
+}
+
+case "${1:-}" in
+up)
+    shift
+    cmd_up "$@"
+    ;;
+down) cmd_down ;;
+status) cmd_status ;;
+restart-kubelet) cmd_restart_kubelet ;;
+__watch) cmd_watch ;;
+__exec-with-masks)
+    shift
+    cmd_exec_with_masks "$@"
+    ;;
+*)
+    echo "usage: $0 up [--owner-pid PID] | down | status | restart-kubelet" >&2
+    exit 2
+    ;;
+esac
