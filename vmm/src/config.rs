@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::devices::legacy::serial::SerialCapture;
 pub use crate::kvm::cpuid::CpuProfile;
+use crate::sandbox::SandboxConfig;
 
 /// Default kernel command line: a Linux guest logs to the 8250 console and
 /// reboots (through the i8042) instead of halting, which ends the VM.
@@ -208,6 +209,8 @@ pub struct VmConfig {
     /// [`crate::kvm::cpuid::CpuProfile::detect`]).
     pub cpu_profile: Option<CpuProfile>,
     pub transport: VirtioTransportKind,
+    /// How the VMM's threads are confined (see [`crate::sandbox`]).
+    pub sandbox: SandboxConfig,
 }
 
 impl VmConfig {
@@ -227,6 +230,7 @@ impl VmConfig {
             kernel_decompress: KernelDecompress::default(),
             cpu_profile: None,
             transport: VirtioTransportKind::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }

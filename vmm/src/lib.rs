@@ -6,8 +6,9 @@
 //! and vCPUs have done so far ([`VmStats`]).
 //!
 //! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `devices` (bus, legacy
-//! devices, virtio wiring), `vm`/`lifecycle` (the API), `stats` (device
-//! counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
+//! devices, virtio wiring), `vm`/`lifecycle` (the API), `sandbox` (what
+//! every VMM thread enters: credentials, no_new_privs, Landlock, seccomp),
+//! `stats` (device counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
 //! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
 
 pub mod acpi;
@@ -18,6 +19,7 @@ pub mod fuzzing;
 pub mod kvm;
 pub mod lifecycle;
 pub mod pci;
+pub mod sandbox;
 pub mod stats;
 pub mod timing;
 pub mod vm;
@@ -28,5 +30,6 @@ pub use config::{
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};
+pub use sandbox::{Credentials, SandboxConfig, SeccompMode};
 pub use stats::VmStats;
 pub use vm::{Vm, VmHandle};

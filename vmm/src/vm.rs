@@ -25,6 +25,7 @@ use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
 use crate::kvm::vcpu::{Buses, Vcpu};
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};
+use crate::sandbox::{Sandbox, ThreadKind};
 use crate::stats::{DeviceCounters, VcpuTids, VmStats};
 
 /// Why a VM could not start, or a lifecycle request failed.
@@ -42,6 +43,8 @@ pub enum Error {
     Ended(VmExit),
     #[error("the vCPUs did not stop within {0:?}")]
     PauseTimeout(Duration),
+    #[error("sandbox: {0}")]
+    Sandbox(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -60,6 +63,8 @@ impl Vm {
         validate(&config)?;
         kvm::kick::install_handler()
             .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
+        let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
+            .map_err(|e| Error::Sandbox(e.to_string()))?;
         let (kvm_sys, vm) = kvm::create_vm()?;
         let vm = Arc::new(vm);
         let memory = kvm::memory::create(&vm, config.memory_mib << 20)?;
@@ -67,8 +72,12 @@ impl Vm {
 
         let mut pio = Bus::new("port I/O");
         let mut mmio = Bus::new("MMIO");
-        let console = Console::new(&config.serial, IrqLine::new(&vm, SERIAL_GSI)?)
-            .map_err(|e| Error::Device(format!("serial console: {e}")))?;
+        let console = Console::new(
+            &config.serial,
+            IrqLine::new(&vm, SERIAL_GSI)?,
+            sandbox.clone(),
+        )
+        .map_err(|e| Error::Device(format!("serial console: {e}")))?;
         let i8042 = Arc::new(Mutex::new(I8042::new(
             control.clone(),
             IrqLine::new(&vm, I8042_GSI)?,
@@ -94,12 +103,17 @@ impl Vm {
 
         let mut cmdline = build_cmdline(&config)?;
         let virtio = match config.transport {
-            VirtioTransportKind::Mmio => {
-                crate::devices::virtio::attach(&config, &vm, &memory, &mut mmio, &mut cmdline)
-            }
-            VirtioTransportKind::Pci => {
-                crate::devices::virtio_pci::attach(&config, &vm, &memory, &mut pio, &mut mmio)
-            }
+            VirtioTransportKind::Mmio => crate::devices::virtio::attach(
+                &config,
+                &vm,
+                &memory,
+                &mut mmio,
+                &mut cmdline,
+                &sandbox,
+            ),
+            VirtioTransportKind::Pci => crate::devices::virtio_pci::attach(
+                &config, &vm, &memory, &mut pio, &mut mmio, &sandbox,
+            ),
         }
         .map_err(|e| Error::Device(e.to_string()))?;
         kvm::boot::write_long_mode_tables(&memory)?;
@@ -141,9 +155,10 @@ impl Vm {
 
         let buses = Arc::new(Buses { pio, mmio });
         let vcpu_tids: VcpuTids = (0..vcpus.len()).map(|_| AtomicI32::new(0)).collect();
-        let threads = spawn_vcpus(vcpus, &control, &buses, &vcpu_tids)?;
+        let threads = spawn_vcpus(vcpus, &control, &buses, &vcpu_tids, &sandbox)?;
         Ok(VmHandle {
             control,
+            sandbox,
             i8042,
             acpi,
             virtio: virtio.transports,
@@ -202,6 +217,18 @@ fn validate(config: &VmConfig) -> Result<()> {
     Ok(())
 }
 
+/// Directories the control threads may remove a file from once
+/// sandboxed: the console socket's, removed when the VM ends.
+fn removable_dirs(config: &VmConfig) -> Vec<std::path::PathBuf> {
+    match &config.serial {
+        crate::config::SerialTarget::UnixSocket(path) => path
+            .parent()
+            .map(|dir| vec![dir.to_path_buf()])
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// The user's command line plus one `virtio_mmio.device=` entry per device.
 fn build_cmdline(config: &VmConfig) -> Result<Cmdline> {
     let mut cmdline =
@@ -242,14 +269,18 @@ fn spawn_vcpus(
     control: &Arc<Control>,
     buses: &Arc<Buses>,
     tids: &VcpuTids,
+    sandbox: &Arc<Sandbox>,
 ) -> Result<Vec<JoinHandle<()>>> {
     use std::os::unix::thread::JoinHandleExt;
-    // Threads wait until their ids are registered, so no kick can miss them.
+    // Threads enter their sandbox, then wait until their ids are registered,
+    // so that no kick can miss them.
     let gate = Arc::new(Gate::default());
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(vcpus.len());
+    let mut failure = None;
     for vcpu in vcpus {
         let (control_t, buses_t, gate_t) = (control.clone(), buses.clone(), gate.clone());
-        let tids_t = tids.clone();
+        let (tids_t, sandbox_t, entered_t) = (tids.clone(), sandbox.clone(), entered_tx.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("vcpu{}", vcpu.index()))
             .spawn(move || {
@@ -258,8 +289,15 @@ fn spawn_vcpus(
                     // SAFETY: gettid has no preconditions.
                     slot.store(unsafe { libc::gettid() }, Ordering::Relaxed);
                 }
+                let entered = sandbox_t.enter(ThreadKind::Vcpu);
+                let ok = entered.is_ok();
+                let _ = entered_t.send(entered);
                 gate_t.wait();
-                vcpu.run(&control_t, &buses_t);
+                if ok {
+                    vcpu.run(&control_t, &buses_t);
+                } else {
+                    control_t.vcpu_stopped();
+                }
                 // The id may be reused by another thread once this one ends.
                 if let Some(slot) = slot {
                     slot.store(0, Ordering::Relaxed);
@@ -268,18 +306,38 @@ fn spawn_vcpus(
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(e) => {
-                // The threads already started see the ending at their first
-                // checkpoint and stop without entering the guest.
-                control.finish(VmExit::InternalError(format!(
-                    "cannot start vCPU thread: {e}"
-                )));
-                gate.open();
-                for thread in threads {
-                    let _ = thread.join();
-                }
-                return Err(Error::Thread(e));
+                failure = Some(Error::Thread(e));
+                break;
             }
         }
+    }
+    drop(entered_tx);
+    if failure.is_none() {
+        for _ in 0..threads.len() {
+            match entered_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failure = Some(Error::Sandbox(format!("vCPU thread: {e}")));
+                    break;
+                }
+                Err(_) => {
+                    failure = Some(Error::Sandbox("a vCPU thread ended at start".into()));
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(error) = failure {
+        // The threads already started see the ending at their first
+        // checkpoint and stop without entering the guest.
+        control.finish(VmExit::InternalError(format!(
+            "cannot start the vCPUs: {error}"
+        )));
+        gate.open();
+        for thread in threads {
+            let _ = thread.join();
+        }
+        return Err(error);
     }
     control.set_vcpu_threads(threads.iter().map(|t| t.as_pthread_t()).collect());
     gate.open();
@@ -300,6 +358,7 @@ struct Resources {
 /// handle kills the VM if it is still running.
 pub struct VmHandle {
     control: Arc<Control>,
+    sandbox: Arc<Sandbox>,
     i8042: Arc<Mutex<I8042>>,
     acpi: Arc<Mutex<AcpiPlatform>>,
     virtio: Vec<VirtioTransport>,
@@ -367,6 +426,12 @@ impl VmHandle {
     /// The devices' counters and the vCPUs' CPU time, now.
     pub fn stats(&self) -> VmStats {
         crate::stats::snapshot(&self.counters, &self.vcpu_tids)
+    }
+
+    /// The VM's sandbox: the control threads of a VMM program (`vmm run`)
+    /// enter it as [`ThreadKind::Control`] once the VM has started.
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
     }
 
     /// How the VM ended, if it has.

@@ -19,7 +19,10 @@
 //! `/usr/bin/time` shows) is printed too.
 //!
 //! Run: `cargo bench -p vmm-cli --bench boot` (BOOT_BENCH_RUNS=N, default 20;
-//! BOOT_BENCH_VCPUS, default 1).
+//! BOOT_BENCH_VCPUS, default 1; BENCH_VARIANTS to compare binaries or
+//! options, interleaved: see `common`).
+
+mod common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -97,8 +100,8 @@ fn parse_timing(stderr: &str, key: &str) -> Option<u64> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
-fn one_run(vmm: &str, kernel: &str, vcpus: &str) -> Run {
-    let mut cmd = Command::new(vmm);
+fn one_run(variant: &common::Variant, kernel: &str, vcpus: &str) -> Run {
+    let mut cmd = Command::new(&variant.binary);
     cmd.args([
         "run",
         "--kernel",
@@ -114,6 +117,7 @@ fn one_run(vmm: &str, kernel: &str, vcpus: &str) -> Run {
         "--serial",
         "null",
     ])
+    .args(&variant.extra_args)
     .env("VMM_TIMINGS", "1")
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
@@ -170,18 +174,6 @@ fn one_run(vmm: &str, kernel: &str, vcpus: &str) -> Run {
     }
 }
 
-fn summary(name: &str, unit: &str, mut values: Vec<f64>) {
-    values.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
-    println!(
-        "{name:<28} min {:>8.2}  median {:>8.2}  p90 {:>8.2}  max {:>8.2} {unit}",
-        at(0.0),
-        at(0.5),
-        at(0.9),
-        at(1.0)
-    );
-}
-
 fn main() {
     // `cargo bench` passes --bench; nothing else is understood.
     let runs: usize = std::env::var("BOOT_BENCH_RUNS")
@@ -200,17 +192,20 @@ fn main() {
     assert!(status.success());
     let kernel = kernel.to_str().expect("utf-8 temp path").to_string();
 
+    let variants = common::variants(vmm);
     println!(
-        "boot benchmark: {runs} runs of `vmm run` (test guest, {MEMORY_MIB} MiB, {vcpus} vCPU, checks=serial,smp)"
+        "boot benchmark: {runs} runs of `vmm run` per variant, interleaved (test guest, {MEMORY_MIB} MiB, {vcpus} vCPU, checks=serial,smp)"
     );
     println!(
-        "run  kvm_run_ms  serial_ms  vm_exit_ms  proc_exit_ms  overhead_KiB  anon_KiB  file_KiB  guest_KiB  maxrss_KiB"
+        "variant       run  kvm_run_ms  serial_ms  vm_exit_ms  proc_exit_ms  overhead_KiB  anon_KiB  file_KiB  guest_KiB  maxrss_KiB"
     );
-    let results: Vec<Run> = (0..runs)
-        .map(|i| {
-            let r = one_run(vmm, &kernel, &vcpus);
+    let mut results: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
+    for i in 0..runs {
+        for (v, variant) in variants.iter().enumerate() {
+            let r = one_run(variant, &kernel, &vcpus);
             println!(
-                "{i:>3}  {:>10.2}  {:>9.2}  {:>10.2}  {:>12.2}  {:>12}  {:>8}  {:>8}  {:>9}  {:>10}",
+                "{:<12} {i:>4}  {:>10.2}  {:>9.2}  {:>10.2}  {:>12.2}  {:>12}  {:>8}  {:>8}  {:>9}  {:>10}",
+                variant.label,
                 r.first_kvm_run_ms,
                 r.first_serial_ms,
                 r.vm_exit_ms,
@@ -221,52 +216,29 @@ fn main() {
                 r.guest_kib,
                 r.maxrss_kib
             );
-            r
-        })
-        .collect();
-    summary(
-        "start -> first KVM_RUN",
-        "ms",
-        results.iter().map(|r| r.first_kvm_run_ms).collect(),
-    );
-    summary(
-        "start -> first serial byte",
-        "ms",
-        results.iter().map(|r| r.first_serial_ms).collect(),
-    );
-    summary(
-        "start -> VM exit",
-        "ms",
-        results.iter().map(|r| r.vm_exit_ms).collect(),
-    );
-    summary(
-        "start -> process exit",
-        "ms",
-        results.iter().map(|r| r.process_exit_ms).collect(),
-    );
-    summary(
-        "RSS excluding guest RAM",
-        "KiB",
-        results.iter().map(|r| r.overhead_kib as f64).collect(),
-    );
-    summary(
-        "  of it anonymous",
-        "KiB",
-        results.iter().map(|r| r.anon_kib as f64).collect(),
-    );
-    summary(
-        "  of it file-backed",
-        "KiB",
-        results.iter().map(|r| r.file_kib as f64).collect(),
-    );
-    summary(
-        "guest RAM touched",
-        "KiB",
-        results.iter().map(|r| r.guest_kib as f64).collect(),
-    );
-    summary(
-        "ru_maxrss (guest included)",
-        "KiB",
-        results.iter().map(|r| r.maxrss_kib as f64).collect(),
-    );
+            results[v].push(r);
+        }
+    }
+    for (variant, results) in variants.iter().zip(&results) {
+        println!(
+            "== {}: {} {}",
+            variant.label,
+            variant.binary,
+            variant.extra_args.join(" ")
+        );
+        let summary = |name: &str, unit: &str, f: &dyn Fn(&Run) -> f64| {
+            common::summary(name, unit, results.iter().map(f).collect())
+        };
+        summary("start -> first KVM_RUN", "ms", &|r| r.first_kvm_run_ms);
+        summary("start -> first serial byte", "ms", &|r| r.first_serial_ms);
+        summary("start -> VM exit", "ms", &|r| r.vm_exit_ms);
+        summary("start -> process exit", "ms", &|r| r.process_exit_ms);
+        summary("RSS excluding guest RAM", "KiB", &|r| r.overhead_kib as f64);
+        summary("  of it anonymous", "KiB", &|r| r.anon_kib as f64);
+        summary("  of it file-backed", "KiB", &|r| r.file_kib as f64);
+        summary("guest RAM touched", "KiB", &|r| r.guest_kib as f64);
+        summary("ru_maxrss (guest included)", "KiB", &|r| {
+            r.maxrss_kib as f64
+        });
+    }
 }

@@ -109,6 +109,21 @@ pub struct RunArgs {
     /// stopped (as KubeVirt's grace period bounds its launcher's); 0 stops it at once.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    /// What a VMM thread's system call outside its seccomp filter does:
+    /// `trap` ends the VMM with status 159, `log` lets it through and the
+    /// kernel logs it, `none` installs no filter (debugging only).
+    #[arg(long, default_value = "trap", value_name = "none|log|trap")]
+    pub seccomp: vmm::SeccompMode,
+    /// Restrict the VMM threads' file access with Landlock where the kernel
+    /// has it.
+    #[arg(
+        long,
+        default_value = "on",
+        value_parser = parse_on_off,
+        action = clap::ArgAction::Set,
+        value_name = "on|off"
+    )]
+    pub landlock: bool,
 }
 
 impl RunArgs {
@@ -127,7 +142,20 @@ impl RunArgs {
             kernel_decompress: self.decompress,
             cpu_profile: self.cpu_profile,
             transport: self.transport,
+            sandbox: vmm::SandboxConfig {
+                seccomp: self.seccomp,
+                landlock: self.landlock,
+                ..vmm::SandboxConfig::default()
+            },
         }
+    }
+}
+
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
     }
 }
 
@@ -139,6 +167,9 @@ pub struct SelftestArgs {
     /// Print the guest's serial output as well.
     #[arg(long)]
     pub verbose: bool,
+    /// As for `run`: what a VMM thread's system call outside its filter does.
+    #[arg(long, default_value = "trap", value_name = "none|log|trap")]
+    pub seccomp: vmm::SeccompMode,
 }
 
 /// `key=value` pairs separated by commas.
@@ -282,6 +313,39 @@ pub fn parse_serial(text: &str) -> Result<SerialTarget, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        let mut args = vec!["vmm", "run", "--kernel", "/k"];
+        args.extend_from_slice(extra);
+        match Cli::try_parse_from(args)?.command {
+            Command::Run(run) => Ok(run),
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_sandbox_is_on_unless_asked_otherwise() {
+        let config = run_args(&[]).unwrap().into_config();
+        assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::Trap);
+        assert!(config.sandbox.landlock);
+        let config = run_args(&["--seccomp", "log", "--landlock", "off"])
+            .unwrap()
+            .into_config();
+        assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::Log);
+        assert!(!config.sandbox.landlock);
+        let config = run_args(&["--seccomp=none", "--landlock=on"])
+            .unwrap()
+            .into_config();
+        assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::None);
+        assert!(config.sandbox.landlock);
+        for bad in [
+            &["--seccomp", "kill"][..],
+            &["--landlock", "maybe"],
+            &["--landlock"],
+        ] {
+            assert!(run_args(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn disks_need_an_explicit_format() {

@@ -7,11 +7,12 @@ mod selftest;
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use args::{Cli, Command};
 use clap::Parser;
 use vmm::lifecycle::INTERNAL_ERROR_EXIT_STATUS;
+use vmm::sandbox::ThreadKind;
 use vmm::{Vm, VmHandle};
 
 fn main() -> ExitCode {
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         Command::Selftest(args) => selftest::run(&selftest::Options {
             vcpus: args.vcpus,
             verbose: args.verbose,
+            seccomp: args.seccomp,
         }),
         Command::Cpuid { vcpus, cpu_profile } => match vmm::vm::cpuid_table(cpu_profile, vcpus) {
             Ok(table) => {
@@ -82,9 +84,23 @@ fn run(config: vmm::VmConfig, shutdown_timeout: Duration) -> i32 {
     let watched = handle.clone();
     let watcher = std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || forward_termination_signals(&signals, &watched, shutdown_timeout));
+        .spawn(move || {
+            if let Err(e) = watched.sandbox().enter(ThreadKind::Control) {
+                eprintln!("vmm: cannot sandbox the signal watcher, stopping the VM: {e}");
+                watched.kill();
+                return;
+            }
+            forward_termination_signals(&signals, &watched, shutdown_timeout)
+        });
     if let Err(e) = watcher {
         eprintln!("vmm: cannot watch for SIGTERM/SIGINT: {e}");
+    }
+    // From here on this thread only waits for the VM and reports.
+    if let Err(e) = handle.sandbox().enter(ThreadKind::Control) {
+        eprintln!("vmm: cannot sandbox the main thread, stopping the VM: {e}");
+        handle.kill();
+        handle.wait();
+        return INTERNAL_ERROR_EXIT_STATUS;
     }
     let exit = handle.wait();
     if std::env::var_os("VMM_TIMINGS").is_some() {
@@ -110,62 +126,73 @@ fn block_termination_signals() -> std::io::Result<libc::sigset_t> {
     }
 }
 
+/// Waits for a signal of `set`, at most until `deadline` (forever without
+/// one). `None` when the deadline passed.
+fn wait_signal(set: &libc::sigset_t, deadline: Option<Instant>) -> Option<i32> {
+    loop {
+        let timeout = deadline.map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: libc::c_long::from(left.subsec_nanos() as i32),
+            }
+        });
+        let timeout_ptr = timeout
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: `set` holds signals blocked in every thread; the kernel
+        // fills no siginfo (null) and reads the timeout if given.
+        let signal = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), timeout_ptr) };
+        if signal > 0 {
+            return Some(signal);
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            _ => return None,
+        }
+    }
+}
+
 /// SIGTERM or SIGINT: the first asks the guest to shut down (the ACPI
 /// power button; Linux powers off, which ends the VM) and gives it
-/// `shutdown_timeout` to do so; the second, or the end of that time, kills it.
+/// `shutdown_timeout` to do so (a guest still in early boot may ignore the
+/// request and must not keep the VMM alive); the second, or the end of that
+/// time, kills it. One thread, no timer thread: it runs in the control
+/// threads' sandbox.
 fn forward_termination_signals(
     set: &libc::sigset_t,
     vm: &Arc<VmHandle>,
     shutdown_timeout: Duration,
 ) {
-    let mut asked = false;
-    loop {
-        let mut signal = 0;
-        // SAFETY: `set` holds signals blocked in every thread; sigwait
-        // writes the one received into `signal`.
-        if unsafe { libc::sigwait(set, &mut signal) } != 0 || vm.exit().is_some() {
-            return;
-        }
-        if asked {
-            eprintln!("vmm: signal {signal} again: killing the VM");
-            vm.kill();
-            return;
-        }
-        eprintln!(
-            "vmm: signal {signal}: asking the guest to shut down within {}s (again to kill)",
-            shutdown_timeout.as_secs()
-        );
-        if vm.request_shutdown().is_err() {
-            return;
-        }
-        asked = true;
-        let deadline = Arc::clone(vm);
-        let timer = std::thread::Builder::new()
-            .name("shutdown-timeout".into())
-            .spawn(move || stop_after(&deadline, shutdown_timeout));
-        if let Err(e) = timer {
-            eprintln!("vmm: cannot time the shutdown ({e}): killing the VM");
-            vm.kill();
-            return;
-        }
+    let Some(signal) = wait_signal(set, None) else {
+        return;
+    };
+    if vm.exit().is_some() {
+        return;
     }
-}
-
-/// Kills the VM unless it ends within `timeout`: a guest that ignores the
-/// request (one still in early boot, say) must not keep the VMM alive.
-fn stop_after(vm: &VmHandle, timeout: Duration) {
-    let deadline = std::time::Instant::now() + timeout;
-    while std::time::Instant::now() < deadline {
-        if vm.exit().is_some() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    eprintln!(
+        "vmm: signal {signal}: asking the guest to shut down within {}s (again to kill)",
+        shutdown_timeout.as_secs()
+    );
+    if vm.request_shutdown().is_err() {
+        return;
     }
-    if vm.exit().is_none() {
-        eprintln!(
-            "vmm: the guest did not shut down within {}s (--shutdown-timeout): stopping the VM",
-            timeout.as_secs()
-        );
-        vm.kill();
+    let deadline = Instant::now() + shutdown_timeout;
+    match wait_signal(set, Some(deadline)) {
+        Some(signal) => {
+            if vm.exit().is_none() {
+                eprintln!("vmm: signal {signal} again: killing the VM");
+                vm.kill();
+            }
+        }
+        None => {
+            if vm.exit().is_none() {
+                eprintln!(
+                    "vmm: the guest did not shut down within {}s (--shutdown-timeout): stopping the VM",
+                    shutdown_timeout.as_secs()
+                );
+                vm.kill();
+            }
+        }
     }
 }

@@ -11,7 +11,8 @@
 //! (virt-launcher-monitor). See the crate's README.
 //!
 //! The VMM runs inside the launcher process: there is no separate emulator
-//! process, so "the VMM is gone" is simply "the VM has ended".
+//! process, so "the VMM is gone" is simply "the VM has ended". Its threads
+//! are confined apart from the rest of the launcher ([`sandbox`]).
 
 pub mod console_log;
 pub mod converter;
@@ -25,6 +26,7 @@ pub mod no_agent;
 pub mod notify;
 pub mod paths;
 pub mod run;
+pub mod sandbox;
 pub mod server;
 pub mod signals;
 pub mod stats;

@@ -46,6 +46,8 @@ pub struct ManagerOptions {
     pub sys_class_net: PathBuf,
     /// Start the DHCP server for masquerade interfaces (off in tests without a bridge).
     pub serve_dhcp: bool,
+    /// How the VMM's threads are confined.
+    pub sandbox: vmm::SandboxConfig,
 }
 
 pub struct Manager {
@@ -212,7 +214,8 @@ impl Manager {
         crate::live::as_libvirt_defines(&mut domain);
         // The one VMM configuration of this domain (also for reboots and
         // resets).
-        let config = to_vm::vm_config(&domain)?;
+        let mut config = to_vm::vm_config(&domain)?;
+        config.sandbox = self.options.sandbox.clone();
         let private = paths.vmi_private_dir(
             &PathName::vmi_uid(&uid).map_err(|e| Failure(format!("metadata.uid: {e}")))?,
         );

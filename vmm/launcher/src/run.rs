@@ -23,9 +23,10 @@ const FINAL_NOTIFY_AFTER_KILL: Duration = Duration::from_secs(30);
 /// The process monitor's polling period (`monitorLoop`'s rate).
 const MONITOR_RATE: Duration = Duration::from_secs(1);
 
-/// Runs the launcher; returns the process exit status.
-pub async fn run(flags: Flags) -> i32 {
-    match run_inner(flags).await {
+/// Runs the launcher (its VMM confined by `sandbox`); returns the process
+/// exit status.
+pub async fn run(flags: Flags, sandbox: vmm::SandboxConfig) -> i32 {
+    match run_inner(flags, sandbox).await {
         Ok(code) => code,
         Err(e) => {
             tracing::error!("virt-launcher: {e:#}");
@@ -35,7 +36,7 @@ pub async fn run(flags: Flags) -> i32 {
     }
 }
 
-async fn run_inner(flags: Flags) -> anyhow::Result<i32> {
+async fn run_inner(flags: Flags, sandbox: vmm::SandboxConfig) -> anyhow::Result<i32> {
     use anyhow::Context as _;
     let paths = flags.paths();
     let sockets = paths.sockets_dir();
@@ -50,6 +51,7 @@ async fn run_inner(flags: Flags) -> anyhow::Result<i32> {
         paths: paths.clone(),
         sys_class_net: "/sys/class/net".into(),
         serve_dhcp: true,
+        sandbox,
     });
 
     // The cmd server: bound under the init name, renamed once it answers.

@@ -2,16 +2,25 @@
 //! and its own GSI from 5 up (an irqfd), and is announced on the kernel
 //! command line as `virtio_mmio.device=4K@<base>:<gsi>`. The transport and
 //! the devices live in the `virtio-devices` crate; disk formats in `block`.
+//!
+//! Each device runs on its own thread: one eventfd per queue is registered
+//! with `KVM_IOEVENTFD` on the window's QueueNotify register, matching the
+//! queue index, so a notification reaches the device thread without a vCPU
+//! exit (a write of another value still exits and the transport refuses or
+//! forwards it).
 
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{IoEventAddress, VmFd};
 use linux_loader::cmdline::Cmdline;
+use virtio_bindings::virtio_ids::{VIRTIO_ID_BLOCK, VIRTIO_ID_NET, VIRTIO_ID_RNG};
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use virtio_devices::block::{Block, BlockOptions};
 use virtio_devices::net::{Net, NetOptions};
 use virtio_devices::rng::Rng;
 use virtio_devices::{InterruptTrigger, MmioTransport, PciTransport, VirtioDevice};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{DiskCache, VmConfig};
 use crate::devices::bus::{Bus, BusDevice, lock};
@@ -19,6 +28,7 @@ use crate::devices::irq::IrqLine;
 use crate::kvm::layout::{
     VIRTIO_FIRST_IRQ, VIRTIO_MAX_DEVICES, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE,
 };
+use crate::sandbox::Sandbox;
 use crate::stats::DeviceCounters;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +49,12 @@ pub enum Error {
     TooMany(usize),
     #[error("{0}")]
     Setup(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl InterruptTrigger for IrqLine {
@@ -162,14 +178,49 @@ pub struct Attached {
     pub counters: DeviceCounters,
 }
 
+/// The name of a device's thread (at most 15 bytes, the kernel's limit).
+pub(crate) fn thread_name(device_type: u32) -> String {
+    match device_type {
+        VIRTIO_ID_BLOCK => "virtio-blk".into(),
+        VIRTIO_ID_NET => "virtio-net".into(),
+        VIRTIO_ID_RNG => "virtio-rng".into(),
+        other => format!("virtio-{other}"),
+    }
+}
+
+/// One eventfd per queue of the device at `base`, each registered as an
+/// ioeventfd on QueueNotify with its queue index as datamatch.
+fn queue_notifiers(vm: &VmFd, base: u64, queues: usize) -> Result<Vec<EventFd>, Error> {
+    let notify = IoEventAddress::Mmio(base + u64::from(VIRTIO_MMIO_QUEUE_NOTIFY));
+    (0..queues)
+        .map(|index| {
+            let io = |what: &str| {
+                let what = format!("queue {index} of the device at {base:#x}: {what}");
+                move |source| Error::Io { what, source }
+            };
+            let event = EventFd::new(EFD_NONBLOCK).map_err(io("eventfd"))?;
+            // A 4-byte write of exactly this queue index: the transport
+            // still sees (and refuses) any other value.
+            let datamatch =
+                u32::try_from(index).map_err(|_| Error::Setup("too many queues".into()))?;
+            vm.register_ioevent(&event, &notify, datamatch)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+                .map_err(io("KVM_IOEVENTFD"))?;
+            Ok(event)
+        })
+        .collect()
+}
+
 /// Creates the configured devices, puts them on the MMIO bus with their
-/// interrupt lines and announces them on the command line.
+/// interrupt lines and announces them on the command line. Each device's
+/// thread is started here and enters `sandbox`.
 pub fn attach(
     config: &VmConfig,
     vm: &VmFd,
     mem: &GuestMemoryMmap,
     mmio: &mut Bus,
     cmdline: &mut Cmdline,
+    sandbox: &Arc<Sandbox>,
 ) -> Result<Attached, Error> {
     let (devices, counters) = build_devices(config)?;
     if devices.len() > VIRTIO_MAX_DEVICES as usize {
@@ -180,11 +231,21 @@ pub fn attach(
         let base = VIRTIO_MMIO_BASE + u64::from(slot) * VIRTIO_MMIO_SIZE;
         let gsi = VIRTIO_FIRST_IRQ + slot;
         let irq = IrqLine::new(vm, gsi).map_err(|e| Error::Setup(e.to_string()))?;
-        let transport = Arc::new(Mutex::new(MmioTransport::new(
+        let notifiers = queue_notifiers(vm, base, device.queue_max_sizes().len())?;
+        let name = thread_name(device.device_type());
+        let transport = MmioTransport::with_thread(
+            &name,
             device,
             mem.clone(),
             Arc::new(irq),
-        )));
+            notifiers,
+            sandbox.clone(),
+        )
+        .map_err(|source| Error::Io {
+            what: format!("{name} device thread"),
+            source,
+        })?;
+        let transport = Arc::new(Mutex::new(transport));
         mmio.insert(
             base,
             VIRTIO_MMIO_SIZE,

@@ -7,6 +7,15 @@
 //! module turns "the iteration ended while the last descriptor still said
 //! NEXT" into an error and adds the checks it leaves to devices (see
 //! anchors §3.4; crosvm validates chains the same way).
+//!
+//! It also bounds what one chain can make the VMM hold: virtio 1.2
+//! §2.7.5.3.1 says a driver MUST NOT create a chain longer than the queue
+//! size, indirect descriptors included, but `virtio-queue` accepts indirect
+//! tables of up to 65 535 entries. A chain is refused as soon as it has more
+//! descriptors than the queue has entries, before more are collected; so a
+//! notification (at most a queue's worth of chains) holds at most
+//! queue size² buffers (1 MiB of [`Buffer`]s for a 256-entry queue) instead of
+//! the ~16 M one shared 65 535-entry table allowed.
 
 use std::ops::Deref;
 
@@ -38,6 +47,8 @@ pub enum ChainError {
     OutsideGuestMemory { index: usize, addr: u64, len: u32 },
     #[error("descriptor {index} is device-readable but follows a device-writable one")]
     ReadableAfterWritable { index: usize },
+    #[error("the chain has more than {max} descriptors (the queue size; indirect ones count)")]
+    TooLong { max: u16 },
 }
 
 /// One buffer of a validated chain. Its whole range lies in guest memory.
@@ -57,8 +68,10 @@ pub struct ValidatedChain {
 }
 
 impl ValidatedChain {
-    /// Walks `chain` and checks every descriptor against `mem`.
-    pub fn new<M, G>(chain: DescriptorChain<M>, mem: &G) -> Result<Self, ChainError>
+    /// Walks `chain` and checks every descriptor against `mem`. A chain of
+    /// more than `max_len` descriptors (the queue size) is refused without
+    /// collecting the rest.
+    pub fn new<M, G>(chain: DescriptorChain<M>, mem: &G, max_len: u16) -> Result<Self, ChainError>
     where
         M: Deref,
         M::Target: GuestMemory,
@@ -68,6 +81,9 @@ impl ValidatedChain {
         let mut last_had_next = false;
         let mut seen_writable = false;
         for (index, desc) in chain.enumerate() {
+            if index >= usize::from(max_len) {
+                return Err(ChainError::TooLong { max: max_len });
+            }
             let flags = desc.flags();
             if flags & !KNOWN_FLAGS != 0 {
                 return Err(ChainError::UnknownFlags { index, flags });
@@ -155,7 +171,7 @@ mod tests {
         let chain = queue
             .pop_descriptor_chain(mem)
             .expect("the driver made one chain available");
-        ValidatedChain::new(chain, mem)
+        ValidatedChain::new(chain, mem, 16)
     }
 
     #[test]
@@ -244,7 +260,7 @@ mod tests {
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
-        let err = ValidatedChain::new(chain, &mem).unwrap_err();
+        let err = ValidatedChain::new(chain, &mem, 16).unwrap_err();
         assert_eq!(err, ChainError::Unterminated { descriptors: 16 });
     }
 
@@ -256,7 +272,7 @@ mod tests {
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
-        let err = ValidatedChain::new(chain, &mem).unwrap_err();
+        let err = ValidatedChain::new(chain, &mem, 16).unwrap_err();
         assert_eq!(err, ChainError::Unterminated { descriptors: 1 });
     }
 
@@ -268,7 +284,7 @@ mod tests {
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
         assert_eq!(
-            ValidatedChain::new(chain, &mem).unwrap_err(),
+            ValidatedChain::new(chain, &mem, 16).unwrap_err(),
             ChainError::Empty
         );
     }
@@ -284,7 +300,7 @@ mod tests {
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
-        let err = ValidatedChain::new(chain, &mem).unwrap_err();
+        let err = ValidatedChain::new(chain, &mem, 16).unwrap_err();
         assert_eq!(err, ChainError::Unterminated { descriptors: 1 });
     }
 
@@ -304,8 +320,51 @@ mod tests {
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
-        let chain = ValidatedChain::new(chain, &mem).unwrap();
+        let chain = ValidatedChain::new(chain, &mem, 16).unwrap();
         assert_eq!(chain.buffers().len(), 2);
+    }
+
+    #[test]
+    fn a_chain_longer_than_the_queue_is_refused_indirect_entries_included() {
+        let mem = test_memory();
+        // One direct descriptor, then an indirect table: 1 + 15 entries fill
+        // a 16-entry queue exactly; one more entry is one too many.
+        for (entries, ok) in [(15usize, true), (16, false), (4000, false)] {
+            let mut driver = GuestDriver::new(&mem, 16);
+            let table = 0x20000;
+            let descs: Vec<Desc> = (0..entries)
+                .map(|i| {
+                    let d = Desc::read(0x10000, 16);
+                    if i + 1 < entries {
+                        d.with_next(i as u16 + 1)
+                    } else {
+                        d
+                    }
+                })
+                .collect();
+            driver.write_indirect_table(table, &descs);
+            driver.set_desc(0, 0x10000, 16, VRING_DESC_F_NEXT as u16, 1);
+            driver.set_desc(
+                1,
+                table,
+                16 * entries as u32,
+                VRING_DESC_F_INDIRECT as u16,
+                0,
+            );
+            driver.publish(0);
+            let mut queue = driver.queue();
+            let chain = queue.pop_descriptor_chain(&mem).unwrap();
+            let result = ValidatedChain::new(chain, &mem, 16);
+            if ok {
+                assert_eq!(result.unwrap().buffers().len(), 16);
+            } else {
+                assert_eq!(
+                    result.unwrap_err(),
+                    ChainError::TooLong { max: 16 },
+                    "{entries}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -322,7 +381,7 @@ mod tests {
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
-        let err = ValidatedChain::new(chain, &mem).unwrap_err();
+        let err = ValidatedChain::new(chain, &mem, 16).unwrap_err();
         assert_eq!(err, ChainError::Unterminated { descriptors: 1 });
     }
 
@@ -336,7 +395,7 @@ mod tests {
             driver.publish(0);
             let mut queue = driver.queue();
             let chain = queue.pop_descriptor_chain(&mem).unwrap();
-            let err = ValidatedChain::new(chain, &mem).unwrap_err();
+            let err = ValidatedChain::new(chain, &mem, 16).unwrap_err();
             assert_eq!(
                 err,
                 ChainError::Unterminated { descriptors: 1 },

@@ -5,9 +5,13 @@
 //! device its queues only once they have been validated. A device owns its
 //! queues from activation until reset.
 
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
+use crate::device_thread::ThreadSandbox;
 use crate::interrupt::DeviceInterrupt;
 use crate::queue::QueueError;
 
@@ -48,6 +52,9 @@ pub struct ActivateContext {
     pub interrupt: DeviceInterrupt,
     /// The features the driver accepted (a subset of the offered ones).
     pub acked_features: u64,
+    /// What every thread the device starts (virtio-blk's I/O threads)
+    /// enters first.
+    pub sandbox: Arc<dyn ThreadSandbox>,
 }
 
 /// A virtio device type (block, net, rng, ...), independent of the transport.
@@ -81,12 +88,26 @@ pub trait VirtioDevice: Send + std::any::Any {
     /// background work stopped. Called on a driver reset (status 0).
     fn reset(&mut self);
 
-    /// The driver notified queue `index`. Processing happens on the caller's
-    /// thread (or wakes the device's own thread). An `Err` means the queue is
-    /// unusable and the device needs a reset.
+    /// The driver notified queue `index`. Runs on the device's thread
+    /// ([`crate::device_thread`]), or on the caller's for a transport
+    /// without one. An `Err` means the queue is unusable and the device
+    /// needs a reset; [`DeviceError::NotActivated`] is ignored.
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError>;
 
-    /// The VM is being paused: stop touching guest memory until `resume`.
+    /// A host descriptor the device's thread should also wait on while the
+    /// device is activated and not paused (a net device's tap, when it can
+    /// take a frame); asked again before every wait.
+    fn watched_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// The descriptor from [`Self::watched_fd`] is readable.
+    fn process_fd(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// The VM is being paused (the device's thread is idle and stays so
+    /// until `resume`).
     fn pause(&mut self) {}
 
     /// The VM runs again.

@@ -22,6 +22,7 @@
 pub mod block;
 pub mod chain;
 pub mod device;
+pub mod device_thread;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod interrupt;
@@ -37,6 +38,7 @@ pub mod rng;
 mod testing;
 
 pub use device::{ActivateError, DeviceError, VirtioDevice};
+pub use device_thread::{DeviceThread, ThreadRole, ThreadSandbox, Unsandboxed};
 pub use interrupt::{DeviceInterrupt, InterruptTrigger};
 pub use mmio::MmioTransport;
 pub use pci::{MsiInterrupts, MsiMessage, PciTransport};

@@ -32,8 +32,10 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{ActivateContext, VirtioDevice};
+use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxed, lock_device};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
 use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
@@ -145,8 +147,20 @@ impl QueueConfig {
 }
 
 /// One virtio device behind a virtio-mmio register window.
+///
+/// With [`MmioTransport::with_thread`] (what the VMM uses) the device runs
+/// on its own thread ([`crate::device_thread`]); registers stay on the
+/// caller's (vCPU) thread. With [`MmioTransport::new`] notifications are
+/// handled on the caller's thread and nothing waits on the device's host
+/// descriptors (fuzzing and benchmarks of the device code alone).
 pub struct MmioTransport {
-    device: Box<dyn VirtioDevice>,
+    device: SharedDevice,
+    /// `None`: notifications run on the caller's thread.
+    thread: Option<DeviceThread>,
+    sandbox: Arc<dyn ThreadSandbox>,
+    /// Fixed for the device's life; kept here so register reads need no lock.
+    device_type: u32,
+    device_features: u64,
     mem: GuestMemoryMmap,
     interrupt: DeviceInterrupt,
     status: u32,
@@ -162,6 +176,7 @@ pub struct MmioTransport {
 }
 
 impl MmioTransport {
+    /// A transport that handles notifications on the caller's thread.
     pub fn new(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
@@ -173,7 +188,11 @@ impl MmioTransport {
             .map(|&max| QueueConfig::new(max))
             .collect();
         MmioTransport {
-            device,
+            device_type: device.device_type(),
+            device_features: device.features(),
+            device: Arc::new(std::sync::Mutex::new(device)),
+            thread: None,
+            sandbox: Arc::new(Unsandboxed),
             mem,
             interrupt: DeviceInterrupt::new(interrupt),
             status: 0,
@@ -188,9 +207,61 @@ impl MmioTransport {
         }
     }
 
-    /// The device behind this transport.
-    pub fn device(&self) -> &dyn VirtioDevice {
-        self.device.as_ref()
+    /// A transport whose device runs on its own thread (named `name`),
+    /// woken by `notifiers`: one eventfd per queue, which the VMM registers
+    /// as ioeventfds on the QueueNotify register with the queue index as
+    /// datamatch. The thread and every thread the device starts enter
+    /// `sandbox` first.
+    pub fn with_thread(
+        name: &str,
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<dyn InterruptTrigger>,
+        notifiers: Vec<EventFd>,
+        sandbox: Arc<dyn ThreadSandbox>,
+    ) -> std::io::Result<Self> {
+        if notifiers.len() != device.queue_max_sizes().len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} queue eventfds for {} queues",
+                    notifiers.len(),
+                    device.queue_max_sizes().len()
+                ),
+            ));
+        }
+        let mut t = Self::new(device, mem, interrupt);
+        t.thread = Some(DeviceThread::spawn(
+            name,
+            t.device.clone(),
+            notifiers,
+            t.interrupt.clone(),
+            sandbox.clone(),
+        )?);
+        t.sandbox = sandbox;
+        Ok(t)
+    }
+
+    /// The device behind this transport (locked while the guard lives).
+    pub fn device(&self) -> DeviceRef<'_> {
+        DeviceRef(lock_device(&self.device))
+    }
+
+    /// Kernel thread id of the device's thread, if it has one.
+    pub fn thread_id(&self) -> Option<i32> {
+        self.thread.as_ref().map(DeviceThread::thread_id)
+    }
+
+    /// Returns once the device's thread has handled every notification
+    /// made so far (at once without a thread). For tests.
+    pub fn sync(&self) {
+        if let Some(t) = &self.thread {
+            t.sync();
+        }
+    }
+
+    fn dev(&self) -> std::sync::MutexGuard<'_, Box<dyn VirtioDevice>> {
+        lock_device(&self.device)
     }
 
     /// Current device status register.
@@ -204,14 +275,21 @@ impl MmioTransport {
         self.acked_features
     }
 
-    /// VM pause: the device stops touching guest memory.
+    /// VM pause: the device stops touching guest memory; returns once the
+    /// work in progress is done.
     pub fn pause(&mut self) {
-        self.device.pause();
+        match &self.thread {
+            Some(t) => t.pause(),
+            None => self.dev().pause(),
+        }
     }
 
     /// VM resume.
     pub fn resume(&mut self) {
-        self.device.resume();
+        match &self.thread {
+            Some(t) => t.resume(),
+            None => self.dev().resume(),
+        }
     }
 
     /// A guest read of `data.len()` bytes at `offset` within the window.
@@ -228,7 +306,7 @@ impl MmioTransport {
                 );
                 return;
             }
-            self.device
+            self.dev()
                 .read_config(offset - u64::from(VIRTIO_MMIO_CONFIG), data);
             return;
         }
@@ -244,10 +322,10 @@ impl MmioTransport {
         let value = match reg {
             VIRTIO_MMIO_MAGIC_VALUE => MAGIC_VALUE,
             VIRTIO_MMIO_VERSION => MMIO_VERSION,
-            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_DEVICE_ID => self.device_type,
             VIRTIO_MMIO_VENDOR_ID => VENDOR_ID,
             VIRTIO_MMIO_DEVICE_FEATURES => {
-                let features = self.device.features();
+                let features = self.device_features;
                 match self.device_features_sel {
                     0 => features as u32,
                     1 => (features >> 32) as u32,
@@ -311,7 +389,7 @@ impl MmioTransport {
                 );
                 return;
             }
-            self.device
+            self.dev()
                 .write_config(offset - u64::from(VIRTIO_MMIO_CONFIG), data);
             return;
         }
@@ -361,7 +439,7 @@ impl MmioTransport {
     fn collect_device_reset_request(&mut self) {
         if self.interrupt.needs_reset() && self.status & NEEDS_RESET == 0 {
             if self.activated {
-                self.device.reset();
+                self.dev().reset();
                 self.activated = false;
             }
             self.status |= NEEDS_RESET;
@@ -478,11 +556,14 @@ impl MmioTransport {
                 return;
             }
         };
-        if let Err(e) = self.device.process_queue(index) {
-            tracing::warn!(
-                "virtio-mmio: device {} failed: {e}",
-                self.device.device_type()
-            );
+        if let Some(t) = &self.thread {
+            // A notification KVM did not turn into an eventfd signal.
+            t.notify(index);
+            return;
+        }
+        let result = self.dev().process_queue(index);
+        if let Err(e) = result {
+            tracing::warn!("virtio-mmio: device {} failed: {e}", self.device_type);
             self.enter_needs_reset();
         }
     }
@@ -495,7 +576,7 @@ impl MmioTransport {
         if value & FAILED != 0 {
             // The driver gave up on the device; it will reset it or leave it.
             if self.activated {
-                self.device.reset();
+                self.dev().reset();
                 self.activated = false;
             }
             self.status |= FAILED;
@@ -521,7 +602,7 @@ impl MmioTransport {
                     guest_error!(
                         self.log,
                         acked = self.acked_features,
-                        offered = self.device.features(),
+                        offered = self.device_features,
                         "virtio-mmio: features refused; FEATURES_OK not set"
                     );
                 }
@@ -540,7 +621,7 @@ impl MmioTransport {
     }
 
     fn features_acceptable(&self) -> bool {
-        let offered = self.device.features();
+        let offered = self.device_features;
         !self.unknown_features_acked
             && self.acked_features & !offered == 0
             && self.acked_features & feature_bit(VIRTIO_F_VERSION_1) != 0
@@ -559,7 +640,7 @@ impl MmioTransport {
                 guest_error!(
                     self.log,
                     "virtio-mmio: cannot activate device {}: {e}",
-                    self.device.device_type()
+                    self.device_type
                 );
                 self.status |= DRIVER_OK;
                 self.enter_needs_reset();
@@ -572,13 +653,20 @@ impl MmioTransport {
             queues,
             interrupt: self.interrupt.clone(),
             acked_features: self.acked_features,
+            sandbox: self.sandbox.clone(),
         };
-        match self.device.activate(ctx) {
-            Ok(()) => self.activated = true,
+        let activated = self.dev().activate(ctx);
+        match activated {
+            Ok(()) => {
+                self.activated = true;
+                if let Some(t) = &self.thread {
+                    t.activated();
+                }
+            }
             Err(e) => {
                 tracing::warn!(
                     "virtio-mmio: device {} failed to activate: {e}",
-                    self.device.device_type()
+                    self.device_type
                 );
                 self.enter_needs_reset();
             }
@@ -588,7 +676,7 @@ impl MmioTransport {
     /// The device cannot go on: stop it and tell the driver.
     fn enter_needs_reset(&mut self) {
         if self.activated {
-            self.device.reset();
+            self.dev().reset();
             self.activated = false;
         }
         self.status |= NEEDS_RESET;
@@ -598,7 +686,7 @@ impl MmioTransport {
     fn reset(&mut self) {
         // The device is reset even when not activated: a device may hold
         // state from before (for example a broken activation).
-        self.device.reset();
+        self.dev().reset();
         self.activated = false;
         self.status = 0;
         self.device_features_sel = 0;
@@ -610,6 +698,17 @@ impl MmioTransport {
             *q = QueueConfig::new(q.max_size);
         }
         self.interrupt.clear();
+    }
+}
+
+/// The device behind a transport, locked (its thread waits meanwhile).
+pub struct DeviceRef<'a>(std::sync::MutexGuard<'a, Box<dyn VirtioDevice>>);
+
+impl std::ops::Deref for DeviceRef<'_> {
+    type Target = dyn VirtioDevice;
+
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref()
     }
 }
 

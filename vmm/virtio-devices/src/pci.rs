@@ -19,6 +19,12 @@
 //! driver must enable MSI-X to get interrupts (Linux does; a polling
 //! driver reads the ISR).
 //!
+//! With [`PciTransport::with_thread`] (what the VMM uses) the device runs on
+//! its own thread, as behind virtio-mmio: the VMM registers one ioeventfd
+//! per queue on the queue's notify address ([`notify_offset`]), and a
+//! notification that still exits (no ioeventfd there) is forwarded to the
+//! thread by the inner transport.
+//!
 //! The VMM supplies the message side ([`MsiInterrupts`]: KVM GSI routes and
 //! irqfds) and places the BAR; the guest may move it (the transport follows
 //! what is written to BAR 0/1, and decodes it only while memory space is
@@ -28,11 +34,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_mmio::*;
 use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::VirtioDevice;
+use crate::device_thread::ThreadSandbox;
 use crate::interrupt::InterruptTrigger;
 use crate::log_limit::{GuestErrorLog, guest_error};
-use crate::mmio::MmioTransport;
+use crate::mmio::{DeviceRef, MmioTransport};
 
 /// The PCI vendor ID virtio devices use (Red Hat, Inc., donated to OASIS).
 pub const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
@@ -56,6 +64,13 @@ const NOTIFY_MULTIPLIER: u32 = 4;
 const MSIX_TABLE_OFFSET: u64 = 0x4000;
 const MSIX_PBA_OFFSET: u64 = 0x6000;
 const MSIX_ENTRY_SIZE: u64 = 16;
+
+/// Where queue `queue`'s notifications go, as an offset in BAR 0: each
+/// queue has its own 4-byte slot (`queue_notify_off` is the queue index),
+/// so the address alone says which queue, whatever value is written.
+pub const fn notify_offset(queue: u16) -> u64 {
+    NOTIFY_OFFSET + queue as u64 * NOTIFY_MULTIPLIER as u64
+}
 
 /// The "no vector" value of `msix_config` and `queue_msix_vector`.
 pub const NO_VECTOR: u16 = 0xffff;
@@ -216,16 +231,60 @@ pub struct PciTransport {
 
 impl PciTransport {
     /// A virtio device behind PCI, its BAR 0 at `bar_address` (the VMM's
-    /// choice; the guest may move it).
+    /// choice; the guest may move it). Notifications are handled on the
+    /// caller's thread (tests, fuzzing).
     pub fn new(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
         msi: Arc<dyn MsiInterrupts>,
         bar_address: u64,
     ) -> Self {
+        let (msix, vectors, device_type, queues) = Self::msix_for(device.as_ref(), msi);
+        let inner = MmioTransport::new(device, mem, Arc::new(PciInterrupt(msix.clone())));
+        Self::with_inner(inner, msix, vectors, device_type, queues, bar_address)
+    }
+
+    /// As [`PciTransport::new`], the device running on its own thread
+    /// (`crate::device_thread`), woken by `notifiers`: one eventfd per
+    /// queue, which the VMM registers as ioeventfds on the queues' notify
+    /// addresses ([`notify_offset`] in BAR 0). The thread and every thread
+    /// the device starts enter `sandbox` first.
+    pub fn with_thread(
+        name: &str,
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        msi: Arc<dyn MsiInterrupts>,
+        bar_address: u64,
+        notifiers: Vec<EventFd>,
+        sandbox: Arc<dyn ThreadSandbox>,
+    ) -> std::io::Result<Self> {
+        let (msix, vectors, device_type, queues) = Self::msix_for(device.as_ref(), msi);
+        let inner = MmioTransport::with_thread(
+            name,
+            device,
+            mem,
+            Arc::new(PciInterrupt(msix.clone())),
+            notifiers,
+            sandbox,
+        )?;
+        Ok(Self::with_inner(
+            inner,
+            msix,
+            vectors,
+            device_type,
+            queues,
+            bar_address,
+        ))
+    }
+
+    /// The MSI-X state of `device` (one vector per queue plus one for
+    /// configuration changes), its vector count, type and queue sizes.
+    fn msix_for(
+        device: &dyn VirtioDevice,
+        msi: Arc<dyn MsiInterrupts>,
+    ) -> (Arc<Mutex<MsixState>>, u16, u32, Vec<u16>) {
         let queues = device.queue_max_sizes().to_vec();
         let vectors = queues.len() + 1;
-        let device_type = device.device_type();
         let msix = Arc::new(Mutex::new(MsixState {
             enabled: false,
             function_masked: false,
@@ -235,26 +294,47 @@ impl PciTransport {
             queue_vectors: vec![NO_VECTOR; queues.len()],
             msi,
         }));
-        let inner = MmioTransport::new(device, mem, Arc::new(PciInterrupt(msix.clone())));
+        (msix, vectors as u16, device.device_type(), queues)
+    }
+
+    fn with_inner(
+        inner: MmioTransport,
+        msix: Arc<Mutex<MsixState>>,
+        vectors: u16,
+        device_type: u32,
+        queues: Vec<u16>,
+        bar_address: u64,
+    ) -> Self {
         let mut t = PciTransport {
             inner,
             config: [0; CONFIG_SIZE],
             writable: [0; CONFIG_SIZE],
             msix,
-            queue_sizes: queues.clone(),
+            queue_sizes: queues,
             queue_select: 0,
             device_feature_select: 0,
             driver_feature_select: 0,
             driver_features: 0,
             log: GuestErrorLog::default(),
         };
-        t.build_config(device_type, vectors as u16, bar_address);
+        t.build_config(device_type, vectors, bar_address);
         t
     }
 
-    /// The device behind this transport.
-    pub fn device(&self) -> &dyn VirtioDevice {
+    /// The device behind this transport (locked while the guard lives).
+    pub fn device(&self) -> DeviceRef<'_> {
         self.inner.device()
+    }
+
+    /// Kernel thread id of the device's thread, if it has one.
+    pub fn thread_id(&self) -> Option<i32> {
+        self.inner.thread_id()
+    }
+
+    /// Returns once the device's thread has handled every notification
+    /// made so far (at once without a thread). For tests.
+    pub fn sync(&self) {
+        self.inner.sync();
     }
 
     /// The virtio device status.

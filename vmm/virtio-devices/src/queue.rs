@@ -93,7 +93,7 @@ impl DeviceQueue {
         }
         Ok(Some(PoppedChain {
             head,
-            chain: ValidatedChain::new(chain, mem),
+            chain: ValidatedChain::new(chain, mem, size),
         }))
     }
 

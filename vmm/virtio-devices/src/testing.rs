@@ -214,16 +214,42 @@ fn write_desc(mem: &GuestMemoryMmap, at: u64, d: Desc) {
 }
 
 /// Register-level helpers for driving an [`MmioTransport`] like a guest.
+/// The device runs on its own thread, as in the VMM; [`Self::notify`]
+/// returns once the thread has handled the notification.
 pub struct MmioDriver {
     pub transport: MmioTransport,
     pub irq: Arc<CountingTrigger>,
+    /// The queue eventfds the device thread waits on (KVM's side of an
+    /// ioeventfd).
+    pub notifiers: Vec<Arc<vmm_sys_util::eventfd::EventFd>>,
 }
 
 impl MmioDriver {
     pub fn new(device: Box<dyn crate::VirtioDevice>, mem: &GuestMemoryMmap) -> Self {
         let irq = Arc::new(CountingTrigger::default());
-        let transport = MmioTransport::new(device, mem.clone(), irq.clone());
-        MmioDriver { transport, irq }
+        let queues = device.queue_max_sizes().len();
+        let (mine, theirs): (Vec<_>, Vec<_>) = (0..queues)
+            .map(|_| {
+                let e = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)
+                    .expect("eventfd");
+                let clone = e.try_clone().expect("eventfd clone");
+                (Arc::new(clone), e)
+            })
+            .unzip();
+        let transport = MmioTransport::with_thread(
+            "virtio-test",
+            device,
+            mem.clone(),
+            irq.clone(),
+            theirs,
+            Arc::new(crate::Unsandboxed),
+        )
+        .expect("device thread");
+        MmioDriver {
+            transport,
+            irq,
+            notifiers: mine,
+        }
     }
 
     pub fn read32(&mut self, offset: u32) -> u32 {
@@ -319,8 +345,18 @@ impl MmioDriver {
         );
     }
 
+    /// A QueueNotify register write (as an exit), then waits until the
+    /// device thread has handled it.
     pub fn notify(&mut self, queue: u32) {
         self.write32(VIRTIO_MMIO_QUEUE_NOTIFY, queue);
+        self.transport.sync();
+    }
+
+    /// A notification as KVM delivers it with an ioeventfd (no exit), then
+    /// waits until the device thread has handled it.
+    pub fn kick(&mut self, queue: usize) {
+        self.notifiers[queue].write(1).expect("eventfd write");
+        self.transport.sync();
     }
 
     pub fn interrupts(&self) -> usize {

@@ -21,6 +21,8 @@
 //! - rng (`virtio-rng`): 64 bytes, not all equal.
 //!
 //! `checks=` selects device types by those names; without it all run.
+//! `virtio-blk-bench` (only when named) streams requests for measuring the
+//! VMM (see `blkbench`).
 //! `virtio-evil` (only when named) adds `virtio-blk-evil`: requests a
 //! well-behaved driver never sends (a buffer outside guest memory, a
 //! read-only status byte, a queue register written after DRIVER_OK, a
@@ -28,6 +30,7 @@
 //! device working.
 
 mod blk;
+mod blkbench;
 mod net;
 pub mod pci;
 mod queue;
@@ -108,6 +111,9 @@ fn check_device(
             // Empty slots (ID 0), device types we have no check for, and
             // checks not selected.
             _ => {}
+        }
+        if id == ID_BLOCK && cmdline::check_named(cmdline, "virtio-blk-bench") {
+            blkbench::run(&dev, irq, cmdline, r);
         }
     }
 }

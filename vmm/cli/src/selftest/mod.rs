@@ -18,6 +18,7 @@ use vmm::{
 pub struct Options {
     pub vcpus: u8,
     pub verbose: bool,
+    pub seccomp: vmm::SeccompMode,
 }
 
 /// Longest a selftest boot may take (guest code is emulated, ~1 µs per instruction).
@@ -119,6 +120,7 @@ pub fn run(options: &Options) -> i32 {
         config.nets.push(NetConfig::new(TAP_NAME));
     }
     config.rng = true;
+    config.sandbox.seccomp = options.seccomp;
 
     let handle = match Vm::start(config) {
         Ok(handle) => handle,

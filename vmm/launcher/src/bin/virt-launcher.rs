@@ -4,6 +4,18 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let flags = launcher::flags::Flags::parse();
+    // Before any other thread exists: every thread inherits the filter.
+    let sandbox = match launcher::sandbox::from_env() {
+        Ok(sandbox) => sandbox,
+        Err(e) => {
+            eprintln!("virt-launcher: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    if let Err(e) = vmm::sandbox::apply_host_denylist(sandbox.seccomp) {
+        eprintln!("virt-launcher: cannot install the seccomp filter: {e}");
+        return std::process::ExitCode::from(1);
+    }
     let default_level = if flags.verbosity >= 4 {
         "debug"
     } else {
@@ -34,6 +46,6 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(launcher::run::run(flags));
+    let code = runtime.block_on(launcher::run::run(flags, sandbox));
     std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -16,6 +16,7 @@ use vm_superio::serial::NoEvents;
 use crate::config::SerialTarget;
 use crate::devices::bus::{BusDevice, lock};
 use crate::devices::irq::IrqLine;
+use crate::sandbox::{Sandbox, ThreadKind};
 
 /// Output kept in memory, shared by clones; tests wait on it.
 #[derive(Clone, Default)]
@@ -151,7 +152,9 @@ pub struct Console {
 }
 
 impl Console {
-    pub fn new(target: &SerialTarget, irq: IrqLine) -> io::Result<Self> {
+    /// COM1 writing to `target`. A socket console's threads enter
+    /// `sandbox` when they start.
+    pub fn new(target: &SerialTarget, irq: IrqLine, sandbox: Arc<Sandbox>) -> io::Result<Self> {
         let (output, socket) = match target {
             SerialTarget::Stdout => (SerialOutput::Stdout(io::stdout()), None),
             SerialTarget::File(path) => {
@@ -169,7 +172,7 @@ impl Console {
             uart: Serial::new(irq, output),
         }));
         if let Some(console) = &socket {
-            console.start(Arc::downgrade(&device))?;
+            console.start(Arc::downgrade(&device), sandbox)?;
         }
         Ok(Console { device, socket })
     }
@@ -225,18 +228,25 @@ impl SocketConsole {
         }))
     }
 
-    fn start(self: &Arc<Self>, serial: Weak<Mutex<SerialDevice>>) -> io::Result<()> {
+    fn start(
+        self: &Arc<Self>,
+        serial: Weak<Mutex<SerialDevice>>,
+        sandbox: Arc<Sandbox>,
+    ) -> io::Result<()> {
         let console = self.clone();
         std::thread::Builder::new()
             .name("serial-accept".into())
-            .spawn(move || console.accept_loop(serial))?;
+            .spawn(move || match sandbox.enter(ThreadKind::ConsoleAccept) {
+                Ok(()) => console.accept_loop(serial, &sandbox),
+                Err(e) => tracing::error!("serial console: no clients: {e}"),
+            })?;
         Ok(())
     }
 
-    fn accept_loop(self: Arc<Self>, serial: Weak<Mutex<SerialDevice>>) {
+    fn accept_loop(self: Arc<Self>, serial: Weak<Mutex<SerialDevice>>, sandbox: &Arc<Sandbox>) {
         while !self.stopped.load(Ordering::SeqCst) {
             match self.listener.accept() {
-                Ok((stream, _)) => self.attach(stream, serial.clone()),
+                Ok((stream, _)) => self.attach(stream, serial.clone(), sandbox),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
                 Err(e) => {
                     tracing::warn!("serial console: accept failed: {e}");
@@ -246,7 +256,12 @@ impl SocketConsole {
         }
     }
 
-    fn attach(&self, mut stream: UnixStream, serial: Weak<Mutex<SerialDevice>>) {
+    fn attach(
+        &self,
+        mut stream: UnixStream,
+        serial: Weak<Mutex<SerialDevice>>,
+        sandbox: &Arc<Sandbox>,
+    ) {
         // Hold the backlog lock while registering so no byte is missed or doubled.
         let backlog = lock(&self.backlog);
         let (front, back) = backlog.as_slices();
@@ -267,9 +282,13 @@ impl SocketConsole {
         }
         lock(&self.clients).push(stream);
         drop(backlog);
+        let sandbox = sandbox.clone();
         let _ = std::thread::Builder::new()
             .name("serial-input".into())
-            .spawn(move || input_loop(reader, serial));
+            .spawn(move || match sandbox.enter(ThreadKind::ConsoleInput) {
+                Ok(()) => input_loop(reader, serial),
+                Err(e) => tracing::error!("serial console: client input lost: {e}"),
+            });
     }
 
     fn broadcast(&self, bytes: &[u8]) {
@@ -290,18 +309,46 @@ impl SocketConsole {
 }
 
 /// Types what a client sends into the guest until it disconnects or the VM
-/// is gone. Input beyond the UART's FIFO is dropped, like a real line.
+/// is gone. Input beyond the UART's FIFO is dropped, like a real line. The
+/// connection is non-blocking (output to it must never stall a vCPU), so
+/// the thread waits for input with `poll`.
 fn input_loop(mut stream: UnixStream, serial: Weak<Mutex<SerialDevice>>) {
     let mut buf = [0u8; 64];
     loop {
         match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
+            Ok(0) => return,
             Ok(n) => {
                 let Some(device) = serial.upgrade() else {
                     return;
                 };
                 lock(&device).enqueue_input(&buf[..n]);
             }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !wait_readable(&stream) {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Waits until `stream` has input or was closed; false if polling failed.
+fn wait_readable(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd for the call.
+        if unsafe { libc::poll(&mut fd, 1, -1) } >= 0 {
+            return true;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
         }
     }
 }
@@ -311,9 +358,13 @@ mod tests {
     use super::*;
     use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+    fn unsandboxed() -> Arc<Sandbox> {
+        Sandbox::new(crate::sandbox::SandboxConfig::disabled(), Vec::new()).unwrap()
+    }
+
     fn serial(target: &SerialTarget) -> Console {
         let irq = IrqLine::from_eventfd(4, EventFd::new(EFD_NONBLOCK).unwrap());
-        Console::new(target, irq).unwrap()
+        Console::new(target, irq, unsandboxed()).unwrap()
     }
 
     #[test]
@@ -354,7 +405,7 @@ mod tests {
         let path = dir.path().join("precious.txt");
         std::fs::write(&path, "keep me").unwrap();
         let irq = IrqLine::from_eventfd(4, EventFd::new(EFD_NONBLOCK).unwrap());
-        let err = Console::new(&SerialTarget::UnixSocket(path.clone()), irq)
+        let err = Console::new(&SerialTarget::UnixSocket(path.clone()), irq, unsandboxed())
             .err()
             .unwrap();
         assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);

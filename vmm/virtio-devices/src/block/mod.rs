@@ -1,16 +1,16 @@
 //! virtio-blk: a disk backed by a [`::block::SharedDisk`].
 //!
 //! Requests are parsed and checked in [`request`] on the thread that
-//! delivered the notification, then executed: a lone request right there,
-//! the requests of a larger batch concurrently on the device's I/O threads
-//! ([`workers`]), so that a guest with a deep queue gets several requests
-//! on the host at once (with a [`::block::ConcurrentDisk`] their data I/O
-//! overlaps). A flush waits for the requests before it in the batch, and
-//! the ones after it wait for the flush. Every request of the batch is done
-//! before the notification returns: nothing touches guest memory after a
-//! pause or reset. Data moves through bounded bounce buffers: guest memory
-//! is never handed to the backend as a Rust slice (the guest may change it
-//! concurrently).
+//! handles the notification (the device's thread), then executed: a lone
+//! request right there, the requests of a larger batch concurrently on the
+//! device's I/O threads ([`workers`]), so that a guest with a deep queue
+//! gets several requests on the host at once (with a
+//! [`::block::ConcurrentDisk`] their data I/O overlaps). A flush waits for
+//! the requests before it in the batch, and the ones after it wait for the
+//! flush. Every request of the batch is done before the device thread lets
+//! go of the device: nothing touches guest memory after a pause or reset.
+//! Data moves through bounded bounce buffers: guest memory is never handed
+//! to the backend as a Rust slice (the guest may change it concurrently).
 
 mod counters;
 pub mod request;
@@ -43,6 +43,10 @@ use workers::IoWorkers;
 pub const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size: the most bytes copied per backend call.
 const CHUNK: usize = 64 * 1024;
+/// Advertised `seg_max`: data buffers per request, the queue's entries less
+/// the header and the status (Linux sizes its requests by it; a longer
+/// chain would exceed the queue size, which the chain check refuses anyway).
+const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
 /// Advertised discard / write-zeroes limits.
 const MAX_SEGMENTS: u32 = 32;
 const MAX_SEGMENT_SECTORS: u32 = u32::MAX >> 9;
@@ -129,6 +133,7 @@ impl Block {
             write_zeroes: options.write_zeroes && !read_only,
             max_segments: MAX_SEGMENTS,
             max_segment_sectors: MAX_SEGMENT_SECTORS,
+            max_data_buffers: SEG_MAX,
         };
         let mut features = feature_bit(VIRTIO_F_VERSION_1)
             | feature_bit(VIRTIO_RING_F_INDIRECT_DESC)
@@ -452,8 +457,7 @@ fn config_space(limits: &DiskLimits) -> Vec<u8> {
     let mut c = vec![0u8; 60];
     let mut put = |at: usize, bytes: &[u8]| c[at..at + bytes.len()].copy_from_slice(bytes);
     put(0, &limits.capacity.to_le_bytes());
-    // seg_max: data descriptors per request; header and status take two.
-    put(12, &u32::from(QUEUE_SIZE - 2).to_le_bytes());
+    put(12, &limits.max_data_buffers.to_le_bytes()); // seg_max
     put(20, &(SECTOR_SIZE as u32).to_le_bytes()); // blk_size
     if limits.discard {
         put(36, &limits.max_segment_sectors.to_le_bytes()); // max_discard_sectors
@@ -497,12 +501,14 @@ impl VirtioDevice for Block {
     }
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        self.workers.set_sandbox(ctx.sandbox.clone());
         self.requests.activate(ctx)
     }
 
     fn reset(&mut self) {
-        // No request is in flight between notifications; the idle I/O
-        // threads go too.
+        // No request is in flight between notifications (the device thread
+        // holds the device while it runs a batch); the idle I/O threads go
+        // too.
         self.requests.reset();
         self.workers.stop();
     }

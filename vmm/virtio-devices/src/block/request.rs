@@ -8,6 +8,7 @@
 //!
 //! - the last buffer is device-writable and exactly 1 byte: the status;
 //! - the first buffer is device-readable and holds the 16-byte header;
+//! - no more data buffers than the advertised `seg_max`;
 //! - data buffers point the right way (the device writes only into buffers
 //!   the driver marked writable, reads only from readable ones);
 //! - reads and writes move whole 512-byte sectors, and the sector range,
@@ -46,6 +47,8 @@ pub struct DiskLimits {
     pub max_segments: u32,
     /// Most sectors in one discard / write-zeroes segment.
     pub max_segment_sectors: u32,
+    /// Most data buffers in one request (`seg_max` in the config space).
+    pub max_data_buffers: u32,
 }
 
 /// One range of a discard or write-zeroes request.
@@ -107,6 +110,8 @@ pub enum RequestError {
     HeaderUnreadable,
     #[error("request type {0} is not supported")]
     Unsupported(u32),
+    #[error("{count} data buffers, more than the advertised seg_max {max}")]
+    TooManyDataBuffers { count: usize, max: u32 },
     #[error("a {request} request needs data buffers")]
     MissingData { request: &'static str },
     #[error("a {request} request carries data buffers")]
@@ -223,6 +228,12 @@ fn parse_after_status(
     mem.read_slice(&mut header, header_buf.addr)
         .map_err(|_| RequestError::HeaderUnreadable)?;
     let request_type = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    if data.len() as u64 > u64::from(limits.max_data_buffers) {
+        return Err(RequestError::TooManyDataBuffers {
+            count: data.len(),
+            max: limits.max_data_buffers,
+        });
+    }
     let sector = u64::from_le_bytes([
         header[8], header[9], header[10], header[11], header[12], header[13], header[14],
         header[15],
@@ -415,6 +426,7 @@ mod tests {
         write_zeroes: true,
         max_segments: 2,
         max_segment_sectors: 8,
+        max_data_buffers: 3,
     };
 
     /// Parses `descs` after writing a header of `request_type` at `sector`
@@ -442,7 +454,7 @@ mod tests {
         driver.add_chain(descs);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
-        let chain = ValidatedChain::new(chain, &mem).expect("a valid chain");
+        let chain = ValidatedChain::new(chain, &mem, 16).expect("a valid chain");
         parse(&chain, &mem, limits)
     }
 
@@ -648,6 +660,21 @@ mod tests {
                 sectors: 2
             }
         );
+    }
+
+    #[test]
+    fn no_more_data_buffers_than_seg_max() {
+        let mut descs = vec![Desc::read(HDR, 16)];
+        descs.extend((0..3).map(|i| Desc::write(DATA + 512 * i, 512)));
+        descs.push(Desc::write(STATUS, 1));
+        assert!(parse_with(VIRTIO_BLK_T_IN, 0, &[], &descs, &LIMITS).is_ok());
+        descs.insert(1, Desc::write(DATA + 0x1000, 512));
+        let e = parse_with(VIRTIO_BLK_T_IN, 0, &[], &descs, &LIMITS).unwrap_err();
+        assert_eq!(
+            e.error,
+            RequestError::TooManyDataBuffers { count: 4, max: 3 }
+        );
+        assert_eq!(e.status, Some(GuestAddress(STATUS)));
     }
 
     #[test]

@@ -995,6 +995,8 @@ struct ProbeDisk {
     arrived: std::sync::Condvar,
     /// Where each read's buffer starts.
     read_buffers: Mutex<Vec<usize>>,
+    /// The thread each write ran on.
+    write_threads: Mutex<Vec<String>>,
 }
 
 impl ProbeDisk {
@@ -1007,6 +1009,19 @@ impl ProbeDisk {
             arrivals: Mutex::new(0),
             arrived: std::sync::Condvar::new(),
             read_buffers: Mutex::new(Vec::new()),
+            write_threads: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn has(&self, event: &str) -> bool {
+        self.events.lock().unwrap().iter().any(|e| e == event)
+    }
+
+    fn wait_for(&self, event: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.has(event) {
+            assert!(std::time::Instant::now() < deadline, "no {event:?}");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -1058,6 +1073,10 @@ impl ::block::SharedDisk for ProbeDisk {
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> ::block::DiskResult<()> {
+        self.write_threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().name().unwrap_or("?").to_string());
         self.log(format!("write {offset} start"));
         // Long enough for a request run out of turn to start meanwhile.
         std::thread::sleep(Duration::from_millis(20));
@@ -1205,4 +1224,81 @@ fn a_batch_answers_every_request_in_its_own_chain() {
     expect.extend(vec![4u8; 512]);
     assert_eq!(h.guest_bytes(DATA, 1024), expect);
     assert_eq!(h.disk_bytes(9 * 512, 512), vec![0x5a; 512]);
+}
+
+impl Harness<'_> {
+    /// Puts a one-sector write at `sector` on the ring without notifying.
+    fn queue_write(&mut self, sector: u64) {
+        self.header(VIRTIO_BLK_T_OUT, sector);
+        self.mem.write_obj(UNTOUCHED, GuestAddress(STATUS)).unwrap();
+        self.queue.add_chain(&[
+            Desc::read(HDR, 16),
+            Desc::read(DATA, 512),
+            Desc::write(STATUS, 1),
+        ]);
+    }
+}
+
+#[test]
+fn a_notification_through_the_queue_eventfd_runs_on_the_device_thread() {
+    let mem = test_memory();
+    let disk = Arc::new(ProbeDisk::new(1, Duration::from_secs(5)));
+    let mut h = probe_harness(&mem, disk.clone(), 0);
+    h.queue_write(0);
+    // As KVM delivers it with an ioeventfd: no register access at all.
+    h.mmio.kick(0);
+    assert_eq!(h.queue.used_idx(), 1);
+    assert_eq!(
+        h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_OK as u8
+    );
+    assert_eq!(*disk.write_threads.lock().unwrap(), ["virtio-test"]);
+}
+
+#[test]
+fn a_reset_never_finds_a_request_in_flight() {
+    let mem = test_memory();
+    let disk = Arc::new(ProbeDisk::new(1, Duration::from_secs(5)));
+    let mut h = probe_harness(&mem, disk.clone(), 0);
+    h.queue_write(0);
+    h.mmio.notifiers[0].write(1).unwrap();
+    // The write is on the disk (it takes 20 ms) when the driver resets.
+    disk.wait_for("write 0 start");
+    h.mmio.set_status(0);
+    // The reset waited for it: done and answered, nothing after.
+    assert!(
+        disk.has("write 0 end"),
+        "the reset found the write in flight"
+    );
+    assert_eq!(h.queue.used_idx(), 1);
+    assert_eq!(
+        h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_OK as u8
+    );
+}
+
+#[test]
+fn a_pause_waits_for_the_request_in_flight_and_holds_the_next_until_resume() {
+    let mem = test_memory();
+    let disk = Arc::new(ProbeDisk::new(1, Duration::from_secs(5)));
+    let mut h = probe_harness(&mem, disk.clone(), 0);
+    h.queue_write(0);
+    h.mmio.notifiers[0].write(1).unwrap();
+    disk.wait_for("write 0 start");
+    h.mmio.transport.pause();
+    assert!(
+        disk.has("write 0 end"),
+        "the pause found the write in flight"
+    );
+    assert_eq!(h.queue.used_idx(), 1);
+    // Notified while paused: nothing touches guest memory or the disk.
+    h.queue_write(8);
+    h.mmio.kick(0);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!disk.has("write 4096 start"));
+    assert_eq!(h.queue.used_idx(), 1);
+    h.mmio.transport.resume();
+    disk.wait_for("write 4096 end");
+    h.mmio.transport.sync();
+    assert_eq!(h.queue.used_idx(), 2);
 }

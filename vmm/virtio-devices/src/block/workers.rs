@@ -4,8 +4,9 @@
 //! Started as batches need them, up to the configured number (a guest that
 //! sends one request at a time never gets any), and stopped at reset. Each
 //! thread has its own bounce buffer, handed to it at start and back at stop.
-//! A request that cannot be handed to a thread (none could be started, or
-//! all died) runs on the notifying thread.
+//! A thread enters its sandbox (`ThreadRole::BlockIo`) before it takes a
+//! request; one that cannot is not counted. A request that cannot be handed
+//! to a thread (none could be started) runs on the notifying thread.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, mpsc};
@@ -14,6 +15,7 @@ use std::thread::JoinHandle;
 use vm_memory::GuestMemoryMmap;
 
 use super::request::Request;
+use crate::device_thread::{ThreadRole, ThreadSandbox, Unsandboxed};
 use ::block::{IoBuffer, Pages};
 
 use super::{Executor, bounce_buffers};
@@ -34,6 +36,8 @@ pub(super) struct IoWorkers {
     pool: Option<Pool>,
     /// Bounce buffers for threads yet to start.
     spare: Vec<IoBuffer>,
+    /// What a new thread enters first (set at activation).
+    sandbox: Arc<dyn ThreadSandbox>,
 }
 
 impl IoWorkers {
@@ -43,7 +47,13 @@ impl IoWorkers {
             threads,
             pool: None,
             spare: buffers,
+            sandbox: Arc::new(Unsandboxed),
         }
+    }
+
+    /// The sandbox threads started from now on enter.
+    pub(super) fn set_sandbox(&mut self, sandbox: Arc<dyn ThreadSandbox>) {
+        self.sandbox = sandbox;
     }
 
     /// Runs `requests` (request, its place in the batch) and returns when
@@ -122,10 +132,31 @@ impl IoWorkers {
                 .spare
                 .pop()
                 .unwrap_or_else(|| bounce_buffers(1, Pages::Small).remove(0));
+            let sandbox = self.sandbox.clone();
+            let (entered_tx, entered_rx) = mpsc::channel();
             let spawned = std::thread::Builder::new()
                 .name(format!("virtio-blk-io{n}"))
-                .spawn(move || worker(&queue, bounce));
-            match spawned {
+                .spawn(move || {
+                    let entered = sandbox.enter(ThreadRole::BlockIo);
+                    let ok = entered.is_ok();
+                    let _ = entered_tx.send(entered);
+                    if ok { worker(&queue, bounce) } else { bounce }
+                });
+            let started = spawned.and_then(|h| {
+                match entered_rx
+                    .recv()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("ended at start")))
+                {
+                    Ok(()) => Ok(h),
+                    Err(e) => {
+                        if let Ok(bounce) = h.join() {
+                            self.spare.push(bounce);
+                        }
+                        Err(e)
+                    }
+                }
+            });
+            match started {
                 Ok(h) => pool.threads.push(h),
                 Err(e) => {
                     // Fewer threads (or none: requests then run on the

@@ -5,18 +5,21 @@
 //! (KubeVirt's interface `state: down`) passes no frame: transmitted frames
 //! are dropped and nothing is received.
 //!
-//! - Transmit (queue 1) runs on the thread that delivers the notification:
-//!   each chain is checked (device-readable only, a sane length, no offload
-//!   the driver could not have negotiated) and written to the tap as one
-//!   packet.
-//! - Receive (queue 0) runs on a thread of its own, started at activation
-//!   and stopped at reset. It reads a frame from the tap only when it has
-//!   none waiting; when the guest has no receive buffer the frame waits and
-//!   the thread sleeps until the driver notifies the receive queue. Frames
-//!   left in the tap meanwhile are queued (and, past the tap's queue length,
-//!   dropped) by the host kernel. So a full guest queue costs no CPU and
-//!   nothing is corrupted, and delivery resumes as soon as buffers come back
+//! Both directions run on the device's thread ([`crate::device_thread`]):
+//!
+//! - Transmit (queue 1): each chain is checked (device-readable only, a sane
+//!   length, no offload the driver could not have negotiated) and written
+//!   to the tap as one packet.
+//! - Receive (queue 0): the thread waits on the tap only when the device
+//!   has no frame waiting for a guest buffer ([`VirtioDevice::watched_fd`]).
+//!   When the guest has no receive buffer the frame waits and the tap is not
+//!   watched until the driver notifies the receive queue; frames left in the
+//!   tap meanwhile are queued (and, past the tap's queue length, dropped) by
+//!   the host kernel. So a full guest queue costs no CPU and nothing is
+//!   corrupted, and delivery resumes as soon as buffers come back
 //!   (Firecracker's CVE-2020-16843 was a receive path that stalled here).
+//!   A pause stops both: the device thread does not run the device while
+//!   the VM is paused.
 
 mod counters;
 pub mod host_link;
@@ -28,10 +31,8 @@ pub mod tap;
 pub mod test_tap;
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::Arc;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
@@ -40,7 +41,6 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{Bytes, GuestMemoryMmap};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::chain::{Buffer, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
@@ -92,24 +92,6 @@ struct TxState {
     interrupt: DeviceInterrupt,
 }
 
-/// What the receive thread shares with the device.
-struct RxShared {
-    /// Written by the device on an RX notification, resume and stop.
-    wake: EventFd,
-    stop: AtomicBool,
-    paused: AtomicBool,
-    /// Held while frames are being copied into guest memory, so that `pause`
-    /// can wait for a copy in progress.
-    delivering: Mutex<()>,
-    /// Kernel thread id of the receive thread (for tests measuring its CPU).
-    tid: AtomicI32,
-}
-
-struct RxWorker {
-    shared: Arc<RxShared>,
-    thread: Option<JoinHandle<()>>,
-}
-
 /// How the device presents itself to the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NetOptions {
@@ -146,8 +128,8 @@ pub struct Net {
     features: u64,
     tx: Option<TxState>,
     tx_buf: Vec<u8>,
-    rx: Option<RxWorker>,
-    paused: bool,
+    /// Set at activation when the link is up.
+    rx: Option<RxState>,
     log: GuestErrorLog,
     counters: Arc<NetCounters>,
 }
@@ -184,7 +166,6 @@ impl Net {
             tx: None,
             tx_buf: Vec::new(),
             rx: None,
-            paused: false,
             log: GuestErrorLog::default(),
             counters: Arc::default(),
         })
@@ -193,26 +174,6 @@ impl Net {
     /// The device's traffic counters, live (for `GetDomainStats`).
     pub fn counters(&self) -> Arc<NetCounters> {
         self.counters.clone()
-    }
-
-    /// Kernel thread id of the running receive thread, if any (0 until it
-    /// has started).
-    pub fn rx_thread_id(&self) -> Option<i32> {
-        self.rx
-            .as_ref()
-            .map(|w| w.shared.tid.load(Ordering::SeqCst))
-    }
-
-    fn stop_rx(&mut self) {
-        if let Some(mut worker) = self.rx.take() {
-            worker.shared.stop.store(true, Ordering::SeqCst);
-            wake(&worker.shared);
-            if let Some(t) = worker.thread.take()
-                && t.join().is_err()
-            {
-                tracing::error!("virtio-net: receive thread panicked");
-            }
-        }
     }
 
     fn transmit_queue(&mut self) -> Result<(), DeviceError> {
@@ -310,18 +271,6 @@ impl Net {
     }
 }
 
-impl Drop for Net {
-    fn drop(&mut self) {
-        self.stop_rx();
-    }
-}
-
-fn wake(shared: &RxShared) {
-    if let Err(e) = shared.wake.write(1) {
-        tracing::error!("virtio-net: cannot wake the receive thread: {e}");
-    }
-}
-
 impl VirtioDevice for Net {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_NET
@@ -354,87 +303,63 @@ impl VirtioDevice for Net {
         let Ok::<[_; 2], _>([rx_queue, tx_queue]) = ctx.queues.try_into() else {
             return Err(ActivateError::QueueCount { expected: 2, got });
         };
-        self.stop_rx();
         self.tx = Some(TxState {
             mem: ctx.mem.clone(),
             queue: DeviceQueue::new(tx_queue),
             interrupt: ctx.interrupt.clone(),
         });
-        if !self.link_up {
-            // No carrier: nothing is received; the guest's buffers wait.
-            return Ok(());
-        }
-        let shared = Arc::new(RxShared {
-            wake: EventFd::new(EFD_NONBLOCK)?,
-            stop: AtomicBool::new(false),
-            paused: AtomicBool::new(self.paused),
-            delivering: Mutex::new(()),
-            tid: AtomicI32::new(0),
-        });
-        let rx = RxState {
-            mem: ctx.mem.clone(),
+        // No carrier: nothing is received; the guest's buffers wait.
+        self.rx = self.link_up.then(|| RxState {
+            mem: ctx.mem,
             queue: DeviceQueue::new(rx_queue),
-            interrupt: ctx.interrupt.clone(),
+            interrupt: ctx.interrupt,
             used_pending: false,
             log: GuestErrorLog::default(),
             counters: self.counters.clone(),
-        };
-        let thread = std::thread::Builder::new()
-            .name("virtio-net-rx".into())
-            .spawn({
-                let tap = self.tap.clone();
-                let shared = shared.clone();
-                move || rx_loop(&tap, rx, &shared)
-            })?;
-        self.rx = Some(RxWorker {
-            shared,
-            thread: Some(thread),
+            // One byte more than the largest frame, so that a longer one
+            // (which the tap would truncate into the buffer) is recognised
+            // and dropped.
+            frame: vec![0u8; MAX_FRAME + 1],
+            pending: None,
+            tap_failed: false,
         });
         Ok(())
     }
 
     fn reset(&mut self) {
-        self.stop_rx();
+        self.rx = None;
         self.tx = None;
     }
 
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
         match index {
-            RX_QUEUE => {
-                // New receive buffers: let the receive thread retry.
-                match (&self.rx, &self.tx) {
-                    (Some(worker), _) => wake(&worker.shared),
-                    // Activated with the link down: no receive thread.
-                    (None, Some(_)) => {}
-                    (None, None) => return Err(DeviceError::NotActivated),
-                }
-                Ok(())
-            }
+            // New receive buffers: a waiting frame may go now.
+            RX_QUEUE => match (&mut self.rx, &self.tx) {
+                (Some(rx), _) => rx.receive(&self.tap),
+                // Activated with the link down: nothing to receive.
+                (None, Some(_)) => Ok(()),
+                (None, None) => Err(DeviceError::NotActivated),
+            },
             TX_QUEUE => self.transmit_queue(),
             other => Err(DeviceError::NoSuchQueue(other)),
         }
     }
 
-    fn pause(&mut self) {
-        self.paused = true;
-        if let Some(w) = &self.rx {
-            w.shared.paused.store(true, Ordering::SeqCst);
-            // Wait for a copy in progress to finish. A poisoned lock means
-            // the thread died; nothing is in progress then.
-            drop(w.shared.delivering.lock());
-        }
+    fn watched_fd(&self) -> Option<RawFd> {
+        // A waiting frame means the guest must free a buffer first.
+        let rx = self.rx.as_ref()?;
+        (rx.pending.is_none() && !rx.tap_failed).then(|| self.tap.as_fd().as_raw_fd())
     }
 
-    fn resume(&mut self) {
-        self.paused = false;
-        if let Some(w) = &self.rx {
-            w.shared.paused.store(false, Ordering::SeqCst);
-            wake(&w.shared);
+    fn process_fd(&mut self) -> Result<(), DeviceError> {
+        match &mut self.rx {
+            Some(rx) => rx.receive(&self.tap),
+            None => Err(DeviceError::NotActivated),
         }
     }
 }
 
-/// The receive side, owned by the receive thread.
+/// The receive side.
 struct RxState {
     mem: GuestMemoryMmap,
     queue: DeviceQueue,
@@ -443,6 +368,11 @@ struct RxState {
     used_pending: bool,
     log: GuestErrorLog,
     counters: Arc<NetCounters>,
+    /// Frame buffer; `pending` bytes of it wait for a guest buffer.
+    frame: Vec<u8>,
+    pending: Option<usize>,
+    /// The tap failed: nothing more is read from it.
+    tap_failed: bool,
 }
 
 enum Delivery {
@@ -533,98 +463,61 @@ fn write_frame(mem: &GuestMemoryMmap, buffers: &[Buffer], frame: &[u8]) -> u32 {
     written
 }
 
-/// The receive thread: frames from the tap into the receive queue.
-fn rx_loop(tap: &Tap, mut rx: RxState, shared: &RxShared) {
-    // SAFETY: gettid has no preconditions.
-    shared
-        .tid
-        .store(unsafe { libc::gettid() }, Ordering::SeqCst);
-    // One byte more than the largest frame, so that a longer one (which the
-    // tap would truncate into the buffer) is recognised and dropped.
-    let mut frame = vec![0u8; MAX_FRAME + 1];
-    let mut pending: Option<usize> = None;
-    let mut broken = false;
-    let mut tap_failed = false;
-    while !shared.stop.load(Ordering::SeqCst) {
-        if !broken {
-            let _delivering = shared.delivering.lock();
-            if !shared.paused.load(Ordering::SeqCst) {
-                loop {
-                    if pending.is_none() && !tap_failed {
-                        match tap.read_frame(&mut frame) {
-                            Ok(n) if n > MAX_FRAME => {
-                                rx.counters.record(NetEvent::ReceiveDropped);
-                                tracing::warn!(
-                                    "virtio-net: dropped an oversized frame from tap {}",
-                                    tap.name()
-                                );
-                                continue;
-                            }
-                            Ok(n) => pending = Some(n),
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                            Err(e) => {
-                                rx.counters.record(NetEvent::ReceiveError);
-                                tracing::error!(
-                                    "virtio-net: tap {} read failed, receive stopped: {e}",
-                                    tap.name()
-                                );
-                                tap_failed = true;
-                            }
-                        }
+impl RxState {
+    /// Moves frames from the tap into the receive queue until the tap is
+    /// empty or the guest has no buffer left (the frame then waits).
+    fn receive(&mut self, tap: &Tap) -> Result<(), DeviceError> {
+        let result = self.receive_frames(tap);
+        self.interrupt_if_needed();
+        result.map_err(|source| DeviceError::Queue {
+            index: RX_QUEUE,
+            source,
+        })
+    }
+
+    fn receive_frames(&mut self, tap: &Tap) -> Result<(), QueueError> {
+        loop {
+            if self.pending.is_none() && !self.tap_failed {
+                match tap.read_frame(&mut self.frame) {
+                    Ok(n) if n > MAX_FRAME => {
+                        self.counters.record(NetEvent::ReceiveDropped);
+                        tracing::warn!(
+                            "virtio-net: dropped an oversized frame from tap {}",
+                            tap.name()
+                        );
+                        continue;
                     }
-                    let Some(n) = pending else { break };
-                    match rx.deliver(&mut frame[..n]) {
-                        Ok(Delivery::Delivered) => {
-                            rx.counters
-                                .record(NetEvent::Received(n.saturating_sub(VNET_HDR_LEN)));
-                            pending = None;
-                        }
-                        Ok(Delivery::Dropped) => {
-                            rx.counters.record(NetEvent::ReceiveDropped);
-                            pending = None;
-                        }
-                        Ok(Delivery::NoBuffer) => break,
-                        Err(e) => {
-                            tracing::warn!("virtio-net: receive queue unusable: {e}");
-                            rx.interrupt.signal_needs_reset();
-                            broken = true;
-                            break;
-                        }
+                    Ok(n) => self.pending = Some(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.counters.record(NetEvent::ReceiveError);
+                        tracing::error!(
+                            "virtio-net: tap {} read failed, receive stopped: {e}",
+                            tap.name()
+                        );
+                        self.tap_failed = true;
                     }
                 }
-                rx.interrupt_if_needed();
             }
-        }
-        // Sleep until woken, and watch the tap only when a frame can be
-        // taken: a waiting frame means the guest must free a buffer first.
-        let watch_tap =
-            pending.is_none() && !broken && !tap_failed && !shared.paused.load(Ordering::SeqCst);
-        let mut fds = [
-            libc::pollfd {
-                fd: shared.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: tap.as_fd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        let nfds = if watch_tap { 2 } else { 1 };
-        // SAFETY: `fds` holds `nfds` valid pollfd entries for the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), nfds, -1) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                tracing::error!("virtio-net: poll failed, receive stopped: {e}");
-                return;
+            let Some(n) = self.pending else {
+                return Ok(());
+            };
+            let mut frame = std::mem::take(&mut self.frame);
+            let delivery = self.deliver(&mut frame[..n]);
+            self.frame = frame;
+            match delivery? {
+                Delivery::Delivered => {
+                    self.counters
+                        .record(NetEvent::Received(n.saturating_sub(VNET_HDR_LEN)));
+                    self.pending = None;
+                }
+                Delivery::Dropped => {
+                    self.counters.record(NetEvent::ReceiveDropped);
+                    self.pending = None;
+                }
+                Delivery::NoBuffer => return Ok(()),
             }
-        }
-        if fds[0].revents & libc::POLLIN != 0 {
-            // Drains the counter; WouldBlock only if someone raced us to it.
-            let _ = shared.wake.read();
         }
     }
 }

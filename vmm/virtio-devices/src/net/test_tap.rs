@@ -91,6 +91,31 @@ pub fn create_tap(name: &str) {
     super::host_link::set_up(name).unwrap_or_else(|e| panic!("set {name} up: {e}"));
 }
 
+/// Waits (up to 5 s) until `name` is running: once a reader has attached,
+/// the kernel turns the carrier on asynchronously (linkwatch), and a frame
+/// sent into the tap before that is dropped.
+pub fn wait_running(name: &str) {
+    // SAFETY: a plain socket for the interface ioctl, closed below.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(sock >= 0, "socket: {}", io::Error::last_os_error());
+    // SAFETY: we own the new descriptor.
+    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(sock) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut ifr = ifreq(name);
+        // SAFETY: valid fd and ifreq for the duration of the call.
+        let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
+        assert_eq!(rc, 0, "SIOCGIFFLAGS {name}: {}", io::Error::last_os_error());
+        // SAFETY: SIOCGIFFLAGS filled the flags member.
+        let flags = unsafe { ifr.ifr_ifru.ifru_flags };
+        if flags & libc::IFF_RUNNING as libc::c_short != 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is not running");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// An AF_PACKET socket on the tap: the far end of the wire.
 pub struct Wire {
     fd: OwnedFd,

@@ -47,6 +47,7 @@ impl<'a> Harness<'a> {
     fn with_options(mem: &'a GuestMemoryMmap, tap: &str, options: NetOptions) -> Self {
         create_tap(tap);
         let net = Net::with_options(tap, options).expect("open the tap");
+        super::test_tap::wait_running(tap);
         let counters = net.counters();
         let mut mmio = MmioDriver::new(Box::new(net), mem);
         let rxq = GuestDriver::at(mem, 16, 0x1000);
@@ -299,10 +300,7 @@ fn frames_wait_without_spinning_while_the_guest_queue_is_full_then_flow_again() 
     in_new_netns(|| {
         let mem = test_memory();
         let mut h = Harness::new(&mem, "vt-bp");
-        let tid = {
-            let net: &Net = h.net();
-            net.rx_thread_id().unwrap()
-        };
+        let tid = h.mmio.transport.thread_id().unwrap();
         // 40 frames and no receive buffer at all.
         let frames: Vec<Vec<u8>> = (0..40u8)
             .map(|i| frame(PEER_MAC, GUEST_MAC, &[i; 64]))
@@ -315,7 +313,7 @@ fn frames_wait_without_spinning_while_the_guest_queue_is_full_then_flow_again() 
         let spent = thread_cpu_ticks(tid) - before;
         assert!(
             spent <= 5,
-            "receive thread used {spent} ticks while waiting for buffers"
+            "device thread used {spent} ticks while waiting for buffers"
         );
         assert_eq!(h.rxq.used_idx(), 0);
         // Buffers come back in batches; every frame arrives, in order.
@@ -387,18 +385,20 @@ fn pause_holds_frames_until_resume() {
 }
 
 #[test]
-fn reset_stops_the_receive_thread_and_the_device_comes_back() {
+fn reset_stops_receiving_and_the_device_comes_back() {
     in_new_netns(|| {
         let mem = test_memory();
         let mut h = Harness::new(&mem, "vt-reset");
-        let tid = h.net().rx_thread_id().unwrap();
-        assert!(std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
+        assert!(h.with_net(|n| n.rx.is_some()));
+        h.post_rx(2, RX_BUF_LEN);
         h.mmio.set_status(0);
-        assert!(
-            !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists(),
-            "the receive thread is gone after reset"
-        );
-        assert_eq!(h.net().rx_thread_id(), None);
+        assert!(h.with_net(|n| n.rx.is_none() && n.watched_fd().is_none()));
+        // Nothing reaches the buffers of the reset device; the frame waits
+        // in the tap.
+        let waiting = frame(PEER_MAC, GUEST_MAC, b"after the reset");
+        h.wire.send(&waiting);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(h.rxq.used_idx(), 0);
         h.rxq = GuestDriver::at(&mem, 16, 0x1000);
         h.txq = GuestDriver::at(&mem, 16, 0x8000);
         h.rx_seen = 0;
@@ -409,8 +409,12 @@ fn reset_stops_the_receive_thread_and_the_device_comes_back() {
         );
         h.mmio.bring_up(0, &[&rxq, &txq]);
         h.post_rx(2, RX_BUF_LEN);
-        let f = frame(PEER_MAC, GUEST_MAC, b"after reset");
+        let f = frame(PEER_MAC, GUEST_MAC, b"after bring-up");
         h.wire.send(&f);
+        assert_eq!(
+            h.next_frame(Duration::from_secs(2)).as_deref(),
+            Some(&waiting[..])
+        );
         assert_eq!(
             h.next_frame(Duration::from_secs(2)).as_deref(),
             Some(&f[..])
@@ -447,11 +451,13 @@ fn bad_tap_names_and_busy_taps_are_errors() {
 }
 
 impl Harness<'_> {
-    /// The device behind the transport, for white-box checks.
-    fn net(&self) -> &Net {
-        let dev: &dyn std::any::Any = self.mmio.transport.device();
-        dev.downcast_ref::<Net>()
-            .expect("the harness device is a Net")
+    /// Runs `f` on the device behind the transport, for white-box checks.
+    fn with_net<R>(&self, f: impl FnOnce(&Net) -> R) -> R {
+        let dev = self.mmio.transport.device();
+        let any: &dyn std::any::Any = &*dev;
+        f(any
+            .downcast_ref::<Net>()
+            .expect("the harness device is a Net"))
     }
 }
 
@@ -472,8 +478,8 @@ fn a_broken_receive_ring_puts_the_device_in_needs_reset() {
         }
         assert!(h.mmio.interrupts() >= 1, "a config interrupt announces it");
         assert_eq!(h.rxq.used_idx(), 0);
-        // The receive thread is stopped; a reset brings the device back.
-        assert_eq!(h.net().rx_thread_id(), None);
+        // The device stopped; a reset brings it back.
+        assert!(h.with_net(|n| n.rx.is_none()));
         h.mmio.set_status(0);
         let (rxq, txq) = (
             GuestDriver::at(&mem, 16, 0x1000),

@@ -1,0 +1,176 @@
+//! The launcher's VMM threads in their sandbox, seen from outside while the
+//! test guest runs: every VMM thread (vCPU, device threads, block I/O
+//! threads, console threads) has a seccomp filter, `NoNewPrivs: 1` and runs
+//! as KubeVirt's unprivileged `qemu` user (107) although the launcher runs
+//! as root; the rest of the launcher (its tokio runtime, the gRPC server)
+//! stays root under the launcher's denylist filter.
+
+mod common;
+
+use common::*;
+use proto::domain::{LifeCycle, StateChangeReason};
+use std::time::Duration;
+
+/// The block bench sends two requests per notification for a while: the
+/// device thread starts its I/O threads (the disk is cache=none).
+const ARGS: &str = "console=ttyS0 checks=serial,virtio-blk,virtio-blk-bench,virtio-rng \
+                    blkbench.n=3000 blkbench.depth=2 exit=halt wait=600";
+
+#[derive(Debug)]
+struct ThreadStatus {
+    name: String,
+    seccomp: String,
+    /// How many filters the thread runs under: the launcher's denylist,
+    /// plus a VMM thread's own allowlist (and its parent's, if inherited).
+    filters: String,
+    no_new_privs: String,
+    /// Effective and permitted capabilities.
+    caps: (String, String),
+    uids: String,
+}
+
+fn threads(pid: u32) -> Vec<ThreadStatus> {
+    let field = |status: &str, key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let path = task.unwrap().path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        out.push(ThreadStatus {
+            name: comm.trim().to_string(),
+            seccomp: field(&status, "Seccomp:"),
+            filters: field(&status, "Seccomp_filters:"),
+            no_new_privs: field(&status, "NoNewPrivs:"),
+            uids: field(&status, "Uid:"),
+            caps: (field(&status, "CapEff:"), field(&status, "CapPrm:")),
+        });
+    }
+    out
+}
+
+/// Kernel threads KVM runs inside the process (NX huge page recovery):
+/// not launcher code, and not filterable.
+fn is_kernel_thread(name: &str) -> bool {
+    name.starts_with("kvm-")
+}
+
+fn is_vmm_thread(name: &str) -> bool {
+    name.starts_with("vcpu") || name.starts_with("virtio-") || name.starts_with("serial-")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    pod.container_disk(0, &vec![0; 1 << 20]);
+    let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
+    let launcher = pod.start_launcher(&[]);
+    let mut cmd = cmd_client(&pod).await;
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(vmi_json(ARGS, serde_json::json!({}))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "{}", reply.message);
+    notify
+        .expect(
+            Duration::from_secs(60),
+            "Running",
+            |_: &str, d: &proto::domain::Domain| {
+                d.status.status == LifeCycle::Running
+                    && d.status.reason == StateChangeReason::Unknown
+            },
+        )
+        .await;
+    // The block bench runs shortly after the start; its I/O threads live
+    // while it runs (the guest's reset of the device stops them).
+    let log = pod
+        .paths
+        .serial_log(&launcher::paths::PathName::vmi_uid(UID).unwrap());
+    let console = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !console().contains("BENCH virtio-blk start") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bench did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = launcher.child.id();
+    let mut io_threads = Vec::new();
+    while io_threads.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no block I/O thread appeared"
+        );
+        io_threads = threads(pid)
+            .into_iter()
+            .filter(|t| t.name.starts_with("virtio-blk-io"))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    while !console().contains("DONE passed=") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest did not finish its checks"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut threads = threads(pid);
+    threads.extend(io_threads);
+    threads.retain(|t| !is_kernel_thread(&t.name));
+    let names: Vec<&str> = threads.iter().map(|t| t.name.as_str()).collect();
+    for expected in [
+        "vcpu0",
+        "virtio-blk",
+        "virtio-blk-io0",
+        "virtio-rng",
+        "serial-accept",
+        "serial-input",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "no thread {expected:?} in {names:?}"
+        );
+    }
+    for t in &threads {
+        // The denylist covers the whole launcher; VMM threads add their own.
+        assert_eq!(t.seccomp, "2", "{t:?}");
+        assert_eq!(t.no_new_privs, "1", "{t:?}");
+        if is_vmm_thread(&t.name) {
+            // `Seccomp: 2` alone would hold with the denylist only.
+            let filters: u32 = t.filters.parse().unwrap_or(0);
+            assert!(filters >= 2, "{t:?}: no allowlist of its own");
+            assert_eq!(
+                t.uids, "107\t107\t107\t107",
+                "{t:?}: a VMM thread runs as root"
+            );
+            let none = "0000000000000000".to_string();
+            assert_eq!(t.caps, (none.clone(), none), "{t:?}: capabilities left");
+        } else {
+            assert_eq!(
+                t.uids, "0\t0\t0\t0",
+                "{t:?}: the launcher's own threads stay root"
+            );
+        }
+    }
+    // The VM still works: a kill ends it the usual way.
+    let vmi = vmi_json(ARGS, serde_json::json!({}));
+    assert!(
+        cmd.kill_virtual_machine(vmi_request(vmi))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+}

@@ -1,0 +1,430 @@
+//! The seccomp filter of each VMM thread kind, built with `seccompiler`
+//! (rust-vmm; Firecracker's and Cloud Hypervisor's) from Rust rules.
+//!
+//! Each list is what the thread's code does once it runs (checked under
+//! `strace -f` on every device path and with `--seccomp=log`), grouped by
+//! why. Arguments are filtered where a system call could do far more than
+//! the thread needs: `ioctl` only with the request numbers used, `mmap` and
+//! `mprotect` never executable, `prctl` and `seccomp` only to name a thread
+//! and to add a filter, `clone` only for threads, signals only the vCPU
+//! kick. Nothing opens a file, creates a socket, executes a program or
+//! changes credentials.
+//!
+//! One exception, and why it opens nothing: glibc reads files lazily from
+//! whichever thread gets there first (`/sys/devices/system/cpu/online` when
+//! a thread needs a new malloc arena, `/proc/sys/vm/overcommit_memory` when
+//! an arena's heap shrinks; Cloud Hypervisor met both). Trapping those
+//! would end the VMM at random. So every allowlist lets a read-only
+//! `openat` through, and a second filter on every thread
+//! ([`compile_refused_reads`]) answers it with `EACCES`: glibc falls back,
+//! no file is ever opened, and any other `openat` still traps.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
+    SeccompFilter, SeccompRule,
+};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
+
+use super::{SeccompMode, ThreadKind};
+
+const KVMIO: u32 = 0xAE;
+ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
+ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_bindings::kvm_regs);
+// Instructions KVM cannot emulate, finished by the VMM (`kvm::emulation`).
+ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_bindings::kvm_regs);
+ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_bindings::kvm_sregs);
+ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_bindings::kvm_translation);
+ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_bindings::kvm_fpu);
+ioctl_ior_nr!(
+    KVM_GET_VCPU_EVENTS,
+    KVMIO,
+    0x9f,
+    kvm_bindings::kvm_vcpu_events
+);
+ioctl_iow_nr!(
+    KVM_SET_VCPU_EVENTS,
+    KVMIO,
+    0xa0,
+    kvm_bindings::kvm_vcpu_events
+);
+// On the VM: MSI-X messages the guest programs (`pci::msi`) and the queue
+// ioeventfds that follow a virtio-pci BAR (`devices::virtio_pci`).
+ioctl_iow_nr!(
+    KVM_SET_GSI_ROUTING,
+    KVMIO,
+    0x6a,
+    kvm_bindings::kvm_irq_routing
+);
+ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_bindings::kvm_ioeventfd);
+
+/// What a call outside the filter gets, or `None` for no filter.
+pub(super) fn mismatch_action(mode: SeccompMode) -> Option<SeccompAction> {
+    match mode {
+        SeccompMode::None => None,
+        SeccompMode::Log => Some(SeccompAction::Log),
+        SeccompMode::Trap => Some(SeccompAction::Trap),
+    }
+}
+
+/// One syscall's entry: allowed outright (no rules) or when one rule
+/// matches.
+type Rules = Vec<(i64, Vec<SeccompRule>)>;
+
+fn cond(arg: u8, op: Op, value: u64) -> SeccompCondition {
+    // Argument indexes here are 0..=5: always valid.
+    SeccompCondition::new(arg, Len::Dword, op, value).expect("argument index in 0..=5")
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(conditions).expect("a rule with conditions")
+}
+
+/// `syscall(arg == value)` for each value.
+fn arg_in(arg: u8, values: &[u64]) -> Vec<SeccompRule> {
+    values
+        .iter()
+        .map(|&v| rule(vec![cond(arg, Op::Eq, v)]))
+        .collect()
+}
+
+/// Memory management, locks, time, logging and ending a thread: what any
+/// Rust thread of this program does (the allocator, std's synchronisation,
+/// `tracing` to stderr, the thread's own exit).
+fn base() -> Rules {
+    // Never executable memory: a guest exploit cannot map shellcode.
+    let no_exec = || vec![rule(vec![cond(2, Op::MaskedEq(libc::PROT_EXEC as u64), 0)])];
+    vec![
+        (libc::SYS_brk, vec![]),
+        (libc::SYS_mmap, no_exec()),
+        (libc::SYS_mprotect, no_exec()),
+        (libc::SYS_munmap, vec![]),
+        (libc::SYS_mremap, vec![]),
+        (libc::SYS_madvise, vec![]),
+        (libc::SYS_futex, vec![]),
+        (libc::SYS_sched_yield, vec![]),
+        (libc::SYS_clock_gettime, vec![]),
+        (libc::SYS_clock_nanosleep, vec![]),
+        (libc::SYS_nanosleep, vec![]),
+        (libc::SYS_gettid, vec![]),
+        (libc::SYS_getrandom, vec![]),
+        // glibc sizes a new thread's malloc arena by the CPUs it may run on.
+        (libc::SYS_sched_getaffinity, vec![]),
+        // Closing a descriptor: std checks it is open first (debug builds).
+        (libc::SYS_fcntl, arg_in(1, &[libc::F_GETFD as u64])),
+        (libc::SYS_write, vec![]),
+        (libc::SYS_close, vec![]),
+        (libc::SYS_rt_sigprocmask, vec![]),
+        (libc::SYS_rt_sigreturn, vec![]),
+        (libc::SYS_sigaltstack, vec![]),
+        (libc::SYS_restart_syscall, vec![]),
+        (libc::SYS_exit, vec![]),
+        (libc::SYS_exit_group, vec![]),
+        // glibc's lazy reads (see the module's doc): let through here,
+        // refused with EACCES by `compile_refused_reads`.
+        (libc::SYS_openat, read_only_open()),
+    ]
+}
+
+/// The flags of glibc's internal reads (and of `File::open`).
+const READ_ONLY_OPEN: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+
+/// `openat(_, _, O_RDONLY | O_CLOEXEC)` and no other flags.
+fn read_only_open() -> Vec<SeccompRule> {
+    vec![rule(vec![cond(2, Op::Eq, READ_ONLY_OPEN)])]
+}
+
+/// The second filter of every VMM thread: a read-only `openat` fails with
+/// `EACCES`, every other call passes on to the thread's allowlist (the
+/// kernel applies the strictest answer of all filters).
+pub(super) fn compile_refused_reads() -> seccompiler::Result<BpfProgram> {
+    let map: BTreeMap<i64, Vec<SeccompRule>> =
+        [(libc::SYS_openat, read_only_open())].into_iter().collect();
+    let filter = SeccompFilter::new(
+        map,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        std::env::consts::ARCH
+            .try_into()
+            .map_err(seccompiler::Error::Backend)?,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    filter.try_into().map_err(seccompiler::Error::Backend)
+}
+
+/// Starting a thread that adds its own, narrower, filter: the parent's
+/// `clone3`/`mmap`, the child's set-up by glibc and std (robust list, rseq,
+/// alternate signal stack, name) before it enters its sandbox.
+fn spawns_threads() -> Rules {
+    let clone_thread = libc::CLONE_THREAD as u64;
+    vec![
+        // clone3 takes its flags in a structure seccomp cannot read; plain
+        // clone (glibc's fallback) only with CLONE_THREAD: no fork.
+        (libc::SYS_clone3, vec![]),
+        (
+            libc::SYS_clone,
+            vec![rule(vec![cond(
+                0,
+                Op::MaskedEq(clone_thread),
+                clone_thread,
+            )])],
+        ),
+        (libc::SYS_set_robust_list, vec![]),
+        (libc::SYS_rseq, vec![]),
+        (
+            libc::SYS_prctl,
+            arg_in(
+                0,
+                &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
+            ),
+        ),
+        // Only adding a filter to oneself: no TSYNC, no listener.
+        (
+            libc::SYS_seccomp,
+            vec![rule(vec![
+                cond(0, Op::Eq, libc::SECCOMP_SET_MODE_FILTER as u64),
+                cond(1, Op::Eq, 0),
+            ])],
+        ),
+    ]
+}
+
+/// Waiting for eventfds (queue notifications, wake-ups) and reading them.
+fn event_loop() -> Rules {
+    vec![
+        (libc::SYS_poll, vec![]),
+        (libc::SYS_ppoll, vec![]),
+        (libc::SYS_read, vec![]),
+    ]
+}
+
+/// Console output to the clients of the serial socket (std sends with
+/// MSG_NOSIGNAL).
+fn console_clients() -> Rules {
+    vec![(libc::SYS_sendto, vec![]), (libc::SYS_sendmsg, vec![])]
+}
+
+/// The vCPU kick (a real-time signal to a vCPU thread of this process).
+fn kicks_vcpus() -> Rules {
+    let kick = crate::kvm::kick::signal_number() as u64;
+    vec![
+        (libc::SYS_getpid, vec![]),
+        (libc::SYS_tgkill, vec![rule(vec![cond(2, Op::Eq, kick)])]),
+    ]
+}
+
+/// I/O on a disk image opened at start-up.
+fn disk_io() -> Rules {
+    vec![
+        (libc::SYS_pread64, vec![]),
+        (libc::SYS_pwrite64, vec![]),
+        (libc::SYS_preadv, vec![]),
+        (libc::SYS_pwritev, vec![]),
+        (libc::SYS_fdatasync, vec![]),
+        (libc::SYS_fsync, vec![]),
+        (libc::SYS_fallocate, vec![]),
+        (libc::SYS_fstat, vec![]),
+        (libc::SYS_statx, vec![]),
+        (libc::SYS_newfstatat, vec![]),
+    ]
+}
+
+fn rules(kind: ThreadKind) -> Rules {
+    let mut rules = base();
+    match kind {
+        ThreadKind::Vcpu => {
+            rules.push((
+                libc::SYS_ioctl,
+                arg_in(
+                    1,
+                    &[
+                        KVM_RUN(),
+                        KVM_GET_REGS(),
+                        KVM_SET_REGS(),
+                        KVM_GET_SREGS(),
+                        KVM_TRANSLATE(),
+                        KVM_GET_FPU(),
+                        KVM_GET_VCPU_EVENTS(),
+                        KVM_SET_VCPU_EVENTS(),
+                        KVM_SET_GSI_ROUTING(),
+                        KVM_IOEVENTFD(),
+                    ],
+                ),
+            ));
+            rules.extend(kicks_vcpus());
+            rules.extend(console_clients());
+        }
+        ThreadKind::VirtioBlock => {
+            rules.extend(event_loop());
+            rules.extend(disk_io());
+            rules.extend(spawns_threads());
+        }
+        ThreadKind::BlockIo => {
+            rules.push((libc::SYS_read, vec![]));
+            rules.extend(disk_io());
+        }
+        ThreadKind::VirtioNet | ThreadKind::VirtioRng => {
+            rules.extend(event_loop());
+        }
+        ThreadKind::ConsoleAccept => {
+            // And everything its input threads do (they inherit this filter).
+            rules.push((libc::SYS_poll, vec![]));
+            rules.push((libc::SYS_ppoll, vec![]));
+            rules.push((libc::SYS_accept4, vec![]));
+            rules.push((libc::SYS_accept, vec![]));
+            rules.push((libc::SYS_read, vec![]));
+            rules.push((libc::SYS_recvfrom, vec![]));
+            rules.push((
+                libc::SYS_fcntl,
+                arg_in(
+                    1,
+                    &[
+                        libc::F_DUPFD_CLOEXEC as u64,
+                        libc::F_GETFL as u64,
+                        libc::F_SETFL as u64,
+                    ],
+                ),
+            ));
+            rules.push((libc::SYS_ioctl, arg_in(1, &[libc::FIONBIO])));
+            rules.push((libc::SYS_shutdown, vec![]));
+            rules.extend(console_clients());
+            rules.extend(spawns_threads());
+        }
+        ThreadKind::ConsoleInput => {
+            rules.push((libc::SYS_poll, vec![]));
+            rules.push((libc::SYS_ppoll, vec![]));
+            rules.push((libc::SYS_read, vec![]));
+            rules.push((libc::SYS_recvfrom, vec![]));
+            rules.push((libc::SYS_shutdown, vec![]));
+        }
+        ThreadKind::Control => {
+            rules.push((libc::SYS_rt_sigtimedwait, vec![]));
+            rules.push((libc::SYS_read, vec![]));
+            // Removing the console socket and hanging up its clients at the end.
+            rules.push((libc::SYS_unlink, vec![]));
+            rules.push((libc::SYS_unlinkat, vec![]));
+            rules.push((libc::SYS_shutdown, vec![]));
+            rules.extend(kicks_vcpus());
+        }
+    }
+    rules
+}
+
+/// What a process that embeds the VMM (the launcher: its gRPC server,
+/// DHCP server, file and VM set-up) must never do. A denylist, not an
+/// allowlist: that process's legitimate calls are open-ended (it creates
+/// files, sockets, VMs), while these have no use in it and are the usual
+/// ways out of a sandbox or into the host.
+const HOST_DENYLIST: &[i64] = &[
+    libc::SYS_execve,
+    libc::SYS_execveat,
+    libc::SYS_fork,
+    libc::SYS_vfork,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_open_tree,
+    libc::SYS_move_mount,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_iopl,
+    libc::SYS_ioperm,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_syslog,
+    libc::SYS_vhangup,
+    libc::SYS_personality,
+];
+
+/// The denylist program: the calls above get `action`, the rest pass.
+pub(super) fn compile_host_denylist(action: SeccompAction) -> seccompiler::Result<BpfProgram> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> =
+        HOST_DENYLIST.iter().map(|&nr| (nr, Vec::new())).collect();
+    // clone without CLONE_THREAD is a fork.
+    map.insert(
+        libc::SYS_clone,
+        vec![rule(vec![cond(
+            0,
+            Op::MaskedEq(libc::CLONE_THREAD as u64),
+            0,
+        )])],
+    );
+    let filter = SeccompFilter::new(
+        map,
+        SeccompAction::Allow,
+        action,
+        std::env::consts::ARCH
+            .try_into()
+            .map_err(seccompiler::Error::Backend)?,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    filter.try_into().map_err(seccompiler::Error::Backend)
+}
+
+/// The BPF program of `kind`: its calls allowed, the rest `mismatch`.
+pub(super) fn compile(
+    kind: ThreadKind,
+    mismatch: SeccompAction,
+) -> seccompiler::Result<BpfProgram> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for (nr, mut conditions) in rules(kind) {
+        // A syscall listed twice: unconditional wins, else rules add up.
+        match map.get_mut(&nr) {
+            Some(existing) if existing.is_empty() || conditions.is_empty() => existing.clear(),
+            Some(existing) => existing.append(&mut conditions),
+            None => {
+                map.insert(nr, conditions);
+            }
+        }
+    }
+    let filter = SeccompFilter::new(
+        map,
+        mismatch,
+        SeccompAction::Allow,
+        std::env::consts::ARCH
+            .try_into()
+            .map_err(seccompiler::Error::Backend)?,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    filter.try_into().map_err(seccompiler::Error::Backend)
+}
+
+/// The system calls `kind` may make, for tests.
+#[cfg(test)]
+pub(super) fn allowed(kind: ThreadKind) -> Vec<i64> {
+    let mut v: Vec<i64> = rules(kind).into_iter().map(|(nr, _)| nr).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}

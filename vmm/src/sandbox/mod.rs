@@ -1,0 +1,578 @@
+//! The sandbox every VMM thread enters before it touches guest memory or
+//! guest-controlled data.
+//!
+//! Each thread, at its own start (never with seccomp's TSYNC):
+//!
+//! 1. **Credentials.** The thread drops every capability. In a process
+//!    running as root (a root VMI's launcher, `vmm run` by root) it first
+//!    switches to an unprivileged user
+//!    ([`SandboxConfig::unprivileged`]: KubeVirt's `qemu`, 107, in the
+//!    launcher; `nobody` for `vmm run`), losing every capability. Linux keeps
+//!    credentials per thread; the raw system calls change only the calling
+//!    thread (glibc's `setuid` would change every thread of the process, the
+//!    launcher's gRPC server included). Everything the VM needs is opened
+//!    before (`/dev/kvm`, vCPUs, disks, the tap, the console socket), and an
+//!    open descriptor keeps working for its new owner. Why threads and not a
+//!    child process: the launcher keeps one address space with its VMM
+//!    (`VmHandle` calls, stats, one process to account for), and threads that
+//!    are non-root, capability-less, `no_new_privs`, Landlocked and
+//!    seccomp-filtered cannot open, exec, signal other processes or change
+//!    credentials. What remains: a thread that gets arbitrary code execution
+//!    shares memory with the launcher's root threads and could corrupt them,
+//!    which a separate VMM process (Firecracker's jailer, crosvm's minijail)
+//!    would prevent; see the threat model in `vmm/README.md`.
+//! 2. **`PR_SET_NO_NEW_PRIVS`.**
+//! 3. **Landlock** (where the kernel has it): no file system access and no
+//!    TCP; the VMM threads open nothing after start-up. A kernel without
+//!    Landlock is logged once and the thread goes on.
+//! 4. **seccomp**: the system calls of its [`ThreadKind`] and no more
+//!    ([`filters`]), with ioctl numbers and `mmap`/`mprotect` protections
+//!    filtered by argument. A call outside the filter is, by
+//!    [`SeccompMode`]: `trap` (default, as Firecracker's and Cloud
+//!    Hypervisor's): SIGSYS, the process reports the call and exits with
+//!    status 159 (as a shell reports a SIGSYS death); `log`: allowed and
+//!    logged by the kernel (the audit log, `dmesg`); `none`: no filter.
+//!
+//! Threads started by a sandboxed thread (virtio-blk's I/O threads, the
+//! serial console's input threads) inherit the credentials, `no_new_privs`,
+//! Landlock domain and filter of their parent and add their own, narrower,
+//! filter.
+
+pub mod filters;
+mod landlock;
+mod sigsys;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use seccompiler::BpfProgram;
+use virtio_bindings::virtio_ids::{VIRTIO_ID_BLOCK, VIRTIO_ID_NET, VIRTIO_ID_RNG};
+use virtio_devices::{ThreadRole, ThreadSandbox};
+
+/// What happens to a system call outside a thread's filter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SeccompMode {
+    /// No filter.
+    None,
+    /// Allowed, and logged by the kernel.
+    Log,
+    /// SIGSYS: the VMM reports the call and exits with status 159.
+    #[default]
+    Trap,
+}
+
+impl std::str::FromStr for SeccompMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(SeccompMode::None),
+            "log" => Ok(SeccompMode::Log),
+            "trap" => Ok(SeccompMode::Trap),
+            other => Err(format!(
+                "unknown seccomp mode {other:?} (none, log or trap)"
+            )),
+        }
+    }
+}
+
+/// A user and group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `nobody:nogroup`, who `vmm run` started by root runs its threads as.
+pub const NOBODY: Credentials = Credentials {
+    uid: 65534,
+    gid: 65534,
+};
+
+/// How the VMM's threads are confined.
+#[derive(Clone, Debug)]
+pub struct SandboxConfig {
+    pub seccomp: SeccompMode,
+    /// Restrict file access with Landlock where the kernel has it.
+    pub landlock: bool,
+    /// Who the VMM's threads run as when the process runs as root (never
+    /// root itself); ignored in a process that is not root. `None` keeps
+    /// the process's credentials: only for tests and fuzzing of device
+    /// code, never for a VMM that runs a guest.
+    pub unprivileged: Option<Credentials>,
+    /// Test hook: a thread of this kind makes a system call outside its
+    /// filter (opens a file) right after entering its sandbox.
+    #[doc(hidden)]
+    pub forbidden_syscall_on: Option<ThreadKind>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            seccomp: SeccompMode::Trap,
+            landlock: true,
+            unprivileged: Some(NOBODY),
+            forbidden_syscall_on: None,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// No confinement at all (tests and fuzzing of device code).
+    pub fn disabled() -> Self {
+        SandboxConfig {
+            seccomp: SeccompMode::None,
+            landlock: false,
+            unprivileged: None,
+            forbidden_syscall_on: None,
+        }
+    }
+}
+
+/// The kinds of VMM threads, each with its own filter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadKind {
+    /// Runs a vCPU (`KVM_RUN`) and the devices on its exits.
+    Vcpu,
+    /// A virtio-blk device's thread.
+    VirtioBlock,
+    /// A virtio-blk I/O thread (started by the device thread).
+    BlockIo,
+    /// A virtio-net device's thread (tap and both queues).
+    VirtioNet,
+    /// A virtio-rng device's thread.
+    VirtioRng,
+    /// Accepts clients of the serial console socket.
+    ConsoleAccept,
+    /// Types one console client's input into the guest (started by the
+    /// accept thread).
+    ConsoleInput,
+    /// The control threads of `vmm run` (main, signal watcher) once the VM
+    /// has started.
+    Control,
+}
+
+impl ThreadKind {
+    pub const ALL: [ThreadKind; 8] = [
+        ThreadKind::Vcpu,
+        ThreadKind::VirtioBlock,
+        ThreadKind::BlockIo,
+        ThreadKind::VirtioNet,
+        ThreadKind::VirtioRng,
+        ThreadKind::ConsoleAccept,
+        ThreadKind::ConsoleInput,
+        ThreadKind::Control,
+    ];
+
+    /// The kind's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Vcpu => "vCPU",
+            ThreadKind::VirtioBlock => "virtio-blk",
+            ThreadKind::BlockIo => "block I/O",
+            ThreadKind::VirtioNet => "virtio-net",
+            ThreadKind::VirtioRng => "virtio-rng",
+            ThreadKind::ConsoleAccept => "console accept",
+            ThreadKind::ConsoleInput => "console input",
+            ThreadKind::Control => "control",
+        }
+    }
+
+    /// Started by another sandboxed thread, whose credentials, Landlock
+    /// domain and filter it inherits.
+    fn inherits(self) -> bool {
+        matches!(self, ThreadKind::BlockIo | ThreadKind::ConsoleInput)
+    }
+
+    fn from_role(role: ThreadRole) -> io::Result<ThreadKind> {
+        match role {
+            ThreadRole::BlockIo => Ok(ThreadKind::BlockIo),
+            ThreadRole::Device(VIRTIO_ID_BLOCK) => Ok(ThreadKind::VirtioBlock),
+            ThreadRole::Device(VIRTIO_ID_NET) => Ok(ThreadKind::VirtioNet),
+            ThreadRole::Device(VIRTIO_ID_RNG) => Ok(ThreadKind::VirtioRng),
+            ThreadRole::Device(other) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("no sandbox for virtio device type {other}"),
+            )),
+        }
+    }
+}
+
+/// Why a sandbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot build the {kind:?} seccomp filter: {message}")]
+    Filter { kind: ThreadKind, message: String },
+    #[error("cannot install the SIGSYS handler: {0}")]
+    Signal(#[source] io::Error),
+}
+
+/// The compiled filters and settings, shared by every thread of a VM.
+pub struct Sandbox {
+    config: SandboxConfig,
+    filters: HashMap<ThreadKind, BpfProgram>,
+    /// Installed with every thread's filter: read-only opens fail with
+    /// `EACCES` instead of trapping (`filters::compile_refused_reads`).
+    refused_reads: Option<BpfProgram>,
+    /// Directories the control threads may remove files from (the console
+    /// socket's, which `vmm run` removes at the end).
+    removable_in: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// Compiles every filter (on the start-up thread: compiling allocates
+    /// and must not fail later on a sandboxed thread).
+    pub fn new(
+        config: SandboxConfig,
+        removable_in: Vec<PathBuf>,
+    ) -> Result<Arc<Sandbox>, SandboxError> {
+        let mut compiled = HashMap::new();
+        let mut refused_reads = None;
+        if let Some(action) = filters::mismatch_action(config.seccomp) {
+            refused_reads =
+                Some(
+                    filters::compile_refused_reads().map_err(|e| SandboxError::Filter {
+                        kind: ThreadKind::Control,
+                        message: format!("refused reads: {e}"),
+                    })?,
+                );
+            if config.seccomp == SeccompMode::Trap {
+                sigsys::install().map_err(SandboxError::Signal)?;
+            }
+            for kind in ThreadKind::ALL {
+                let program =
+                    filters::compile(kind, action.clone()).map_err(|e| SandboxError::Filter {
+                        kind,
+                        message: e.to_string(),
+                    })?;
+                compiled.insert(kind, program);
+            }
+        }
+        Ok(Arc::new(Sandbox {
+            config,
+            filters: compiled,
+            refused_reads,
+            removable_in,
+        }))
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    /// The compiled filter of `kind` (`None` without seccomp), for
+    /// measuring what it costs (`cargo bench -p vmm --bench seccomp`).
+    pub fn filter(&self, kind: ThreadKind) -> Option<&BpfProgram> {
+        self.filters.get(&kind)
+    }
+
+    /// Confines the calling thread as a thread of `kind`. On error the
+    /// thread must end without touching guest memory.
+    pub fn enter(&self, kind: ThreadKind) -> io::Result<()> {
+        if !kind.inherits() {
+            if let Some(to) = self.config.unprivileged {
+                drop_credentials(to)?;
+                drop_capabilities()?;
+            }
+            set_no_new_privs()?;
+            if self.config.landlock {
+                let removable: &[PathBuf] = if kind == ThreadKind::Control {
+                    &self.removable_in
+                } else {
+                    &[]
+                };
+                landlock::restrict_thread(removable)?;
+            }
+        }
+        sigsys::set_thread_kind(kind.name());
+        if let Some(program) = self.filters.get(&kind) {
+            // An inheriting thread has its parent's already.
+            if let (Some(reads), false) = (&self.refused_reads, kind.inherits()) {
+                seccompiler::apply_filter(reads)
+                    .map_err(|e| io::Error::other(format!("seccomp refused reads: {e}")))?;
+            }
+            seccompiler::apply_filter(program)
+                .map_err(|e| io::Error::other(format!("seccomp filter for {kind:?}: {e}")))?;
+        }
+        if self.config.forbidden_syscall_on == Some(kind) {
+            forbidden_syscall(kind);
+        }
+        Ok(())
+    }
+}
+
+impl ThreadSandbox for Sandbox {
+    fn enter(&self, role: ThreadRole) -> io::Result<()> {
+        Sandbox::enter(self, ThreadKind::from_role(role)?)
+    }
+}
+
+/// Installs, on the calling thread and every thread it starts from now on,
+/// the denylist of a process that embeds the VMM (the launcher): no exec,
+/// ptrace, mounts, namespaces, module loading, bpf, keyrings... (see
+/// `filters::HOST_DENYLIST`). Call it first thing in `main`, before any other
+/// thread exists. Its VMM threads add their own allowlists on top.
+pub fn apply_host_denylist(mode: SeccompMode) -> io::Result<()> {
+    let Some(action) = filters::mismatch_action(mode) else {
+        return Ok(());
+    };
+    if mode == SeccompMode::Trap {
+        sigsys::install()?;
+    }
+    let program = filters::compile_host_denylist(action)
+        .map_err(|e| io::Error::other(format!("host denylist: {e}")))?;
+    set_no_new_privs()?;
+    seccompiler::apply_filter(&program).map_err(|e| io::Error::other(format!("host denylist: {e}")))
+}
+
+/// Switches this thread (only) to `to` if it runs as root: supplementary
+/// groups cleared, then group, then user (real, effective, saved); all
+/// capabilities go with uid 0. Raw system calls: glibc's wrappers would
+/// switch every thread of the process.
+fn drop_credentials(to: Credentials) -> io::Result<()> {
+    // SAFETY: getresuid writes three ids into the locals.
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    if unsafe { libc::getresuid(&mut r, &mut e, &mut s) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r != 0 && e != 0 && s != 0 {
+        return Ok(());
+    }
+    if to.uid == 0 || to.gid == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the unprivileged user for VMM threads must not be root",
+        ));
+    }
+    let raw = |what: &str, rc: libc::c_long| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            let e = io::Error::last_os_error();
+            Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+        }
+    };
+    // SAFETY: plain system calls on this thread's credentials; setgroups
+    // with size 0 does not read the (null) list.
+    unsafe {
+        raw(
+            "setgroups",
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+        )?;
+        raw(
+            "setresgid",
+            libc::syscall(libc::SYS_setresgid, to.gid, to.gid, to.gid),
+        )?;
+        raw(
+            "setresuid",
+            libc::syscall(libc::SYS_setresuid, to.uid, to.uid, to.uid),
+        )?;
+    }
+    // SAFETY: plain reads of this thread's ids.
+    if unsafe { libc::geteuid() } == 0 || unsafe { libc::getuid() } == 0 {
+        return Err(io::Error::other("the thread is still root"));
+    }
+    Ok(())
+}
+
+/// Clears this thread's capabilities: a non-root launcher may hold some
+/// (KubeVirt's gives it `NET_BIND_SERVICE` for DHCP), which its VMM threads
+/// have no use for. (Leaving uid 0 already cleared them for a root one.)
+fn drop_capabilities() -> io::Result<()> {
+    use caps::CapSet;
+    for set in [
+        CapSet::Ambient,
+        CapSet::Effective,
+        CapSet::Permitted,
+        CapSet::Inheritable,
+    ] {
+        caps::clear(None, set).map_err(|e| io::Error::other(format!("capabilities: {e}")))?;
+    }
+    Ok(())
+}
+
+fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The test hook's forbidden call: creating a file (`openat` for writing),
+/// which no VMM thread does. Under `trap` the process ends here; under
+/// `log` the kernel logs it and Landlock refuses it.
+fn forbidden_syscall(kind: ThreadKind) {
+    // No pid in the name: getpid is outside some filters. Only a failing
+    // test creates it, and removes it at once.
+    let path = std::env::temp_dir().join("vmm-sandbox-hook");
+    let result = std::fs::File::create(&path);
+    if result.is_ok() {
+        let _ = std::fs::remove_file(&path);
+    }
+    // Straight to stderr: the test reads it from a process without a
+    // tracing subscriber.
+    eprintln!(
+        "sandbox test hook: {kind:?} thread created a file: {:?}",
+        result.as_ref().map(|_| ()).map_err(|e| e.to_string())
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn every_filter_compiles_in_every_mode() {
+        for mode in [SeccompMode::Log, SeccompMode::Trap] {
+            let action = filters::mismatch_action(mode).unwrap();
+            for kind in ThreadKind::ALL {
+                assert!(!filters::compile(kind, action.clone()).unwrap().is_empty());
+            }
+            assert!(!filters::compile_host_denylist(action).unwrap().is_empty());
+        }
+        assert!(filters::mismatch_action(SeccompMode::None).is_none());
+    }
+
+    #[test]
+    fn no_vmm_thread_may_open_connect_exec_or_change_credentials() {
+        let forbidden = [
+            libc::SYS_open,
+            // openat only read-only, and refused by the second filter
+            // (`read_only_opens_fail_with_eacces_on_every_thread`).
+            libc::SYS_openat2,
+            libc::SYS_creat,
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_fork,
+            libc::SYS_vfork,
+            libc::SYS_kill,
+            libc::SYS_ptrace,
+            libc::SYS_setuid,
+            libc::SYS_setresuid,
+            libc::SYS_setgid,
+            libc::SYS_setresgid,
+            libc::SYS_setgroups,
+            libc::SYS_capset,
+            libc::SYS_mount,
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_bpf,
+            libc::SYS_process_vm_writev,
+        ];
+        for kind in ThreadKind::ALL {
+            let allowed = filters::allowed(kind);
+            for nr in forbidden {
+                assert!(!allowed.contains(&nr), "{kind:?} may make system call {nr}");
+            }
+        }
+        // Only the thread kinds that start other threads may add filters.
+        for kind in ThreadKind::ALL {
+            let spawns = matches!(kind, ThreadKind::VirtioBlock | ThreadKind::ConsoleAccept);
+            assert_eq!(
+                filters::allowed(kind).contains(&libc::SYS_clone3),
+                spawns,
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_thread_started_by_another_may_only_need_what_its_parent_allows() {
+        // It inherits its parent's filter: a call outside it would trap even
+        // if the child's own filter allowed it.
+        for (child, parent) in [
+            (ThreadKind::BlockIo, ThreadKind::VirtioBlock),
+            (ThreadKind::ConsoleInput, ThreadKind::ConsoleAccept),
+        ] {
+            let parent_allows = filters::allowed(parent);
+            for nr in filters::allowed(child) {
+                assert!(
+                    parent_allows.contains(&nr),
+                    "{child:?} needs {nr}, {parent:?} refuses it"
+                );
+            }
+        }
+    }
+
+    /// A filter really stops a call: the block I/O filter, built to return
+    /// EPERM instead of trapping, on a thread of this test process.
+    #[test]
+    fn the_block_io_filter_allows_disk_io_and_refuses_opening_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let program = filters::compile(
+            ThreadKind::BlockIo,
+            seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+        )
+        .unwrap();
+        let (read, opened) = std::thread::spawn(move || {
+            seccompiler::apply_filter(&program).unwrap();
+            let mut buf = [0u8; 4];
+            let read = file.read_at(&mut buf, 3).map(|_| buf);
+            let opened = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map(|_| ());
+            (
+                read.map_err(|e| e.kind()),
+                opened.map_err(|e| e.raw_os_error()),
+            )
+        })
+        .join()
+        .unwrap();
+        assert_eq!(read, Ok(*b"3456"));
+        assert_eq!(opened, Err(Some(libc::EPERM)));
+    }
+
+    /// glibc's lazy reads must fail cleanly, not trap; and no VMM thread
+    /// may open a file, read-only or not. Both filters as `enter` installs
+    /// them, with `EPERM` for the allowlist's refusals instead of a trap.
+    #[test]
+    fn read_only_opens_fail_with_eacces_on_every_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        std::fs::write(&path, b"x").unwrap();
+        let reads = filters::compile_refused_reads().unwrap();
+        for kind in ThreadKind::ALL {
+            let program =
+                filters::compile(kind, seccompiler::SeccompAction::Errno(libc::EPERM as u32))
+                    .unwrap();
+            let (reads, path) = (reads.clone(), path.clone());
+            let (read_only, writable) = std::thread::spawn(move || {
+                seccompiler::apply_filter(&reads).unwrap();
+                seccompiler::apply_filter(&program).unwrap();
+                let read_only = std::fs::File::open(&path).map(|_| ());
+                let writable = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map(|_| ());
+                (
+                    read_only.map_err(|e| e.raw_os_error()),
+                    writable.map_err(|e| e.raw_os_error()),
+                )
+            })
+            .join()
+            .unwrap();
+            assert_eq!(read_only, Err(Some(libc::EACCES)), "{kind:?}");
+            assert_eq!(writable, Err(Some(libc::EPERM)), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn seccomp_modes_parse() {
+        assert_eq!("none".parse::<SeccompMode>(), Ok(SeccompMode::None));
+        assert_eq!("log".parse::<SeccompMode>(), Ok(SeccompMode::Log));
+        assert_eq!("trap".parse::<SeccompMode>(), Ok(SeccompMode::Trap));
+        assert!("kill".parse::<SeccompMode>().is_err());
+        assert_eq!(SeccompMode::default(), SeccompMode::Trap);
+    }
+}
