@@ -15,6 +15,11 @@ command -v bsdtar >/dev/null || need+=(libarchive-tools)    # reading cloud-init
 command -v setcap >/dev/null || PATH=$PATH:/usr/sbin command -v setcap >/dev/null \
   || need+=(libcap2-bin)                                     # file capability of the monitor in tests
 command -v python3 >/dev/null || need+=(python3)            # a second gRPC client in tests
+command -v cpio >/dev/null || need+=(cpio)                  # the stock-kernel tests' initramfs
+for tool in bzip2 xz lzma lzop lz4 zstd; do                   # bzImage payloads as Linux's build packs them (tests)
+  command -v $tool >/dev/null || case $tool in
+    xz|lzma) need+=(xz-utils) ;; *) need+=($tool) ;; esac
+done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 [ -x /usr/sbin/runc ] || need+=(runc)                       # the test cluster's OCI runtime
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins) # the test cluster's pod network
@@ -39,6 +44,10 @@ fi
 if command -v rustup >/dev/null; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
+
+# Debian's stock kernel and busybox, and the initramfs the stock-kernel
+# tests boot (cached; see the script).
+bash "$(dirname "$0")/stock-linux.sh"
 
 if [ ! -e /dev/kvm ]; then
   echo "setup: /dev/kvm is missing: the VMM tests cannot run on this machine" >&2

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::devices::legacy::serial::SerialCapture;
+pub use crate::kvm::cpuid::CpuProfile;
 use crate::sandbox::SandboxConfig;
 
 /// Default kernel command line: a Linux guest logs to the 8250 console and
@@ -166,6 +167,30 @@ pub enum ApStart {
     InitSipi,
 }
 
+/// How virtio devices reach the guest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VirtioTransportKind {
+    /// virtio-pci (modern) behind a PCI host bridge with MSI-X: what stock
+    /// distribution kernels find (the default).
+    #[default]
+    Pci,
+    /// virtio-mmio windows announced on the kernel command line
+    /// (`virtio_mmio.device=`): kernels built for microVMs, the test guest.
+    Mmio,
+}
+
+/// How a bzImage is booted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelDecompress {
+    /// The VMM decompresses the payload and enters the kernel directly
+    /// (64-bit boot protocol): no in-guest decompressor.
+    #[default]
+    Host,
+    /// The image is loaded as it is and its own decompressor runs in the
+    /// guest (slow where KVM emulates; kept for images without a payload).
+    Guest,
+}
+
 /// A complete VM description.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -179,6 +204,11 @@ pub struct VmConfig {
     pub rng: bool,
     pub serial: SerialTarget,
     pub ap_start: ApStart,
+    pub kernel_decompress: KernelDecompress,
+    /// The guest's CPUID profile; `None` detects it (see
+    /// [`crate::kvm::cpuid::CpuProfile::detect`]).
+    pub cpu_profile: Option<CpuProfile>,
+    pub transport: VirtioTransportKind,
     /// How the VMM's threads are confined (see [`crate::sandbox`]).
     pub sandbox: SandboxConfig,
 }
@@ -197,6 +227,9 @@ impl VmConfig {
             rng: false,
             serial: SerialTarget::default(),
             ap_start: ApStart::default(),
+            kernel_decompress: KernelDecompress::default(),
+            cpu_profile: None,
+            transport: VirtioTransportKind::default(),
             sandbox: SandboxConfig::default(),
         }
     }

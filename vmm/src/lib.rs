@@ -11,20 +11,22 @@
 //! `stats` (device counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
 //! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
 
+pub mod acpi;
 pub mod config;
 pub mod devices;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kvm;
 pub mod lifecycle;
+pub mod pci;
 pub mod sandbox;
 pub mod stats;
 pub mod timing;
 pub mod vm;
 
 pub use config::{
-    ApStart, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget,
-    VmConfig,
+    ApStart, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelDecompress,
+    KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

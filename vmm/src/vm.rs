@@ -5,12 +5,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::devices::virtio::VirtioTransport;
 use kvm_ioctls::VmFd;
 use linux_loader::cmdline::Cmdline;
-use virtio_devices::MmioTransport;
 use vm_memory::GuestMemoryMmap;
 
-use crate::config::{MAX_VCPUS, VmConfig};
+use crate::acpi::platform::{self, AcpiPlatform};
+use crate::config::{MAX_VCPUS, VirtioTransportKind, VmConfig};
 use crate::devices::bus::{Bus, lock};
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
@@ -20,6 +21,7 @@ use crate::devices::legacy::{
     EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, SERIAL_GSI, SERIAL_PORT,
     SERIAL_PORT_LEN,
 };
+use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
 use crate::kvm::vcpu::{Buses, Vcpu};
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};
@@ -64,6 +66,7 @@ impl Vm {
         let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
             .map_err(|e| Error::Sandbox(e.to_string()))?;
         let (kvm_sys, vm) = kvm::create_vm()?;
+        let vm = Arc::new(vm);
         let memory = kvm::memory::create(&vm, config.memory_mib << 20)?;
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
 
@@ -91,30 +94,59 @@ impl Vm {
         )
         .map_err(bus_err)?;
 
+        let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
+            control.clone(),
+            IrqLine::new(&vm, platform::GED_GSI)?,
+        )));
+        pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
+            .map_err(bus_err)?;
+
         let mut cmdline = build_cmdline(&config)?;
-        let virtio = crate::devices::virtio::attach(
-            &config,
-            &vm,
-            &memory,
-            &mut mmio,
-            &mut cmdline,
-            &sandbox,
-        )
+        let virtio = match config.transport {
+            VirtioTransportKind::Mmio => crate::devices::virtio::attach(
+                &config,
+                &vm,
+                &memory,
+                &mut mmio,
+                &mut cmdline,
+                &sandbox,
+            ),
+            VirtioTransportKind::Pci => crate::devices::virtio_pci::attach(
+                &config, &vm, &memory, &mut pio, &mut mmio, &sandbox,
+            ),
+        }
         .map_err(|e| Error::Device(e.to_string()))?;
         kvm::boot::write_long_mode_tables(&memory)?;
         kvm::mptable::write(&memory, config.vcpus)?;
-        let entry = kvm::boot::load(&memory, &config.kernel, &cmdline, config.initrd.as_deref())?;
+        let rsdp = crate::acpi::write(
+            &memory,
+            &crate::acpi::Platform {
+                vcpus: config.vcpus,
+                pci: config.transport == VirtioTransportKind::Pci,
+            },
+        )
+        .map_err(|e| Error::Device(e.to_string()))?;
+        let entry = kvm::boot::load(
+            &memory,
+            &config.kernel,
+            config.kernel_decompress,
+            &cmdline,
+            config.initrd.as_deref(),
+            rsdp,
+        )?;
 
         let supported = kvm_sys
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm::kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let profile = config.cpu_profile.unwrap_or_else(CpuProfile::detect);
+        let cpuid = CpuidPolicy::new(&supported, profile, config.vcpus);
         let vcpus = (0..config.vcpus)
             .map(|i| {
                 Vcpu::new(
                     &vm,
-                    &supported,
+                    &memory,
+                    &cpuid.for_vcpu(i),
                     i,
-                    config.vcpus,
                     entry.entry.0,
                     config.ap_start,
                 )
@@ -128,6 +160,7 @@ impl Vm {
             control,
             sandbox,
             i8042,
+            acpi,
             virtio: virtio.transports,
             counters: virtio.counters,
             vcpu_tids,
@@ -140,6 +173,21 @@ impl Vm {
             },
         })
     }
+}
+
+/// The guest CPUID `vcpus` vCPUs would get under `profile` (detected when
+/// `None`), as the table `vmm cpuid` prints.
+pub fn cpuid_table(profile: Option<CpuProfile>, vcpus: u8) -> Result<String> {
+    let kvm = kvm_ioctls::Kvm::new().map_err(kvm::Error::OpenKvm)?;
+    let supported = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm::kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let policy = CpuidPolicy::new(
+        &supported,
+        profile.unwrap_or_else(CpuProfile::detect),
+        vcpus.max(1),
+    );
+    Ok(policy.describe(&supported))
 }
 
 fn validate(config: &VmConfig) -> Result<()> {
@@ -296,13 +344,14 @@ fn spawn_vcpus(
     Ok(threads)
 }
 
-/// What must live as long as the VM runs. Field order is drop order: the VM
-/// fd goes before the memory KVM maps.
+/// What must live as long as the VM runs. Field order is drop order: the
+/// buses (whose PCI devices hold the VM fd for MSI routing) go first, then
+/// the VM fd goes before the memory KVM maps.
 struct Resources {
-    _vm: VmFd,
+    _buses: Arc<Buses>,
+    _vm: Arc<VmFd>,
     _memory: GuestMemoryMmap,
     _console: Console,
-    _buses: Arc<Buses>,
 }
 
 /// A running VM. Methods may be called from any thread; dropping the
@@ -311,7 +360,8 @@ pub struct VmHandle {
     control: Arc<Control>,
     sandbox: Arc<Sandbox>,
     i8042: Arc<Mutex<I8042>>,
-    virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    acpi: Arc<Mutex<AcpiPlatform>>,
+    virtio: Vec<VirtioTransport>,
     counters: DeviceCounters,
     vcpu_tids: VcpuTids,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -330,7 +380,7 @@ impl VmHandle {
         self.control.request_pause();
         if self.control.wait_paused(PAUSE_TIMEOUT) {
             for transport in &self.virtio {
-                lock(transport).pause();
+                transport.pause();
             }
             return Ok(());
         }
@@ -344,15 +394,24 @@ impl VmHandle {
     pub fn resume(&self) -> Result<()> {
         self.ensure_running()?;
         for transport in &self.virtio {
-            lock(transport).resume();
+            transport.resume();
         }
         self.control.resume();
         Ok(())
     }
 
-    /// Asks the guest to shut down: types Ctrl-Alt-Del on its keyboard
-    /// controller. A Linux guest reboots, which ends the VM with a reset.
+    /// Asks the guest to shut down: presses the ACPI power button (as
+    /// KubeVirt's default graceful shutdown does through libvirt). A Linux
+    /// guest powers off through `_S5`, which ends the VM with a power-off.
     pub fn request_shutdown(&self) -> Result<()> {
+        self.ensure_running()?;
+        lock(&self.acpi).press_power_button();
+        Ok(())
+    }
+
+    /// Types Ctrl-Alt-Del on the guest's keyboard controller: a Linux guest
+    /// reboots (a soft reboot), which ends the VM with a reset.
+    pub fn request_ctrl_alt_del(&self) -> Result<()> {
         self.ensure_running()?;
         lock(&self.i8042).trigger_ctrl_alt_del();
         Ok(())

@@ -71,7 +71,7 @@ fn pause_stops_the_guest_and_resume_continues_it() {
     vm.request_shutdown().expect("shutdown request");
     assert_eq!(
         vm.wait_timeout(BOOT),
-        Some(VmExit::Reset),
+        Some(VmExit::PowerOff { code: 0 }),
         "{}",
         capture.text()
     );
@@ -80,7 +80,7 @@ fn pause_stops_the_guest_and_resume_continues_it() {
 }
 
 #[test]
-fn a_graceful_shutdown_request_ends_a_halted_guest_with_a_reset() {
+fn a_graceful_shutdown_request_is_the_power_button_and_s5_powers_off() {
     let (vm, capture) = start("checks=smp exit=halt wait=120", 4);
     assert!(
         capture.wait_for("WAITING for Ctrl-Alt-Del", BOOT),
@@ -90,7 +90,14 @@ fn a_graceful_shutdown_request_ends_a_halted_guest_with_a_reset() {
     vm.request_shutdown().expect("shutdown request");
     assert_eq!(
         vm.wait_timeout(BOOT),
-        Some(VmExit::Reset),
+        Some(VmExit::PowerOff { code: 0 }),
+        "{}",
+        capture.text()
+    );
+    assert!(
+        capture
+            .text()
+            .contains("SHUTDOWN requested\nPOWEROFF acpi-s5"),
         "{}",
         capture.text()
     );
@@ -99,6 +106,20 @@ fn a_graceful_shutdown_request_ends_a_halted_guest_with_a_reset() {
         "{}",
         capture.text()
     );
+}
+
+#[test]
+fn ctrl_alt_del_still_resets_the_guest() {
+    let (vm, capture) = start("checks=serial exit=halt wait=120", 1);
+    assert!(capture.wait_for("WAITING", BOOT), "{}", capture.text());
+    vm.request_ctrl_alt_del().expect("Ctrl-Alt-Del");
+    assert_eq!(
+        vm.wait_timeout(BOOT),
+        Some(VmExit::Reset),
+        "{}",
+        capture.text()
+    );
+    assert!(!capture.text().contains("POWEROFF"), "{}", capture.text());
 }
 
 #[test]
@@ -190,9 +211,11 @@ fn a_console_client_reads_serial_output_from_a_unix_socket() {
     // Input from the client reaches the UART without disturbing the VM.
     (&stream).write_all(b"hello").unwrap();
     vm.request_shutdown().unwrap();
-    assert_eq!(vm.wait_timeout(BOOT), Some(VmExit::Reset));
+    assert_eq!(vm.wait_timeout(BOOT), Some(VmExit::PowerOff { code: 0 }));
     let line = lines.next().and_then(Result::ok);
     assert_eq!(line.as_deref(), Some("SHUTDOWN requested"));
+    let line = lines.next().and_then(Result::ok);
+    assert_eq!(line.as_deref(), Some("POWEROFF acpi-s5"));
     drop(vm);
     assert!(!socket.exists(), "the console socket outlived the VM");
     // The VMM closed the client's connection (a reset if our input was

@@ -7,8 +7,9 @@ use crate::report::{Detail, Reporter};
 
 /// An I/O port no device of the VMM claims.
 const UNCLAIMED_PORT: u16 = 0x0c50;
-/// A guest-physical address above the virtio window where no device lives.
-const UNCLAIMED_MMIO: u64 = 0xe000_1000;
+/// A guest-physical address between the PCI window and the IOAPIC where no
+/// device lives.
+const UNCLAIMED_MMIO: u64 = 0xf000_1000;
 /// The end of the identity map the VMM builds.
 const MAPPED_END: u64 = 1 << 32;
 /// How long the `smp` check waits for vCPUs the VMM started itself before
@@ -204,7 +205,7 @@ fn sum_bytes(addr: u64, len: u64) -> u8 {
     (0..len).fold(0u8, |s, i| s.wrapping_add(crate::io::mmio_read8(addr + i)))
 }
 
-fn expected_cpus(cmdline: &[u8]) -> u32 {
+pub fn expected_cpus(cmdline: &[u8]) -> u32 {
     cmdline::value(cmdline, "cpus")
         .and_then(cmdline::parse_u64)
         .map(|n| n.min(64) as u32)
@@ -239,4 +240,77 @@ pub fn triplefault(r: &mut dyn Reporter) -> ! {
     crate::idt::load_empty();
     // SAFETY: deliberately faults; with an empty IDT this never returns.
     unsafe { core::arch::asm!("ud2", options(nostack, noreturn)) }
+}
+
+/// `cpuid`: the features the VMM's CPUID policy shows this vCPU (leaf 1
+/// ECX/EDX, leaf 7 EBX/ECX), for the host to compare with `vmm cpuid`.
+pub fn cpuid(r: &mut dyn Reporter) {
+    let (_, _, ecx1, edx1) = crate::io::cpuid(1, 0);
+    let (_, ebx7, ecx7, _) = crate::io::cpuid(7, 0);
+    let mut d = Detail::new();
+    d.str("leaf1.ecx=")
+        .hex(u64::from(ecx1))
+        .str(" leaf1.edx=")
+        .hex(u64::from(edx1))
+        .str(" leaf7.ebx=")
+        .hex(u64::from(ebx7))
+        .str(" leaf7.ecx=")
+        .hex(u64::from(ecx7));
+    r.result("cpuid", true, d.as_str());
+}
+
+/// The IOAPIC pin whose vector the `emulation` check raises with `int n`.
+const SOFT_INT_PIN: u32 = 19;
+
+/// `emulation`: instructions KVM's emulator may lack, finished by the VMM:
+/// `int3` reaches the #BP handler with RIP past it, `int n` reaches
+/// vector n, `stac`/`clac` set and clear RFLAGS.AC (or raise #UD where
+/// CPUID shows no SMAP), `fwait` without a pending x87 exception returns.
+pub fn emulation(r: &mut dyn Reporter) {
+    let (bp_rip, after) = crate::idt::trigger_breakpoint();
+    crate::idt::take_pending(SOFT_INT_PIN);
+    // SAFETY: vector IRQ_BASE + 19 is an interrupt gate whose handler only
+    // records the pending bit and writes EOI.
+    unsafe { core::arch::asm!("int 0x33", options(nostack)) };
+    let soft_int = crate::idt::take_pending(SOFT_INT_PIN);
+    let smap = crate::io::cpuid(7, 0).1 & (1 << 20) != 0;
+    let (ac_set, ac_after_clac, uds) = crate::idt::toggle_ac();
+    // No x87 exception pending: fwait does nothing (and comes back).
+    // SAFETY: fwait only checks the x87 status word.
+    unsafe { core::arch::asm!("fwait", options(nomem, nostack)) };
+    let ac_ok = if smap {
+        ac_set && !ac_after_clac && uds == 0
+    } else {
+        uds == 2
+    };
+    let mut d = Detail::new();
+    d.str("int3_rip=")
+        .hex(bp_rip)
+        .str(" expected=")
+        .hex(after)
+        .str(" int0x33=")
+        .dec(u64::from(soft_int))
+        .str(" smap=")
+        .dec(u64::from(smap))
+        .str(" stac_ac=")
+        .dec(u64::from(ac_set))
+        .str(" clac_ac=")
+        .dec(u64::from(ac_after_clac))
+        .str(" ud=")
+        .dec(u64::from(uds))
+        .str(" fwait=ok");
+    r.result("emulation", bp_rip == after && soft_int && ac_ok, d.as_str());
+}
+
+/// `unemulated`: an SSE instruction with a memory operand in MMIO, which
+/// KVM must emulate (on hardware too) and whose emulator lacks it; neither
+/// can the VMM finish it, so the VM ends as a guest crash naming the
+/// instruction's bytes. Does not return.
+pub fn unemulated(r: &mut dyn Reporter) -> ! {
+    r.result("unemulated", true, "pxor xmm0, [mmio] now");
+    // SAFETY: deliberately stops the VM; xmm0 is never used by this program.
+    unsafe {
+        core::arch::asm!("pxor xmm0, [{0}]", in(reg) UNCLAIMED_MMIO, options(nostack));
+    }
+    crate::exit::exit(crate::exit::FAILED_CODE)
 }

@@ -29,7 +29,9 @@ pub enum ExitMode {
     Poweroff = 0,
     /// Reset through the i8042 only (the code is not reported).
     Reset = 1,
-    /// Wait for Ctrl-Alt-Del from the VMM (keyboard IRQ 1), then reset.
+    /// Wait for a shutdown request from the VMM: the ACPI power button
+    /// (then power off through S5) or Ctrl-Alt-Del (keyboard IRQ 1, then
+    /// reset).
     Halt = 2,
     /// Like `Halt`, printing a '.' every 10 ms (to see the guest run or stop).
     Tick = 3,
@@ -82,9 +84,10 @@ pub fn reset() -> ! {
     halt_forever()
 }
 
-/// The waiting modes: sleep until Ctrl-Alt-Del arrives or `wait_s` seconds
-/// pass, then end the run (reset on Ctrl-Alt-Del, `WAIT_TIMEOUT_CODE` on
-/// timeout). Other modes return at once.
+/// The waiting modes: sleep until the power button or Ctrl-Alt-Del
+/// arrives or `wait_s` seconds pass, then end the run (S5 power-off for the
+/// button, reset on Ctrl-Alt-Del, `WAIT_TIMEOUT_CODE` on timeout). Other
+/// modes return at once.
 pub fn wait_for_shutdown_request(wait_s: u32) {
     let tick = match mode() {
         ExitMode::Halt => false,
@@ -92,10 +95,18 @@ pub fn wait_for_shutdown_request(wait_s: u32) {
         _ => return,
     };
     crate::irq::route(KEYBOARD_PIN);
-    crate::serial::write_str("WAITING for Ctrl-Alt-Del\n");
+    crate::irq::route(crate::acpi::GED_PIN);
+    crate::serial::write_str("WAITING for Ctrl-Alt-Del or the power button\n");
     let step_ms = 10;
     let mut previous = 0u8;
     for _ in 0..wait_s.saturating_mul(1000 / step_ms) {
+        if crate::irq::take(crate::acpi::GED_PIN) && crate::acpi::power_button_pressed() {
+            crate::serial::write_str("SHUTDOWN requested\nPOWEROFF acpi-s5\n");
+            crate::acpi::power_off();
+            crate::serial::write_str("TEST poweroff FAIL the VMM ignored S5\n");
+            outb(EXIT_PORT, WAIT_TIMEOUT_CODE);
+            reset();
+        }
         if crate::irq::wait(KEYBOARD_PIN, step_ms) || inb(I8042_STATUS) & I8042_OUTPUT_FULL != 0 {
             // Drain the controller's buffer, bounded.
             for _ in 0..32 {

@@ -2,7 +2,7 @@
 //! reports it (instead of a triple fault); device interrupts set a pending bit.
 
 use core::arch::{asm, global_asm};
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// First vector used for IOAPIC pins (pin N arrives on IRQ_BASE + N).
 pub const IRQ_BASE: u8 = 0x20;
@@ -14,6 +14,7 @@ pub const TIMER_VECTOR: u8 = IRQ_BASE + IRQ_PINS;
 pub const SPURIOUS_VECTOR: u8 = 0xff;
 
 const UD_VECTOR: u64 = 6;
+const BP_VECTOR: u64 = 3;
 
 // One stub per vector 0..=48 pushes a dummy error code where the CPU does not
 // push one, then the vector, and jumps to the common path. Vectors above 48
@@ -110,6 +111,10 @@ static mut IDT: Idt = Idt([[0; 2]; 256]);
 
 /// Set while a check deliberately runs `ud2`.
 static EXPECT_UD: AtomicBool = AtomicBool::new(false);
+/// Length of the instruction a check expects #UD for (0: none).
+static EXPECT_UD_LEN: AtomicU32 = AtomicU32::new(0);
+/// RIP the last #BP pushed (the address after `int3`), 0 before any.
+static BP_RIP: AtomicU64 = AtomicU64::new(0);
 /// Counts #UD exceptions handled as expected.
 static UD_SEEN: AtomicU32 = AtomicU32::new(0);
 /// One bit per IOAPIC pin (and the timer) that raised an interrupt.
@@ -170,6 +175,36 @@ pub fn trigger_expected_ud() -> bool {
     UD_SEEN.load(Ordering::SeqCst) == before + 1
 }
 
+/// Runs `int3`; returns (RIP the #BP handler saw, the address after `int3`).
+pub fn trigger_breakpoint() -> (u64, u64) {
+    BP_RIP.store(0, Ordering::SeqCst);
+    let after: u64;
+    // SAFETY: the #BP handler returns to the instruction after int3.
+    unsafe { asm!("lea {0}, [rip + 2f]", "int3", "2:", out(reg) after, options(nostack)) };
+    (BP_RIP.load(Ordering::SeqCst), after)
+}
+
+/// Runs `stac` then `clac` (or expects #UD for both without SMAP); returns
+/// (AC after stac, AC after clac, #UDs seen).
+pub fn toggle_ac() -> (bool, bool, u32) {
+    let before = UD_SEEN.load(Ordering::SeqCst);
+    let (after_stac, after_clac): (u64, u64);
+    EXPECT_UD_LEN.store(3, Ordering::SeqCst);
+    // SAFETY: stac/clac only change RFLAGS.AC (the guest never touches user
+    // pages); a #UD is skipped by the handler (3 bytes).
+    unsafe {
+        asm!("stac", "pushfq", "pop {0}", out(reg) after_stac);
+        asm!("clac", "pushfq", "pop {0}", out(reg) after_clac);
+    }
+    EXPECT_UD_LEN.store(0, Ordering::SeqCst);
+    let ac = 1 << 18;
+    (
+        after_stac & ac != 0,
+        after_clac & ac != 0,
+        UD_SEEN.load(Ordering::SeqCst) - before,
+    )
+}
+
 /// Whether an interrupt source's pending bit is set (without clearing it).
 pub fn peek_pending(bit: u32) -> bool {
     PENDING.load(Ordering::SeqCst) & (1 << bit) != 0
@@ -186,6 +221,17 @@ extern "C" fn guest_trap(frame: &mut TrapFrame) {
     if vector == UD_VECTOR && EXPECT_UD.swap(false, Ordering::SeqCst) {
         frame.rip += 2;
         UD_SEEN.fetch_add(1, Ordering::SeqCst);
+        return;
+    }
+    let ud_len = EXPECT_UD_LEN.load(Ordering::SeqCst);
+    if vector == UD_VECTOR && ud_len != 0 {
+        frame.rip += u64::from(ud_len);
+        UD_SEEN.fetch_add(1, Ordering::SeqCst);
+        return;
+    }
+    if vector == BP_VECTOR {
+        // A trap: the saved RIP is already past int3.
+        BP_RIP.store(frame.rip, Ordering::SeqCst);
         return;
     }
     if vector >= u64::from(IRQ_BASE) && vector <= u64::from(TIMER_VECTOR) {

@@ -9,6 +9,7 @@
 #![no_std]
 #![no_main]
 
+mod acpi;
 mod bootparams;
 mod checks;
 pub mod cmdline;
@@ -16,6 +17,7 @@ mod exit;
 mod idt;
 pub mod io;
 pub mod irq;
+pub mod pci;
 pub mod report;
 mod serial;
 mod smp;
@@ -60,8 +62,20 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     if cmdline::check_selected(cmdline, "mptable") {
         checks::mptable(&mut r, cmdline);
     }
+    if cmdline::check_named(cmdline, "cpuid") {
+        checks::cpuid(&mut r);
+    }
     if cmdline::check_selected(cmdline, "smp") {
         checks::smp(&mut r, cmdline);
+    }
+    if cmdline::check_named(cmdline, "emulation") {
+        checks::emulation(&mut r);
+    }
+    if cmdline::check_named(cmdline, "acpi") {
+        acpi::check(&mut r, checks::expected_cpus(cmdline));
+    }
+    if cmdline::check_named(cmdline, "pci") {
+        pci::check(&mut r);
     }
     if cmdline::check_named(cmdline, "initrd") {
         checks::initrd(&mut r, bp);
@@ -82,6 +96,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
 
     if cmdline::check_named(cmdline, "panic") {
         checks::panic(&mut r);
+    }
+    if cmdline::check_named(cmdline, "unemulated") {
+        checks::unemulated(&mut r);
     }
     if cmdline::check_named(cmdline, "triplefault") {
         checks::triplefault(&mut r);

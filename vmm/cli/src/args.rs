@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use vmm::config::{
-    ApStart, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget,
-    VmConfig, parse_mac,
+    ApStart, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelDecompress,
+    KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig, parse_mac,
 };
 
 #[derive(Debug, Parser)]
@@ -35,6 +35,16 @@ pub enum Command {
     /// Boot the embedded test guest with one of each device and report
     /// PASS/FAIL per check. Exit status 0 only if every check passes.
     Selftest(SelftestArgs),
+    /// Print the CPUID every vCPU of a VM would get (one line per leaf of
+    /// vCPU 0, then the fields where other vCPUs differ) and the features
+    /// the policy hides.
+    Cpuid {
+        #[arg(long, default_value_t = 1)]
+        vcpus: u8,
+        /// host or emulated (default: detected from the host's KVM).
+        #[arg(long)]
+        cpu_profile: Option<CpuProfile>,
+    },
     /// Disk image tools (create, info, check, bench, io) over the `block`
     /// crate's engines, with qemu-img's and qemu-io's flags.
     #[command(subcommand)]
@@ -46,9 +56,23 @@ pub struct RunArgs {
     /// Kernel image: ELF vmlinux or bzImage.
     #[arg(long)]
     pub kernel: PathBuf,
+    /// Where a bzImage is decompressed: `host` (the VMM decompresses the
+    /// payload and enters the kernel directly) or `guest` (the image's own
+    /// decompressor runs in the guest).
+    #[arg(long, default_value = "host", value_parser = parse_decompress)]
+    pub decompress: KernelDecompress,
+    /// How virtio devices reach the guest: `pci` (virtio-pci behind a PCI
+    /// host bridge, with MSI-X; what stock kernels find) or `mmio`
+    /// (virtio-mmio windows appended to the command line).
+    #[arg(long, default_value = "pci", value_parser = parse_transport)]
+    pub transport: VirtioTransportKind,
+    /// Guest CPUID profile: host or emulated (default: detected; see `vmm cpuid`).
+    #[arg(long)]
+    pub cpu_profile: Option<CpuProfile>,
     #[arg(long)]
     pub initrd: Option<PathBuf>,
-    /// Kernel command line (virtio-mmio devices are appended to it).
+    /// Kernel command line (virtio-mmio devices are appended to it with
+    /// `--transport mmio`).
     #[arg(long, default_value = vmm::config::DEFAULT_CMDLINE)]
     pub cmdline: String,
     /// Guest memory in MiB.
@@ -115,6 +139,9 @@ impl RunArgs {
             rng: self.rng,
             serial: self.serial,
             ap_start: self.ap_start,
+            kernel_decompress: self.decompress,
+            cpu_profile: self.cpu_profile,
+            transport: self.transport,
             sandbox: vmm::SandboxConfig {
                 seccomp: self.seccomp,
                 landlock: self.landlock,
@@ -245,6 +272,22 @@ pub fn parse_net(text: &str) -> Result<NetConfig, String> {
         mac,
         ..NetConfig::new(tap.ok_or("a net device needs tap=NAME")?)
     })
+}
+
+pub fn parse_transport(text: &str) -> Result<VirtioTransportKind, String> {
+    match text {
+        "pci" => Ok(VirtioTransportKind::Pci),
+        "mmio" => Ok(VirtioTransportKind::Mmio),
+        _ => Err(format!("expected pci or mmio, got {text:?}")),
+    }
+}
+
+pub fn parse_decompress(text: &str) -> Result<KernelDecompress, String> {
+    match text {
+        "host" => Ok(KernelDecompress::Host),
+        "guest" => Ok(KernelDecompress::Guest),
+        _ => Err(format!("expected host or guest, got {text:?}")),
+    }
 }
 
 pub fn parse_ap_start(text: &str) -> Result<ApStart, String> {

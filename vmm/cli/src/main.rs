@@ -43,6 +43,16 @@ fn main() -> ExitCode {
             verbose: args.verbose,
             seccomp: args.seccomp,
         }),
+        Command::Cpuid { vcpus, cpu_profile } => match vmm::vm::cpuid_table(cpu_profile, vcpus) {
+            Ok(table) => {
+                print!("{table}");
+                0
+            }
+            Err(e) => {
+                eprintln!("vmm cpuid: {e}");
+                1
+            }
+        },
         Command::Img(command) => match img::run(command) {
             Ok(status) => status,
             Err(e) => {
@@ -143,8 +153,8 @@ fn wait_signal(set: &libc::sigset_t, deadline: Option<Instant>) -> Option<i32> {
     }
 }
 
-/// SIGTERM or SIGINT: the first asks the guest to shut down (Ctrl-Alt-Del
-/// through the i8042; Linux reboots, which ends the VM) and gives it
+/// SIGTERM or SIGINT: the first asks the guest to shut down (the ACPI
+/// power button; Linux powers off, which ends the VM) and gives it
 /// `shutdown_timeout` to do so (a guest still in early boot may ignore the
 /// request and must not keep the VMM alive); the second, or the end of that
 /// time, kills it. One thread, no timer thread: it runs in the control

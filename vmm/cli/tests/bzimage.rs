@@ -55,8 +55,98 @@ fn bzimage(dir: &tempfile::TempDir, header: Header) -> PathBuf {
     path
 }
 
+/// These images carry the flat guest, no compressed payload: their own
+/// "decompressor" (the guest itself) runs in the guest.
 fn run(kernel: &Path, args: &[&str]) -> std::process::Output {
-    run_kernel(kernel, args)
+    let mut all = vec!["--decompress", "guest"];
+    all.extend_from_slice(args);
+    run_kernel(kernel, &all)
+}
+
+/// A bzImage whose payload is the guest ELF compressed by the tool and
+/// flags Linux's build uses (arch/x86/boot/compressed/Makefile,
+/// scripts/Makefile.lib), the uncompressed size appended for all but gzip.
+fn compressed_bzimage(dir: &tempfile::TempDir, tool: &[&str], with_size: bool) -> PathBuf {
+    use std::io::Write;
+    let elf = std::fs::read(guest_elf(dir)).unwrap();
+    let mut child = std::process::Command::new(tool[0])
+        .args(&tool[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} is needed for this test: {e}", tool[0]));
+    child.stdin.take().unwrap().write_all(&elf).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{tool:?} failed");
+    let mut payload = out.stdout;
+    if with_size {
+        payload.extend_from_slice(&(elf.len() as u32).to_le_bytes());
+    }
+    // Setup sectors, then a protected-mode part that is only the payload.
+    let mut image = vec![0u8; (usize::from(SETUP_SECTS) + 1) * 512];
+    image[0x1f1] = SETUP_SECTS;
+    image[0x1fe..0x200].copy_from_slice(&0xaa55u16.to_le_bytes());
+    image[0x202..0x206].copy_from_slice(b"HdrS");
+    image[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+    image[0x211] = 0x01;
+    image[0x214..0x218].copy_from_slice(&0x10_0000u32.to_le_bytes());
+    image[0x248..0x24c].copy_from_slice(&0u32.to_le_bytes());
+    image[0x24c..0x250].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    image.extend_from_slice(&payload);
+    let path = dir.path().join(format!("bzImage-{}", tool[0]));
+    std::fs::write(&path, image).unwrap();
+    path
+}
+
+#[test]
+fn every_kernel_compression_is_decompressed_on_the_host_and_entered_directly() {
+    let dir = tempdir();
+    for (tool, with_size) in [
+        (&["gzip", "-n", "-9", "-c"][..], false),
+        (&["bzip2", "-9", "-c"][..], true),
+        (&["lzma", "-9", "-c"][..], true),
+        (
+            &["xz", "--check=crc32", "--x86", "--lzma2=,dict=32MiB", "-c"][..],
+            true,
+        ),
+        (&["lzop", "-9", "-c"][..], true),
+        (&["lz4", "-l", "-9", "-c"][..], true),
+        (&["zstd", "-22", "--ultra", "-c"][..], true),
+    ] {
+        let kernel = compressed_bzimage(&dir, tool, with_size);
+        let out = run_kernel(
+            &kernel,
+            &["--cmdline", "checks=serial,bootparams exit=poweroff"],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{tool:?}\nstdout:\n{}\nstderr:\n{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        assert_pass(&out, "serial");
+        assert_pass(&out, "bootparams");
+    }
+    // The same image without host decompression would run its payload as
+    // code: the flag decides, and a truncated payload is refused.
+    let kernel = compressed_bzimage(&dir, &["gzip", "-n", "-9", "-c"], false);
+    let mut bytes = std::fs::read(&kernel).unwrap();
+    // 16 bytes cut before the size the build appends (the payload's last
+    // 4), which stays valid: what fails is the gzip stream itself.
+    let size: [u8; 4] = bytes[bytes.len() - 4..].try_into().unwrap();
+    bytes.truncate(bytes.len() - 20);
+    bytes.extend_from_slice(&size);
+    let len = u32::from_le_bytes(bytes[0x24c..0x250].try_into().unwrap()) - 16;
+    bytes[0x24c..0x250].copy_from_slice(&len.to_le_bytes());
+    std::fs::write(&kernel, bytes).unwrap();
+    let out = run_kernel(&kernel, &[]);
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot load the kernel: bzImage payload: gzip payload"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

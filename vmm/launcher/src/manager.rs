@@ -353,7 +353,7 @@ impl Manager {
     }
 
     /// Graceful shutdown, as KubeVirt's `SignalShutdownVMI`: asks the guest
-    /// (Ctrl-Alt-Del) and records when it was first asked, which the
+    /// (an ACPI power-button press, libvirt's default shutdown) and records when it was first asked, which the
     /// handler's grace timer reads. The state does not change: libvirt
     /// reports `ShuttingDown` only once the guest is going down, and the
     /// handler repeats the request until then. A paused VM stays paused
@@ -460,7 +460,7 @@ impl Manager {
         if vm.state() == VmState::Paused {
             return fail("the VM is paused");
         }
-        vm.request_shutdown()?;
+        vm.request_ctrl_alt_del()?;
         Ok(())
     }
 
@@ -509,8 +509,8 @@ impl Manager {
 /// - the guest powers off: QEMU's `SHUTDOWN` event puts the domain in
 ///   `VIR_DOMAIN_SHUTDOWN`/`_UNKNOWN` (ShuttingDown/Unknown), then the
 ///   process ends: `VIR_DOMAIN_SHUTOFF`/`_SHUTDOWN` (Shutoff/Shutdown);
-/// - the guest resets after a shutdown request: Ctrl-Alt-Del is how this
-///   VMM asks, and a Linux guest answers it by rebooting; the reboot is the
+/// - the guest resets after a shutdown request (a guest that answers the
+///   power button, or a soft reboot's Ctrl-Alt-Del, by resetting): the
 ///   guest going down, reported as above;
 /// - a reset whose restart failed: Shutoff/Failed;
 /// - killed (`virDomainDestroy`): Shutoff/Destroyed;

@@ -4,3 +4,4 @@ pub mod bus;
 pub mod irq;
 pub mod legacy;
 pub mod virtio;
+pub mod virtio_pci;

@@ -18,7 +18,7 @@ use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use virtio_devices::block::{Block, BlockOptions};
 use virtio_devices::net::{Net, NetOptions};
 use virtio_devices::rng::Rng;
-use virtio_devices::{InterruptTrigger, MmioTransport, VirtioDevice};
+use virtio_devices::{InterruptTrigger, MmioTransport, PciTransport, VirtioDevice};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
@@ -90,7 +90,9 @@ pub fn default_mac(index: usize) -> [u8; 6] {
 
 /// The devices the configuration asks for, in a fixed order: disks, nets,
 /// rng; and their counters.
-fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
+pub(crate) fn build_devices(
+    config: &VmConfig,
+) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     let mut counters = DeviceCounters::default();
     for disk in &config.disks {
@@ -147,14 +149,37 @@ fn build_devices(config: &VmConfig) -> Result<(Vec<Box<dyn VirtioDevice>>, Devic
     Ok((devices, counters))
 }
 
+/// A device behind its transport (virtio-mmio here, virtio-pci in
+/// `virtio_pci`).
+pub enum VirtioTransport {
+    Mmio(Arc<Mutex<MmioTransport>>),
+    Pci(Arc<Mutex<PciTransport>>),
+}
+
+impl VirtioTransport {
+    pub fn pause(&self) {
+        match self {
+            VirtioTransport::Mmio(t) => lock(t).pause(),
+            VirtioTransport::Pci(t) => lock(t).pause(),
+        }
+    }
+
+    pub fn resume(&self) {
+        match self {
+            VirtioTransport::Mmio(t) => lock(t).resume(),
+            VirtioTransport::Pci(t) => lock(t).resume(),
+        }
+    }
+}
+
 /// The devices on the bus, and their counters.
 pub struct Attached {
-    pub transports: Vec<Arc<Mutex<MmioTransport>>>,
+    pub transports: Vec<VirtioTransport>,
     pub counters: DeviceCounters,
 }
 
 /// The name of a device's thread (at most 15 bytes, the kernel's limit).
-fn thread_name(device_type: u32) -> String {
+pub(crate) fn thread_name(device_type: u32) -> String {
     match device_type {
         VIRTIO_ID_BLOCK => "virtio-blk".into(),
         VIRTIO_ID_NET => "virtio-net".into(),
@@ -230,7 +255,7 @@ pub fn attach(
         cmdline
             .add_virtio_mmio_device(VIRTIO_MMIO_SIZE, GuestAddress(base), gsi, None)
             .map_err(|e| Error::Setup(format!("kernel command line: {e}")))?;
-        transports.push(transport);
+        transports.push(VirtioTransport::Mmio(transport));
     }
     Ok(Attached {
         transports,

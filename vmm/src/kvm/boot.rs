@@ -3,7 +3,7 @@
 //! page with the e820 map.
 
 use std::fs::File;
-use std::io::{Cursor, Read, Seek};
+use std::io::Cursor;
 
 use linux_loader::cmdline::Cmdline;
 use linux_loader::configurator::linux::LinuxBootConfigurator;
@@ -11,13 +11,13 @@ use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 use linux_loader::loader::{BzImage, Elf, KernelLoader, load_cmdline};
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-    ReadVolatile,
+    Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap,
+    GuestMemoryRegion,
 };
 
 use super::layout::*;
 use super::{Error, Result};
-use crate::config::KernelSource;
+use crate::config::{KernelDecompress, KernelSource};
 
 const BOOT_FLAG_MAGIC: u16 = 0xaa55;
 const HEADER_MAGIC: u32 = 0x5372_6448; // "HdrS"
@@ -26,6 +26,8 @@ const E820_RAM: u32 = 1;
 const E820_RESERVED: u32 = 2;
 /// bzImage: the 64-bit entry point is 0x200 bytes into the protected-mode kernel.
 const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
+/// Where the setup header starts in a bzImage.
+const SETUP_HEADER_OFFSET: usize = 0x1f1;
 /// `loadflags` bit: the boot loader may use the heap (set by every modern loader).
 const CAN_USE_HEAP: u8 = 0x80;
 const PAGE_SIZE: u64 = 0x1000;
@@ -39,21 +41,24 @@ pub struct KernelEntry {
 }
 
 /// Loads the kernel (an ELF `vmlinux` or a `bzImage`, recognised by the ELF
-/// magic) and fills the zero page, command line and initrd. Returns the
-/// entry point.
+/// magic) and fills the zero page, command line and initrd. A bzImage's
+/// payload is decompressed here unless `decompress` leaves that to the
+/// guest (see [`super::kernel_image`]). Returns the entry point.
 pub fn load(
     mem: &GuestMemoryMmap,
     kernel: &KernelSource,
+    decompress: KernelDecompress,
     cmdline: &Cmdline,
     initrd: Option<&std::path::Path>,
+    acpi_rsdp: u64,
 ) -> Result<KernelEntry> {
-    let (entry, header) = match kernel {
-        KernelSource::Path(path) => {
-            let mut file = File::open(path).map_err(|e| Error::KernelFile(path.clone(), e))?;
-            load_kernel(mem, &mut file)?
-        }
-        KernelSource::Bytes(bytes) => load_kernel(mem, &mut Cursor::new(&bytes[..]))?,
+    let image: std::borrow::Cow<'_, [u8]> = match kernel {
+        KernelSource::Path(path) => std::fs::read(path)
+            .map_err(|e| Error::KernelFile(path.clone(), e))?
+            .into(),
+        KernelSource::Bytes(bytes) => (&bytes[..]).into(),
     };
+    let (entry, header) = load_kernel(mem, &image, decompress)?;
 
     let mut params = boot_params::default();
     if let Some(header) = header {
@@ -81,6 +86,9 @@ pub fn load(
         params.hdr.ramdisk_size = size as u32;
     }
 
+    // Boot protocol 2.14: where the ACPI tables start (Linux also scans
+    // the BIOS area, where they are).
+    params.acpi_rsdp_addr = acpi_rsdp;
     add_e820_map(mem, &mut params)?;
     LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
         &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE_ADDR)),
@@ -90,43 +98,70 @@ pub fn load(
     Ok(entry)
 }
 
-fn load_kernel<F: Read + ReadVolatile + Seek>(
+fn load_kernel(
     mem: &GuestMemoryMmap,
-    image: &mut F,
+    image: &[u8],
+    decompress: KernelDecompress,
 ) -> Result<(KernelEntry, Option<setup_header>)> {
-    let mut magic = [0u8; 4];
-    image
-        .rewind()
-        .and_then(|_| image.read_exact(&mut magic))
-        .map_err(Error::KernelRead)?;
-    let highmem = Some(GuestAddress(HIMEM_START));
-    if magic == *b"\x7fELF" {
-        let loaded =
-            Elf::load(mem, None, image, highmem).map_err(|e| Error::KernelLoad(e.to_string()))?;
-        check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
-        Ok((
-            KernelEntry {
-                entry: loaded.kernel_load,
-                end: loaded.kernel_end,
-            },
-            None,
-        ))
-    } else {
-        let loaded = BzImage::load(mem, None, image, highmem)
-            .map_err(|e| Error::KernelLoad(e.to_string()))?;
-        // The kernel decompresses itself in place and needs `init_size`
-        // bytes from its load address, more than the file holds.
-        let init_size = loaded.setup_header.map_or(0, |h| u64::from(h.init_size));
-        let end = loaded
-            .kernel_end
-            .max(loaded.kernel_load.raw_value().saturating_add(init_size));
-        check_kernel_fits(mem, loaded.kernel_load.raw_value(), end)?;
-        let entry = loaded
-            .kernel_load
-            .checked_add(BZIMAGE_64BIT_ENTRY_OFFSET)
-            .ok_or(Error::KernelLoad("entry overflows".into()))?;
-        Ok((KernelEntry { entry, end }, loaded.setup_header))
+    if image.starts_with(b"\x7fELF") {
+        return Ok((load_elf(mem, image)?, None));
     }
+    let header = image
+        .get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + std::mem::size_of::<setup_header>())
+        .and_then(|bytes| setup_header::from_slice(bytes).copied());
+    if decompress == KernelDecompress::Host {
+        let payload = super::kernel_image::payload(image)?;
+        let started = std::time::Instant::now();
+        let vmlinux = super::kernel_image::decompress(&payload)?;
+        tracing::debug!(
+            "bzImage: {} payload of {} bytes decompressed to {} in {:?}",
+            payload.compression.name(),
+            payload.data.len(),
+            vmlinux.len(),
+            started.elapsed()
+        );
+        if !vmlinux.starts_with(b"\x7fELF") {
+            return Err(Error::KernelLoad(
+                "the decompressed payload is not an ELF kernel".into(),
+            ));
+        }
+        return Ok((load_elf(mem, &vmlinux)?, header));
+    }
+    let loaded = BzImage::load(
+        mem,
+        None,
+        &mut Cursor::new(image),
+        Some(GuestAddress(HIMEM_START)),
+    )
+    .map_err(|e| Error::KernelLoad(e.to_string()))?;
+    // The kernel decompresses itself in place and needs `init_size`
+    // bytes from its load address, more than the file holds.
+    let init_size = loaded.setup_header.map_or(0, |h| u64::from(h.init_size));
+    let end = loaded
+        .kernel_end
+        .max(loaded.kernel_load.raw_value().saturating_add(init_size));
+    check_kernel_fits(mem, loaded.kernel_load.raw_value(), end)?;
+    let entry = loaded
+        .kernel_load
+        .checked_add(BZIMAGE_64BIT_ENTRY_OFFSET)
+        .ok_or(Error::KernelLoad("entry overflows".into()))?;
+    Ok((KernelEntry { entry, end }, loaded.setup_header))
+}
+
+/// An ELF kernel, its segments at their physical addresses.
+fn load_elf(mem: &GuestMemoryMmap, image: &[u8]) -> Result<KernelEntry> {
+    let loaded = Elf::load(
+        mem,
+        None,
+        &mut Cursor::new(image),
+        Some(GuestAddress(HIMEM_START)),
+    )
+    .map_err(|e| Error::KernelLoad(e.to_string()))?;
+    check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
+    Ok(KernelEntry {
+        entry: loaded.kernel_load,
+        end: loaded.kernel_end,
+    })
 }
 
 /// The entry point and the end of the image (bss included) must be in RAM.
@@ -180,7 +215,7 @@ fn load_initrd(
 }
 
 /// e820: RAM below the EBDA, RAM from 1 MiB to the end of each region, and
-/// the hole reserved.
+/// PCI's configuration space reserved.
 fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
     let mut entries = vec![boot_e820_entry {
         addr: 0,
@@ -198,9 +233,12 @@ fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
             });
         }
     }
+    // Only PCI's ECAM is reserved (Linux wants MMCONFIG reserved before
+    // using it); the rest of the hole is not RAM and stays free for the PCI
+    // window the DSDT announces, as on QEMU's q35.
     entries.push(boot_e820_entry {
-        addr: MMIO_HOLE_START,
-        size: MMIO_HOLE_END - MMIO_HOLE_START,
+        addr: PCI_ECAM_BASE,
+        size: PCI_ECAM_SIZE,
         r#type: E820_RESERVED,
     });
     if entries.len() > params.e820_table.len() {

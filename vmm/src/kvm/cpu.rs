@@ -1,8 +1,8 @@
 //! Initial vCPU state for the Linux 64-bit boot protocol: long mode with the
-//! VMM's page tables, flat segments, boot MSRs, CPUID with per-vCPU APIC ids,
-//! and the local APIC's LINT pins.
+//! VMM's page tables, flat segments, boot MSRs and the local APIC's LINT
+//! pins (CPUID is `cpuid`'s).
 
-use kvm_bindings::{CpuId, Msrs, kvm_fpu, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_segment};
+use kvm_bindings::{Msrs, kvm_fpu, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_segment};
 use kvm_ioctls::VcpuFd;
 
 use super::layout::*;
@@ -152,30 +152,6 @@ pub fn set_msrs(vcpu: &VcpuFd) -> Result<()> {
         });
     }
     Ok(())
-}
-
-const CPUID_HTT: u32 = 1 << 28;
-const CPUID_HYPERVISOR: u32 = 1 << 31;
-
-/// The host-supported CPUID with this vCPU's topology: APIC id in leaf 1
-/// (EBX[31:24]) and leaves 0xb/0x1f (EDX), the vCPU count in leaf 1
-/// (EBX[23:16], with the HTT flag) and the hypervisor flag.
-pub fn vcpu_cpuid(supported: &CpuId, apic_id: u8, vcpu_count: u8) -> CpuId {
-    let mut cpuid = supported.clone();
-    for entry in cpuid.as_mut_slice() {
-        match entry.function {
-            1 => {
-                entry.ebx = (entry.ebx & 0x0000_ffff)
-                    | (u32::from(apic_id) << 24)
-                    | (u32::from(vcpu_count) << 16);
-                entry.ecx |= CPUID_HYPERVISOR;
-                entry.edx |= CPUID_HTT;
-            }
-            0xb | 0x1f => entry.edx = u32::from(apic_id),
-            _ => {}
-        }
-    }
-    cpuid
 }
 
 const APIC_LVT0: usize = 0x350;

@@ -33,7 +33,9 @@ pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 pub const LAPIC_ADDR: u64 = 0xfee0_0000;
 /// Where high memory (and the kernel) starts.
 pub const HIMEM_START: u64 = 0x10_0000;
-/// The MMIO hole below 4 GiB: RAM stops here and continues at 4 GiB.
+/// The MMIO hole below 4 GiB: RAM stops here and continues at 4 GiB. It
+/// holds the virtio-mmio windows, PCI's ECAM and BAR window, the IOAPIC and
+/// the local APIC.
 pub const MMIO_HOLE_START: u64 = 0xd000_0000;
 pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
 /// virtio-mmio devices: one 4 KiB window each from the start of the hole.
@@ -43,6 +45,13 @@ pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 pub const VIRTIO_MAX_DEVICES: u32 = 18;
 /// GSI of the first virtio-mmio device (0-4 are timer, keyboard, cascade, COM2, COM1).
 pub const VIRTIO_FIRST_IRQ: u32 = 5;
+/// PCI configuration space (ECAM) of bus 0, announced in ACPI's MCFG.
+pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
+pub const PCI_ECAM_SIZE: u64 = 1 << 20;
+/// The 32-bit window where the VMM places PCI BARs (the host bridge's
+/// memory resource in the DSDT).
+pub const PCI_MMIO_BASE: u64 = 0xe100_0000;
+pub const PCI_MMIO_SIZE: u64 = 0x0f00_0000;
 /// TSS area KVM needs on Intel (three pages just below the IOAPIC/BIOS area).
 pub const KVM_TSS_ADDR: usize = 0xfffb_d000;
 

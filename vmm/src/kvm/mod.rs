@@ -3,6 +3,9 @@
 
 pub mod boot;
 pub mod cpu;
+pub mod cpuid;
+pub mod emulation;
+pub mod kernel_image;
 pub mod kick;
 pub mod layout;
 pub mod memory;
@@ -31,6 +34,8 @@ pub enum Error {
     KernelFile(PathBuf, #[source] std::io::Error),
     #[error("cannot read the kernel image: {0}")]
     KernelRead(#[source] std::io::Error),
+    #[error("cannot load the kernel: bzImage payload: {0}")]
+    KernelPayload(#[from] kernel_image::Error),
     #[error("cannot load the kernel: {0}")]
     KernelLoad(String),
     #[error("cannot open initrd {0}: {1}")]
@@ -69,5 +74,16 @@ pub fn create_vm() -> Result<(Kvm, VmFd)> {
         ..Default::default()
     };
     vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    // Every instruction KVM cannot emulate comes to the VMM (`emulation`),
+    // user mode included, with its bytes.
+    if kvm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_EXIT_ON_EMULATION_FAILURE)) > 0 {
+        let cap = kvm_bindings::kvm_enable_cap {
+            cap: kvm_bindings::KVM_CAP_EXIT_ON_EMULATION_FAILURE,
+            args: [1, 0, 0, 0],
+            ..Default::default()
+        };
+        vm.enable_cap(&cap)
+            .map_err(kvm_err("KVM_ENABLE_CAP(EXIT_ON_EMULATION_FAILURE)"))?;
+    }
     Ok((kvm, vm))
 }

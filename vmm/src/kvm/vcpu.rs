@@ -6,6 +6,8 @@ use std::sync::Arc;
 use kvm_bindings::CpuId;
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
+use vm_memory::GuestMemoryMmap;
+
 use super::layout::ZERO_PAGE_ADDR;
 use super::{Result, cpu, kvm_err};
 use crate::config::ApStart;
@@ -16,6 +18,8 @@ use crate::lifecycle::{Checkpoint, Control, VmExit};
 const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const SYSTEM_EVENT_RESET: u32 = 2;
 const SYSTEM_EVENT_CRASH: u32 = 3;
+/// KVM_INTERNAL_ERROR_EMULATION.
+const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 
 /// What the vCPUs reach through exits.
 pub struct Buses {
@@ -26,6 +30,8 @@ pub struct Buses {
 pub struct Vcpu {
     index: u8,
     fd: VcpuFd,
+    /// For the instructions KVM could not emulate (see `emulation`).
+    mem: GuestMemoryMmap,
 }
 
 impl Vcpu {
@@ -36,17 +42,16 @@ impl Vcpu {
     /// INIT/SIPI from the guest ([`ApStart::InitSipi`], for Linux).
     pub fn new(
         vm: &VmFd,
-        supported_cpuid: &CpuId,
+        mem: &GuestMemoryMmap,
+        cpuid: &CpuId,
         index: u8,
-        count: u8,
         entry: u64,
         ap_start: ApStart,
     ) -> Result<Self> {
         let fd = vm
             .create_vcpu(u64::from(index))
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-        fd.set_cpuid2(&cpu::vcpu_cpuid(supported_cpuid, index, count))
-            .map_err(kvm_err("KVM_SET_CPUID2"))?;
+        fd.set_cpuid2(cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
         cpu::set_msrs(&fd)?;
         cpu::set_lint(&fd)?;
         if index == 0 || ap_start == ApStart::Direct {
@@ -58,7 +63,11 @@ impl Vcpu {
         if index != 0 && ap_start == ApStart::Direct {
             cpu::set_runnable(&fd)?;
         }
-        Ok(Vcpu { index, fd })
+        Ok(Vcpu {
+            index,
+            fd,
+            mem: mem.clone(),
+        })
     }
 
     pub fn index(&self) -> u8 {
@@ -123,6 +132,21 @@ impl Vcpu {
             }
             Ok(VcpuExit::InternalError) => {
                 let suberror = self.internal_suberror();
+                if suberror == KVM_INTERNAL_ERROR_EMULATION {
+                    return match super::emulation::handle(&mut self.fd, &self.mem) {
+                        Ok(None) => None,
+                        Ok(Some(insn)) => Some(VmExit::Crash {
+                            vcpu: index,
+                            detail: format!(
+                                "KVM internal error (suberror 1: instruction emulation failed) at {insn}; {}",
+                                self.describe_state()
+                            ),
+                        }),
+                        Err(e) => Some(VmExit::InternalError(format!(
+                            "vCPU {index}: completing an instruction KVM could not emulate: {e}"
+                        ))),
+                    };
+                }
                 let detail = format!(
                     "KVM internal error (suberror {suberror}{}); {}",
                     suberror_name(suberror),

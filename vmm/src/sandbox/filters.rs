@@ -25,13 +25,39 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
     SeccompFilter, SeccompRule,
 };
-use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 use super::{SeccompMode, ThreadKind};
 
 const KVMIO: u32 = 0xAE;
 ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
 ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_bindings::kvm_regs);
+// Instructions KVM cannot emulate, finished by the VMM (`kvm::emulation`).
+ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_bindings::kvm_regs);
+ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_bindings::kvm_sregs);
+ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_bindings::kvm_translation);
+ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_bindings::kvm_fpu);
+ioctl_ior_nr!(
+    KVM_GET_VCPU_EVENTS,
+    KVMIO,
+    0x9f,
+    kvm_bindings::kvm_vcpu_events
+);
+ioctl_iow_nr!(
+    KVM_SET_VCPU_EVENTS,
+    KVMIO,
+    0xa0,
+    kvm_bindings::kvm_vcpu_events
+);
+// On the VM: MSI-X messages the guest programs (`pci::msi`) and the queue
+// ioeventfds that follow a virtio-pci BAR (`devices::virtio_pci`).
+ioctl_iow_nr!(
+    KVM_SET_GSI_ROUTING,
+    KVMIO,
+    0x6a,
+    kvm_bindings::kvm_irq_routing
+);
+ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_bindings::kvm_ioeventfd);
 
 /// What a call outside the filter gets, or `None` for no filter.
 pub(super) fn mismatch_action(mode: SeccompMode) -> Option<SeccompAction> {
@@ -208,7 +234,24 @@ fn rules(kind: ThreadKind) -> Rules {
     let mut rules = base();
     match kind {
         ThreadKind::Vcpu => {
-            rules.push((libc::SYS_ioctl, arg_in(1, &[KVM_RUN(), KVM_GET_REGS()])));
+            rules.push((
+                libc::SYS_ioctl,
+                arg_in(
+                    1,
+                    &[
+                        KVM_RUN(),
+                        KVM_GET_REGS(),
+                        KVM_SET_REGS(),
+                        KVM_GET_SREGS(),
+                        KVM_TRANSLATE(),
+                        KVM_GET_FPU(),
+                        KVM_GET_VCPU_EVENTS(),
+                        KVM_SET_VCPU_EVENTS(),
+                        KVM_SET_GSI_ROUTING(),
+                        KVM_IOEVENTFD(),
+                    ],
+                ),
+            ));
             rules.extend(kicks_vcpus());
             rules.extend(console_clients());
         }

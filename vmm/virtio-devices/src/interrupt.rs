@@ -14,6 +14,13 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING
 /// Raises the device's interrupt line in the guest (an irqfd write, for example).
 pub trait InterruptTrigger: Send + Sync {
     fn trigger(&self) -> std::io::Result<()>;
+
+    /// Raises the interrupt for one cause (`VIRTIO_MMIO_INT_VRING` or
+    /// `VIRTIO_MMIO_INT_CONFIG`): transports with a vector per cause
+    /// (virtio-pci's MSI-X) tell them apart; a single line does not.
+    fn trigger_cause(&self, _cause: u32) -> std::io::Result<()> {
+        self.trigger()
+    }
 }
 
 /// The interrupt status bits of one device plus the line that announces them.
@@ -78,7 +85,7 @@ impl DeviceInterrupt {
 
     fn raise(&self, bit: u32) {
         self.status.fetch_or(bit, Ordering::SeqCst);
-        if let Err(e) = self.line.trigger() {
+        if let Err(e) = self.line.trigger_cause(bit) {
             // Nothing the guest did; the host side of the line is broken. A
             // polling guest still sees the used ring, so keep running.
             tracing::error!("virtio: failed to raise the device interrupt: {e}");

@@ -29,6 +29,7 @@ pub mod interrupt;
 mod log_limit;
 pub mod mmio;
 pub mod net;
+pub mod pci;
 pub mod queue;
 mod request_queue;
 pub mod rng;
@@ -40,6 +41,7 @@ pub use device::{ActivateError, DeviceError, VirtioDevice};
 pub use device_thread::{DeviceThread, ThreadRole, ThreadSandbox, Unsandboxed};
 pub use interrupt::{DeviceInterrupt, InterruptTrigger};
 pub use mmio::MmioTransport;
+pub use pci::{MsiInterrupts, MsiMessage, PciTransport};
 
 /// Size of one device's MMIO window (registers plus config space).
 pub const MMIO_WINDOW_SIZE: u64 = 0x1000;

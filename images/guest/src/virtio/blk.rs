@@ -112,7 +112,7 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn R
     let mut blk = Blk { dev, queue };
     let read_only = features & F_RO != 0;
     let capacity = u64::from(dev.config32(0)) | u64::from(dev.config32(4)) << 32;
-    let routed = irq::route(irq_pin);
+    let routed = dev.route_interrupt(irq_pin);
     irq::take(irq_pin);
 
     let data = buffers() + SECTOR_SIZE as u64;
@@ -294,8 +294,8 @@ fn misbehave(blk: &mut Blk, input: Buf, index: usize, r: &mut dyn Reporter) {
     let res = blk.raw_request(T_IN, 0, Some(input), false);
     d.str(" ro-status=");
     ok &= verdict(&mut d, res == Some((0xff, 0)));
-    // QueueNum (0x38) after DRIVER_OK must be ignored; queue 7 does not exist.
-    crate::io::mmio_write32(blk.dev.base() + 0x38, 3);
+    // A queue size after DRIVER_OK must be ignored; queue 7 does not exist.
+    blk.dev.write_queue_size_late(3);
     blk.dev.notify(7);
     let res = blk.request(T_IN, 0, Some(input));
     d.str(" after=");

@@ -75,19 +75,21 @@ pub fn run(dev: &Device, irq_pin: u32, cmdline: &[u8], r: &mut dyn Reporter) {
     let kb = number(cmdline, "blkbench.kb", 4).clamp(1, 64);
     let depth = number(cmdline, "blkbench.depth", 1).clamp(1, 2);
     let write = cmdline::value(cmdline, "blkbench.op") == Some(&b"write"[..]);
-    let how = if cmdline::value(cmdline, "blkbench.wait") == Some(&b"irq"[..]) && irq::route(irq_pin)
-    {
-        irq::take(irq_pin);
-        Wait::Irq(irq_pin)
-    } else {
-        Wait::Spin
-    };
     let mut queue = Queue::new(0);
     if let Err(e) = dev.initialize(0, &[&queue]) {
         r.result("virtio-blk-bench", false, e);
         dev.reset();
         return;
     }
+    // After set-up: on PCI, routing assigns queue 0 an MSI-X vector.
+    let how = if cmdline::value(cmdline, "blkbench.wait") == Some(&b"irq"[..])
+        && dev.route_interrupt(irq_pin)
+    {
+        irq::take(irq_pin);
+        Wait::Irq(irq_pin)
+    } else {
+        Wait::Spin
+    };
     let capacity = u64::from(dev.config32(0)) | u64::from(dev.config32(4)) << 32;
     let sectors = kb * 2;
     if capacity < sectors * depth {

@@ -32,6 +32,7 @@
 mod blk;
 mod blkbench;
 mod net;
+pub mod pci;
 mod queue;
 mod rng;
 mod transport;
@@ -40,34 +41,72 @@ use crate::cmdline;
 use crate::report::{Detail, Reporter};
 use transport::{Device, ID_BLOCK, ID_NET, ID_RNG};
 
-/// Runs the virtio checks for these devices (`(base, irq)` per device).
+/// The IOAPIC-free pin whose vector virtio-pci interrupts use here.
+const PCI_IRQ_PIN: u32 = 20;
+
+/// Runs the virtio checks for the virtio-mmio devices given (`(base,
+/// irq)` per device), then for the virtio-pci functions on bus 0.
 pub fn run_checks(devices: &[(u64, u32)], cmdline: &[u8], r: &mut dyn Reporter) {
-    let mut blk_count = 0;
-    let mut net_count = 0;
-    let mut rng_count = 0;
+    let mut counts = Counts::default();
     for &(base, irq) in devices {
-        let (dev, id) = match Device::probe(base) {
-            Ok(found) => found,
+        match Device::probe(base) {
+            Ok((dev, id)) => check_device(&dev, id, irq, &mut counts, cmdline, r),
             Err(e) => {
                 let mut d = Detail::new();
                 d.str(e).str(" at ").hex(base);
                 r.result("virtio-probe", false, d.as_str());
-                continue;
             }
-        };
+        }
+    }
+    // Bus 0 exists only with the PCI transport: no host bridge, no scan.
+    if crate::pci::read32(0, 0) == 0xffff_ffff {
+        return;
+    }
+    for slot in 1..32u8 {
+        match pci::PciDevice::probe(slot) {
+            None => {}
+            Some(Ok((dev, id))) => {
+                check_device(&Device::Pci(dev), id, PCI_IRQ_PIN, &mut counts, cmdline, r)
+            }
+            Some(Err(e)) => {
+                let mut d = Detail::new();
+                d.str(e).str(" in slot ").dec(u64::from(slot));
+                r.result("virtio-probe", false, d.as_str());
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    blk: usize,
+    net: usize,
+    rng: usize,
+}
+
+fn check_device(
+    dev: &Device,
+    id: u32,
+    irq: u32,
+    counts: &mut Counts,
+    cmdline: &[u8],
+    r: &mut dyn Reporter,
+) {
+    let (blk_count, net_count, rng_count) = (&mut counts.blk, &mut counts.net, &mut counts.rng);
+    {
         match id {
             ID_BLOCK if cmdline::check_selected(cmdline, "virtio-blk") => {
                 let evil = cmdline::check_named(cmdline, "virtio-evil");
-                blk::check(&dev, irq, blk_count, evil, r);
-                blk_count += 1;
+                blk::check(dev, irq, *blk_count, evil, r);
+                *blk_count += 1;
             }
             ID_NET if cmdline::check_selected(cmdline, "virtio-net") => {
-                net::check(&dev, net_count, cmdline, r);
-                net_count += 1;
+                net::check(dev, *net_count, cmdline, r);
+                *net_count += 1;
             }
             ID_RNG if cmdline::check_selected(cmdline, "virtio-rng") => {
-                rng::check(&dev, rng_count, r);
-                rng_count += 1;
+                rng::check(dev, *rng_count, r);
+                *rng_count += 1;
             }
             // Empty slots (ID 0), device types we have no check for, and
             // checks not selected.

@@ -1,0 +1,283 @@
+//! ACPI tables built by the VMM (rust-vmm's `acpi_tables`), and the
+//! hardware-reduced ACPI platform device behind them.
+//!
+//! In guest memory from 0xE0000 (the BIOS area where Linux looks for the
+//! RSDP; the zero page's `acpi_rsdp_addr` points there too): RSDP, XSDT,
+//! FADT (hardware-reduced: no PM1/GPE blocks; sleep control and status
+//! registers and a reset register on I/O ports), DSDT, MADT (a local APIC
+//! per vCPU, the IOAPIC, LINT1 as NMI) and, with PCI, MCFG. The DSDT
+//! describes the PCI host bridge with its resources (bus 0, the 0xCF8
+//! ports, the I/O space, the 32-bit BAR window), the COM1 serial port,
+//! a power button (PNP0C0C) and the Generic Event Device (ACPI0013) that
+//! signals it, and `_S5` for power-off. See [`platform`] for the registers.
+
+pub mod platform;
+
+use acpi_tables::aml;
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
+use acpi_tables::sdt::Sdt;
+use acpi_tables::{Aml, fadt, mcfg, rsdp, xsdt};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::devices::legacy::{SERIAL_GSI, SERIAL_PORT};
+use crate::kvm::layout::{IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
+use platform::{
+    GED_GSI, GED_STATUS_PORT, RESET_PORT, RESET_VALUE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT,
+    SLP_TYP_S5,
+};
+
+/// Where the tables start (the RSDP must be 16-byte aligned in 0xE0000-0xFFFFF).
+pub const RSDP_ADDR: u64 = 0xe_0000;
+/// The tables end before the MP table.
+const TABLES_END: u64 = crate::kvm::layout::MPTABLE_ADDR;
+const OEM_ID: [u8; 6] = *b"KVRSVM";
+const OEM_TABLE: [u8; 8] = *b"KVRSVMM ";
+const OEM_REVISION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the ACPI tables need {0} bytes, more than the space reserved for them")]
+    TooBig(u64),
+    #[error("cannot write the ACPI tables: {0}")]
+    Write(String),
+}
+
+/// What the tables describe.
+pub struct Platform {
+    pub vcpus: u8,
+    /// A PCI host bridge (ECAM) exists.
+    pub pci: bool,
+}
+
+/// Builds every table and writes them to guest memory; returns the RSDP's
+/// address.
+pub fn write(mem: &GuestMemoryMmap, platform: &Platform) -> Result<u64, Error> {
+    let mut tables: Vec<(&str, Vec<u8>)> = vec![
+        ("DSDT", to_bytes(&dsdt(platform))),
+        ("APIC", madt(platform.vcpus).as_slice().to_vec()),
+    ];
+    if platform.pci {
+        let mut mcfg = mcfg::MCFG::new(OEM_ID, OEM_TABLE, OEM_REVISION);
+        mcfg.add_ecam(PCI_ECAM_BASE, 0, 0, 0);
+        tables.push(("MCFG", to_bytes(&mcfg)));
+    }
+    // Layout: RSDP, then DSDT, FADT, the other tables, XSDT; each 16-byte aligned.
+    let align = |a: u64| (a + 15) & !15;
+    let mut at = align(RSDP_ADDR + rsdp::Rsdp::len() as u64);
+    let mut placed = Vec::new();
+    let mut dsdt_addr = 0;
+    for (signature, bytes) in tables {
+        if signature == "DSDT" {
+            dsdt_addr = at;
+        }
+        placed.push((at, bytes));
+        at = align(at + placed.last().map_or(0, |p| p.1.len() as u64));
+    }
+    let fadt_addr = at;
+    let fadt = to_bytes(&fadt(dsdt_addr));
+    at = align(at + fadt.len() as u64);
+    let xsdt_addr = at;
+    let mut xsdt = xsdt::XSDT::new(OEM_ID, OEM_TABLE, OEM_REVISION);
+    xsdt.add_entry(fadt_addr);
+    for (addr, bytes) in &placed {
+        if &bytes[0..4] != b"DSDT" {
+            xsdt.add_entry(*addr);
+        }
+    }
+    let xsdt = to_bytes(&xsdt);
+    let end = xsdt_addr + xsdt.len() as u64;
+    if end > TABLES_END {
+        return Err(Error::TooBig(end - RSDP_ADDR));
+    }
+    let rsdp = to_bytes(&rsdp::Rsdp::new(OEM_ID, xsdt_addr));
+    let writes = [(RSDP_ADDR, rsdp), (fadt_addr, fadt), (xsdt_addr, xsdt)];
+    for (addr, bytes) in writes.iter().chain(placed.iter()) {
+        mem.write_slice(bytes, GuestAddress(*addr))
+            .map_err(|e| Error::Write(e.to_string()))?;
+    }
+    Ok(RSDP_ADDR)
+}
+
+fn to_bytes(aml: &dyn Aml) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    aml.to_aml_bytes(&mut bytes);
+    bytes
+}
+
+/// FADT, hardware-reduced: the sleep and reset registers are I/O ports
+/// of [`platform::AcpiPlatform`], the power button a control-method device.
+fn fadt(dsdt: u64) -> fadt::FADT {
+    let port = |address: u16| {
+        GAS::new(
+            AddressSpace::SystemIo,
+            8,
+            0,
+            AccessSize::ByteAccess,
+            u64::from(address),
+        )
+    };
+    let mut f = fadt::FADTBuilder::new(OEM_ID, OEM_TABLE, OEM_REVISION)
+        .dsdt_64(dsdt)
+        .flag(fadt::Flags::HwReducedAcpi)
+        .flag(fadt::Flags::PwrButton)
+        .flag(fadt::Flags::SlpButton)
+        .flag(fadt::Flags::ResetRegSup);
+    f.sleep_control_reg = port(SLEEP_CONTROL_PORT);
+    f.sleep_status_reg = port(SLEEP_STATUS_PORT);
+    f.reset_reg = port(RESET_PORT);
+    f.reset_value = RESET_VALUE;
+    // "KVMKVMKVM" is what KVM's CPUID leaf 0x40000000 says too.
+    f.hypervisor_vendor_identity = u64::from_le_bytes(*b"KVMKVMKV").into();
+    f.finalize()
+}
+
+/// MADT: one enabled local APIC per vCPU (APIC id = index), the IOAPIC
+/// with GSI base 0, LINT1 of every CPU as NMI. ISA IRQs map to the IOAPIC
+/// pin of the same number (as in the MP table), so no overrides.
+fn madt(vcpus: u8) -> Sdt {
+    const PCAT_COMPAT: u32 = 1;
+    let mut table = Sdt::new(*b"APIC", 44, 3, OEM_ID, OEM_TABLE, OEM_REVISION);
+    table.write_u32(36, LAPIC_ADDR as u32);
+    table.write_u32(40, PCAT_COMPAT);
+    for id in 0..vcpus {
+        // Type 0, length 8: processor uid, APIC id, flags (enabled).
+        table.append_slice(&[0, 8, id, id, 1, 0, 0, 0]);
+    }
+    let mut ioapic = vec![1u8, 12, 0, 0];
+    ioapic.extend_from_slice(&(IOAPIC_ADDR as u32).to_le_bytes());
+    ioapic.extend_from_slice(&0u32.to_le_bytes());
+    table.append_slice(&ioapic);
+    // Type 4, length 6: every processor (0xff), flags 0, LINT1.
+    table.append_slice(&[4, 6, 0xff, 0, 0, 1]);
+    let len = table.len() as u32;
+    table.write_u32(4, len);
+    table.update_checksum();
+    table
+}
+
+/// The DSDT: `\_SB` with the host bridge, COM1, the power button and the
+/// GED; `_S5` for power-off.
+fn dsdt(platform: &Platform) -> Sdt {
+    let mut table = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE, OEM_REVISION);
+    // Each object is built and serialized in one statement: the AML
+    // builders borrow their parts.
+
+    // COM1: PNP0501 on 0x3F8, ISA IRQ 4.
+    aml::Device::new(
+        "_SB_.COM1".into(),
+        vec![
+            &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0501")),
+            &aml::Name::new("_UID".into(), &aml::ONE),
+            &aml::Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![
+                    &aml::IO::new(SERIAL_PORT as u16, SERIAL_PORT as u16, 1, 8),
+                    &aml::Interrupt::new(true, true, false, false, SERIAL_GSI),
+                ]),
+            ),
+        ],
+    )
+    .to_aml_bytes(&mut table);
+
+    // Power button: a control-method button the GED notifies.
+    aml::Device::new(
+        "_SB_.PWRB".into(),
+        vec![
+            &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0C0C")),
+            &aml::Name::new("_UID".into(), &aml::ZERO),
+        ],
+    )
+    .to_aml_bytes(&mut table);
+
+    // GED: its interrupt says "read the status port"; bit 0 is the power
+    // button: `_EVT` reads GDAT and notifies PWRB (0x80: button pressed).
+    let ged_port = GED_STATUS_PORT as usize;
+    aml::Device::new(
+        "_SB_.GED_".into(),
+        vec![
+            &aml::Name::new("_HID".into(), &"ACPI0013"),
+            &aml::Name::new("_UID".into(), &aml::ZERO),
+            &aml::Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![&aml::Interrupt::new(
+                    true, true, false, false, GED_GSI,
+                )]),
+            ),
+            &aml::OpRegion::new(
+                "GDST".into(),
+                aml::OpRegionSpace::SystemIO,
+                &ged_port,
+                &aml::ONE,
+            ),
+            &aml::Field::new(
+                "GDST".into(),
+                aml::FieldAccessType::Byte,
+                aml::FieldLockRule::NoLock,
+                aml::FieldUpdateRule::WriteAsZeroes,
+                vec![aml::FieldEntry::Named(*b"GDAT", 8)],
+            ),
+            &aml::Method::new(
+                "_EVT".into(),
+                1,
+                true,
+                vec![
+                    &aml::Store::new(&aml::Local(0), &aml::Path::new("GDAT")),
+                    &aml::And::new(&aml::Local(1), &aml::Local(0), &aml::ONE),
+                    &aml::If::new(
+                        &aml::Local(1),
+                        vec![&aml::Notify::new(&aml::Path::new("\\_SB_.PWRB"), &0x80u8)],
+                    ),
+                ],
+            ),
+        ],
+    )
+    .to_aml_bytes(&mut table);
+
+    // S5: the SLP_TYP value the guest writes to the sleep control register.
+    aml::Name::new(
+        "_S5_".into(),
+        &aml::Package::new(vec![&SLP_TYP_S5, &aml::ZERO]),
+    )
+    .to_aml_bytes(&mut table);
+
+    if platform.pci {
+        table.append_slice(&pci_host_bridge());
+    }
+    let len = table.len() as u32;
+    table.write_u32(4, len);
+    table.update_checksum();
+    table
+}
+
+/// PCI0: PCIe host bridge, segment 0, bus 0 only, with the 0xCF8 ports,
+/// the rest of the I/O space and the 32-bit BAR window as resources. Its AML.
+fn pci_host_bridge() -> Vec<u8> {
+    let bus = aml::AddressSpace::new_bus_number(0u16, 0u16);
+    let cfg_ports = aml::IO::new(0xcf8, 0xcf8, 1, 8);
+    let io_low = aml::AddressSpace::new_io(0u16, 0xcf7u16, None);
+    let io_high = aml::AddressSpace::new_io(0xd00u16, 0xffffu16, None);
+    let window = aml::AddressSpace::new_memory(
+        aml::AddressSpaceCacheable::NotCacheable,
+        true,
+        PCI_MMIO_BASE as u32,
+        (PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) as u32,
+        None,
+    );
+    let crs = aml::ResourceTemplate::new(vec![&bus, &cfg_ports, &io_low, &io_high, &window]);
+    let hid = aml::EISAName::new("PNP0A08");
+    let cid = aml::EISAName::new("PNP0A03");
+    let names = [
+        aml::Name::new("_HID".into(), &hid),
+        aml::Name::new("_CID".into(), &cid),
+        aml::Name::new("_ADR".into(), &aml::ZERO),
+        aml::Name::new("_SEG".into(), &aml::ZERO),
+        aml::Name::new("_UID".into(), &aml::ZERO),
+        aml::Name::new("_BBN".into(), &aml::ZERO),
+        aml::Name::new("_CRS".into(), &crs),
+    ];
+    let device = aml::Device::new(
+        "_SB_.PCI0".into(),
+        names.iter().map(|n| n as &dyn Aml).collect(),
+    );
+    to_bytes(&device)
+}

@@ -1,0 +1,132 @@
+//! The hardware-reduced ACPI platform device: the registers the FADT and
+//! the DSDT point at, on I/O ports 0x600-0x60f.
+//!
+//! - 0x600, sleep control: writing `SLP_EN | SLP_TYP << 2` with the `_S5`
+//!   type powers the VM off (ends it with [`VmExit::PowerOff`]).
+//! - 0x601, sleep status: reads 0 (no wake events).
+//! - 0x604, reset register: writing [`RESET_VALUE`] resets the VM.
+//! - 0x608, GED status: the pending events (bit 0: power button), cleared
+//!   by the read; their interrupt is GSI [`GED_GSI`] (edge, active high).
+//!
+//! [`AcpiPlatform::press_power_button`] is the VMM's graceful shutdown
+//! (KubeVirt's default): the GED's `_EVT` notifies the power button, and
+//! Linux (acpid or its own handler) powers off through `_S5`.
+
+use std::sync::Arc;
+
+use crate::devices::bus::BusDevice;
+use crate::devices::irq::IrqLine;
+use crate::lifecycle::{Control, VmExit};
+
+pub const PORT_BASE: u64 = 0x600;
+pub const PORT_LEN: u64 = 0x10;
+pub const SLEEP_CONTROL_PORT: u16 = 0x600;
+pub const SLEEP_STATUS_PORT: u16 = 0x601;
+pub const RESET_PORT: u16 = 0x604;
+pub const RESET_VALUE: u8 = 1;
+pub const GED_STATUS_PORT: u16 = 0x608;
+/// The GED's interrupt: the last IOAPIC pin (virtio-mmio devices use 5-22).
+pub const GED_GSI: u32 = 23;
+/// The `_S5` sleep type.
+pub const SLP_TYP_S5: u8 = 5;
+const SLP_EN: u8 = 1 << 5;
+/// GED event bit of the power button.
+pub const EVENT_POWER_BUTTON: u8 = 1;
+
+pub struct AcpiPlatform {
+    control: Arc<Control>,
+    ged: IrqLine,
+    events: u8,
+}
+
+impl AcpiPlatform {
+    pub fn new(control: Arc<Control>, ged: IrqLine) -> Self {
+        AcpiPlatform {
+            control,
+            ged,
+            events: 0,
+        }
+    }
+
+    /// Presses the power button: an event for the guest's GED.
+    pub fn press_power_button(&mut self) {
+        self.events |= EVENT_POWER_BUTTON;
+        if let Err(e) = self.ged.trigger() {
+            tracing::error!("ACPI: cannot raise the GED interrupt: {e}");
+        }
+    }
+}
+
+impl BusDevice for AcpiPlatform {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if offset == u64::from(GED_STATUS_PORT) - PORT_BASE
+            && let Some(first) = data.first_mut()
+        {
+            *first = std::mem::take(&mut self.events);
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let Some(&value) = data.first() else { return };
+        match offset + PORT_BASE {
+            o if o == u64::from(SLEEP_CONTROL_PORT) => {
+                let sleep_type = (value >> 2) & 0x7;
+                if value & SLP_EN != 0 && sleep_type == SLP_TYP_S5 {
+                    self.control.finish(VmExit::PowerOff { code: 0 });
+                } else if value & SLP_EN != 0 {
+                    tracing::warn!("ACPI: sleep type {sleep_type} is not supported; ignored");
+                }
+            }
+            o if o == u64::from(RESET_PORT) && value == RESET_VALUE => {
+                self.control.finish(VmExit::Reset);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+    fn platform() -> (AcpiPlatform, Arc<Control>, EventFd) {
+        let control = Arc::new(Control::new(1));
+        let event = EventFd::new(EFD_NONBLOCK).unwrap();
+        let line = IrqLine::from_eventfd(GED_GSI, event.try_clone().unwrap());
+        (AcpiPlatform::new(control.clone(), line), control, event)
+    }
+
+    #[test]
+    fn the_power_button_raises_the_ged_and_reads_once() {
+        let (mut p, _, event) = platform();
+        p.press_power_button();
+        assert_eq!(event.read().unwrap(), 1);
+        let mut status = [0u8];
+        p.read(u64::from(GED_STATUS_PORT) - PORT_BASE, &mut status);
+        assert_eq!(status, [EVENT_POWER_BUTTON]);
+        p.read(u64::from(GED_STATUS_PORT) - PORT_BASE, &mut status);
+        assert_eq!(status, [0]);
+    }
+
+    #[test]
+    fn s5_powers_off_other_sleep_states_do_not() {
+        let (mut p, control, _) = platform();
+        // S3 (type 3) and SLP_TYP without SLP_EN change nothing.
+        p.write(0, &[(3 << 2) | SLP_EN]);
+        p.write(0, &[SLP_TYP_S5 << 2]);
+        assert_eq!(control.exit(), None);
+        p.write(0, &[(SLP_TYP_S5 << 2) | SLP_EN]);
+        assert_eq!(control.exit(), Some(VmExit::PowerOff { code: 0 }));
+    }
+
+    #[test]
+    fn the_reset_register_resets() {
+        let (mut p, control, _) = platform();
+        p.write(u64::from(RESET_PORT) - PORT_BASE, &[0]);
+        assert_eq!(control.exit(), None);
+        p.write(u64::from(RESET_PORT) - PORT_BASE, &[RESET_VALUE]);
+        assert_eq!(control.exit(), Some(VmExit::Reset));
+    }
+}
