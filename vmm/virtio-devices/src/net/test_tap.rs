@@ -1,6 +1,6 @@
 //! A tap in a private network namespace with a packet socket on its far
 //! end: what the virtio-net tests here and the VMM's end-to-end network
-//! tests use (`features = ["test-tap"]`). Needs root; fails, never skips,
+//! tests use (always built: no cargo feature). Needs root; fails, never skips,
 //! without it.
 
 use std::io;
