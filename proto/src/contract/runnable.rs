@@ -15,7 +15,7 @@
 //!
 //! Besides what the launcher cannot convert, [`check`] refuses what it would silently run
 //! wrong: memory backed by hugepages, memory encryption (SEV/SNP/TDX), CPU features to
-//! disable or force, probes and credentials that need a guest agent, hook sidecars.
+//! require (no node carries CPU-feature labels), disable or force, probes and credentials that need a guest agent, hook sidecars.
 
 use crate::kubevirt::{Interface, Network, VirtualMachineInstance, Volume, quantity};
 use serde_json::Value;
@@ -265,16 +265,28 @@ fn cpu(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
         if feature.get("name").and_then(Value::as_str).is_none() {
             return Err(Refusal::new(format!("{field}.name"), "is required"));
         }
-        // The guest sees the host's CPUID: a feature can be required (the pod selects nodes
-        // that have it) or forbidden (the pod avoids nodes that have it), not hidden or added.
+        // A required feature (the default policy) becomes a `cpu-feature.node.kubevirt.io/`
+        // node selector, and our handler writes no such label (the guest's CPUID is the
+        // VMM's, not the host's libvirt host-model): such a pod could never be scheduled.
+        // Forbidden features keep the pod off nodes with the label (so off none), optional
+        // ones change nothing; hiding or adding a feature is not done.
         let policy = feature.get("policy").and_then(Value::as_str).unwrap_or("");
-        if !matches!(policy, "" | "require" | "optional" | "forbid") {
-            return Err(Refusal::new(
-                format!("{field}.policy"),
-                format!(
-                    "{policy:?} is not supported: the guest sees the host's CPU features, so only require, optional and forbid can be honoured"
-                ),
-            ));
+        match policy {
+            "optional" | "forbid" => {}
+            "" | "require" => {
+                return Err(Refusal::new(
+                    format!("{field}.policy"),
+                    "requiring a CPU feature is not supported: no node is labelled with CPU features (cpu-feature.node.kubevirt.io/), so the pod could never be scheduled; use optional",
+                ));
+            }
+            _ => {
+                return Err(Refusal::new(
+                    format!("{field}.policy"),
+                    format!(
+                        "{policy:?} is not supported: the guest's CPU features are not changed per VMI, so only optional and forbid can be honoured"
+                    ),
+                ));
+            }
         }
     }
     Ok(())

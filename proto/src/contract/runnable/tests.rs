@@ -201,12 +201,28 @@ fn refusals_name_the_field() {
             Some("spec.domain.cpu.realtime"),
         ),
         (
-            "required and forbidden CPU features",
+            "optional and forbidden CPU features",
             vec![(
                 "/spec/domain/cpu",
-                json!({"features": [{"name": "vmx"}, {"name": "pcid", "policy": "forbid"}]}),
+                json!({"features": [{"name": "avx", "policy": "optional"}, {"name": "pcid", "policy": "forbid"}]}),
             )],
             None,
+        ),
+        (
+            "a CPU feature required by default (no node carries the label it selects)",
+            vec![(
+                "/spec/domain/cpu",
+                json!({"features": [{"name": "pcid", "policy": "forbid"}, {"name": "vmx"}]}),
+            )],
+            Some("spec.domain.cpu.features[1].policy"),
+        ),
+        (
+            "a CPU feature required explicitly",
+            vec![(
+                "/spec/domain/cpu",
+                json!({"features": [{"name": "vmx", "policy": "require"}]}),
+            )],
+            Some("spec.domain.cpu.features[0].policy"),
         ),
         (
             "a disabled CPU feature",
