@@ -134,12 +134,16 @@ fn one_run() -> (f64, f64, f64) {
     let launcher = rss_excluding_guest_kib(launcher_pid);
     let monitor_kib = rss_excluding_guest_kib(monitor_pid);
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(monitor_pid as i32),
+        nix::unistd::Pid::from_raw(
+            libc::pid_t::try_from(monitor_pid).expect("a Linux pid fits a pid_t"),
+        ),
         nix::sys::signal::Signal::SIGKILL,
     )
     .ok();
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(launcher_pid as i32),
+        nix::unistd::Pid::from_raw(
+            libc::pid_t::try_from(launcher_pid).expect("a Linux pid fits a pid_t"),
+        ),
         nix::sys::signal::Signal::SIGKILL,
     )
     .ok();

@@ -106,7 +106,7 @@ pub fn run(args: MonitorArgs) -> i32 {
                 .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
         });
     }
-    let child = match command.spawn() {
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!(
@@ -116,7 +116,17 @@ pub fn run(args: MonitorArgs) -> i32 {
             return 1;
         }
     };
-    let launcher = Pid::from_raw(child.id() as i32);
+    // Linux PIDs fit a pid_t (pid_max is at most 2^22); a wrapped one would make kill(2)
+    // signal a process group, so a PID that does not fit stops here instead.
+    let Ok(raw_pid) = libc::pid_t::try_from(child.id()) else {
+        eprintln!(
+            "virt-launcher-monitor: pid {} does not fit a pid_t",
+            child.id()
+        );
+        let _ = child.kill();
+        return 1;
+    };
+    let launcher = Pid::from_raw(raw_pid);
     let mut status = None;
     while status.is_none() {
         let signal = match handled.wait() {

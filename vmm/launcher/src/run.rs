@@ -129,7 +129,7 @@ async fn run_inner(flags: Flags, sandbox: vmm::SandboxConfig) -> anyhow::Result<
 fn unix_seconds() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// KubeVirt's process monitor (`pkg/virt-launcher/monitor.go`): polls every

@@ -6,6 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use block::cast::u64_to_usize;
 use launcher::disks::cloudinit::{
     CloudInitData, CloudInitError, DataSource, MAX_INPUT_BYTES, config_drive_data, iso_path,
     nocloud_data, prepare_cloud_init_disk, write_config_drive_iso, write_nocloud_iso,
@@ -253,7 +254,9 @@ fn binary_and_multi_sector_contents_survive() {
     let dir = tempfile::tempdir().unwrap();
     let iso = dir.path().join("noCloud.iso");
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
-    let big: Vec<u8> = (0..300 * 1024).map(|_| rng.next() as u8).collect();
+    let big: Vec<u8> = (0..300 * 1024)
+        .map(|_| rng.next().to_le_bytes()[0])
+        .collect();
     let every_byte: Vec<u8> = (0..=255u8).collect();
     let data = CloudInitData {
         user_data: big,
@@ -956,9 +959,9 @@ fn random_base64_fields_never_panic() {
     let mut rng = XorShift(0x1234_5678_9abc_def1);
     let (mut ok, mut rejected) = (0, 0);
     for _ in 0..2000 {
-        let len = (rng.next() % 40) as usize;
+        let len = u64_to_usize(rng.next() % 40);
         let bytes: Vec<u8> = (0..len)
-            .map(|_| ALPHABET[(rng.next() % ALPHABET.len() as u64) as usize])
+            .map(|_| ALPHABET[u64_to_usize(rng.next() % ALPHABET.len() as u64)])
             .collect();
         let text = String::from_utf8_lossy(&bytes).into_owned();
         match nocloud(
@@ -981,7 +984,7 @@ fn random_contents_read_back_exactly() {
     for round in 0..4 {
         let mut blob = |max: u64| -> Vec<u8> {
             let len = rng.next() % max;
-            (0..len).map(|_| rng.next() as u8).collect()
+            (0..len).map(|_| rng.next().to_le_bytes()[0]).collect()
         };
         let data = CloudInitData {
             user_data: blob(70_000),

@@ -628,7 +628,9 @@ fn monitor_forwards_sigterm_and_returns_the_launcher_status() {
     let stale = pod.paths.container_disk_dir.join("disk_0.sock");
     std::fs::write(&stale, b"").unwrap();
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(monitor.child.id() as i32),
+        nix::unistd::Pid::from_raw(
+            libc::pid_t::try_from(monitor.child.id()).expect("a Linux pid fits a pid_t"),
+        ),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();

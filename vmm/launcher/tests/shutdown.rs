@@ -44,7 +44,9 @@ async fn guest_waiting(pod: &Pod) {
 
 fn sigterm(launcher: &Launcher) {
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(launcher.child.id() as i32),
+        nix::unistd::Pid::from_raw(
+            libc::pid_t::try_from(launcher.child.id()).expect("a Linux pid fits a pid_t"),
+        ),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();

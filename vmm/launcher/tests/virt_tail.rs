@@ -96,8 +96,9 @@ impl Tail {
     }
 
     fn signal(&self, signal: i32) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a Linux pid fits a pid_t");
         // SAFETY: signalling a child this test started and has not reaped.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     }
 }
 

@@ -113,7 +113,8 @@ fn run(log: &Path) -> std::io::Result<()> {
 fn pending_signal(signals: &SignalFd) -> std::io::Result<Option<Signal>> {
     Ok(signals
         .read_signal()?
-        .and_then(|info| Signal::try_from(info.ssi_signo as i32).ok()))
+        .and_then(|info| i32::try_from(info.ssi_signo).ok())
+        .and_then(|signo| Signal::try_from(signo).ok()))
 }
 
 /// Follows one path: the file there now, across truncation and replacement.

@@ -92,7 +92,7 @@ pub fn virtio_device_name(index: usize) -> String {
     let mut n = index + 1;
     while n > 0 {
         n -= 1;
-        suffix.push(b'a' + (n % 26) as u8);
+        suffix.push(b"abcdefghijklmnopqrstuvwxyz"[n % 26]);
         n /= 26;
     }
     suffix.reverse();
