@@ -18,6 +18,7 @@ pub mod devices;
 pub mod fuzzing;
 pub mod kvm;
 pub mod lifecycle;
+pub mod narrow;
 pub mod pci;
 pub mod sandbox;
 pub mod stats;

@@ -90,7 +90,8 @@ mod tests {
     #[test]
     fn stat_lines_parse_from_the_last_parenthesis() {
         // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+            .expect("CLK_TCK is positive");
         let line = "42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0";
         let t = parse_stat(line).unwrap();
         assert_eq!(t.user, Duration::from_nanos(250 * (1_000_000_000 / hz)));

@@ -19,9 +19,10 @@ pub fn monotonic_ns() -> u64 {
     };
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
+    ts.tv_sec
+        .cast_unsigned()
         .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+        .saturating_add(ts.tv_nsec.cast_unsigned())
 }
 
 fn mark(slot: &AtomicU64) {

@@ -21,6 +21,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::devices::legacy::{SERIAL_GSI, SERIAL_PORT};
 use crate::kvm::layout::{IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
+use crate::narrow;
 use platform::{
     GED_GSI, GED_STATUS_PORT, RESET_PORT, RESET_VALUE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT,
     SLP_TYP_S5,
@@ -137,20 +138,19 @@ fn fadt(dsdt: u64) -> fadt::FADT {
 fn madt(vcpus: u8) -> Sdt {
     const PCAT_COMPAT: u32 = 1;
     let mut table = Sdt::new(*b"APIC", 44, 3, OEM_ID, OEM_TABLE, OEM_REVISION);
-    table.write_u32(36, LAPIC_ADDR as u32);
+    table.write_u32(36, const { narrow::u32_of(LAPIC_ADDR) });
     table.write_u32(40, PCAT_COMPAT);
     for id in 0..vcpus {
         // Type 0, length 8: processor uid, APIC id, flags (enabled).
         table.append_slice(&[0, 8, id, id, 1, 0, 0, 0]);
     }
     let mut ioapic = vec![1u8, 12, 0, 0];
-    ioapic.extend_from_slice(&(IOAPIC_ADDR as u32).to_le_bytes());
+    ioapic.extend_from_slice(&const { narrow::u32_of(IOAPIC_ADDR) }.to_le_bytes());
     ioapic.extend_from_slice(&0u32.to_le_bytes());
     table.append_slice(&ioapic);
     // Type 4, length 6: every processor (0xff), flags 0, LINT1.
     table.append_slice(&[4, 6, 0xff, 0, 0, 1]);
-    let len = table.len() as u32;
-    table.write_u32(4, len);
+    write_length(&mut table);
     table.update_checksum();
     table
 }
@@ -171,7 +171,12 @@ fn dsdt(platform: &Platform) -> Sdt {
             &aml::Name::new(
                 "_CRS".into(),
                 &aml::ResourceTemplate::new(vec![
-                    &aml::IO::new(SERIAL_PORT as u16, SERIAL_PORT as u16, 1, 8),
+                    &aml::IO::new(
+                        const { narrow::u16_of(SERIAL_PORT) },
+                        const { narrow::u16_of(SERIAL_PORT) },
+                        1,
+                        8,
+                    ),
                     &aml::Interrupt::new(true, true, false, false, SERIAL_GSI),
                 ]),
             ),
@@ -243,10 +248,18 @@ fn dsdt(platform: &Platform) -> Sdt {
     if platform.pci {
         table.append_slice(&pci_host_bridge());
     }
-    let len = table.len() as u32;
-    table.write_u32(4, len);
+    write_length(&mut table);
     table.update_checksum();
     table
+}
+
+/// Writes the table's length into its header (offset 4).
+fn write_length(table: &mut Sdt) {
+    // A cast the lints refuse, allowed here once: the tables built here are a few KiB (one
+    // MADT entry per vCPU, a DSDT of a handful of devices), far below 4 GiB.
+    #[allow(clippy::cast_possible_truncation)]
+    let len = table.len() as u32;
+    table.write_u32(4, len);
 }
 
 /// PCI0: PCIe host bridge, segment 0, bus 0 only, with the 0xCF8 ports,
@@ -259,8 +272,8 @@ fn pci_host_bridge() -> Vec<u8> {
     let window = aml::AddressSpace::new_memory(
         aml::AddressSpaceCacheable::NotCacheable,
         true,
-        PCI_MMIO_BASE as u32,
-        (PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) as u32,
+        const { narrow::u32_of(PCI_MMIO_BASE) },
+        const { narrow::u32_of(PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) },
         None,
     );
     let crs = aml::ResourceTemplate::new(vec![&bus, &cfg_ports, &io_low, &io_high, &window]);

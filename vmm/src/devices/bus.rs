@@ -129,7 +129,7 @@ mod tests {
 
     impl BusDevice for Recorder {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
-            data.fill(offset as u8);
+            data.fill(offset.to_le_bytes()[0]);
         }
         fn write(&mut self, offset: u64, data: &[u8]) {
             self.last_write = Some((offset, data.to_vec()));

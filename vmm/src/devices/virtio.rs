@@ -84,7 +84,8 @@ pub fn default_mac(index: usize) -> [u8; 6] {
         0x00,
         0x12,
         0x34,
-        0x56u8.wrapping_add(index as u8),
+        // The low byte of the index: MACs repeat every 256 devices.
+        0x56u8.wrapping_add(index.to_le_bytes()[0]),
     ]
 }
 

@@ -78,8 +78,8 @@ struct QueueNotifiers {
 }
 
 impl QueueNotifiers {
-    fn address(bar: u64, queue: usize) -> IoEventAddress {
-        IoEventAddress::Mmio(bar + notify_offset(queue as u16))
+    fn address(bar: u64, queue: u16) -> IoEventAddress {
+        IoEventAddress::Mmio(bar + notify_offset(queue))
     }
 
     /// Moves the registrations to BAR 0 at `bar` (`None`: decoding off).
@@ -88,7 +88,7 @@ impl QueueNotifiers {
             return;
         }
         if let Some(old) = self.registered_at.take() {
-            for (queue, event) in self.events.iter().enumerate() {
+            for (queue, event) in (0u16..).zip(&self.events) {
                 if let Err(e) =
                     self.vm
                         .unregister_ioevent(event, &Self::address(old, queue), NoDatamatch)
@@ -102,7 +102,7 @@ impl QueueNotifiers {
         let Some(new) = bar else {
             return;
         };
-        for (queue, event) in self.events.iter().enumerate() {
+        for (queue, event) in (0u16..).zip(&self.events) {
             if let Err(e) = self
                 .vm
                 .register_ioevent(event, &Self::address(new, queue), NoDatamatch)
@@ -112,7 +112,7 @@ impl QueueNotifiers {
                 tracing::warn!(
                     "virtio-pci: no ioeventfd for queue {queue} at BAR {new:#x} ({e}): its notifications exit to the VMM"
                 );
-                for (done, event) in self.events.iter().enumerate().take(queue) {
+                for (done, event) in (0u16..).zip(&self.events).take(usize::from(queue)) {
                     let _ =
                         self.vm
                             .unregister_ioevent(event, &Self::address(new, done), NoDatamatch);

@@ -70,20 +70,22 @@ pub fn load(
     params.hdr.header = HEADER_MAGIC;
     params.hdr.loadflags |= CAN_USE_HEAP;
     params.hdr.heap_end_ptr = 0xfe00;
-    params.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+    params.hdr.cmd_line_ptr = const { crate::narrow::u32_of(CMDLINE_ADDR) };
     let cmdline_len = cmdline
         .as_cstring()
         .map_err(|e| Error::Cmdline(e.to_string()))?
         .as_bytes_with_nul()
         .len();
-    params.hdr.cmdline_size = cmdline_len as u32;
+    params.hdr.cmdline_size = u32::try_from(cmdline_len)
+        .map_err(|_| Error::Cmdline(format!("{cmdline_len} bytes do not fit a u32")))?;
     load_cmdline(mem, GuestAddress(CMDLINE_ADDR), cmdline)
         .map_err(|e| Error::Cmdline(e.to_string()))?;
 
     if let Some(path) = initrd {
         let (addr, size) = load_initrd(mem, path, &params.hdr, entry.end)?;
-        params.hdr.ramdisk_image = addr as u32;
-        params.hdr.ramdisk_size = size as u32;
+        // load_initrd keeps the initrd below the kernel's initrd_addr_max (a u32).
+        params.hdr.ramdisk_image = u32::try_from(addr).map_err(|_| Error::InitrdTooBig(size))?;
+        params.hdr.ramdisk_size = u32::try_from(size).map_err(|_| Error::InitrdTooBig(size))?;
     }
 
     // Boot protocol 2.14: where the ACPI tables start (Linux also scans
@@ -209,8 +211,12 @@ fn load_initrd(
     let Some(start) = start.filter(|&s| s >= kernel_end.max(HIMEM_START)) else {
         return Err(Error::InitrdTooBig(size));
     };
-    mem.read_exact_volatile_from(GuestAddress(start), &mut file, size as usize)
-        .map_err(|e| Error::InitrdLoad(e.to_string()))?;
+    mem.read_exact_volatile_from(
+        GuestAddress(start),
+        &mut file,
+        block::cast::u64_to_usize(size),
+    )
+    .map_err(|e| Error::InitrdLoad(e.to_string()))?;
     Ok((start, size))
 }
 
@@ -247,7 +253,8 @@ fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
     for (slot, entry) in params.e820_table.iter_mut().zip(&entries) {
         *slot = *entry;
     }
-    params.e820_entries = entries.len() as u8;
+    params.e820_entries = u8::try_from(entries.len())
+        .map_err(|_| Error::BootParams("too many e820 entries".into()))?;
     Ok(())
 }
 

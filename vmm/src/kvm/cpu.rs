@@ -32,7 +32,9 @@ const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 /// The `kvm_segment` KVM wants for a GDT descriptor.
 fn segment(entry: u64, selector: u16) -> kvm_segment {
     let granularity = ((entry >> 55) & 1) as u8;
-    let raw_limit = (((entry >> 32) & 0x000f_0000) | (entry & 0xffff)) as u32;
+    // The 20-bit limit: its three low bytes.
+    let [l0, l1, l2, ..] = (((entry >> 32) & 0x000f_0000) | (entry & 0xffff)).to_le_bytes();
+    let raw_limit = u32::from_le_bytes([l0, l1, l2, 0]);
     kvm_segment {
         base: ((entry >> 16) & 0x00ff_ffff) | ((entry >> 32) & 0xff00_0000),
         limit: if granularity == 1 {
@@ -72,7 +74,7 @@ pub fn set_sregs(vcpu: &VcpuFd) -> Result<()> {
     sregs.ss = data;
     sregs.tr = segment(GDT[3], TSS_SELECTOR);
     sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = (std::mem::size_of_val(&GDT) - 1) as u16;
+    sregs.gdt.limit = const { crate::narrow::u16_of(std::mem::size_of_val(&GDT) as u64 - 1) };
     sregs.idt.base = IDT_ADDR;
     sregs.idt.limit = 7;
     // Set outright: OR-ing PE|PG into the reset value leaves caching disabled.
@@ -163,11 +165,11 @@ const APIC_MODE_NMI: u32 = 0x4;
 pub fn set_lint(vcpu: &VcpuFd) -> Result<()> {
     let mut lapic = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
     for (reg, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {
-        let bytes: [u8; 4] = std::array::from_fn(|i| lapic.regs[reg + i] as u8);
+        let bytes: [u8; 4] = std::array::from_fn(|i| lapic.regs[reg + i].cast_unsigned());
         let value = u32::from_le_bytes(bytes);
         let value = (value & !0x700) | (mode << 8);
         for (i, b) in value.to_le_bytes().iter().enumerate() {
-            lapic.regs[reg + i] = *b as i8;
+            lapic.regs[reg + i] = b.cast_signed();
         }
     }
     vcpu.set_lapic(&lapic).map_err(kvm_err("KVM_SET_LAPIC"))

@@ -236,7 +236,7 @@ fn read_bytes(vcpu: &VcpuFd, mem: &GuestMemoryMmap, regs: &kvm_regs, sregs: &kvm
         if t.valid == 0 {
             break;
         }
-        let in_page = (0x1000 - (gva & 0xfff)) as usize;
+        let in_page = block::cast::u64_to_usize(0x1000 - (gva & 0xfff));
         let n = in_page.min(MAX_INSN_LEN - bytes.len());
         let mut chunk = vec![0u8; n];
         if mem

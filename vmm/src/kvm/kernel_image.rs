@@ -349,8 +349,11 @@ mod tests {
         image[VERSION_OFFSET..VERSION_OFFSET + 2].copy_from_slice(&0x020fu16.to_le_bytes());
         image[PAYLOAD_OFFSET_OFFSET..PAYLOAD_OFFSET_OFFSET + 4]
             .copy_from_slice(&0x40u32.to_le_bytes());
-        image[PAYLOAD_LENGTH_OFFSET..PAYLOAD_LENGTH_OFFSET + 4]
-            .copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        image[PAYLOAD_LENGTH_OFFSET..PAYLOAD_LENGTH_OFFSET + 4].copy_from_slice(
+            &u32::try_from(payload.len())
+                .expect("a test payload is small")
+                .to_le_bytes(),
+        );
         image.extend_from_slice(payload);
         image
     }
@@ -361,8 +364,9 @@ mod tests {
             .collect()
     }
 
+    /// Appends the low 32 bits of `size` (the trailer Linux reads): huge sizes wrap on purpose.
     fn with_size(mut stream: Vec<u8>, size: usize) -> Vec<u8> {
-        stream.extend_from_slice(&(size as u32).to_le_bytes());
+        stream.extend_from_slice(&size.to_le_bytes()[..4]);
         stream
     }
 
@@ -380,7 +384,11 @@ mod tests {
         let mut lz4 = vec![0x02, 0x21, 0x4c, 0x18];
         for chunk in k.chunks(8 << 20) {
             let block = lz4_flex::block::compress(chunk);
-            lz4.extend_from_slice(&(block.len() as u32).to_le_bytes());
+            lz4.extend_from_slice(
+                &u32::try_from(block.len())
+                    .expect("an 8 MiB chunk compresses to less than 4 GiB")
+                    .to_le_bytes(),
+            );
             lz4.extend_from_slice(&block);
         }
         let lz4 = with_size(lz4, k.len());
@@ -438,8 +446,16 @@ mod tests {
         s.extend_from_slice(&[0; 4]); // header checksum (not checked, as in Linux)
         for chunk in data.chunks(256 << 10) {
             let block = lzokay_native::compress(chunk).unwrap();
-            s.extend_from_slice(&(chunk.len() as u32).to_be_bytes());
-            s.extend_from_slice(&(block.len() as u32).to_be_bytes());
+            s.extend_from_slice(
+                &u32::try_from(chunk.len())
+                    .expect("chunks are 256 KiB")
+                    .to_be_bytes(),
+            );
+            s.extend_from_slice(
+                &u32::try_from(block.len())
+                    .expect("a 256 KiB chunk compresses small")
+                    .to_be_bytes(),
+            );
             s.extend_from_slice(&[0; 4]); // adler32 of the data
             s.extend_from_slice(&block);
         }
@@ -496,7 +512,7 @@ mod tests {
                 let mut p = magic.to_vec();
                 p.extend((0..len).map(|_| {
                     seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
-                    (seed >> 16) as u8
+                    (seed >> 16).to_le_bytes()[0]
                 }));
                 p.extend_from_slice(&4096u32.to_le_bytes());
                 if let Ok(found) = payload(&wrap(&p)) {

@@ -25,7 +25,8 @@ pub fn create(vm: &VmFd, mem_bytes: u64) -> Result<GuestMemoryMmap> {
             .get_host_address(vm_memory::MemoryRegionAddress(0))
             .map_err(|e| Error::Memory(e.to_string()))?;
         let region = kvm_userspace_memory_region {
-            slot: slot as u32,
+            slot: u32::try_from(slot)
+                .map_err(|_| Error::Memory(format!("memory slot {slot} does not fit a u32")))?,
             flags: 0,
             guest_phys_addr: region.start_addr().raw_value(),
             memory_size: region.len(),

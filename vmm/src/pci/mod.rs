@@ -49,7 +49,7 @@ impl PciBus {
     pub fn add(&mut self, function: SharedFunction) -> Option<u8> {
         let slot = self.slots.iter().position(Option::is_none)?;
         self.slots[slot] = Some(function);
-        Some(slot as u8)
+        u8::try_from(slot).ok()
     }
 
     fn function(&self, bus: u8, device: u8, function: u8) -> Option<&SharedFunction> {
@@ -88,7 +88,7 @@ impl PciBus {
 pub struct Ecam(pub Arc<PciBus>);
 
 fn ecam_decode(offset: u64) -> ((u8, u8, u8), u64) {
-    let bus = (offset >> 20) as u8;
+    let bus = (offset >> 20).to_le_bytes()[0];
     let device = ((offset >> 15) & 0x1f) as u8;
     let function = ((offset >> 12) & 0x7) as u8;
     ((bus, device, function), offset & 0xfff)
@@ -124,7 +124,7 @@ impl ConfigPorts {
             return None;
         }
         let bdf = (
-            (self.address >> 16) as u8,
+            (self.address >> 16).to_le_bytes()[0],
             ((self.address >> 11) & 0x1f) as u8,
             ((self.address >> 8) & 0x7) as u8,
         );
@@ -206,7 +206,7 @@ mod tests {
 
     impl PciFunction for Probe {
         fn config_read(&self, offset: u64, data: &mut [u8]) {
-            data.fill(offset as u8);
+            data.fill(offset.to_le_bytes()[0]);
         }
         fn config_write(&mut self, offset: u64, data: &[u8]) {
             self.written.push((offset, data.to_vec()));
@@ -215,7 +215,7 @@ mod tests {
             Some((self.bar, 0x1000))
         }
         fn bar_read(&mut self, offset: u64, data: &mut [u8]) {
-            data.fill(0x40 | offset as u8);
+            data.fill(0x40 | offset.to_le_bytes()[0]);
         }
         fn bar_write(&mut self, offset: u64, data: &[u8]) {
             self.written.push((0x1_0000 + offset, data.to_vec()));

@@ -103,8 +103,9 @@ fn routing_table(msi: &BTreeMap<u32, MsiMessage>) -> Vec<kvm_irq_routing_entry> 
             type_: KVM_IRQ_ROUTING_MSI,
             ..Default::default()
         };
-        e.u.msi.address_lo = message.address as u32;
-        e.u.msi.address_hi = (message.address >> 32) as u32;
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = message.address.to_le_bytes();
+        e.u.msi.address_lo = u32::from_le_bytes([a0, a1, a2, a3]);
+        e.u.msi.address_hi = u32::from_le_bytes([a4, a5, a6, a7]);
         e.u.msi.data = message.data;
         table.push(e);
     }
@@ -174,9 +175,9 @@ mod tests {
         assert_eq!((m.address_lo, m.address_hi, m.data), (0xfee0_0000, 1, 0x41));
         let ioapic_pins = table
             .iter()
-            // SAFETY: irqchip entries were built as such.
             .filter(|e| {
                 e.type_ == KVM_IRQ_ROUTING_IRQCHIP
+                    // SAFETY: irqchip entries were built as such.
                     && unsafe { e.u.irqchip.irqchip } == KVM_IRQCHIP_IOAPIC
             })
             .count();

@@ -183,7 +183,7 @@ fn spawns_threads() -> Rules {
         (
             libc::SYS_seccomp,
             vec![rule(vec![
-                cond(0, Op::Eq, libc::SECCOMP_SET_MODE_FILTER as u64),
+                cond(0, Op::Eq, u64::from(libc::SECCOMP_SET_MODE_FILTER)),
                 cond(1, Op::Eq, 0),
             ])],
         ),
@@ -207,7 +207,8 @@ fn console_clients() -> Rules {
 
 /// The vCPU kick (a real-time signal to a vCPU thread of this process).
 fn kicks_vcpus() -> Rules {
-    let kick = crate::kvm::kick::signal_number() as u64;
+    // Real-time signal numbers are positive: the same bits as a sign extension.
+    let kick = u64::from(crate::kvm::kick::signal_number().cast_unsigned());
     vec![
         (libc::SYS_getpid, vec![]),
         (libc::SYS_tgkill, vec![rule(vec![cond(2, Op::Eq, kick)])]),

@@ -332,8 +332,8 @@ pub fn apply_host_denylist(mode: SeccompMode) -> io::Result<()> {
 /// capabilities go with uid 0. Raw system calls: glibc's wrappers would
 /// switch every thread of the process.
 fn drop_credentials(to: Credentials) -> io::Result<()> {
-    // SAFETY: getresuid writes three ids into the locals.
     let (mut r, mut e, mut s) = (0, 0, 0);
+    // SAFETY: getresuid writes three ids into the locals.
     if unsafe { libc::getresuid(&mut r, &mut e, &mut s) } != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -155,7 +155,9 @@ impl I8042 {
             CMD_DISABLE_KBD | CMD_ENABLE_KBD | CMD_DISABLE_AUX | CMD_ENABLE_AUX => {}
             CMD_RESET_CPU => {
                 // Infallible trigger; vm-superio decides what a reset command is.
-                let _ = self.reset.write(COMMAND_OFFSET as u8, command);
+                let _ = self
+                    .reset
+                    .write(const { crate::narrow::u8_of(COMMAND_OFFSET) }, command);
             }
             other => tracing::debug!("i8042: ignoring controller command {other:#x}"),
         }
@@ -309,7 +311,7 @@ mod tests {
             let r = next();
             let offset = r % 8;
             let len = 1 + (r >> 8) as usize % 4;
-            let mut data = vec![(r >> 16) as u8; len];
+            let mut data = vec![(r >> 16).to_le_bytes()[0]; len];
             if r & (1 << 40) == 0 {
                 dev.read(offset, &mut data);
             } else {

@@ -430,7 +430,7 @@ mod tests {
         let console = serial(&SerialTarget::UnixSocket(path.clone()));
         let total = BACKLOG_BYTES + 1000;
         for i in 0..total {
-            lock(&console.device).write(0, &[b'a' + (i % 26) as u8]);
+            lock(&console.device).write(0, &[b"abcdefghijklmnopqrstuvwxyz"[i % 26]]);
         }
         let mut client = UnixStream::connect(&path).unwrap();
         client
