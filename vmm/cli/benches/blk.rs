@@ -128,8 +128,9 @@ fn one_run(
             result = line;
             // The guest now waits (its threads are still there to read):
             // SIGTERM asks it to shut down.
+            let pid = libc::pid_t::try_from(pid).expect("a Linux pid fits a pid_t");
             // SAFETY: signalling our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            unsafe { libc::kill(pid, libc::SIGTERM) };
         }
     }
     let status = child.wait().expect("wait for vmm");
@@ -196,7 +197,11 @@ fn main() {
         .success();
     assert!(ok);
     let disk = dir.path().join("disk.raw");
-    std::fs::write(&disk, vec![0x5au8; (DISK_MIB << 20) as usize]).expect("disk image");
+    std::fs::write(
+        &disk,
+        vec![0x5au8; block::cast::u64_to_usize(DISK_MIB << 20)],
+    )
+    .expect("disk image");
     let (kernel, disk) = (kernel.to_str().unwrap(), disk.to_str().unwrap());
 
     println!(
@@ -217,7 +222,7 @@ fn main() {
                     variant.label,
                     format!("{} {}K {} {}", case.op, case.kb, case.cache, case.wait),
                     s.requests as f64 / s.wall_s,
-                    s.bytes as f64 / s.wall_s / (1 << 20) as f64,
+                    s.bytes as f64 / s.wall_s / f64::from(1 << 20),
                     s.wall_s * 1e6 / s.requests.max(1) as f64,
                     per(s.vcpu_ns),
                     per(s.device_ns),
@@ -242,7 +247,7 @@ fn main() {
                 variant.label,
                 format!("{} {}K {} {}", case.op, case.kb, case.cache, case.wait),
                 median(&|s| s.requests as f64 / s.wall_s),
-                median(&|s| s.bytes as f64 / s.wall_s / (1 << 20) as f64),
+                median(&|s| s.bytes as f64 / s.wall_s / f64::from(1 << 20)),
                 median(&|s| s.wall_s * 1e6 / s.requests.max(1) as f64),
                 median(&|s| per(s.vcpu_ns, s)),
                 median(&|s| per(s.device_ns, s)),

@@ -37,7 +37,7 @@ fn monotonic_ns() -> u64 {
     };
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
 }
 
 /// Resident memory of the VMM in KiB, from /proc/<pid>/smaps.
@@ -143,9 +143,10 @@ fn one_run(variant: &common::Variant, kernel: &str, vcpus: &str) -> Run {
             file_kib = file_kib.max(rss.file);
             guest_kib = guest_kib.max(rss.guest);
         }
+        let raw_pid = libc::pid_t::try_from(pid).expect("a Linux pid fits a pid_t");
         // SAFETY: waiting for our own child; rusage and status are valid out-pointers.
-        let rc = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut rusage) };
-        if rc == pid as i32 {
+        let rc = unsafe { libc::wait4(raw_pid, &mut status, libc::WNOHANG, &mut rusage) };
+        if rc == raw_pid {
             break monotonic_ns();
         }
         assert!(rc == 0, "wait4 failed: {}", std::io::Error::last_os_error());
@@ -170,7 +171,7 @@ fn one_run(variant: &common::Variant, kernel: &str, vcpus: &str) -> Run {
         anon_kib,
         file_kib,
         guest_kib,
-        maxrss_kib: rusage.ru_maxrss as u64,
+        maxrss_kib: u64::try_from(rusage.ru_maxrss).expect("maxrss is not negative"),
     }
 }
 

@@ -133,8 +133,8 @@ fn wait_signal(set: &libc::sigset_t, deadline: Option<Instant>) -> Option<i32> {
         let timeout = deadline.map(|d| {
             let left = d.saturating_duration_since(Instant::now());
             libc::timespec {
-                tv_sec: left.as_secs() as libc::time_t,
-                tv_nsec: libc::c_long::from(left.subsec_nanos() as i32),
+                tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_nsec: libc::c_long::from(left.subsec_nanos()),
             }
         });
         let timeout_ptr = timeout

@@ -80,7 +80,11 @@ fn compressed_bzimage(dir: &tempfile::TempDir, tool: &[&str], with_size: bool) -
     assert!(out.status.success(), "{tool:?} failed");
     let mut payload = out.stdout;
     if with_size {
-        payload.extend_from_slice(&(elf.len() as u32).to_le_bytes());
+        payload.extend_from_slice(
+            &u32::try_from(elf.len())
+                .expect("the test kernel is small")
+                .to_le_bytes(),
+        );
     }
     // Setup sectors, then a protected-mode part that is only the payload.
     let mut image = vec![0u8; (usize::from(SETUP_SECTS) + 1) * 512];
@@ -91,7 +95,11 @@ fn compressed_bzimage(dir: &tempfile::TempDir, tool: &[&str], with_size: bool) -
     image[0x211] = 0x01;
     image[0x214..0x218].copy_from_slice(&0x10_0000u32.to_le_bytes());
     image[0x248..0x24c].copy_from_slice(&0u32.to_le_bytes());
-    image[0x24c..0x250].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    image[0x24c..0x250].copy_from_slice(
+        &u32::try_from(payload.len())
+            .expect("the test payload is small")
+            .to_le_bytes(),
+    );
     image.extend_from_slice(&payload);
     let path = dir.path().join(format!("bzImage-{}", tool[0]));
     std::fs::write(&path, image).unwrap();

@@ -17,7 +17,7 @@ fn pattern(i: usize) -> u8 {
     MAGIC
         .get(i)
         .copied()
-        .unwrap_or((i as u8).wrapping_mul(31) ^ 0x5a)
+        .unwrap_or(i.to_le_bytes()[0].wrapping_mul(31) ^ 0x5a)
 }
 
 fn assert_sector_has_pattern(image: &[u8]) {
@@ -184,8 +184,8 @@ fn a_corrupt_qcow2_disk_is_refused() {
 
 #[test]
 fn selftest_passes_with_every_device() {
-    // SAFETY: geteuid has no preconditions.
     assert_eq!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
         0,
         "the selftest test needs root (private network namespace and tap)"

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use block::cast::u64_to_usize;
 use block::qcow2::{CreateOptions, create};
 use img_common::*;
 use rand::rngs::StdRng;
@@ -154,21 +155,21 @@ fn check_after_crash(
     ]);
     let disk = std::fs::read(&flat).unwrap();
     let old = if has_backing(round) {
-        mixed_data(SIZE as usize, 9)
+        mixed_data(u64_to_usize(SIZE), 9)
     } else {
-        vec![0u8; SIZE as usize]
+        vec![0u8; u64_to_usize(SIZE)]
     };
     // The writes covering each sector, in script order.
     let mut by_sector: Vec<Vec<&Write>> = (0..SIZE / SECTOR).map(|_| Vec::new()).collect();
     for w in writes {
         for sector in w.offset / SECTOR..(w.offset + w.len) / SECTOR {
-            by_sector[sector as usize].push(w);
+            by_sector[u64_to_usize(sector)].push(w);
         }
     }
     let mut checked = 0;
     for (sector, covering) in by_sector.iter().enumerate() {
         let start = sector as u64 * SECTOR;
-        let range = start as usize..(start + SECTOR) as usize;
+        let range = u64_to_usize(start)..u64_to_usize(start + SECTOR);
         let covering = covering.iter().copied();
         let durable = covering
             .clone()
@@ -196,7 +197,7 @@ fn check_after_crash(
 }
 
 fn write_base(dir: &Path) {
-    std::fs::write(dir.join("base.raw"), mixed_data(SIZE as usize, 9)).unwrap();
+    std::fs::write(dir.join("base.raw"), mixed_data(u64_to_usize(SIZE), 9)).unwrap();
 }
 
 #[test]

@@ -266,7 +266,9 @@ fn the_guest_has_no_sse_instructions() {
 fn an_initrd_is_loaded_where_the_zero_page_says() {
     let dir = tempdir();
     let initrd = dir.path().join("initrd.img");
-    let bytes: Vec<u8> = (0..50_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let bytes: Vec<u8> = (0..50_000u32)
+        .map(|i| (i * 7 + 3).to_le_bytes()[0])
+        .collect();
     std::fs::write(&initrd, &bytes).unwrap();
     let sum = bytes
         .iter()
@@ -340,8 +342,9 @@ fn sigterm_asks_the_guest_to_shut_down_and_a_second_one_kills() {
         (child, lines)
     };
     let sigterm = |child: &std::process::Child| {
+        let pid = libc::pid_t::try_from(child.id()).expect("a Linux pid fits a pid_t");
         // SAFETY: plain kill(2) on our own child, not yet reaped.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     };
 
     // A guest waiting for Ctrl-Alt-Del honours the request: a reset, status 0.
@@ -380,8 +383,9 @@ fn a_guest_ignoring_sigterm_is_stopped_after_the_shutdown_timeout() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.is_ok_and(|l| l.starts_with("BOOT"))));
     let asked = Instant::now();
+    let pid = libc::pid_t::try_from(child.id()).expect("a Linux pid fits a pid_t");
     // SAFETY: plain kill(2) on our own child, not yet reaped.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let deadline = asked + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

@@ -197,7 +197,9 @@ fn cpu_time(pid: u32) -> Duration {
         .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
         .sum();
     // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }
+        .max(1)
+        .cast_unsigned();
     Duration::from_millis(ticks * 1000 / hz)
 }
 

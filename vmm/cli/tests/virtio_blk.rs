@@ -20,7 +20,7 @@ fn pattern(i: usize) -> u8 {
     if i < MAGIC.len() {
         MAGIC[i]
     } else {
-        (i as u8).wrapping_mul(31) ^ 0x5a
+        i.to_le_bytes()[0].wrapping_mul(31) ^ 0x5a
     }
 }
 

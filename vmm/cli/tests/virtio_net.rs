@@ -152,9 +152,10 @@ fn a_tap_that_cannot_be_opened_is_a_vmm_error_not_a_guest_failure() {
             .open("/dev/net/tun")
             .unwrap();
         let mut ifr = ifreq("vmm-busy");
-        ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
-        // SAFETY: valid fd and ifreq.
+        ifr.ifr_ifru.ifru_flags = libc::c_short::try_from(libc::IFF_TAP | libc::IFF_NO_PI)
+            .expect("the tap flags fit a short");
         assert_eq!(
+            // SAFETY: valid fd and ifreq.
             unsafe { libc::ioctl(holder.as_raw_fd(), libc::TUNSETIFF, &mut ifr) },
             0
         );

@@ -43,6 +43,8 @@ pub fn summary(name: &str, unit: &str, mut values: Vec<f64>) {
     if values.is_empty() {
         return;
     }
+    // Float to integer has no From/TryFrom: the rounded position lies in 0..len for q in 0..=1.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
     println!(
         "{name:<34} min {:>9.2}  median {:>9.2}  p90 {:>9.2}  max {:>9.2} {unit}",

@@ -18,7 +18,8 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::required_format;
-use super::size::{human, parse_number, parse_size};
+use super::size::{human, parse_size, pattern_byte};
+use block::cast::u64_to_usize;
 use block::{
     BackingPolicy, ConcurrentDisk, OpenOptions, SerializedDisk, SharedDisk, open_disk_with,
 };
@@ -82,12 +83,12 @@ fn parse_sync(cmd: &str) -> anyhow::Result<Command> {
         match *a {
             "-P" => {
                 let p = it.next().context("-P needs a pattern")?;
-                pattern = Some(parse_number(p)? as u8);
+                pattern = Some(pattern_byte(p)?);
             }
             "-z" => zero = true,
             "-u" => unmap = true,
             "-q" => quiet = true,
-            _ if a.starts_with("-P") => pattern = Some(parse_number(&a[2..])? as u8),
+            _ if a.starts_with("-P") => pattern = Some(pattern_byte(&a[2..])?),
             _ if a.starts_with('-') => anyhow::bail!("{name}: unsupported flag {a}"),
             _ => pos.push(parse_size(a)?),
         }
@@ -135,11 +136,14 @@ fn parse_sync(cmd: &str) -> anyhow::Result<Command> {
 fn report(verb: &str, len: u64, offset: u64, start: Instant) {
     let secs = start.elapsed().as_secs_f64();
     let rate = if secs > 0.0 { len as f64 / secs } else { 0.0 };
+    // Float to integer has no From/TryFrom; `as` saturates, which a rate may.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rate = rate as u64;
     // One print: lines of concurrent aio requests must not interleave.
     print!(
         "{verb} {len}/{len} bytes at offset {offset}\n{}, 1 ops; {secs:.4} sec ({} /sec and {:.4} ops/sec)\n",
         human(len),
-        human(rate as u64),
+        human(rate),
         if secs > 0.0 { 1.0 / secs } else { 0.0 }
     );
 }
@@ -155,7 +159,7 @@ fn exec(disk: &dyn SharedDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Resu
             quiet,
         } => {
             buf.clear();
-            buf.resize(len as usize, 0);
+            buf.resize(u64_to_usize(len), 0);
             disk.read_at(buf, offset)?;
             if let Some(p) = pattern
                 && let Some(bad) = buf.iter().position(|&b| b != p)
@@ -184,7 +188,7 @@ fn exec(disk: &dyn SharedDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Resu
                 disk.write_zeroes(offset, len, unmap)?;
             } else {
                 buf.clear();
-                buf.resize(len as usize, pattern);
+                buf.resize(u64_to_usize(len), pattern);
                 disk.write_at(buf, offset)?;
             }
             if !quiet {

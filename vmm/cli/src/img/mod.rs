@@ -197,7 +197,7 @@ pub fn run(cmd: ImgCommand) -> anyhow::Result<i32> {
             size: size::parse_size(&size)?,
             step: step.as_deref().map(size::parse_size).transpose()?,
             write,
-            pattern: size::parse_number(&pattern)? as u8,
+            pattern: size::pattern_byte(&pattern)?,
             flush_interval,
             quiet,
             filename: &filename,

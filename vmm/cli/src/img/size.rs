@@ -29,6 +29,8 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
             bytes >= 0.0 && bytes < u64::MAX as f64,
             "size {s:?} out of range"
         );
+        // Float to integer has no From/TryFrom; the range is checked just above.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         return Ok(bytes as u64);
     }
     let v = parse_number(num)?;
@@ -47,6 +49,13 @@ pub fn parse_number(s: &str) -> anyhow::Result<u64> {
         s.parse()
     };
     r.map_err(|_| anyhow::anyhow!("invalid number {s:?}"))
+}
+
+/// A pattern byte (`-P`, `--pattern`): a number as [`parse_number`] reads it, refused above
+/// 255 as qemu-io and qemu-img refuse it ("invalid pattern byte").
+pub fn pattern_byte(s: &str) -> anyhow::Result<u8> {
+    let v = parse_number(s)?;
+    u8::try_from(v).map_err(|_| anyhow::anyhow!("invalid pattern byte {s:?}: above 255"))
 }
 
 /// Human form used in messages: `64 KiB`, `1 GiB`, `1.5 MiB`.

@@ -9,6 +9,7 @@ mod net;
 
 use std::time::Duration;
 
+use block::cast::u64_to_usize;
 use test_guest::CheckResult;
 use vmm::{
     DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialCapture, SerialTarget, Vm,
@@ -33,7 +34,7 @@ const PATTERN_MAGIC: &[u8; 16] = b"virtio-blk-test\n";
 fn pattern(i: usize) -> u8 {
     match PATTERN_MAGIC.get(i) {
         Some(&b) => b,
-        None => (i as u8).wrapping_mul(31) ^ 0x5a,
+        None => i.to_le_bytes()[0].wrapping_mul(31) ^ 0x5a,
     }
 }
 
@@ -141,7 +142,8 @@ pub fn run(options: &Options) -> i32 {
     }
     match std::fs::read(&disk) {
         Ok(bytes) => {
-            let sector = bytes.get(TEST_SECTOR_OFFSET as usize..TEST_SECTOR_OFFSET as usize + 512);
+            let sector =
+                bytes.get(u64_to_usize(TEST_SECTOR_OFFSET)..u64_to_usize(TEST_SECTOR_OFFSET) + 512);
             let ok = sector.is_some_and(|s| s.iter().enumerate().all(|(i, &b)| b == pattern(i)));
             report.record(
                 "host-disk-contents",

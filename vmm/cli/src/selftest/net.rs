@@ -53,14 +53,16 @@ impl PacketSocket {
             tv_sec: 0,
             tv_usec: 100_000,
         };
+        let len = libc::socklen_t::try_from(std::mem::size_of::<libc::timeval>())
+            .map_err(io::Error::other)?;
         // SAFETY: SO_RCVTIMEO takes a timeval of this size.
         let rc = unsafe {
             libc::setsockopt(
                 fd.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,
-                &timeout as *const libc::timeval as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as u32,
+                std::ptr::from_ref(&timeout).cast::<libc::c_void>(),
+                len,
             )
         };
         if rc < 0 {
