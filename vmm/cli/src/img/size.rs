@@ -81,6 +81,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pattern_bytes_stop_at_255() {
+        assert_eq!(pattern_byte("0xff").unwrap(), 0xff);
+        assert_eq!(pattern_byte("171").unwrap(), 171);
+        assert!(pattern_byte("256").is_err());
+        assert!(pattern_byte("0x1ab").is_err());
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("64k").unwrap(), 65536);
