@@ -53,9 +53,9 @@ impl Driver {
         w(0x70, 11);
         w(0x30, 0);
         w(0x38, u32::from(QSIZE));
-        w(0x80, DESC as u32);
-        w(0x90, AVAIL as u32);
-        w(0xa0, USED as u32);
+        w(0x80, u32::try_from(DESC).expect("below 4 GiB"));
+        w(0x90, u32::try_from(AVAIL).expect("below 4 GiB"));
+        w(0xa0, u32::try_from(USED).expect("below 4 GiB"));
         w(0x44, 1);
         w(0x70, 15);
         Driver {
@@ -142,7 +142,7 @@ fn blk(dev: Block, kind: u32, bytes: u32, batch: u16, rounds: u32) -> (f64, f64)
     let requests = f64::from(rounds) * f64::from(batch);
     (
         requests / secs,
-        requests * f64::from(bytes) / secs / (1 << 20) as f64,
+        requests * f64::from(bytes) / secs / f64::from(1 << 20),
     )
 }
 

@@ -23,8 +23,13 @@ use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRI
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, GuestAddress, GuestMemory, GuestMemoryBackend};
 
+/// The descriptor flags, as the 16-bit field of a descriptor carries them.
+pub(crate) const DESC_F_NEXT: u16 = crate::narrow::u16_of_u32(VRING_DESC_F_NEXT);
+pub(crate) const DESC_F_WRITE: u16 = crate::narrow::u16_of_u32(VRING_DESC_F_WRITE);
+pub(crate) const DESC_F_INDIRECT: u16 = crate::narrow::u16_of_u32(VRING_DESC_F_INDIRECT);
+
 /// Flags a split-ring descriptor may carry; anything else is a driver bug.
-const KNOWN_FLAGS: u16 = (VRING_DESC_F_NEXT | VRING_DESC_F_WRITE | VRING_DESC_F_INDIRECT) as u16;
+const KNOWN_FLAGS: u16 = DESC_F_NEXT | DESC_F_WRITE | DESC_F_INDIRECT;
 
 /// Why a descriptor chain was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -255,8 +260,8 @@ mod tests {
         let mem = test_memory();
         let mut driver = GuestDriver::new(&mem, 16);
         // 0 -> 1 -> 0 -> ...
-        driver.set_desc(0, 0x10000, 16, VRING_DESC_F_NEXT as u16, 1);
-        driver.set_desc(1, 0x11000, 16, VRING_DESC_F_NEXT as u16, 0);
+        driver.set_desc(0, 0x10000, 16, DESC_F_NEXT, 1);
+        driver.set_desc(1, 0x11000, 16, DESC_F_NEXT, 0);
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
@@ -268,7 +273,7 @@ mod tests {
     fn a_next_index_outside_the_table_is_refused() {
         let mem = test_memory();
         let mut driver = GuestDriver::new(&mem, 16);
-        driver.set_desc(0, 0x10000, 16, VRING_DESC_F_NEXT as u16, 16);
+        driver.set_desc(0, 0x10000, 16, DESC_F_NEXT, 16);
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
@@ -295,7 +300,7 @@ mod tests {
         // the memory check would see the second buffer; we must report it.
         let mem = test_memory();
         let mut driver = GuestDriver::new(&mem, 16);
-        driver.set_desc(0, 0x1000, 0x1000, VRING_DESC_F_NEXT as u16, 1);
+        driver.set_desc(0, 0x1000, 0x1000, DESC_F_NEXT, 1);
         driver.set_desc(1, 0x2000, u32::MAX, 0, 0);
         driver.publish(0);
         let mut queue = driver.queue();
@@ -316,7 +321,7 @@ mod tests {
                 Desc::write(0x11000, 1),
             ],
         );
-        driver.set_desc(0, table, 32, VRING_DESC_F_INDIRECT as u16, 0);
+        driver.set_desc(0, table, 32, DESC_F_INDIRECT, 0);
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
@@ -336,19 +341,19 @@ mod tests {
                 .map(|i| {
                     let d = Desc::read(0x10000, 16);
                     if i + 1 < entries {
-                        d.with_next(i as u16 + 1)
+                        d.with_next(u16::try_from(i).expect("few entries") + 1)
                     } else {
                         d
                     }
                 })
                 .collect();
             driver.write_indirect_table(table, &descs);
-            driver.set_desc(0, 0x10000, 16, VRING_DESC_F_NEXT as u16, 1);
+            driver.set_desc(0, 0x10000, 16, DESC_F_NEXT, 1);
             driver.set_desc(
                 1,
                 table,
-                16 * entries as u32,
-                VRING_DESC_F_INDIRECT as u16,
+                16 * u32::try_from(entries).expect("few entries"),
+                DESC_F_INDIRECT,
                 0,
             );
             driver.publish(0);
@@ -374,10 +379,10 @@ mod tests {
         let inner = 0x21000;
         driver.write_indirect_table(inner, &[Desc::read(0x10000, 16)]);
         let mut nested = Desc::read(inner, 16);
-        nested.flags = VRING_DESC_F_INDIRECT as u16;
+        nested.flags = DESC_F_INDIRECT;
         let outer = 0x20000;
         driver.write_indirect_table(outer, &[Desc::read(0x10000, 16).with_next(1), nested]);
-        driver.set_desc(0, outer, 32, VRING_DESC_F_INDIRECT as u16, 0);
+        driver.set_desc(0, outer, 32, DESC_F_INDIRECT, 0);
         driver.publish(0);
         let mut queue = driver.queue();
         let chain = queue.pop_descriptor_chain(&mem).unwrap();
@@ -390,8 +395,8 @@ mod tests {
         let mem = test_memory();
         for (addr, len) in [(MEM_SIZE + 0x1000, 32u32), (0x20000, 24)] {
             let mut driver = GuestDriver::new(&mem, 16);
-            driver.set_desc(0, 0x10000, 16, VRING_DESC_F_NEXT as u16, 1);
-            driver.set_desc(1, addr, len, VRING_DESC_F_INDIRECT as u16, 0);
+            driver.set_desc(0, 0x10000, 16, DESC_F_NEXT, 1);
+            driver.set_desc(1, addr, len, DESC_F_INDIRECT, 0);
             driver.publish(0);
             let mut queue = driver.queue();
             let chain = queue.pop_descriptor_chain(&mem).unwrap();

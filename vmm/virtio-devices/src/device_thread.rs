@@ -319,10 +319,9 @@ fn run(shared: &Shared) {
 /// Runs the device for the pending queues and a ready descriptor.
 fn handle(shared: &Shared, device: &mut Box<dyn VirtioDevice>, pending: &mut u64, fd_ready: bool) {
     let queues = std::mem::take(pending);
-    for index in 0..shared.notifiers.len() {
+    for (index, _) in (0u16..).zip(&shared.notifiers) {
         if queues & (1 << index) != 0 {
-            // Fits: at most MAX_QUEUES notifiers.
-            let result = device.process_queue(index as u16);
+            let result = device.process_queue(index);
             if !check(shared, device.as_ref(), result) {
                 return;
             }

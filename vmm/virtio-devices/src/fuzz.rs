@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use ::block::cast::u64_to_usize;
 use ::block::{DiskBackend, DiskError, DiskResult};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -48,8 +49,8 @@ impl MemDisk {
             return Err(f());
         }
         self.check_range(offset, len as u64)?;
-        // In range of a Vec, so both fit a usize.
-        let start = offset as usize;
+        // In range of a Vec (checked just above).
+        let start = u64_to_usize(offset);
         Ok(start..start + len)
     }
 }
@@ -82,12 +83,12 @@ impl DiskBackend for MemDisk {
         Ok(())
     }
     fn discard(&mut self, offset: u64, len: u64) -> DiskResult<()> {
-        self.range(offset, len as usize)?;
+        self.range(offset, u64_to_usize(len))?;
         self.discards.push((offset, len));
         Ok(())
     }
     fn write_zeroes(&mut self, offset: u64, len: u64, may_unmap: bool) -> DiskResult<()> {
-        let r = self.range(offset, len as usize)?;
+        let r = self.range(offset, u64_to_usize(len))?;
         self.bytes[r].fill(0);
         self.zeroed.push((offset, len, may_unmap));
         Ok(())
@@ -141,9 +142,21 @@ pub fn blk_queue(data: &[u8]) {
     w(&mut t, VIRTIO_MMIO_STATUS, features_ok);
     w(&mut t, VIRTIO_MMIO_QUEUE_SEL, 0);
     w(&mut t, VIRTIO_MMIO_QUEUE_NUM, FUZZ_QUEUE_SIZE);
-    w(&mut t, VIRTIO_MMIO_QUEUE_DESC_LOW, DESC as u32);
-    w(&mut t, VIRTIO_MMIO_QUEUE_AVAIL_LOW, AVAIL as u32);
-    w(&mut t, VIRTIO_MMIO_QUEUE_USED_LOW, USED as u32);
+    w(
+        &mut t,
+        VIRTIO_MMIO_QUEUE_DESC_LOW,
+        const { crate::narrow::u32_of_u64(DESC) },
+    );
+    w(
+        &mut t,
+        VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+        const { crate::narrow::u32_of_u64(AVAIL) },
+    );
+    w(
+        &mut t,
+        VIRTIO_MMIO_QUEUE_USED_LOW,
+        const { crate::narrow::u32_of_u64(USED) },
+    );
     w(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
     w(
         &mut t,

@@ -28,6 +28,7 @@ pub mod fuzz;
 pub mod interrupt;
 mod log_limit;
 pub mod mmio;
+mod narrow;
 pub mod net;
 pub mod pci;
 pub mod queue;

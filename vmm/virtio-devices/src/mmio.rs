@@ -38,6 +38,7 @@ use crate::device::{ActivateContext, VirtioDevice};
 use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxed, lock_device};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
 use crate::log_limit::{GuestErrorLog, guest_error};
+use crate::narrow::{high_half, low_half};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
 
 /// "virt" in little endian.
@@ -327,8 +328,8 @@ impl MmioTransport {
             VIRTIO_MMIO_DEVICE_FEATURES => {
                 let features = self.device_features;
                 match self.device_features_sel {
-                    0 => features as u32,
-                    1 => (features >> 32) as u32,
+                    0 => low_half(features),
+                    1 => high_half(features),
                     _ => 0,
                 }
             }
@@ -336,18 +337,12 @@ impl MmioTransport {
             VIRTIO_MMIO_QUEUE_READY => self.selected_queue().map_or(0, |q| u32::from(q.ready)),
             VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.status(),
             VIRTIO_MMIO_STATUS => self.status,
-            VIRTIO_MMIO_QUEUE_DESC_LOW => self.selected_queue().map_or(0, |q| q.desc as u32),
-            VIRTIO_MMIO_QUEUE_DESC_HIGH => {
-                self.selected_queue().map_or(0, |q| (q.desc >> 32) as u32)
-            }
-            VIRTIO_MMIO_QUEUE_AVAIL_LOW => self.selected_queue().map_or(0, |q| q.avail as u32),
-            VIRTIO_MMIO_QUEUE_AVAIL_HIGH => {
-                self.selected_queue().map_or(0, |q| (q.avail >> 32) as u32)
-            }
-            VIRTIO_MMIO_QUEUE_USED_LOW => self.selected_queue().map_or(0, |q| q.used as u32),
-            VIRTIO_MMIO_QUEUE_USED_HIGH => {
-                self.selected_queue().map_or(0, |q| (q.used >> 32) as u32)
-            }
+            VIRTIO_MMIO_QUEUE_DESC_LOW => self.selected_queue().map_or(0, |q| low_half(q.desc)),
+            VIRTIO_MMIO_QUEUE_DESC_HIGH => self.selected_queue().map_or(0, |q| high_half(q.desc)),
+            VIRTIO_MMIO_QUEUE_AVAIL_LOW => self.selected_queue().map_or(0, |q| low_half(q.avail)),
+            VIRTIO_MMIO_QUEUE_AVAIL_HIGH => self.selected_queue().map_or(0, |q| high_half(q.avail)),
+            VIRTIO_MMIO_QUEUE_USED_LOW => self.selected_queue().map_or(0, |q| low_half(q.used)),
+            VIRTIO_MMIO_QUEUE_USED_HIGH => self.selected_queue().map_or(0, |q| high_half(q.used)),
             // No shared memory regions: a length of all ones means "absent".
             VIRTIO_MMIO_SHM_LEN_LOW
             | VIRTIO_MMIO_SHM_LEN_HIGH
@@ -864,7 +859,7 @@ mod tests {
         let (mut d, rec) = setup(&mem);
         let (q0, q1) = two_queues(&mem);
         d.bring_up(0, &[&q0, &q1]);
-        for bad in [2, 0xffff, 0x1_0000, u32::MAX, i32::MIN as u32] {
+        for bad in [2, 0xffff, 0x1_0000, u32::MAX, i32::MIN.cast_unsigned()] {
             d.notify(bad);
         }
         assert!(rec.lock().unwrap().notified.is_empty());

@@ -41,6 +41,7 @@ use crate::device_thread::ThreadSandbox;
 use crate::interrupt::InterruptTrigger;
 use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::mmio::{DeviceRef, MmioTransport};
+use crate::narrow;
 
 /// The PCI vendor ID virtio devices use (Red Hat, Inc., donated to OASIS).
 pub const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
@@ -94,6 +95,8 @@ const MSIX_FUNCTION_MASK: u16 = 1 << 14;
 const CAP_ID_MSIX: u8 = 0x11;
 const CAP_ID_VENDOR: u8 = 0x09;
 const BAR_MEM64: u32 = 0b100;
+/// The address bits of BAR 0 (its size is a power of two).
+const BAR_ADDRESS_MASK: u32 = !(narrow::u32_of_u64(BAR_SIZE) - 1);
 
 // virtio_pci_cap.cfg_type
 const CAP_COMMON: u8 = 1;
@@ -167,7 +170,8 @@ impl MsixState {
 
     /// Sends the vectors that became deliverable while pending.
     fn flush_pending(&mut self) {
-        for vector in 0..self.entries.len() as u16 {
+        let count = self.entries.len();
+        for (vector, _) in (0u16..).zip(0..count) {
             if self.pending[usize::from(vector)] && self.deliverable(vector) == Some(true) {
                 self.pending[usize::from(vector)] = false;
                 self.fire(vector);
@@ -294,7 +298,11 @@ impl PciTransport {
             queue_vectors: vec![NO_VECTOR; queues.len()],
             msi,
         }));
-        (msix, vectors as u16, device.device_type(), queues)
+        // A cast the lints refuse, allowed as nothing else fits: a device has at most
+        // device_thread::MAX_QUEUES (64) queues, which its thread enforces.
+        #[allow(clippy::cast_possible_truncation)]
+        let vectors = vectors as u16;
+        (msix, vectors, device.device_type(), queues)
     }
 
     fn with_inner(
@@ -353,7 +361,9 @@ impl PciTransport {
     }
 
     fn build_config(&mut self, device_type: u32, vectors: u16, bar_address: u64) {
-        let modern_id = MODERN_DEVICE_BASE.wrapping_add(device_type as u16);
+        // The low 16 bits of the device type, as the PCI device id carries it.
+        let [t0, t1, ..] = device_type.to_le_bytes();
+        let modern_id = MODERN_DEVICE_BASE.wrapping_add(u16::from_le_bytes([t0, t1]));
         let (class, subclass) = match device_type {
             1 => (0x02, 0x00), // network controller, ethernet
             2 => (0x01, 0x00), // mass storage, SCSI (as QEMU's virtio-blk)
@@ -367,40 +377,60 @@ impl PciTransport {
         self.config[0x0b] = class;
         self.put32(
             BAR0,
-            (bar_address as u32 & !(BAR_SIZE as u32 - 1)) | BAR_MEM64,
+            (narrow::low_half(bar_address) & BAR_ADDRESS_MASK) | BAR_MEM64,
         );
         self.put32(BAR1, (bar_address >> 32) as u32);
         self.put16(0x2c, VIRTIO_PCI_VENDOR);
         self.put16(0x2e, modern_id);
-        self.config[CAP_POINTER] = MSIX_CAP as u8;
+        self.config[CAP_POINTER] = const { narrow::u8_of_usize(MSIX_CAP) };
 
         // MSI-X: table and pending bits in BAR 0.
         self.config[MSIX_CAP] = CAP_ID_MSIX;
-        self.config[MSIX_CAP + 1] = VIRTIO_CAPS as u8;
+        self.config[MSIX_CAP + 1] = const { narrow::u8_of_usize(VIRTIO_CAPS) };
         self.put16(MSIX_CONTROL, vectors - 1);
-        self.put32(MSIX_CAP + 4, MSIX_TABLE_OFFSET as u32);
-        self.put32(MSIX_CAP + 8, MSIX_PBA_OFFSET as u32);
+        self.put32(
+            MSIX_CAP + 4,
+            const { narrow::u32_of_u64(MSIX_TABLE_OFFSET) },
+        );
+        self.put32(MSIX_CAP + 8, const { narrow::u32_of_u64(MSIX_PBA_OFFSET) });
 
         // virtio capabilities (struct virtio_pci_cap), each pointing into BAR 0.
-        let caps = [
-            (CAP_COMMON, COMMON_OFFSET, COMMON_SIZE),
-            (CAP_ISR, ISR_OFFSET, ISR_SIZE),
-            (CAP_DEVICE, DEVICE_OFFSET, DEVICE_SIZE),
-            (CAP_NOTIFY, NOTIFY_OFFSET, NOTIFY_SIZE),
+        const CAPS: [(u8, u32, u32); 4] = [
+            (
+                CAP_COMMON,
+                narrow::u32_of_u64(COMMON_OFFSET),
+                narrow::u32_of_u64(COMMON_SIZE),
+            ),
+            (
+                CAP_ISR,
+                narrow::u32_of_u64(ISR_OFFSET),
+                narrow::u32_of_u64(ISR_SIZE),
+            ),
+            (
+                CAP_DEVICE,
+                narrow::u32_of_u64(DEVICE_OFFSET),
+                narrow::u32_of_u64(DEVICE_SIZE),
+            ),
+            (
+                CAP_NOTIFY,
+                narrow::u32_of_u64(NOTIFY_OFFSET),
+                narrow::u32_of_u64(NOTIFY_SIZE),
+            ),
         ];
-        let mut at = VIRTIO_CAPS;
-        for (i, (cfg_type, offset, length)) in caps.iter().enumerate() {
-            let len = if *cfg_type == CAP_NOTIFY { 20 } else { 16 };
-            let next = if i + 1 < caps.len() { at + len } else { 0 };
-            self.config[at] = CAP_ID_VENDOR;
-            self.config[at + 1] = next as u8;
-            self.config[at + 2] = len as u8;
-            self.config[at + 3] = *cfg_type;
-            self.config[at + 4] = 0; // BAR 0
-            self.put32(at + 8, *offset as u32);
-            self.put32(at + 12, *length as u32);
+        let mut at: u8 = const { narrow::u8_of_usize(VIRTIO_CAPS) };
+        for (i, (cfg_type, offset, length)) in CAPS.iter().enumerate() {
+            let len: u8 = if *cfg_type == CAP_NOTIFY { 20 } else { 16 };
+            let next = if i + 1 < CAPS.len() { at + len } else { 0 };
+            let here = usize::from(at);
+            self.config[here] = CAP_ID_VENDOR;
+            self.config[here + 1] = next;
+            self.config[here + 2] = len;
+            self.config[here + 3] = *cfg_type;
+            self.config[here + 4] = 0; // BAR 0
+            self.put32(here + 8, *offset);
+            self.put32(here + 12, *length);
             if *cfg_type == CAP_NOTIFY {
-                self.put32(at + 16, NOTIFY_MULTIPLIER);
+                self.put32(here + 16, NOTIFY_MULTIPLIER);
             }
             at += len;
         }
@@ -409,8 +439,7 @@ impl PciTransport {
         // the interrupt line, MSI-X enable and function mask.
         let command_bits = COMMAND_MEMORY | COMMAND_MASTER | COMMAND_INTX_DISABLE;
         self.writable[COMMAND..COMMAND + 2].copy_from_slice(&command_bits.to_le_bytes());
-        let bar_mask = !(BAR_SIZE as u32 - 1);
-        self.writable[BAR0..BAR0 + 4].copy_from_slice(&bar_mask.to_le_bytes());
+        self.writable[BAR0..BAR0 + 4].copy_from_slice(&BAR_ADDRESS_MASK.to_le_bytes());
         self.writable[BAR1..BAR1 + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         self.writable[INTERRUPT_LINE] = 0xff;
         let control_bits = MSIX_ENABLE | MSIX_FUNCTION_MASK;
@@ -514,7 +543,7 @@ impl PciTransport {
                     .enumerate()
                     .fold(0u64, |b, (i, &p)| b | (u64::from(p) << i));
                 let bytes = bits.to_le_bytes();
-                let start = (o - MSIX_PBA_OFFSET) as usize;
+                let start = ::block::cast::u64_to_usize(o - MSIX_PBA_OFFSET);
                 data.copy_from_slice(&bytes[start..start + data.len()]);
             }
             _ => {
@@ -542,7 +571,8 @@ impl PciTransport {
                 // the queue index too (no VIRTIO_F_NOTIFICATION_DATA).
                 let rel = o - NOTIFY_OFFSET;
                 if rel.is_multiple_of(u64::from(NOTIFY_MULTIPLIER)) {
-                    let queue = (rel / u64::from(NOTIFY_MULTIPLIER)) as u32;
+                    // Below NOTIFY_SIZE / NOTIFY_MULTIPLIER: the low half is the whole index.
+                    let queue = narrow::low_half(rel / u64::from(NOTIFY_MULTIPLIER));
                     self.inner
                         .write(u64::from(VIRTIO_MMIO_QUEUE_NOTIFY), &queue.to_le_bytes());
                 } else {
@@ -616,7 +646,10 @@ impl PciTransport {
         msix.entries[index] = entry;
         if entry.message != before.message {
             let route = (entry.message.address != 0).then_some(entry.message);
-            if let Err(e) = msix.msi.set_route(index as u16, route) {
+            let routed = u16::try_from(index)
+                .map_err(std::io::Error::other)
+                .and_then(|vector| msix.msi.set_route(vector, route));
+            if let Err(e) = routed {
                 tracing::error!("virtio-pci: cannot route MSI-X vector {index}: {e}");
             }
         }
@@ -667,13 +700,16 @@ impl PciTransport {
         let mut bytes = [0u8; 8];
         bytes[..data.len()].copy_from_slice(data);
         let value = u64::from_le_bytes(bytes);
+        // The 2- and 4-byte registers: the bytes the driver wrote.
+        let low16 = u16::from_le_bytes([bytes[0], bytes[1]]);
+        let low32 = narrow::low_half(value);
         match (offset, data.len()) {
             (0x00, 4) => {
-                self.device_feature_select = value as u32;
+                self.device_feature_select = low32;
                 self.mmio_write(VIRTIO_MMIO_DEVICE_FEATURES_SEL, value);
             }
             (0x08, 4) => {
-                self.driver_feature_select = value as u32;
+                self.driver_feature_select = low32;
                 self.mmio_write(VIRTIO_MMIO_DRIVER_FEATURES_SEL, value);
             }
             (0x0c, 4) => {
@@ -693,7 +729,7 @@ impl PciTransport {
             }
             (0x10, 2) => {
                 let mut msix = lock(&self.msix);
-                msix.config_vector = valid_vector(value as u16, msix.entries.len());
+                msix.config_vector = valid_vector(low16, msix.entries.len());
             }
             (0x14, 1) => {
                 self.mmio_write(VIRTIO_MMIO_STATUS, value);
@@ -702,7 +738,7 @@ impl PciTransport {
                 }
             }
             (0x16, 2) => {
-                self.queue_select = value as u16;
+                self.queue_select = low16;
                 self.mmio_write(VIRTIO_MMIO_QUEUE_SEL, value);
             }
             (0x18, 2) => {
@@ -711,7 +747,7 @@ impl PciTransport {
                 if self.inner_accepts_queue_config()
                     && let Some(size) = self.queue_sizes.get_mut(usize::from(self.queue_select))
                 {
-                    *size = value as u16;
+                    *size = low16;
                 }
             }
             (0x1a, 2) => {
@@ -719,7 +755,7 @@ impl PciTransport {
                 let mut msix = lock(&self.msix);
                 let entries = msix.entries.len();
                 if let Some(v) = msix.queue_vectors.get_mut(queue) {
-                    *v = valid_vector(value as u16, entries);
+                    *v = valid_vector(low16, entries);
                 }
             }
             (0x1c, 2) => self.mmio_write(VIRTIO_MMIO_QUEUE_READY, value),
@@ -780,7 +816,7 @@ impl PciTransport {
 
     fn mmio_write(&mut self, reg: u32, value: u64) {
         self.inner
-            .write(u64::from(reg), &(value as u32).to_le_bytes());
+            .write(u64::from(reg), &narrow::low_half(value).to_le_bytes());
     }
 }
 

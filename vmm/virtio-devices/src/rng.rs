@@ -53,7 +53,8 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
             }
             return Err(e);
         }
-        done += n as usize;
+        // Not negative: checked just above.
+        done += n.cast_unsigned();
     }
     Ok(())
 }
@@ -72,7 +73,7 @@ impl Rng {
             while done < b.len && written < MAX_BYTES_PER_REQUEST {
                 let n = (b.len - done)
                     .min(MAX_BYTES_PER_REQUEST - written)
-                    .min(CHUNK as u32);
+                    .min(const { crate::narrow::u32_of_usize(CHUNK) });
                 let bytes = &mut chunk[..n as usize];
                 if let Err(e) = fill_random(bytes) {
                     tracing::error!("virtio-rng: getrandom failed: {e}");

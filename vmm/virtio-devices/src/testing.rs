@@ -14,7 +14,6 @@ use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
 };
 use virtio_bindings::virtio_mmio::*;
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -25,7 +24,7 @@ use crate::interrupt::tests::CountingTrigger;
 pub const MEM_SIZE: u64 = 4 << 20;
 
 pub fn test_memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ::block::cast::u64_to_usize(MEM_SIZE))])
         .expect("4 MiB of anonymous memory")
 }
 
@@ -52,13 +51,13 @@ impl Desc {
         Desc {
             addr,
             len,
-            flags: VRING_DESC_F_WRITE as u16,
+            flags: crate::chain::DESC_F_WRITE,
             next: 0,
         }
     }
 
     pub fn with_next(mut self, next: u16) -> Self {
-        self.flags |= VRING_DESC_F_NEXT as u16;
+        self.flags |= crate::chain::DESC_F_NEXT;
         self.next = next;
         self
     }
@@ -130,11 +129,11 @@ impl<'a> GuestDriver<'a> {
     /// available. Returns the head index.
     pub fn add_chain(&mut self, descs: &[Desc]) -> u16 {
         let head = self.next_free;
-        let n = descs.len() as u16;
-        for (i, d) in descs.iter().enumerate() {
-            let index = (head + i as u16) % self.size;
+        let n = u16::try_from(descs.len()).expect("a test chain is short");
+        for (i, d) in (0u16..).zip(descs) {
+            let index = (head + i) % self.size;
             let mut d = *d;
-            if (i as u16) + 1 < n {
+            if i + 1 < n {
                 d = d.with_next((index + 1) % self.size);
             }
             self.set_desc(index, d.addr, d.len, d.flags, d.next);
@@ -280,7 +279,10 @@ impl MmioDriver {
 
     pub fn write_driver_features(&mut self, features: u64) {
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        self.write32(VIRTIO_MMIO_DRIVER_FEATURES, features as u32);
+        self.write32(
+            VIRTIO_MMIO_DRIVER_FEATURES,
+            crate::narrow::low_half(features),
+        );
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
     }
@@ -312,11 +314,11 @@ impl MmioDriver {
     pub fn setup_queue_raw(&mut self, index: u32, size: u32, desc: u64, avail: u64, used: u64) {
         self.write32(VIRTIO_MMIO_QUEUE_SEL, index);
         self.write32(VIRTIO_MMIO_QUEUE_NUM, size);
-        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, desc as u32);
+        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, crate::narrow::low_half(desc));
         self.write32(VIRTIO_MMIO_QUEUE_DESC_HIGH, (desc >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, avail as u32);
+        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, crate::narrow::low_half(avail));
         self.write32(VIRTIO_MMIO_QUEUE_AVAIL_HIGH, (avail >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, used as u32);
+        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, crate::narrow::low_half(used));
         self.write32(VIRTIO_MMIO_QUEUE_USED_HIGH, (used >> 32) as u32);
         self.write32(VIRTIO_MMIO_QUEUE_READY, 1);
     }
@@ -332,7 +334,7 @@ impl MmioDriver {
     pub fn bring_up(&mut self, extra: u64, queues: &[&GuestDriver]) {
         assert!(self.negotiate(crate::feature_bit(VIRTIO_F_VERSION_1) | extra));
         for (i, q) in queues.iter().enumerate() {
-            self.setup_queue(i as u32, q);
+            self.setup_queue(u32::try_from(i).expect("few queues"), q);
         }
         self.driver_ok();
         assert_eq!(

@@ -27,6 +27,11 @@ use virtio_devices::fuzz::MemDisk;
 use virtio_devices::{InterruptTrigger, MmioTransport};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+/// A descriptor flag as the 16-bit field carries it.
+fn flag(f: u32) -> u16 {
+    u16::try_from(f).expect("descriptor flags are 16 bits")
+}
+
 /// Counts live heap bytes and their high-water mark.
 struct Counting;
 
@@ -99,13 +104,20 @@ fn one_notification_with_huge_indirect_chains_allocates_little() {
     for i in 0..TABLE_ENTRIES {
         let (addr, len, mut flags) = match i {
             0 => (HDR, 16, 0),
-            i if i == last => (STATUS, 1, VRING_DESC_F_WRITE as u16),
-            _ => (DATA, 512, VRING_DESC_F_WRITE as u16),
+            i if i == last => (STATUS, 1, flag(VRING_DESC_F_WRITE)),
+            _ => (DATA, 512, flag(VRING_DESC_F_WRITE)),
         };
         if i < last {
-            flags |= VRING_DESC_F_NEXT as u16;
+            flags |= flag(VRING_DESC_F_NEXT);
         }
-        desc(&mem, TABLE + 16 * i, addr, len, flags, (i + 1) as u16);
+        desc(
+            &mem,
+            TABLE + 16 * i,
+            addr,
+            len,
+            flags,
+            u16::try_from(i + 1).expect("few entries"),
+        );
     }
     let header = [0u8; 16]; // VIRTIO_BLK_T_IN at sector 0
     mem.write_slice(&header, GuestAddress(HDR)).unwrap();
@@ -114,8 +126,8 @@ fn one_notification_with_huge_indirect_chains_allocates_little() {
             &mem,
             DESC + 16 * u64::from(head),
             TABLE,
-            (16 * TABLE_ENTRIES) as u32,
-            VRING_DESC_F_INDIRECT as u16,
+            u32::try_from(16 * TABLE_ENTRIES).expect("a small table"),
+            flag(VRING_DESC_F_INDIRECT),
             0,
         );
         mem.write_obj(head.to_le(), GuestAddress(AVAIL + 4 + 2 * u64::from(head)))
@@ -151,9 +163,21 @@ fn one_notification_with_huge_indirect_chains_allocates_little() {
     write32(&mut t, VIRTIO_MMIO_STATUS, features_ok);
     write32(&mut t, VIRTIO_MMIO_QUEUE_SEL, 0);
     write32(&mut t, VIRTIO_MMIO_QUEUE_NUM, u32::from(QUEUE));
-    write32(&mut t, VIRTIO_MMIO_QUEUE_DESC_LOW, DESC as u32);
-    write32(&mut t, VIRTIO_MMIO_QUEUE_AVAIL_LOW, AVAIL as u32);
-    write32(&mut t, VIRTIO_MMIO_QUEUE_USED_LOW, USED as u32);
+    write32(
+        &mut t,
+        VIRTIO_MMIO_QUEUE_DESC_LOW,
+        u32::try_from(DESC).expect("below 4 GiB"),
+    );
+    write32(
+        &mut t,
+        VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+        u32::try_from(AVAIL).expect("below 4 GiB"),
+    );
+    write32(
+        &mut t,
+        VIRTIO_MMIO_QUEUE_USED_LOW,
+        u32::try_from(USED).expect("below 4 GiB"),
+    );
     write32(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
     write32(
         &mut t,

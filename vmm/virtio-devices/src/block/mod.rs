@@ -19,6 +19,7 @@ mod workers;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ::block::cast::u64_to_usize;
 use ::block::{DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
@@ -43,6 +44,7 @@ use workers::IoWorkers;
 pub const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size: the most bytes copied per backend call.
 const CHUNK: usize = 64 * 1024;
+const CHUNK_U32: u32 = crate::narrow::u32_of_usize(CHUNK);
 /// Advertised `seg_max`: data buffers per request, the queue's entries less
 /// the header and the status (Linux sizes its requests by it; a longer
 /// chain would exceed the queue size, which the chain check refuses anyway).
@@ -292,7 +294,7 @@ impl Executor {
         let (status, written) = self.execute(req, mem, bounce);
         self.counters.record(
             accounted(&req.kind),
-            status == VIRTIO_BLK_S_OK as u8,
+            status == const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) },
             started.elapsed(),
         );
         write_status(mem, req.status, status, written)
@@ -326,14 +328,16 @@ impl Executor {
             other => other,
         };
         match result {
-            Ok(written) => (VIRTIO_BLK_S_OK as u8, written),
+            Ok(written) => (const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) }, written),
             Err((e, written)) => {
                 tracing::warn!("virtio-blk: disk request failed: {e}");
                 let status = match e {
-                    DiskError::Unsupported(_) => VIRTIO_BLK_S_UNSUPP,
-                    _ => VIRTIO_BLK_S_IOERR,
+                    DiskError::Unsupported(_) => {
+                        const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
+                    }
+                    _ => const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR) },
                 };
-                (status as u8, written)
+                (status, written)
             }
         }
     }
@@ -351,7 +355,8 @@ impl Executor {
         for b in data {
             let mut done: u32 = 0;
             while done < b.len {
-                let n = ((b.len - done) as usize).min(CHUNK);
+                let step = (b.len - done).min(CHUNK_U32);
+                let n = u64_to_usize(u64::from(step));
                 self.disk
                     .read_at(&mut bounce[..n], offset)
                     .map_err(|e| (e, written))?;
@@ -359,11 +364,11 @@ impl Executor {
                 let to = b.addr.unchecked_add(u64::from(done));
                 mem.write_slice(&bounce[..n], to)
                     .map_err(|e| (DiskError::Io(std::io::Error::other(e)), written))?;
-                // n <= CHUNK fits in a u32; sums are bounded by the chain's
-                // total length, which virtio-queue keeps within a u32.
-                done += n as u32;
-                written = written.saturating_add(n as u32);
-                offset += n as u64;
+                // Sums are bounded by the chain's total length, which
+                // virtio-queue keeps within a u32.
+                done += step;
+                written = written.saturating_add(step);
+                offset += u64::from(step);
             }
         }
         Ok(written)
@@ -381,7 +386,8 @@ impl Executor {
         for b in data {
             let mut done: u32 = 0;
             while done < b.len {
-                let n = ((b.len - done) as usize).min(CHUNK);
+                let step = (b.len - done).min(CHUNK_U32);
+                let n = u64_to_usize(u64::from(step));
                 // Inside a buffer the chain check proved does not wrap.
                 let from = b.addr.unchecked_add(u64::from(done));
                 mem.read_slice(&mut bounce[..n], from)
@@ -389,8 +395,8 @@ impl Executor {
                 self.disk
                     .write_at(&bounce[..n], offset)
                     .map_err(|e| (e, 0))?;
-                done += n as u32;
-                offset += n as u64;
+                done += step;
+                offset += u64::from(step);
             }
         }
         Ok(())
@@ -441,12 +447,13 @@ fn write_buffers(mem: &GuestMemoryMmap, buffers: &[Buffer], bytes: &[u8]) -> u32
         if rest.is_empty() {
             break;
         }
-        let n = rest.len().min(b.len as usize);
+        let step = u32::try_from(rest.len()).unwrap_or(u32::MAX).min(b.len);
+        let n = u64_to_usize(u64::from(step));
         if mem.write_slice(&rest[..n], b.addr).is_err() {
             break;
         }
         rest = &rest[n..];
-        written += n as u32;
+        written += step;
     }
     written
 }
@@ -458,7 +465,10 @@ fn config_space(limits: &DiskLimits) -> Vec<u8> {
     let mut put = |at: usize, bytes: &[u8]| c[at..at + bytes.len()].copy_from_slice(bytes);
     put(0, &limits.capacity.to_le_bytes());
     put(12, &limits.max_data_buffers.to_le_bytes()); // seg_max
-    put(20, &(SECTOR_SIZE as u32).to_le_bytes()); // blk_size
+    put(
+        20,
+        &const { crate::narrow::u32_of_u64(SECTOR_SIZE) }.to_le_bytes(),
+    ); // blk_size
     if limits.discard {
         put(36, &limits.max_segment_sectors.to_le_bytes()); // max_discard_sectors
         put(40, &limits.max_segments.to_le_bytes()); // max_discard_seg

@@ -149,9 +149,9 @@ impl RequestError {
     pub fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_) | RequestError::SegmentFlags { .. } => {
-                VIRTIO_BLK_S_UNSUPP as u8
+                const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
             }
-            _ => VIRTIO_BLK_S_IOERR as u8,
+            _ => const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR) },
         }
     }
 }
@@ -356,7 +356,7 @@ fn read_segments(
         });
     }
     // At most `max_segments` (small) segments: gather the bytes, then decode.
-    let mut bytes = Vec::with_capacity(len as usize);
+    let mut bytes = Vec::with_capacity(::block::cast::u64_to_usize(len));
     for b in data {
         let start = bytes.len();
         bytes.resize(start + b.len as usize, 0);
@@ -368,7 +368,7 @@ fn read_segments(
     } else {
         0
     };
-    let mut segments = Vec::with_capacity(count as usize);
+    let mut segments = Vec::with_capacity(::block::cast::u64_to_usize(count));
     for raw in bytes.chunks_exact(SEGMENT_SIZE as usize) {
         let field = |at: usize, n: usize| -> u64 {
             raw[at..at + n]
@@ -377,9 +377,8 @@ fn read_segments(
                 .fold(0u64, |acc, &b| acc << 8 | u64::from(b))
         };
         let sector = field(0, 8);
-        // 4-byte fields always fit in a u32.
-        let sectors = field(8, 4) as u32;
-        let flags = field(12, 4) as u32;
+        let sectors = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+        let flags = u32::from_le_bytes([raw[12], raw[13], raw[14], raw[15]]);
         if flags & !allowed_flags != 0 {
             return Err(RequestError::SegmentFlags { flags });
         }
@@ -468,7 +467,7 @@ mod tests {
     }
 
     fn segment_error(request_type: u32, segments: &[(u64, u32, u32)]) -> RequestError {
-        let len = (segments.len() * 16).max(16) as u32;
+        let len = u32::try_from((segments.len() * 16).max(16)).expect("few test segments");
         let descs = [
             Desc::read(HDR, 16),
             Desc::read(DATA, len),
@@ -715,7 +714,10 @@ mod tests {
         ];
         let e = parse_with(VIRTIO_BLK_T_DISCARD, 0, &[(0, 1, 0)], &descs, &plain).unwrap_err();
         assert_eq!(e.error, RequestError::Unsupported(VIRTIO_BLK_T_DISCARD));
-        assert_eq!(e.error.status(), VIRTIO_BLK_S_UNSUPP as u8);
+        assert_eq!(
+            e.error.status(),
+            crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP)
+        );
     }
 
     #[test]

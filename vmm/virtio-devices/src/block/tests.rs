@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
-use virtio_bindings::virtio_ring::{
-    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT,
-};
+use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
@@ -83,7 +81,7 @@ impl<'a> Harness<'a> {
     fn writable(mem: &'a GuestMemoryMmap) -> Self {
         let mut disk = MemDisk::new(DISK_SIZE);
         for (i, b) in disk.bytes.iter_mut().enumerate() {
-            *b = (i / 512) as u8;
+            *b = (i / 512).to_le_bytes()[0];
         }
         Self::new(mem, disk, BlockOptions::default())
     }
@@ -139,7 +137,7 @@ impl<'a> Harness<'a> {
             heads.push(self.queue.add_chain(&descs));
         }
         self.mmio.notify(0);
-        let n = requests.len() as u16;
+        let n = u16::try_from(requests.len()).expect("a test queues few requests");
         assert_eq!(
             self.queue.used_idx(),
             self.used_seen.wrapping_add(n),
@@ -180,13 +178,13 @@ impl<'a> Harness<'a> {
             bytes.extend_from_slice(&flags.to_le_bytes());
         }
         self.mem.write_slice(&bytes, GuestAddress(DATA)).unwrap();
-        bytes.len() as u32
+        u32::try_from(bytes.len()).expect("test data is small")
     }
 }
 
-const OK: u8 = VIRTIO_BLK_S_OK as u8;
-const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
-const UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
+const OK: u8 = crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK);
+const IOERR: u8 = crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR);
+const UNSUPP: u8 = crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP);
 
 #[test]
 fn features_follow_the_disk() {
@@ -278,7 +276,7 @@ fn a_disk_whose_size_is_not_a_sector_multiple_rounds_down() {
 fn write_then_read_back_across_several_buffers() {
     let mem = test_memory();
     let mut h = Harness::writable(&mem);
-    let pattern: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    let pattern: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3).to_le_bytes()[0]).collect();
     mem.write_slice(&pattern, GuestAddress(DATA)).unwrap();
     let (status, len) = h.request(
         VIRTIO_BLK_T_OUT,
@@ -309,7 +307,7 @@ fn large_requests_go_through_the_bounce_buffer_in_chunks() {
     let mem = test_memory();
     let mut disk = MemDisk::new(1 << 20);
     for (i, b) in disk.bytes.iter_mut().enumerate() {
-        *b = (i % 251) as u8;
+        *b = u8::try_from(i % 251).expect("below 251");
     }
     let expected = disk.bytes[4096..4096 + 200 * 1024].to_vec();
     let mut h = Harness::new(&mem, disk, BlockOptions::default());
@@ -818,8 +816,8 @@ fn bad_chains_are_returned_and_the_queue_keeps_working() {
     }
     // A loop: 0 -> 1 -> 0.
     let base = h.queue.used_idx();
-    h.queue.set_desc(0, HDR, 16, VRING_DESC_F_NEXT as u16, 1);
-    h.queue.set_desc(1, DATA, 512, VRING_DESC_F_NEXT as u16, 0);
+    h.queue.set_desc(0, HDR, 16, crate::chain::DESC_F_NEXT, 1);
+    h.queue.set_desc(1, DATA, 512, crate::chain::DESC_F_NEXT, 0);
     h.queue.publish(0);
     h.mmio.notify(0);
     assert_eq!(h.queue.used_idx(), base.wrapping_add(1));
@@ -849,7 +847,7 @@ fn requests_through_an_indirect_table() {
     );
     mem.write_obj(UNTOUCHED, GuestAddress(STATUS)).unwrap();
     h.queue
-        .set_desc(0, table, 48, VRING_DESC_F_INDIRECT as u16, 0);
+        .set_desc(0, table, 48, crate::chain::DESC_F_INDIRECT, 0);
     h.queue.publish(0);
     h.mmio.notify(0);
     assert_eq!(h.queue.used_elem(0), (0, 513));
@@ -874,7 +872,8 @@ fn interrupts_are_raised_per_batch_and_suppressed_on_request() {
     assert_eq!(h.mmio.interrupts(), 2);
     // A polling guest asks for no interrupts and still sees the used ring.
     h.used_seen = 3;
-    h.queue.set_avail_flags(VRING_AVAIL_F_NO_INTERRUPT as u16);
+    h.queue
+        .set_avail_flags(const { crate::narrow::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
     assert_eq!(h.request(VIRTIO_BLK_T_FLUSH, 0, &[]).0, OK);
     assert_eq!(h.mmio.interrupts(), 2);
 }
@@ -934,11 +933,11 @@ fn random_requests_never_panic() {
                     _ => 0x10_0000 + (rng.next() % 0x10_0000),
                 };
                 let len = match rng.next() % 5 {
-                    0 => rng.next() as u32,
+                    0 => crate::narrow::low_half(rng.next()),
                     1 => 0,
                     2 => 16,
                     3 => 1,
-                    _ => 512 * (1 + rng.next() as u32 % 4),
+                    _ => 512 * (1 + crate::narrow::low_half(rng.next()) % 4),
                 };
                 let mut d = if rng.next().is_multiple_of(2) {
                     Desc::read(addr, len)
@@ -950,7 +949,7 @@ fn random_requests_never_panic() {
                 }
                 descs.push(d);
             }
-            let types = [0, 1, 4, 8, 11, 13, rng.next() as u32];
+            let types = [0, 1, 4, 8, 11, 13, crate::narrow::low_half(rng.next())];
             h.header(
                 types[(rng.next() % 7) as usize],
                 rng.next() % (DISK_SECTORS + 4),
@@ -969,7 +968,7 @@ fn fuzz_entry_points_survive_random_bytes() {
     let mut rng = XorShift::new(7);
     for _ in 0..200 {
         let len = (rng.next() % 0x3000) as usize;
-        let mut data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let mut data: Vec<u8> = (0..len).map(|_| rng.next().to_le_bytes()[0]).collect();
         crate::fuzz::blk_queue(&data);
         // Bias towards structure: a small queue index and plausible chains.
         if data.len() > 0x1004 {
@@ -1067,7 +1066,7 @@ impl ::block::SharedDisk for ProbeDisk {
                 "reads did not overlap",
             )));
         }
-        let start = offset as usize;
+        let start = ::block::cast::u64_to_usize(offset);
         buf.copy_from_slice(&self.bytes.lock().unwrap()[start..start + buf.len()]);
         self.log(format!("read {offset} end"));
         Ok(())
@@ -1080,7 +1079,7 @@ impl ::block::SharedDisk for ProbeDisk {
         self.log(format!("write {offset} start"));
         // Long enough for a request run out of turn to start meanwhile.
         std::thread::sleep(Duration::from_millis(20));
-        let start = offset as usize;
+        let start = ::block::cast::u64_to_usize(offset);
         self.bytes.lock().unwrap()[start..start + buf.len()].copy_from_slice(buf);
         self.log(format!("write {offset} end"));
         Ok(())
@@ -1250,7 +1249,7 @@ fn a_notification_through_the_queue_eventfd_runs_on_the_device_thread() {
     assert_eq!(h.queue.used_idx(), 1);
     assert_eq!(
         h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
-        VIRTIO_BLK_S_OK as u8
+        const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) }
     );
     assert_eq!(*disk.write_threads.lock().unwrap(), ["virtio-test"]);
 }
@@ -1273,7 +1272,7 @@ fn a_reset_never_finds_a_request_in_flight() {
     assert_eq!(h.queue.used_idx(), 1);
     assert_eq!(
         h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
-        VIRTIO_BLK_S_OK as u8
+        const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) }
     );
 }
 

@@ -308,7 +308,11 @@ mod tests {
         }
         /// A chain of (address, length, writable) in queue `q`.
         fn chain(&mut self, q: u8, descs: &[(u32, u16, bool)]) -> &mut Self {
-            self.push(&[0, q, descs.len() as u8 - 1]);
+            self.push(&[
+                0,
+                q,
+                u8::try_from(descs.len()).expect("a short test chain") - 1,
+            ]);
             for &(addr, len, write) in descs {
                 self.push(&addr.to_le_bytes())
                     .push(&len.to_le_bytes())
@@ -375,7 +379,7 @@ mod tests {
         let mut rng = XorShift::new(16);
         for _ in 0..60 {
             let len = (rng.next() % 0x1000) as usize;
-            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let data: Vec<u8> = (0..len).map(|_| rng.next().to_le_bytes()[0]).collect();
             blk_concurrent(&data);
             net_queues(&data);
             rng_queue(&data);

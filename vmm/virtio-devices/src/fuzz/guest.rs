@@ -18,6 +18,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::NoInterrupt;
+use crate::narrow::{high_half, low_half, u16_of_u32};
 use crate::{MmioTransport, Unsandboxed, VirtioDevice};
 
 /// Guest memory: room for the rings of two queues and 64 KiB frames.
@@ -89,8 +90,11 @@ impl Guest {
     /// caller's thread); the next four mask the low feature bits the driver
     /// accepts (`VERSION_1` is always accepted).
     pub(super) fn start(device: Box<dyn VirtioDevice>, input: &mut Input) -> Option<Guest> {
-        let mem =
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).ok()?;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(
+            GuestAddress(0),
+            ::block::cast::u64_to_usize(MEM_SIZE),
+        )])
+        .ok()?;
         let cfg = input.u8()?;
         let feature_mask = input.u32()?;
         let queues = u16::try_from(device.queue_max_sizes().len()).ok()?;
@@ -133,17 +137,20 @@ impl Guest {
         self.write_reg(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
         self.write_reg(VIRTIO_MMIO_STATUS, ack);
         self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES, offered as u32 & feature_mask);
+        self.write_reg(
+            VIRTIO_MMIO_DRIVER_FEATURES,
+            low_half(offered) & feature_mask,
+        );
         self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES, (offered >> 32) as u32);
+        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES, high_half(offered));
         self.write_reg(VIRTIO_MMIO_STATUS, ack | VIRTIO_CONFIG_S_FEATURES_OK);
         for q in 0..self.queues {
             let base = u64::from(q) * RING_STRIDE;
             self.write_reg(VIRTIO_MMIO_QUEUE_SEL, u32::from(q));
             self.write_reg(VIRTIO_MMIO_QUEUE_NUM, u32::from(QUEUE_SIZE));
-            self.write_reg(VIRTIO_MMIO_QUEUE_DESC_LOW, base as u32);
-            self.write_reg(VIRTIO_MMIO_QUEUE_AVAIL_LOW, (base + 0x1000) as u32);
-            self.write_reg(VIRTIO_MMIO_QUEUE_USED_LOW, (base + 0x2000) as u32);
+            self.write_reg(VIRTIO_MMIO_QUEUE_DESC_LOW, low_half(base));
+            self.write_reg(VIRTIO_MMIO_QUEUE_AVAIL_LOW, low_half(base + 0x1000));
+            self.write_reg(VIRTIO_MMIO_QUEUE_USED_LOW, low_half(base + 0x2000));
             self.write_reg(VIRTIO_MMIO_QUEUE_READY, 1);
         }
         self.write_reg(
@@ -196,10 +203,10 @@ impl Guest {
         let len = if f & 4 != 0 { len << 12 } else { len };
         let mut flags = 0;
         if f & 1 != 0 {
-            flags |= VRING_DESC_F_WRITE as u16;
+            flags |= const { u16_of_u32(VRING_DESC_F_WRITE) };
         }
         if f & 2 != 0 {
-            flags |= VRING_DESC_F_INDIRECT as u16;
+            flags |= const { u16_of_u32(VRING_DESC_F_INDIRECT) };
         }
         Some((addr, len, flags))
     }
@@ -232,7 +239,7 @@ impl Guest {
                     let index = head.wrapping_add(k) % QUEUE_SIZE;
                     let next = (index + 1) % QUEUE_SIZE;
                     if k + 1 < n {
-                        flags |= VRING_DESC_F_NEXT as u16;
+                        flags |= const { u16_of_u32(VRING_DESC_F_NEXT) };
                     }
                     self.write_desc(Self::desc_addr(q, index), addr, len, flags, next);
                 }
@@ -306,7 +313,7 @@ impl Guest {
                 for k in 0..n {
                     let (addr, len, mut flags) = Self::desc_spec(input)?;
                     if k + 1 < n {
-                        flags |= VRING_DESC_F_NEXT as u16;
+                        flags |= const { u16_of_u32(VRING_DESC_F_NEXT) };
                     }
                     let next = u16::try_from(k + 1).unwrap_or(0);
                     self.write_desc(GuestAddress(table + k * 16), addr, len, flags, next);
@@ -315,8 +322,8 @@ impl Guest {
                 self.write_desc(
                     Self::desc_addr(q, index),
                     table,
-                    (n * 16) as u32,
-                    VRING_DESC_F_INDIRECT as u16,
+                    u32::try_from(n * 16).ok()?,
+                    const { u16_of_u32(VRING_DESC_F_INDIRECT) },
                     0,
                 );
                 self.next_desc[usize::from(q)] = (index + 1) % QUEUE_SIZE;

@@ -110,7 +110,7 @@ fn config_space(options: &NetOptions) -> [u8; CONFIG_LEN] {
     let mut c = [0u8; CONFIG_LEN];
     c[..6].copy_from_slice(&options.mac);
     let status = if options.link_up {
-        VIRTIO_NET_S_LINK_UP as u16
+        const { crate::narrow::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
     } else {
         0
     };
@@ -242,7 +242,7 @@ impl Net {
             return Err(TxError::TooLong(total));
         }
         // Bounded by MAX_FRAME just above.
-        self.tx_buf.resize(total as usize, 0);
+        self.tx_buf.resize(::block::cast::u64_to_usize(total), 0);
         let mut at = 0usize;
         for b in chain.buffers() {
             let end = at + b.len as usize;
@@ -456,13 +456,13 @@ fn write_frame(mem: &GuestMemoryMmap, buffers: &[Buffer], frame: &[u8]) -> u32 {
         if rest.is_empty() {
             break;
         }
-        let n = rest.len().min(b.len as usize);
+        let step = u32::try_from(rest.len()).unwrap_or(u32::MAX).min(b.len);
+        let n = ::block::cast::u64_to_usize(u64::from(step));
         if mem.write_slice(&rest[..n], b.addr).is_err() {
             break;
         }
         rest = &rest[n..];
-        // n <= MAX_FRAME.
-        written += n as u32;
+        written += step;
     }
     written
 }

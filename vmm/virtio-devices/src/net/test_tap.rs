@@ -22,8 +22,8 @@ pub fn frame(src: [u8; 6], dst: [u8; 6], payload: &[u8]) -> Vec<u8> {
 }
 
 pub fn require_root() {
-    // SAFETY: geteuid has no preconditions.
     assert_eq!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
         0,
         "virtio-net tests need root: they create tap devices in private network namespaces"
@@ -60,7 +60,7 @@ pub fn ifreq(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain old data.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *d = *s as libc::c_char;
+        *d = libc::c_char::from_ne_bytes([*s]);
     }
     ifr
 }
@@ -74,7 +74,8 @@ pub fn create_tap(name: &str) {
         .open("/dev/net/tun")
         .expect("open /dev/net/tun");
     let mut ifr = ifreq(name);
-    ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    ifr.ifr_ifru.ifru_flags =
+        const { crate::narrow::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
     // SAFETY: valid fd and ifreq for the duration of the calls.
     unsafe {
         assert_eq!(
@@ -108,7 +109,7 @@ pub fn wait_running(name: &str) {
         assert_eq!(rc, 0, "SIOCGIFFLAGS {name}: {}", io::Error::last_os_error());
         // SAFETY: SIOCGIFFLAGS filled the flags member.
         let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-        if flags & libc::IFF_RUNNING as libc::c_short != 0 {
+        if flags & const { crate::narrow::c_short_of_c_int(libc::IFF_RUNNING) } != 0 {
             return;
         }
         assert!(Instant::now() < deadline, "{name} is not running");
@@ -133,7 +134,7 @@ impl Wire {
         let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
         assert_eq!(
             n,
-            frame.len() as isize,
+            isize::try_from(frame.len()).expect("a test frame is small"),
             "send: {}",
             io::Error::last_os_error()
         );
@@ -152,12 +153,20 @@ impl Wire {
                 revents: 0,
             };
             // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32 + 1) } <= 0 {
+            if unsafe {
+                libc::poll(
+                    &mut pfd,
+                    1,
+                    i32::try_from(left.as_millis()).unwrap_or(i32::MAX - 1) + 1,
+                )
+            } <= 0
+            {
                 continue;
             }
             // SAFETY: sockaddr_ll is plain old data.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            let mut from_len =
+                const { crate::narrow::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
             // SAFETY: buffers valid for the sizes given.
             let n = unsafe {
                 libc::recvfrom(
@@ -172,7 +181,8 @@ impl Wire {
             if n < 14 || from.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
             }
-            let frame = &buf[..n as usize];
+            // At least 14: checked just above.
+            let frame = &buf[..n.cast_unsigned()];
             if frame[12..14] == TEST_ETHERTYPE.to_be_bytes() {
                 return Some(frame.to_vec());
             }

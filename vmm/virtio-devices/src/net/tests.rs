@@ -133,7 +133,7 @@ impl<'a> Harness<'a> {
         self.mem
             .write_slice(f, GuestAddress(at + VNET_HDR_LEN as u64))
             .unwrap();
-        (VNET_HDR_LEN + f.len()) as u32
+        u32::try_from(VNET_HDR_LEN + f.len()).expect("a test frame is small")
     }
 }
 
@@ -241,8 +241,14 @@ fn bad_transmit_chains_are_returned_and_nothing_is_sent() {
                 Desc::read(TX_BUFS, 16),
                 Desc::write(TX_BUFS + 16, total - 16),
             ],
-            vec![Desc::read(TX_BUFS, (MIN_FRAME - 1) as u32)],
-            vec![Desc::read(TX_BUFS, (MAX_FRAME + 1) as u32)],
+            vec![Desc::read(
+                TX_BUFS,
+                u32::try_from(MIN_FRAME - 1).expect("a frame length"),
+            )],
+            vec![Desc::read(
+                TX_BUFS,
+                u32::try_from(MAX_FRAME + 1).expect("a frame length"),
+            )],
             vec![Desc::read(TX_BUFS + 0x1000, total)],
             vec![Desc::read(TX_BUFS + 0x2000, total)],
             vec![Desc::read(MEM_SIZE - 10, total)],
