@@ -17,6 +17,7 @@
 //! (the same agent without Kubernetes) is the `handler-standalone` crate.
 
 pub mod agent;
+mod backoff;
 pub mod deviceplugins;
 pub mod domains;
 pub mod healthz;

@@ -110,9 +110,7 @@ impl LauncherPolls {
     fn next(&self, key: &str) -> Duration {
         let mut polls = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let n = polls.entry(key.to_string()).or_insert(0);
-        let wait = Self::FIRST
-            .checked_mul(2u32.saturating_pow(*n))
-            .map_or(Self::MAX, |w| w.min(Self::MAX));
+        let wait = crate::backoff::doubling(Self::FIRST, *n, Self::MAX);
         *n = n.saturating_add(1);
         wait
     }

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-pub(crate) const BASE_DELAY: Duration = Duration::from_millis(5);
-pub(crate) const MAX_DELAY: Duration = Duration::from_secs(1000);
+use crate::backoff::{CONTROLLER_BASE as BASE_DELAY, CONTROLLER_MAX as MAX_DELAY, doubling};
 
 #[derive(Default)]
 struct State {
@@ -74,10 +73,7 @@ impl WorkQueue {
     pub(crate) fn next_backoff(&self, key: &str) -> Duration {
         let mut s = self.lock();
         let n = s.failures.entry(key.to_string()).or_insert(0);
-        let delay = BASE_DELAY
-            .checked_mul(2u32.saturating_pow(*n))
-            .unwrap_or(MAX_DELAY)
-            .min(MAX_DELAY);
+        let delay = doubling(BASE_DELAY, *n, MAX_DELAY);
         *n = n.saturating_add(1);
         delay
     }

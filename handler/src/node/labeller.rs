@@ -94,10 +94,8 @@ pub(crate) fn labels_patch(
 
 /// `DefaultTypedControllerRateLimiter`'s per-item back-off after `failures` failures.
 pub fn retry_after(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(30);
-    Duration::from_millis(5)
-        .saturating_mul(1u32 << exp)
-        .min(Duration::from_secs(1000))
+    use crate::backoff::{CONTROLLER_BASE, CONTROLLER_MAX, doubling};
+    doubling(CONTROLLER_BASE, failures.saturating_sub(1), CONTROLLER_MAX)
 }
 
 #[derive(Debug, thiserror::Error)]

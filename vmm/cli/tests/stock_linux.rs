@@ -16,12 +16,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{tempdir, vmm};
+use test_guest::stock_linux::artifacts;
 use virtio_devices::net::test_tap::{create_tap, in_new_netns};
 
 /// The kernel's command line. `noxsave` and `clearcpuid=` because this
@@ -77,32 +77,6 @@ const USERSPACE: usize = 5;
 /// The kernel gets further ("PCI bus 0 enumerated"), but needs more than
 /// 1.6 times the CPU time for it, too much for CI (see vmm/README.md).
 const FURTHEST_HERE: usize = 3;
-
-/// The packaged kernel and the initramfs (built, cached, by the script
-/// `scripts/setup.sh` runs; run here too if the cache is missing).
-fn artifacts() -> (PathBuf, PathBuf) {
-    let dir = std::env::var_os("STOCK_LINUX_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache")
-                });
-            cache.join("kubevirt-rs/stock-linux")
-        });
-    let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initramfs.gz"));
-    if !kernel.exists() || !initrd.exists() {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stock-linux.sh");
-        let status = std::process::Command::new("bash")
-            .arg(&script)
-            .env("STOCK_LINUX_DIR", &dir)
-            .status()
-            .expect("run scripts/stock-linux.sh");
-        assert!(status.success(), "scripts/stock-linux.sh failed");
-    }
-    (kernel, initrd)
-}
 
 /// Boots the stock kernel with a disk holding the marker, a NIC on a tap
 /// whose host side serves DHCP and is the gateway, and an RNG.

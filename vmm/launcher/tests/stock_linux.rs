@@ -15,8 +15,8 @@ mod common;
 
 use common::*;
 use proto::domain::{LifeCycle, StateChangeReason};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use test_guest::stock_linux::artifacts;
 
 const CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 reboot=k panic=-1 nowatchdog noxsave \
     clearcpuid=popcnt,smap,fsgsbase,rdpid,rdrand,rdseed,clflushopt,clwb,pku,umip,la57,avx2,bmi1,bmi2,invpcid,pcid \
@@ -29,30 +29,6 @@ const TO_WAITING: Duration = Duration::from_secs(90);
 /// 22 s of VMM CPU; 120 s of wall time at a load average of 10-13 on 2
 /// cores). Only a failing run waits this long.
 const EARLY: Duration = Duration::from_secs(600);
-
-fn artifacts() -> (PathBuf, PathBuf) {
-    let dir = std::env::var_os("STOCK_LINUX_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache")
-                });
-            cache.join("kubevirt-rs/stock-linux")
-        });
-    let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initramfs.gz"));
-    if !kernel.exists() || !initrd.exists() {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stock-linux.sh");
-        let status = std::process::Command::new("bash")
-            .arg(&script)
-            .env("STOCK_LINUX_DIR", &dir)
-            .status()
-            .expect("run scripts/stock-linux.sh");
-        assert!(status.success(), "scripts/stock-linux.sh failed");
-    }
-    (kernel, initrd)
-}
 
 fn console(pod: &Pod) -> String {
     let uid = launcher::paths::PathName::vmi_uid(UID).expect("the test UID");

@@ -8,6 +8,8 @@
 //! `exit=poweroff|reset|halt|tick`, `code=N`, `cpus=N`, `wait=SECONDS`. It
 //! prints `TEST <name> PASS|FAIL <detail>` lines and `DONE passed=N failed=M`.
 
+pub mod stock_linux;
+
 /// The guest's ELF image.
 pub static ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test-guest.elf"));
 
