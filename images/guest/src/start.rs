@@ -3,7 +3,11 @@
 //! Every vCPU enters at `_start` (0x100000) in 64-bit mode. The boot vCPU
 //! (initial APIC id 0) has RSI = boot_params; the VMM starts the others
 //! directly at the same address. Each vCPU picks its own stack from its APIC
-//! id, so the guest does not depend on where the VMM put RSP. Packaged as a
+//! id, so the guest does not depend on where the VMM put RSP, and loads its
+//! own page tables (an identity map of the low 4 GiB in 2 MiB pages, built at
+//! link time), so it does not depend on how much the VMM mapped: Firecracker
+//! maps only the first 1 GiB, below the IOAPIC, the local APIC and the
+//! virtio-mmio window. Packaged as a
 //! bzImage (flat binary at 0x100000), the guest enters at 0x100200 instead,
 //! which jumps here.
 
@@ -22,6 +26,8 @@ global_asm!(
 _start:
     cli
     cld
+    lea rax, [rip + guest_pml4]
+    mov cr3, rax
     mov r12, rsi
     mov eax, 1
     xor ecx, ecx
@@ -53,6 +59,26 @@ _start:
     .org 0x200
 bzimage_entry_64:
     jmp _start
+
+    // PML4 -> one PDPT -> four page directories of 512 2 MiB pages each
+    // (present, writable, large page): physical = virtual for 0..4 GiB.
+    .section .data.page_tables, "aw"
+    .balign 4096
+guest_pml4:
+    .quad guest_pdpt + 0x3
+    .fill 511, 8, 0
+guest_pdpt:
+    .quad guest_pd + 0x3
+    .quad guest_pd + 0x1003
+    .quad guest_pd + 0x2003
+    .quad guest_pd + 0x3003
+    .fill 508, 8, 0
+guest_pd:
+    .set page, 0
+    .rept 2048
+    .quad page + 0x83
+    .set page, page + 0x200000
+    .endr
 
     .section .bss.stacks, "aw", @nobits
     .balign 16

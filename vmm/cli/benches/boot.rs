@@ -1,96 +1,71 @@
 //! Boot benchmark (not a test): starts `vmm run` with the test guest N times
-//! and reports, per run and summarised:
+//! (and, with `FIRECRACKER=/path/to/firecracker`, Firecracker on the same
+//! guest, interleaved) and reports, per run and summarised:
 //!
-//! - process start → first `KVM_RUN`, → first serial byte, → VM exit (as
-//!   stamped by the VMM with `VMM_TIMINGS=1`), → process exit;
-//! - the VMM's resident memory excluding guest RAM.
+//! - spawn → first `KVM_RUN` (from a system-wide `perf` trace of that one
+//!   ioctl, the same for every VMM; `vmm run`'s own `VMM_TIMINGS=1` stamp is
+//!   shown beside it), → first serial byte (read by this harness from the
+//!   VMM's stdout, a pipe, for every VMM), → process exit (wait4);
+//! - resident memory from /proc/<pid>/smaps every 2 ms (see `common::rss`):
+//!   peak and steady (median after the first serial byte) excluding guest
+//!   RAM, its anonymous and file-backed parts, peak total, `ru_maxrss`.
 //!
-//! Times: the harness reads CLOCK_MONOTONIC just before spawning; the VMM
-//! prints its own CLOCK_MONOTONIC stamps; the difference includes fork/exec,
-//! the dynamic loader and `main`.
-//!
-//! Memory: while the VMM runs, /proc/<pid>/smaps is sampled every 2 ms. Guest
-//! RAM is the one anonymous mapping of exactly the guest's size; its `Rss` is
-//! the guest pages touched so far (by the guest or by the loader). Overhead =
-//! total `Rss` minus that mapping's `Rss` (maximum over the samples), split
-//! into anonymous memory (private to this VMM: heap, stacks, KVM pages) and
-//! file-backed pages (binary and shared libraries, shared through the page
-//! cache). `ru_maxrss` from wait4 (guest pages included, the figure
-//! `/usr/bin/time` shows) is printed too.
+//! Times start at the harness's CLOCK_MONOTONIC reading just before the
+//! spawn, so they include fork/exec, the dynamic loader and `main`.
+//! With Firecracker present, a last table gives the ratio of medians
+//! (ours / Firecracker) of each variant.
 //!
 //! Run: `cargo bench -p vmm-cli --bench boot` (BOOT_BENCH_RUNS=N, default 20;
-//! BOOT_BENCH_VCPUS, default 1; BENCH_VARIANTS to compare binaries or
-//! options, interleaved: see `common`).
+//! BOOT_BENCH_VCPUS, default 1; BOOT_BENCH_TRACE=0 skips perf;
+//! FIRECRACKER_SECCOMP=0 runs Firecracker with `--no-seccomp`;
+//! BENCH_VARIANTS to compare binaries or options, interleaved: see
+//! `common`). See benches/README.md.
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::firecracker;
+use common::monotonic_ns;
+
 const MEMORY_MIB: u64 = 128;
+const CMDLINE: &str = "checks=serial,smp exit=poweroff";
+const SAMPLE_EVERY: Duration = Duration::from_millis(2);
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
+/// What runs: one of our `vmm` variants, or Firecracker.
+enum Subject {
+    Ours(common::Variant),
+    Firecracker { binary: String, seccomp: bool },
 }
 
-/// Resident memory of the VMM in KiB, from /proc/<pid>/smaps.
-#[derive(Clone, Copy, Default)]
-struct Rss {
-    /// Guest RAM pages touched.
-    guest: u64,
-    /// Anonymous memory other than guest RAM (heap, stacks, KVM run pages).
-    anon: u64,
-    /// File-backed pages (the vmm binary and shared libraries; shared with
-    /// other processes through the page cache).
-    file: u64,
-}
-
-fn sample_rss(pid: u32) -> Option<Rss> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    let guest_kib = MEMORY_MIB * 1024;
-    let mut rss = Rss::default();
-    // (is guest RAM, is file-backed) of the current mapping.
-    let mut current = (false, false);
-    for line in smaps.lines() {
-        let mut fields = line.split_whitespace();
-        let first = fields.next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            // A mapping header: address perms offset dev inode [path].
-            let inode = fields.nth(3).unwrap_or("0");
-            current = (false, inode != "0");
-            continue;
-        }
-        let value = fields.next().and_then(|v| v.parse::<u64>().ok());
-        match (first, value) {
-            ("Size:", Some(v)) => current.0 = !current.1 && v == guest_kib,
-            ("Rss:", Some(v)) => match current {
-                (true, _) => rss.guest += v,
-                (false, true) => rss.file += v,
-                (false, false) => rss.anon += v,
-            },
-            _ => {}
+impl Subject {
+    fn label(&self) -> &str {
+        match self {
+            Subject::Ours(v) => &v.label,
+            Subject::Firecracker { .. } => "firecracker",
         }
     }
-    (rss.anon + rss.file > 0).then_some(rss)
 }
 
+#[derive(Default)]
 struct Run {
-    first_kvm_run_ms: f64,
-    first_serial_ms: f64,
-    vm_exit_ms: f64,
+    pid: u32,
+    start_ns: u64,
+    /// From the perf trace (filled in at the end).
+    kvm_run_ms: f64,
+    /// `vmm run`'s own stamps (NaN for Firecracker).
+    own_kvm_run_ms: f64,
+    own_serial_ms: f64,
+    serial_ms: f64,
     process_exit_ms: f64,
-    /// Maxima over the samples.
-    overhead_kib: u64,
+    peak_kib: u64,
+    steady_kib: f64,
     anon_kib: u64,
     file_kib: u64,
-    guest_kib: u64,
+    total_kib: u64,
     maxrss_kib: u64,
 }
 
@@ -100,79 +75,81 @@ fn parse_timing(stderr: &str, key: &str) -> Option<u64> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
-fn one_run(variant: &common::Variant, kernel: &str, vcpus: &str) -> Run {
+fn ms_since(start: u64, t: u64) -> f64 {
+    t.saturating_sub(start) as f64 / 1e6
+}
+
+fn finish_run(
+    pid: u32,
+    start_ns: u64,
+    serial: firecracker::SerialCapture,
+    what: &str,
+) -> (Run, String) {
+    let watched = common::rss::watch(pid, MEMORY_MIB, SAMPLE_EVERY);
+    let (text, first_byte) = serial.finish();
+    assert!(
+        watched.status.success() && text.contains("DONE passed=2 failed=0"),
+        "{what} failed ({}): serial output:\n{text}",
+        watched.status
+    );
+    let first_byte = first_byte.unwrap_or(u64::MAX);
+    let run = Run {
+        pid,
+        start_ns,
+        kvm_run_ms: f64::NAN,
+        own_kvm_run_ms: f64::NAN,
+        own_serial_ms: f64::NAN,
+        serial_ms: ms_since(start_ns, first_byte),
+        process_exit_ms: ms_since(start_ns, watched.exit_ns),
+        peak_kib: watched.peak_overhead(),
+        steady_kib: watched.steady_overhead(first_byte),
+        anon_kib: watched.peak(|r| r.anon),
+        file_kib: watched.peak(|r| r.file),
+        total_kib: watched.peak_total(),
+        maxrss_kib: watched.maxrss_kib,
+    };
+    (run, text)
+}
+
+fn run_ours(variant: &common::Variant, kernel: &str, vcpus: &str) -> Run {
     let mut cmd = Command::new(&variant.binary);
-    cmd.args([
-        "run",
-        "--kernel",
-        kernel,
-        "--memory",
-        &MEMORY_MIB.to_string(),
-        "--vcpus",
-        vcpus,
-    ])
-    .args([
-        "--cmdline",
-        "checks=serial,smp exit=poweroff",
-        "--serial",
-        "null",
-    ])
-    .args(&variant.extra_args)
-    .env("VMM_TIMINGS", "1")
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    let start = monotonic_ns();
-    // Reaped below with wait4, which also returns its resource usage.
+    cmd.args(["run", "--kernel", kernel, "--memory"])
+        .arg(MEMORY_MIB.to_string())
+        .args(["--vcpus", vcpus, "--cmdline", CMDLINE, "--serial", "stdout"])
+        .args(&variant.extra_args)
+        .env("VMM_TIMINGS", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start_ns = monotonic_ns();
+    // Reaped by common::rss::watch (wait4).
     #[allow(clippy::zombie_processes)]
     let mut child = cmd.spawn().expect("spawn vmm");
     let pid = child.id();
+    let serial =
+        firecracker::SerialCapture::start(child.stdout.take().expect("piped stdout"), |_, _| {});
     let mut stderr_pipe = child.stderr.take().expect("piped stderr");
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = stderr_pipe.read_to_string(&mut s);
         s
     });
-    let (mut overhead_kib, mut anon_kib, mut file_kib, mut guest_kib) = (0, 0, 0, 0);
-    // SAFETY: rusage is plain data; all-zero is valid.
-    let mut rusage: libc::rusage = unsafe { std::mem::zeroed() };
-    let mut status = 0;
-    let exit_ns = loop {
-        if let Some(rss) = sample_rss(pid) {
-            overhead_kib = overhead_kib.max(rss.anon + rss.file);
-            anon_kib = anon_kib.max(rss.anon);
-            file_kib = file_kib.max(rss.file);
-            guest_kib = guest_kib.max(rss.guest);
-        }
-        let raw_pid = libc::pid_t::try_from(pid).expect("a Linux pid fits a pid_t");
-        // SAFETY: waiting for our own child; rusage and status are valid out-pointers.
-        let rc = unsafe { libc::wait4(raw_pid, &mut status, libc::WNOHANG, &mut rusage) };
-        if rc == raw_pid {
-            break monotonic_ns();
-        }
-        assert!(rc == 0, "wait4 failed: {}", std::io::Error::last_os_error());
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let (mut run, _) = finish_run(pid, start_ns, serial, "vmm run");
     let stderr = reader.join().unwrap_or_default();
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "vmm run failed: {stderr}"
-    );
-    let ms = |key| {
-        parse_timing(&stderr, key)
-            .map(|t| (t.saturating_sub(start)) as f64 / 1e6)
-            .unwrap_or(f64::NAN)
-    };
-    Run {
-        first_kvm_run_ms: ms("first_kvm_run_ns"),
-        first_serial_ms: ms("first_serial_byte_ns"),
-        vm_exit_ms: ms("vm_exit_ns"),
-        process_exit_ms: (exit_ns - start) as f64 / 1e6,
-        overhead_kib,
-        anon_kib,
-        file_kib,
-        guest_kib,
-        maxrss_kib: u64::try_from(rusage.ru_maxrss).expect("maxrss is not negative"),
-    }
+    let own = |key| parse_timing(&stderr, key).map_or(f64::NAN, |t| ms_since(start_ns, t));
+    run.own_kvm_run_ms = own("first_kvm_run_ns");
+    run.own_serial_ms = own("first_serial_byte_ns");
+    run
+}
+
+fn run_firecracker(binary: &str, seccomp: bool, kernel: &str, vcpus: &str) -> Run {
+    let mut config = firecracker::Config::new(kernel, CMDLINE, MEMORY_MIB);
+    config.vcpus = vcpus.parse().expect("BOOT_BENCH_VCPUS is a number");
+    config.seccomp = seccomp;
+    let mut fc = firecracker::spawn(binary, &config).expect("spawn firecracker");
+    let serial = fc.capture_serial();
+    let (run, _) = finish_run(fc.pid, fc.spawned_ns, serial, "firecracker");
+    run
 }
 
 fn main() {
@@ -193,53 +170,128 @@ fn main() {
     assert!(status.success());
     let kernel = kernel.to_str().expect("utf-8 temp path").to_string();
 
-    let variants = common::variants(vmm);
+    let mut subjects: Vec<Subject> = common::variants(vmm)
+        .into_iter()
+        .map(Subject::Ours)
+        .collect();
+    if let Some(binary) = firecracker::binary_from_env() {
+        let version = firecracker::check_binary(binary.as_ref()).expect("run $FIRECRACKER");
+        let seccomp = std::env::var("FIRECRACKER_SECCOMP").as_deref() != Ok("0");
+        println!(
+            "firecracker: {binary} ({version}), --no-api --config-file, {}",
+            if seccomp {
+                "its default seccomp filters"
+            } else {
+                "--no-seccomp"
+            }
+        );
+        subjects.push(Subject::Firecracker { binary, seccomp });
+    }
+    let trace = if std::env::var("BOOT_BENCH_TRACE").as_deref() == Ok("0") {
+        None
+    } else {
+        common::kvm_run_trace::KvmRunTrace::start()
+    };
+
     println!(
-        "boot benchmark: {runs} runs of `vmm run` per variant, interleaved (test guest, {MEMORY_MIB} MiB, {vcpus} vCPU, checks=serial,smp)"
+        "boot benchmark: {runs} runs per variant, interleaved (test guest, {MEMORY_MIB} MiB, {vcpus} vCPU, {CMDLINE}); load average {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
-    println!(
-        "variant       run  kvm_run_ms  serial_ms  vm_exit_ms  proc_exit_ms  overhead_KiB  anon_KiB  file_KiB  guest_KiB  maxrss_KiB"
-    );
-    let mut results: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
-    for i in 0..runs {
-        for (v, variant) in variants.iter().enumerate() {
-            let r = one_run(variant, &kernel, &vcpus);
-            println!(
-                "{:<12} {i:>4}  {:>10.2}  {:>9.2}  {:>10.2}  {:>12.2}  {:>12}  {:>8}  {:>8}  {:>9}  {:>10}",
-                variant.label,
-                r.first_kvm_run_ms,
-                r.first_serial_ms,
-                r.vm_exit_ms,
-                r.process_exit_ms,
-                r.overhead_kib,
-                r.anon_kib,
-                r.file_kib,
-                r.guest_kib,
-                r.maxrss_kib
-            );
-            results[v].push(r);
+    let mut results: Vec<Vec<Run>> = subjects.iter().map(|_| Vec::new()).collect();
+    for _ in 0..runs {
+        for (s, subject) in subjects.iter().enumerate() {
+            let run = match subject {
+                Subject::Ours(v) => run_ours(v, &kernel, &vcpus),
+                Subject::Firecracker { binary, seccomp } => {
+                    run_firecracker(binary, *seccomp, &kernel, &vcpus)
+                }
+            };
+            results[s].push(run);
         }
     }
-    for (variant, results) in variants.iter().zip(&results) {
-        println!(
-            "== {}: {} {}",
-            variant.label,
-            variant.binary,
-            variant.extra_args.join(" ")
-        );
-        let summary = |name: &str, unit: &str, f: &dyn Fn(&Run) -> f64| {
-            common::summary(name, unit, results.iter().map(f).collect())
-        };
-        summary("start -> first KVM_RUN", "ms", &|r| r.first_kvm_run_ms);
-        summary("start -> first serial byte", "ms", &|r| r.first_serial_ms);
-        summary("start -> VM exit", "ms", &|r| r.vm_exit_ms);
-        summary("start -> process exit", "ms", &|r| r.process_exit_ms);
-        summary("RSS excluding guest RAM", "KiB", &|r| r.overhead_kib as f64);
-        summary("  of it anonymous", "KiB", &|r| r.anon_kib as f64);
-        summary("  of it file-backed", "KiB", &|r| r.file_kib as f64);
-        summary("guest RAM touched", "KiB", &|r| r.guest_kib as f64);
-        summary("ru_maxrss (guest included)", "KiB", &|r| {
-            r.maxrss_kib as f64
-        });
+    let first_kvm_run: HashMap<u32, u64> = trace.map(|t| t.finish()).unwrap_or_default();
+    for run in results.iter_mut().flatten() {
+        if let Some(&t) = first_kvm_run.get(&run.pid) {
+            run.kvm_run_ms = ms_since(run.start_ns, t);
+        }
+    }
+
+    println!(
+        "variant       run  kvm_run_ms (own)  serial_ms (own)  proc_exit_ms  peak_KiB  steady_KiB  anon_KiB  file_KiB  total_KiB  maxrss_KiB"
+    );
+    for (subject, results) in subjects.iter().zip(&results) {
+        for (i, r) in results.iter().enumerate() {
+            println!(
+                "{:<12} {i:>4}  {:>6.2} ({:>6.2})  {:>6.2} ({:>6.2})  {:>12.2}  {:>8}  {:>10.0}  {:>8}  {:>8}  {:>9}  {:>10}",
+                subject.label(),
+                r.kvm_run_ms,
+                r.own_kvm_run_ms,
+                r.serial_ms,
+                r.own_serial_ms,
+                r.process_exit_ms,
+                r.peak_kib,
+                r.steady_kib,
+                r.anon_kib,
+                r.file_kib,
+                r.total_kib,
+                r.maxrss_kib
+            );
+        }
+    }
+
+    type Metric = (&'static str, &'static str, fn(&Run) -> f64);
+    let metrics: [Metric; 11] = [
+        ("spawn -> first KVM_RUN (perf)", "ms", |r| r.kvm_run_ms),
+        ("spawn -> first KVM_RUN (own)", "ms", |r| r.own_kvm_run_ms),
+        ("spawn -> first serial byte", "ms", |r| r.serial_ms),
+        ("spawn -> serial byte (own)", "ms", |r| r.own_serial_ms),
+        ("spawn -> process exit", "ms", |r| r.process_exit_ms),
+        ("peak RSS excluding guest RAM", "KiB", |r| r.peak_kib as f64),
+        ("steady RSS excluding guest RAM", "KiB", |r| r.steady_kib),
+        ("  peak anonymous", "KiB", |r| r.anon_kib as f64),
+        ("  peak file-backed", "KiB", |r| r.file_kib as f64),
+        ("peak RSS total (guest incl.)", "KiB", |r| {
+            r.total_kib as f64
+        }),
+        ("ru_maxrss (guest incl.)", "KiB", |r| r.maxrss_kib as f64),
+    ];
+    for (subject, results) in subjects.iter().zip(&results) {
+        match subject {
+            Subject::Ours(v) => println!("== {}: {} {}", v.label, v.binary, v.extra_args.join(" ")),
+            Subject::Firecracker { binary, .. } => println!("== firecracker: {binary}"),
+        }
+        for (name, unit, f) in &metrics {
+            let values: Vec<f64> = results.iter().map(f).filter(|v| !v.is_nan()).collect();
+            common::summary(name, unit, values);
+        }
+    }
+
+    let Some(fc) = subjects
+        .iter()
+        .position(|s| matches!(s, Subject::Firecracker { .. }))
+    else {
+        return;
+    };
+    println!("== ratio of medians, ours / firecracker");
+    print!("{:<34}", "");
+    for subject in subjects.iter().filter(|s| matches!(s, Subject::Ours(_))) {
+        print!(" {:>12}", subject.label());
+    }
+    println!(" {:>12}", "firecracker");
+    for (name, unit, f) in &metrics {
+        let fc_median = common::median(results[fc].iter().map(f).collect());
+        if fc_median.is_nan() {
+            continue;
+        }
+        print!("{name:<34}");
+        for (s, subject) in subjects.iter().enumerate() {
+            if matches!(subject, Subject::Ours(_)) {
+                let ours = common::median(results[s].iter().map(f).collect());
+                print!(" {:>11.2}x", ours / fc_median);
+            }
+        }
+        println!(" {fc_median:>9.2} {unit}");
     }
 }

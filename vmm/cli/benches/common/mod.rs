@@ -1,6 +1,31 @@
-//! What the VMM benchmarks share: which `vmm` binaries to compare.
+//! What the VMM benchmarks share: which `vmm` binaries to compare, how to
+//! run Firecracker beside them, how resident memory and the first `KVM_RUN`
+//! are measured.
 
 #![allow(dead_code)] // each benchmark uses a different subset
+
+pub mod firecracker;
+pub mod kvm_run_trace;
+pub mod rss;
+
+/// CLOCK_MONOTONIC in nanoseconds (the clock `vmm run` stamps with
+/// `VMM_TIMINGS=1` and perf's `-k CLOCK_MONOTONIC`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
+}
+
+/// The median of some values (NaN when there are none).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| !v.is_nan());
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
 
 /// A `vmm` binary and extra `run` arguments, under a label.
 pub struct Variant {
