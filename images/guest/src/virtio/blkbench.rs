@@ -3,11 +3,15 @@
 //!
 //! Prints `BENCH virtio-blk start`, then issues `blkbench.n=` requests
 //! (default 1000) of `blkbench.kb=` KiB (1..=64, default 4) reading
-//! (`blkbench.op=read`, default) or writing (`write`) consecutive ranges of
-//! the disk, `blkbench.depth=` (1 or 2, default 1) per notification, and
-//! ends with `TEST virtio-blk-bench PASS requests=.. bytes=..`. The host
-//! side (`cargo bench -p vmm-cli --bench blk`) reads the VMM threads' CPU
-//! time at the two lines.
+//! (`blkbench.op=read`, default) or writing (`write`), at consecutive ranges
+//! of the disk (`blkbench.pattern=seq`, default) or at random ones aligned
+//! to the request size (`rand`, the same pseudo-random sequence every run),
+//! `blkbench.depth=` (1 or 2, default 1) per notification, and ends with
+//! `TEST virtio-blk-bench PASS requests=.. bytes=..`. The host side
+//! (`cargo bench -p vmm-cli --bench blk` and `--bench guest_io`) reads the
+//! VMM threads' CPU time at the two lines. `blkbench.hold_ms=` (default 0)
+//! then idles that long before the guest goes on (to its exit), so that a
+//! harness can read the VMM's threads while they all still exist.
 //!
 //! After a notification the guest waits for the answer as `blkbench.wait=`
 //! says: `spin` (default) polls the used ring (the device answers from its
@@ -75,6 +79,8 @@ pub fn run(dev: &Device, irq_pin: u32, cmdline: &[u8], r: &mut dyn Reporter) {
     let kb = number(cmdline, "blkbench.kb", 4).clamp(1, 64);
     let depth = number(cmdline, "blkbench.depth", 1).clamp(1, 2);
     let write = cmdline::value(cmdline, "blkbench.op") == Some(&b"write"[..]);
+    let random = cmdline::value(cmdline, "blkbench.pattern") == Some(&b"rand"[..]);
+    let hold_ms = number(cmdline, "blkbench.hold_ms", 0).min(60_000) as u32;
     let mut queue = Queue::new(0);
     if let Err(e) = dev.initialize(0, &[&queue]) {
         r.result("virtio-blk-bench", false, e);
@@ -98,6 +104,8 @@ pub fn run(dev: &Device, irq_pin: u32, cmdline: &[u8], r: &mut dyn Reporter) {
         return;
     }
     let len = (kb * 1024) as u32;
+    let slots = capacity / sectors;
+    let mut rng = RANDOM_SEED;
     serial::write_str("BENCH virtio-blk start\n");
     let mut sector = 0;
     let mut done = 0u64;
@@ -105,7 +113,9 @@ pub fn run(dev: &Device, irq_pin: u32, cmdline: &[u8], r: &mut dyn Reporter) {
     while done < requests {
         let batch = depth.min(requests - done);
         for n in 0..batch {
-            if sector + sectors > capacity {
+            if random {
+                sector = next_random(&mut rng) % slots * sectors;
+            } else if sector + sectors > capacity {
                 sector = 0;
             }
             let hdr = buffers() + 32 * n;
@@ -130,7 +140,9 @@ pub fn run(dev: &Device, irq_pin: u32, cmdline: &[u8], r: &mut dyn Reporter) {
                     writable: true,
                 },
             ]);
-            sector += sectors;
+            if !random {
+                sector += sectors;
+            }
         }
         dev.notify(0);
         for n in 0..batch {
@@ -150,7 +162,24 @@ pub fn run(dev: &Device, irq_pin: u32, cmdline: &[u8], r: &mut dyn Reporter) {
         .str(match how {
             Wait::Spin => " wait=spin",
             Wait::Irq(_) => " wait=irq",
-        });
+        })
+        .str(if random { " pattern=rand" } else { " pattern=seq" });
     r.result("virtio-blk-bench", failed == 0, d.as_str());
+    irq::sleep_ms(hold_ms);
     dev.reset();
+}
+
+/// Seed of the random pattern: every run and every VMM sees the same
+/// sequence of sectors.
+const RANDOM_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// xorshift64: a few shifts per number (no multiplication tables, no
+/// floats), plenty for spreading requests over a disk.
+fn next_random(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
 }
