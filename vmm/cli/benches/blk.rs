@@ -31,24 +31,6 @@ use std::time::Instant;
 const MEMORY_MIB: u64 = 64;
 const DISK_MIB: u64 = 64;
 
-/// CPU nanoseconds per thread name (several threads may share one).
-fn thread_cpu(pid: u32) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for task in tasks.flatten() {
-        let path = task.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        let ns = std::fs::read_to_string(path.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        *out.entry(comm.trim().to_string()).or_default() += ns;
-    }
-    out
-}
-
 struct Case {
     op: String,
     kb: u64,
@@ -122,9 +104,9 @@ fn one_run(
     for line in stdout.lines() {
         let Ok(line) = line else { break };
         if line.starts_with("BENCH virtio-blk start") {
-            start = Some((Instant::now(), thread_cpu(pid)));
+            start = Some((Instant::now(), common::threads::thread_cpu(pid)));
         } else if line.starts_with("TEST virtio-blk-bench") {
-            end = Some((Instant::now(), thread_cpu(pid)));
+            end = Some((Instant::now(), common::threads::thread_cpu(pid)));
             result = line;
             // The guest now waits (its threads are still there to read):
             // SIGTERM asks it to shut down.

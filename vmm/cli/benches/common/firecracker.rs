@@ -42,6 +42,10 @@ pub struct Config {
     pub drives: Vec<Drive>,
     /// Install Firecracker's seccomp filters (its default).
     pub seccomp: bool,
+    /// Where Firecracker writes its metrics (an existing file; one JSON
+    /// object per line, counters as deltas since the previous line; the
+    /// last one at exit).
+    pub metrics: Option<PathBuf>,
 }
 
 impl Config {
@@ -54,6 +58,7 @@ impl Config {
             vcpus: 1,
             drives: Vec::new(),
             seccomp: true,
+            metrics: None,
         }
     }
 
@@ -73,7 +78,7 @@ impl Config {
                 })
             })
             .collect();
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "boot-source": {
                 "kernel_image_path": self.kernel,
                 "boot_args": self.boot_args,
@@ -84,7 +89,11 @@ impl Config {
                 "mem_size_mib": self.memory_mib,
                 "smt": false,
             },
-        })
+        });
+        if let Some(path) = &self.metrics {
+            json["metrics"] = serde_json::json!({ "metrics_path": path });
+        }
+        json
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod firecracker;
 pub mod kvm_run_trace;
 pub mod rss;
+pub mod threads;
 
 /// CLOCK_MONOTONIC in nanoseconds (the clock `vmm run` stamps with
 /// `VMM_TIMINGS=1` and perf's `-k CLOCK_MONOTONIC`).
