@@ -424,6 +424,8 @@ fn main() {
         "{:<14} {:<16} {:>9} {:>12} {:>13} {:>9} {:>10}",
         "target", "case", "req/s", "vcpu_us/req", "device_us/req", "req/s ×", "device ×"
     );
+    // Per target: sums of the logarithms of its ratios (for geometric means).
+    let mut log_ratios: HashMap<usize, (f64, f64)> = HashMap::new();
     for (c, case) in cases.iter().enumerate() {
         let medians = |t: usize| {
             let samples = &all[&(c, t)];
@@ -447,10 +449,15 @@ fn main() {
         for (t, target) in targets.iter().enumerate() {
             let (rate, vcpu, device) = medians(t);
             let (rate_ratio, device_ratio) = match reference {
-                Some((fc_rate, _, fc_device)) => (
-                    format!("{:.2}", rate / fc_rate),
-                    format!("{:.2}", device / fc_device),
-                ),
+                Some((fc_rate, _, fc_device)) => {
+                    let logs = log_ratios.entry(t).or_default();
+                    logs.0 += (rate / fc_rate).ln();
+                    logs.1 += (device / fc_device).ln();
+                    (
+                        format!("{:.2}", rate / fc_rate),
+                        format!("{:.2}", device / fc_device),
+                    )
+                }
                 None => ("-".into(), "-".into()),
             };
             println!(
@@ -462,6 +469,22 @@ fn main() {
                 device,
                 rate_ratio,
                 device_ratio
+            );
+        }
+    }
+    if fc_index.is_some() {
+        println!(
+            "geometric mean of the ratios over the {} cases (req/s ×, device ×):",
+            cases.len()
+        );
+        for (t, target) in targets.iter().enumerate() {
+            let (rate, device) = log_ratios.get(&t).copied().unwrap_or_default();
+            let n = cases.len() as f64;
+            println!(
+                "{:<14} {:>9.2} {:>10.2}",
+                target.label(),
+                (rate / n).exp(),
+                (device / n).exp()
             );
         }
     }
