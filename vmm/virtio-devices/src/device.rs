@@ -116,7 +116,7 @@ pub trait VirtioDevice: Send + std::any::Any {
 
 /// Copies `data.len()` bytes of a config structure starting at `offset`;
 /// bytes past the end of `config` (or a huge `offset`) read as zero.
-pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
     data.fill(0);
     let Ok(start) = usize::try_from(offset) else {
         return;

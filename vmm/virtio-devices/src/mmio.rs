@@ -244,12 +244,13 @@ impl MmioTransport {
     }
 
     /// The device behind this transport (locked while the guard lives).
-    pub fn device(&self) -> DeviceRef<'_> {
+    pub(crate) fn device(&self) -> DeviceRef<'_> {
         DeviceRef(lock_device(&self.device))
     }
 
     /// Kernel thread id of the device's thread, if it has one.
-    pub fn thread_id(&self) -> Option<i32> {
+    #[cfg(test)]
+    pub(crate) fn thread_id(&self) -> Option<i32> {
         self.thread.as_ref().map(DeviceThread::thread_id)
     }
 
@@ -272,7 +273,7 @@ impl MmioTransport {
     }
 
     /// Features the driver accepted (valid once FEATURES_OK is set).
-    pub fn acked_features(&self) -> u64 {
+    pub(crate) fn acked_features(&self) -> u64 {
         self.acked_features
     }
 
@@ -697,7 +698,7 @@ impl MmioTransport {
 }
 
 /// The device behind a transport, locked (its thread waits meanwhile).
-pub struct DeviceRef<'a>(std::sync::MutexGuard<'a, Box<dyn VirtioDevice>>);
+pub(crate) struct DeviceRef<'a>(std::sync::MutexGuard<'a, Box<dyn VirtioDevice>>);
 
 impl std::ops::Deref for DeviceRef<'_> {
     type Target = dyn VirtioDevice;

@@ -40,11 +40,11 @@ use crate::device::VirtioDevice;
 use crate::device_thread::ThreadSandbox;
 use crate::interrupt::InterruptTrigger;
 use crate::log_limit::{GuestErrorLog, guest_error};
-use crate::mmio::{DeviceRef, MmioTransport};
+use crate::mmio::MmioTransport;
 use crate::narrow;
 
 /// The PCI vendor ID virtio devices use (Red Hat, Inc., donated to OASIS).
-pub const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
+pub(crate) const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
 /// Modern device IDs are 0x1040 + the virtio device type.
 const MODERN_DEVICE_BASE: u16 = 0x1040;
 /// Size of the configuration space the transport defines (the rest of the
@@ -74,7 +74,7 @@ pub const fn notify_offset(queue: u16) -> u64 {
 }
 
 /// The "no vector" value of `msix_config` and `queue_msix_vector`.
-pub const NO_VECTOR: u16 = 0xffff;
+pub(crate) const NO_VECTOR: u16 = 0xffff;
 
 // Configuration space layout.
 const COMMAND: usize = 0x04;
@@ -327,16 +327,6 @@ impl PciTransport {
         };
         t.build_config(device_type, vectors, bar_address);
         t
-    }
-
-    /// The device behind this transport (locked while the guard lives).
-    pub fn device(&self) -> DeviceRef<'_> {
-        self.inner.device()
-    }
-
-    /// Kernel thread id of the device's thread, if it has one.
-    pub fn thread_id(&self) -> Option<i32> {
-        self.inner.thread_id()
     }
 
     /// Returns once the device's thread has handled every notification

@@ -13,7 +13,7 @@
 //! to the backend as a Rust slice (the guest may change it concurrently).
 
 mod counters;
-pub mod request;
+pub(crate) mod request;
 mod workers;
 
 use std::sync::Arc;
@@ -41,7 +41,7 @@ use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
 use workers::IoWorkers;
 
 /// Entries in the one request queue.
-pub const QUEUE_SIZE: u16 = 256;
+pub(crate) const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size: the most bytes copied per backend call.
 const CHUNK: usize = 64 * 1024;
 const CHUNK_U32: u32 = crate::narrow::u32_of_usize(CHUNK);

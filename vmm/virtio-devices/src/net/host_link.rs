@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// All frames (`ETH_P_ALL`), for [`packet_socket`].
-pub const ALL_FRAMES: u16 = crate::narrow::u16_of_c_int(libc::ETH_P_ALL);
+pub(crate) const ALL_FRAMES: u16 = crate::narrow::u16_of_c_int(libc::ETH_P_ALL);
 
 /// A socket that sends and receives frames of `ethertype` (host order) on
 /// link `ifname`.

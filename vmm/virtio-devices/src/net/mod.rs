@@ -50,16 +50,17 @@ use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::queue::{DeviceQueue, QueueError};
 use counters::NetEvent;
 pub use counters::{NetCounters, NetCounts};
-pub use tap::{Tap, TapError, VNET_HDR_LEN};
+pub use tap::TapError;
+pub(crate) use tap::{Tap, VNET_HDR_LEN};
 
-pub const RX_QUEUE: u16 = 0;
-pub const TX_QUEUE: u16 = 1;
-pub const QUEUE_SIZE: u16 = 256;
+pub(crate) const RX_QUEUE: u16 = 0;
+pub(crate) const TX_QUEUE: u16 = 1;
+pub(crate) const QUEUE_SIZE: u16 = 256;
 /// Largest frame moved in either direction: header, 64 KiB of payload,
 /// Ethernet header and a VLAN tag.
-pub const MAX_FRAME: usize = VNET_HDR_LEN + 65535 + 14 + 4;
+pub(crate) const MAX_FRAME: usize = VNET_HDR_LEN + 65535 + 14 + 4;
 /// Smallest: header plus an Ethernet header.
-pub const MIN_FRAME: usize = VNET_HDR_LEN + 14;
+pub(crate) const MIN_FRAME: usize = VNET_HDR_LEN + 14;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -69,7 +70,7 @@ pub enum NetError {
 
 /// Why a transmit chain was dropped; one variant per rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TxError {
+pub(crate) enum TxError {
     #[error("transmit chain has device-writable buffers")]
     WritableBuffer,
     #[error("frame of {0} bytes (header included) is shorter than {MIN_FRAME}")]
