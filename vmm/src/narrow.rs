@@ -6,7 +6,7 @@
 //! build instead of being truncated. Values from outside use `try_from` instead.
 
 /// `value` as a `u32`; a build error (in const context) when it does not fit.
-pub const fn u32_of(value: u64) -> u32 {
+pub(crate) const fn u32_of(value: u64) -> u32 {
     match value.to_le_bytes() {
         [a, b, c, d, 0, 0, 0, 0] => u32::from_le_bytes([a, b, c, d]),
         _ => panic!("constant does not fit in 32 bits"),
@@ -14,7 +14,7 @@ pub const fn u32_of(value: u64) -> u32 {
 }
 
 /// `value` as a `u16`; a build error (in const context) when it does not fit.
-pub const fn u16_of(value: u64) -> u16 {
+pub(crate) const fn u16_of(value: u64) -> u16 {
     match value.to_le_bytes() {
         [a, b, 0, 0, 0, 0, 0, 0] => u16::from_le_bytes([a, b]),
         _ => panic!("constant does not fit in 16 bits"),
@@ -22,7 +22,7 @@ pub const fn u16_of(value: u64) -> u16 {
 }
 
 /// `value` as a `u8`; a build error (in const context) when it does not fit.
-pub const fn u8_of(value: u64) -> u8 {
+pub(crate) const fn u8_of(value: u64) -> u8 {
     match value.to_le_bytes() {
         [a, 0, 0, 0, 0, 0, 0, 0] => a,
         _ => panic!("constant does not fit in 8 bits"),

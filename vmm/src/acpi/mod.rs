@@ -11,7 +11,7 @@
 //! a power button (PNP0C0C) and the Generic Event Device (ACPI0013) that
 //! signals it, and `_S5` for power-off. See [`platform`] for the registers.
 
-pub mod platform;
+pub(crate) mod platform;
 
 use acpi_tables::aml;
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
@@ -28,7 +28,7 @@ use platform::{
 };
 
 /// Where the tables start (the RSDP must be 16-byte aligned in 0xE0000-0xFFFFF).
-pub const RSDP_ADDR: u64 = 0xe_0000;
+pub(crate) const RSDP_ADDR: u64 = 0xe_0000;
 /// The tables end before the MP table.
 const TABLES_END: u64 = crate::kvm::layout::MPTABLE_ADDR;
 const OEM_ID: [u8; 6] = *b"KVRSVM";
@@ -36,7 +36,7 @@ const OEM_TABLE: [u8; 8] = *b"KVRSVMM ";
 const OEM_REVISION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("the ACPI tables need {0} bytes, more than the space reserved for them")]
     TooBig(u64),
     #[error("cannot write the ACPI tables: {0}")]
@@ -44,15 +44,15 @@ pub enum Error {
 }
 
 /// What the tables describe.
-pub struct Platform {
-    pub vcpus: u8,
+pub(crate) struct Platform {
+    pub(crate) vcpus: u8,
     /// A PCI host bridge (ECAM) exists.
-    pub pci: bool,
+    pub(crate) pci: bool,
 }
 
 /// Builds every table and writes them to guest memory; returns the RSDP's
 /// address.
-pub fn write(mem: &GuestMemoryMmap, platform: &Platform) -> Result<u64, Error> {
+pub(crate) fn write(mem: &GuestMemoryMmap, platform: &Platform) -> Result<u64, Error> {
     let mut tables: Vec<(&str, Vec<u8>)> = vec![
         ("DSDT", to_bytes(&dsdt(platform))),
         ("APIC", madt(platform.vcpus).as_slice().to_vec()),

@@ -15,7 +15,7 @@ const SPEC_REVISION: u8 = 4;
 const LAPIC_VERSION: u8 = 0x14;
 const IOAPIC_VERSION: u8 = 0x11;
 /// IOAPIC pins described (KVM's IOAPIC has 24).
-pub const IOAPIC_PINS: u8 = 24;
+pub(crate) const IOAPIC_PINS: u8 = 24;
 
 const ENTRY_PROCESSOR: u8 = 0;
 const ENTRY_BUS: u8 = 1;
@@ -41,7 +41,7 @@ fn checksum(bytes: &[u8]) -> u8 {
 }
 
 /// The table bytes for `cpus` CPUs (APIC ids 0..cpus) placed at `base`.
-pub fn build(cpus: u8, base: u32) -> Vec<u8> {
+pub(crate) fn build(cpus: u8, base: u32) -> Vec<u8> {
     let ioapic_id = cpus;
     let mut entries = Vec::new();
     let mut count: u16 = 0;
@@ -134,7 +134,7 @@ pub fn build(cpus: u8, base: u32) -> Vec<u8> {
 }
 
 /// Writes the table for `cpus` CPUs into guest memory.
-pub fn write(mem: &GuestMemoryMmap, cpus: u8) -> Result<()> {
+pub(crate) fn write(mem: &GuestMemoryMmap, cpus: u8) -> Result<()> {
     let bytes = build(cpus, const { crate::narrow::u32_of(MPTABLE_ADDR) });
     if bytes.len() > MPTABLE_MAX_SIZE {
         return Err(Error::BootParams(format!(
