@@ -135,7 +135,7 @@ fn join(at: &str, key: &str) -> String {
 
 /// Bytes of a libvirt memory amount (`b`, `KiB`, `MiB`, ... and the
 /// decimal `KB`, `MB`, ...); `None` for an unknown unit or an overflow.
-pub fn memory_bytes(amount: &MemoryAmount) -> Option<u64> {
+pub(crate) fn memory_bytes(amount: &MemoryAmount) -> Option<u64> {
     let scale: u64 = match amount.unit.as_str() {
         "b" | "bytes" => 1,
         "KB" => 1000,

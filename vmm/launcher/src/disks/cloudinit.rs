@@ -31,9 +31,9 @@ use proto::kubevirt::{CloudInitSource, VirtualMachineInstance};
 use serde_json::Value;
 
 /// Volume id cloud-init looks for on a NoCloud disk.
-pub const NOCLOUD_VOLUME_ID: &str = "cidata";
+pub(crate) const NOCLOUD_VOLUME_ID: &str = "cidata";
 /// Volume id cloud-init looks for on an OpenStack config drive.
-pub const CONFIG_DRIVE_VOLUME_ID: &str = "config-2";
+pub(crate) const CONFIG_DRIVE_VOLUME_ID: &str = "config-2";
 /// Where the pod mounts the secrets named by cloud-init volumes and access credentials
 /// (`config.SecretSourceDir`).
 pub const DEFAULT_SECRETS_DIR: &str = "/var/run/kubevirt-private/secret";
@@ -56,16 +56,8 @@ pub enum DataSource {
 }
 
 impl DataSource {
-    /// The ISO volume id the guest's cloud-init searches for.
-    pub fn volume_id(self) -> &'static str {
-        match self {
-            DataSource::NoCloud => NOCLOUD_VOLUME_ID,
-            DataSource::ConfigDrive => CONFIG_DRIVE_VOLUME_ID,
-        }
-    }
-
     /// File name of the image inside `<base>/<namespace>/<vmi>/`.
-    pub fn iso_file_name(self) -> &'static str {
+    pub(crate) fn iso_file_name(self) -> &'static str {
         match self {
             DataSource::NoCloud => "noCloud.iso",
             DataSource::ConfigDrive => "configdrive.iso",
