@@ -207,7 +207,7 @@ fn exec(disk: &dyn SharedDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Resu
     Ok(())
 }
 
-pub fn run(
+pub(crate) fn run(
     commands: &[String],
     format: Option<&str>,
     direct: bool,
