@@ -18,7 +18,6 @@ pub(crate) mod devices;
 pub mod fuzzing;
 pub(crate) mod kvm;
 pub mod lifecycle;
-pub(crate) mod narrow;
 pub(crate) mod pci;
 pub mod sandbox;
 pub mod stats;

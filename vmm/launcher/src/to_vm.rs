@@ -304,10 +304,10 @@ fn online_vcpus(vcpu: Option<&Vcpu>, vcpus: Option<&Vcpus>) -> Result<u8, ToVmEr
                     order: _,
                 } = entry;
                 let at = format!("VCPUs.VCPU[{i}]");
-                if *id as usize != i {
+                if block::cast::u32_to_usize(*id) != i {
                     return refuse(format!("{at}.ID"), format!("{id}, expected {i}"));
                 }
-                match (enabled.as_str(), online as usize == i) {
+                match (enabled.as_str(), block::cast::u32_to_usize(online) == i) {
                     ("yes", true) => online += 1,
                     ("no", _) => {}
                     ("yes", false) => {

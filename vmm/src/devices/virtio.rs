@@ -224,7 +224,7 @@ pub(crate) fn attach(
     sandbox: &Arc<Sandbox>,
 ) -> Result<Attached, Error> {
     let (devices, counters) = build_devices(config)?;
-    if devices.len() > VIRTIO_MAX_DEVICES as usize {
+    if devices.len() > block::cast::u32_to_usize(VIRTIO_MAX_DEVICES) {
         return Err(Error::TooMany(devices.len()));
     }
     let mut transports = Vec::with_capacity(devices.len());

@@ -70,7 +70,7 @@ pub(crate) fn load(
     params.hdr.header = HEADER_MAGIC;
     params.hdr.loadflags |= CAN_USE_HEAP;
     params.hdr.heap_end_ptr = 0xfe00;
-    params.hdr.cmd_line_ptr = const { crate::narrow::u32_of(CMDLINE_ADDR) };
+    params.hdr.cmd_line_ptr = const { block::cast::u32_of_u64(CMDLINE_ADDR) };
     let cmdline_len = cmdline
         .as_cstring()
         .map_err(|e| Error::Cmdline(e.to_string()))?

@@ -145,17 +145,17 @@ pub fn blk_queue(data: &[u8]) {
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_DESC_LOW,
-        const { crate::narrow::u32_of_u64(DESC) },
+        const { block::cast::u32_of_u64(DESC) },
     );
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_AVAIL_LOW,
-        const { crate::narrow::u32_of_u64(AVAIL) },
+        const { block::cast::u32_of_u64(AVAIL) },
     );
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_USED_LOW,
-        const { crate::narrow::u32_of_u64(USED) },
+        const { block::cast::u32_of_u64(USED) },
     );
     w(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
     w(

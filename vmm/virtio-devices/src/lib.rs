@@ -28,7 +28,6 @@ pub mod fuzz;
 pub(crate) mod interrupt;
 mod log_limit;
 pub(crate) mod mmio;
-mod narrow;
 pub mod net;
 pub mod pci;
 pub(crate) mod queue;

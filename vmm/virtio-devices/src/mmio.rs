@@ -38,8 +38,8 @@ use crate::device::{ActivateContext, VirtioDevice};
 use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxed, lock_device};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
 use crate::log_limit::{GuestErrorLog, guest_error};
-use crate::narrow::{high_half, low_half};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
+use block::cast::{high_half, low_half};
 
 /// "virt" in little endian.
 const MAGIC_VALUE: u32 = 0x7472_6976;

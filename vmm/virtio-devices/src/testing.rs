@@ -279,10 +279,7 @@ impl MmioDriver {
 
     pub(crate) fn write_driver_features(&mut self, features: u64) {
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        self.write32(
-            VIRTIO_MMIO_DRIVER_FEATURES,
-            crate::narrow::low_half(features),
-        );
+        self.write32(VIRTIO_MMIO_DRIVER_FEATURES, block::cast::low_half(features));
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
     }
@@ -321,11 +318,11 @@ impl MmioDriver {
     ) {
         self.write32(VIRTIO_MMIO_QUEUE_SEL, index);
         self.write32(VIRTIO_MMIO_QUEUE_NUM, size);
-        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, crate::narrow::low_half(desc));
+        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, block::cast::low_half(desc));
         self.write32(VIRTIO_MMIO_QUEUE_DESC_HIGH, (desc >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, crate::narrow::low_half(avail));
+        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, block::cast::low_half(avail));
         self.write32(VIRTIO_MMIO_QUEUE_AVAIL_HIGH, (avail >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, crate::narrow::low_half(used));
+        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, block::cast::low_half(used));
         self.write32(VIRTIO_MMIO_QUEUE_USED_HIGH, (used >> 32) as u32);
         self.write32(VIRTIO_MMIO_QUEUE_READY, 1);
     }

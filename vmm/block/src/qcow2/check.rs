@@ -5,7 +5,7 @@
 //! corruptions (refcount lower than the references, entries pointing outside
 //! the file, wrong "copied" flags) may lose data.
 
-use crate::cast::u64_to_usize;
+use crate::cast::{u32_to_usize, u64_to_usize};
 use std::path::Path;
 
 use super::header::Header;
@@ -135,7 +135,7 @@ fn walk_tables(w: &mut Walker<'_>, header: &Header) -> DiskResult<Vec<(u64, bool
     if l1_ok {
         let mut raw = vec![0u8; u64_to_usize(l1_bytes)];
         file.read_meta(&mut raw, header.l1_table_offset)?;
-        l1 = (0..header.l1_size as usize)
+        l1 = (0..u32_to_usize(header.l1_size))
             .map(|i| be64_at(&raw, i))
             .collect();
     }

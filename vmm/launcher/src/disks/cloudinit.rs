@@ -829,14 +829,14 @@ fn pin_timestamps_and_pad(image: &mut Vec<u8>) -> Result<(), String> {
             .and_then(|e| e.checked_mul(SECTOR_SIZE))
             .ok_or_else(|| format!("directory extent {extent} out of range"))?;
         let end = start
-            .checked_add(length as usize)
+            .checked_add(block::cast::u32_to_usize(length))
             .filter(|end| *end <= image.len())
             .ok_or_else(|| {
                 format!("directory at sector {extent} runs past the end of the image")
             })?;
         let mut pos = start;
         while pos < end {
-            let record_len = image[pos] as usize;
+            let record_len = usize::from(image[pos]);
             if record_len == 0 {
                 // Records never straddle sectors; the rest of this sector is padding.
                 pos = (pos / SECTOR_SIZE + 1) * SECTOR_SIZE;
@@ -847,7 +847,7 @@ fn pin_timestamps_and_pad(image: &mut Vec<u8>) -> Result<(), String> {
                 .filter(|r| r.len() > RECORD_NAME && pos + record_len <= end)
                 .ok_or_else(|| format!("malformed directory record at byte {pos}"))?;
             record[RECORD_TIME..RECORD_TIME + 7].copy_from_slice(&PINNED_RECORD_TIME);
-            let name_len = record[RECORD_NAME_LENGTH] as usize;
+            let name_len = usize::from(record[RECORD_NAME_LENGTH]);
             let name = record
                 .get(RECORD_NAME..RECORD_NAME + name_len)
                 .ok_or_else(|| {

@@ -149,9 +149,9 @@ impl RequestError {
     pub(crate) fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_) | RequestError::SegmentFlags { .. } => {
-                const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
+                const { block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
             }
-            _ => const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR) },
+            _ => const { block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
         }
     }
 }
@@ -224,7 +224,7 @@ fn parse_after_status(
             len: header_buf.len,
         });
     }
-    let mut header = [0u8; HEADER_SIZE as usize];
+    let mut header = [0u8; ::block::cast::u32_to_usize(HEADER_SIZE)];
     mem.read_slice(&mut header, header_buf.addr)
         .map_err(|_| RequestError::HeaderUnreadable)?;
     let request_type = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
@@ -359,7 +359,7 @@ fn read_segments(
     let mut bytes = Vec::with_capacity(::block::cast::u64_to_usize(len));
     for b in data {
         let start = bytes.len();
-        bytes.resize(start + b.len as usize, 0);
+        bytes.resize(start + ::block::cast::u32_to_usize(b.len), 0);
         mem.read_slice(&mut bytes[start..], b.addr)
             .map_err(|_| RequestError::SegmentUnreadable)?;
     }
@@ -369,7 +369,7 @@ fn read_segments(
         0
     };
     let mut segments = Vec::with_capacity(::block::cast::u64_to_usize(count));
-    for raw in bytes.chunks_exact(SEGMENT_SIZE as usize) {
+    for raw in bytes.chunks_exact(::block::cast::u32_to_usize(SEGMENT_SIZE)) {
         let field = |at: usize, n: usize| -> u64 {
             raw[at..at + n]
                 .iter()
@@ -401,8 +401,8 @@ fn read_segments(
 
 /// The GET_ID answer: up to 20 bytes, zero padded, not NUL terminated when
 /// the ID uses all 20.
-pub(crate) fn device_id_bytes(id: &str) -> [u8; VIRTIO_BLK_ID_BYTES as usize] {
-    let mut out = [0u8; VIRTIO_BLK_ID_BYTES as usize];
+pub(crate) fn device_id_bytes(id: &str) -> [u8; ::block::cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)] {
+    let mut out = [0u8; ::block::cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)];
     let n = id.len().min(out.len());
     out[..n].copy_from_slice(&id.as_bytes()[..n]);
     out
@@ -716,7 +716,7 @@ mod tests {
         assert_eq!(e.error, RequestError::Unsupported(VIRTIO_BLK_T_DISCARD));
         assert_eq!(
             e.error.status(),
-            crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP)
+            block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP)
         );
     }
 

@@ -111,7 +111,7 @@ fn config_space(options: &NetOptions) -> [u8; CONFIG_LEN] {
     let mut c = [0u8; CONFIG_LEN];
     c[..6].copy_from_slice(&options.mac);
     let status = if options.link_up {
-        const { crate::narrow::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
+        const { block::cast::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
     } else {
         0
     };
@@ -246,7 +246,7 @@ impl Net {
         self.tx_buf.resize(::block::cast::u64_to_usize(total), 0);
         let mut at = 0usize;
         for b in chain.buffers() {
-            let end = at + b.len as usize;
+            let end = at + ::block::cast::u32_to_usize(b.len);
             mem.read_slice(&mut self.tx_buf[at..end], b.addr)
                 .map_err(|_| TxError::Unreadable)?;
             at = end;

@@ -75,7 +75,7 @@ pub fn create_tap(name: &str) {
         .expect("open /dev/net/tun");
     let mut ifr = ifreq(name);
     ifr.ifr_ifru.ifru_flags =
-        const { crate::narrow::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
+        const { block::cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
     // SAFETY: valid fd and ifreq for the duration of the calls.
     unsafe {
         assert_eq!(
@@ -110,7 +110,7 @@ pub(crate) fn wait_running(name: &str) {
         assert_eq!(rc, 0, "SIOCGIFFLAGS {name}: {}", io::Error::last_os_error());
         // SAFETY: SIOCGIFFLAGS filled the flags member.
         let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-        if flags & const { crate::narrow::c_short_of_c_int(libc::IFF_RUNNING) } != 0 {
+        if flags & const { block::cast::c_short_of_c_int(libc::IFF_RUNNING) } != 0 {
             return;
         }
         assert!(Instant::now() < deadline, "{name} is not running");
@@ -167,7 +167,7 @@ impl Wire {
             // SAFETY: sockaddr_ll is plain old data.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut from_len =
-                const { crate::narrow::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
+                const { block::cast::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
             // SAFETY: buffers valid for the sizes given.
             let n = unsafe {
                 libc::recvfrom(
