@@ -20,7 +20,7 @@
 //!    credentials. What remains: a thread that gets arbitrary code execution
 //!    shares memory with the launcher's root threads and could corrupt them,
 //!    which a separate VMM process (Firecracker's jailer, crosvm's minijail)
-//!    would prevent; see the threat model in `vmm/README.md`.
+//!    would prevent; see the threat model in `vmm/docs/sandbox.md`.
 //! 2. **`PR_SET_NO_NEW_PRIVS`.**
 //! 3. **Landlock** (where the kernel has it): no file system access and no
 //!    TCP; the VMM threads open nothing after start-up. A kernel without
