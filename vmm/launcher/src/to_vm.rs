@@ -509,7 +509,7 @@ fn driver_options(driver: &DiskDriver, at: &str, config: &mut DiskConfig) -> Res
     };
     // The VMM reports I/O errors to the guest (`report`). `stop`, KubeVirt's
     // default, would pause the VM instead; it is accepted with that
-    // difference (see the README). `ignore` and `enospace` are refused.
+    // difference (see `docs/converter-vs-kubevirt.md`). `ignore` and `enospace` are refused.
     if !matches!(error_policy.as_str(), "" | "stop" | "report") {
         return refuse(
             format!("{at}.ErrorPolicy"),
