@@ -3,7 +3,8 @@
 //!
 //! Three kinds, by where the value comes from:
 //!
-//! - Widening to `usize` ([`u64_to_usize`], [`u32_to_usize`]). The VMM crates build for 64-bit targets only
+//! - Widening between `usize` and the fixed widths ([`u64_to_usize`], [`u32_to_usize`],
+//!   [`usize_to_u64`]). The VMM crates build for 64-bit targets only
 //!   (x86_64 today), where `usize` and `u64` have the same width: converting offsets, lengths
 //!   and counts between them never loses a bit. `u64_to_usize` says so once, instead of an
 //!   `as` (which the lints refuse) or a `try_from` whose error can never happen at every call
@@ -36,6 +37,14 @@ pub const fn u64_to_usize(value: u64) -> usize {
 #[must_use]
 pub const fn u32_to_usize(value: u32) -> usize {
     value as usize
+}
+
+/// `value` as a `u64`: lossless on the 64-bit targets this crate builds for (`u64` has no
+/// `From<usize>` because of 128-bit targets). An `as` here passes every cast lint.
+#[inline]
+#[must_use]
+pub const fn usize_to_u64(value: usize) -> u64 {
+    value as u64
 }
 
 /// The low half of a 64-bit register (a 32-bit window onto it).
@@ -152,6 +161,7 @@ mod tests {
         assert_eq!(u64_to_usize(u64::MAX), usize::MAX);
         assert_eq!(u64_to_usize(1 << 40), 1usize << 40);
         assert_eq!(u32_to_usize(u32::MAX), 0xffff_ffff);
+        assert_eq!(usize_to_u64(usize::MAX), u64::MAX);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //!
 //! Not part of the device API; public only so that the fuzz crate can call it.
 
+use ::block::cast::usize_to_u64;
 use std::sync::Arc;
 
 use ::block::cast::u64_to_usize;
@@ -48,7 +49,7 @@ impl MemDisk {
         if let Some(f) = self.fail {
             return Err(f());
         }
-        self.check_range(offset, len as u64)?;
+        self.check_range(offset, usize_to_u64(len))?;
         // In range of a Vec (checked just above).
         let start = u64_to_usize(offset);
         Ok(start..start + len)
@@ -57,7 +58,7 @@ impl MemDisk {
 
 impl DiskBackend for MemDisk {
     fn size(&self) -> u64 {
-        self.bytes.len() as u64
+        usize_to_u64(self.bytes.len())
     }
     fn read_only(&self) -> bool {
         self.read_only

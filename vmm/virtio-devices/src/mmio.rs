@@ -720,7 +720,7 @@ fn register(offset: u64, len: usize) -> Option<u32> {
 fn config_access_ok(offset: u64, len: usize) -> bool {
     matches!(len, 1 | 2 | 4 | 8)
         && offset
-            .checked_add(len as u64)
+            .checked_add(::block::cast::usize_to_u64(len))
             .is_some_and(|end| end <= MMIO_WINDOW_SIZE)
 }
 

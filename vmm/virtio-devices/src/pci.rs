@@ -30,6 +30,7 @@
 //! what is written to BAR 0/1, and decodes it only while memory space is
 //! enabled in the command register).
 
+use ::block::cast::usize_to_u64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_mmio::*;
@@ -581,7 +582,7 @@ impl PciTransport {
     }
 
     fn msix_table_size(&self) -> u64 {
-        lock(&self.msix).entries.len() as u64 * MSIX_ENTRY_SIZE
+        usize_to_u64(lock(&self.msix).entries.len()) * MSIX_ENTRY_SIZE
     }
 
     fn msix_table_read(&self, offset: u64, data: &mut [u8]) {
@@ -603,7 +604,7 @@ impl PciTransport {
     /// §6.8.2); a changed message is routed at once, an unmasked vector
     /// sends what was pending.
     fn msix_table_write(&mut self, offset: u64, data: &[u8]) {
-        if !matches!(data.len(), 4 | 8) || !offset.is_multiple_of(data.len() as u64) {
+        if !matches!(data.len(), 4 | 8) || !offset.is_multiple_of(usize_to_u64(data.len())) {
             guest_error!(
                 self.log,
                 offset,
@@ -656,14 +657,14 @@ impl PciTransport {
                 _ => 0,
             },
             (0x10, 2) => u64::from(lock(&self.msix).config_vector),
-            (0x12, 2) => self.queue_sizes.len() as u64,
+            (0x12, 2) => usize_to_u64(self.queue_sizes.len()),
             (0x14, 1) => self.mmio_read(VIRTIO_MMIO_STATUS),
             (0x15, 1) => 0, // config_generation: the config never changes under the driver
             (0x16, 2) => u64::from(self.queue_select),
             (0x18, 2) => self.selected(|t, q| u64::from(t.queue_sizes[q])),
             (0x1a, 2) => self.selected(|t, q| u64::from(lock(&t.msix).queue_vectors[q])),
             (0x1c, 2) => self.mmio_read(VIRTIO_MMIO_QUEUE_READY),
-            (0x1e, 2) => self.selected(|_, q| q as u64), // queue_notify_off
+            (0x1e, 2) => self.selected(|_, q| usize_to_u64(q)), // queue_notify_off
             (0x20, 4) => self.mmio_read(VIRTIO_MMIO_QUEUE_DESC_LOW),
             (0x24, 4) => self.mmio_read(VIRTIO_MMIO_QUEUE_DESC_HIGH),
             (0x28, 4) => self.mmio_read(VIRTIO_MMIO_QUEUE_AVAIL_LOW),
@@ -819,7 +820,9 @@ fn valid_vector(vector: u16, entries: usize) -> u16 {
 
 /// Whether `[offset, offset + len)` lies in `[start, start + size)`.
 fn in_range(offset: u64, len: usize, start: u64, size: u64) -> bool {
-    offset >= start && offset.saturating_add(len as u64) <= start.saturating_add(size) && len > 0
+    offset >= start
+        && offset.saturating_add(usize_to_u64(len)) <= start.saturating_add(size)
+        && len > 0
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! QEMU). Everything here works on a byte slice, so a hostile header can only
 //! produce an error: every offset and count is checked before it is used.
 
+use crate::cast::usize_to_u64;
 use crate::cast::{u32_to_usize, u64_to_usize};
 use std::fmt;
 
@@ -132,7 +133,7 @@ pub struct Header {
 fn be32(buf: &[u8], off: usize) -> Result<u32, HeaderError> {
     buf.get(off..off + 4)
         .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        .ok_or(HeaderError::Truncated(off as u64 + 4))
+        .ok_or(HeaderError::Truncated(usize_to_u64(off) + 4))
 }
 
 fn be64(buf: &[u8], off: usize) -> Result<u64, HeaderError> {
@@ -288,7 +289,7 @@ impl Header {
                 .ok_or_else(|| invalid("header extension runs past the first cluster"))?;
             let data = cluster0
                 .get(start..end)
-                .ok_or(HeaderError::Truncated(end as u64))?;
+                .ok_or(HeaderError::Truncated(usize_to_u64(end)))?;
             match kind {
                 EXT_BACKING_FORMAT => {
                     let fmt = std::str::from_utf8(data)
@@ -518,7 +519,7 @@ impl Header {
             put64(&mut out, 8, 0);
             put32(&mut out, 16, 0);
         } else {
-            put64(&mut out, 8, backing_off as u64);
+            put64(&mut out, 8, usize_to_u64(backing_off));
             // At most MAX_BACKING_NAME (checked above).
             let len = u32::try_from(backing.len()).map_err(|_| invalid("backing name too long"))?;
             put32(&mut out, 16, len);

@@ -16,6 +16,7 @@
 //! - discard / write-zeroes segments are well formed and inside the disk;
 //! - writes to a read-only disk and unknown request types are refused.
 
+use ::block::cast::usize_to_u64;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD,
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -228,7 +229,7 @@ fn parse_after_status(
     mem.read_slice(&mut header, header_buf.addr)
         .map_err(|_| RequestError::HeaderUnreadable)?;
     let request_type = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    if data.len() as u64 > u64::from(limits.max_data_buffers) {
+    if usize_to_u64(data.len()) > u64::from(limits.max_data_buffers) {
         return Err(RequestError::TooManyDataBuffers {
             count: data.len(),
             max: limits.max_data_buffers,

@@ -30,6 +30,7 @@ pub mod tap;
 #[doc(hidden)]
 pub mod test_tap;
 
+use ::block::cast::usize_to_u64;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
@@ -236,10 +237,10 @@ impl Net {
             return Err(TxError::WritableBuffer);
         }
         let total = ValidatedChain::total_len(chain.buffers());
-        if total < MIN_FRAME as u64 {
+        if total < usize_to_u64(MIN_FRAME) {
             return Err(TxError::TooShort(total));
         }
-        if total > MAX_FRAME as u64 {
+        if total > usize_to_u64(MAX_FRAME) {
             return Err(TxError::TooLong(total));
         }
         // Bounded by MAX_FRAME just above.
@@ -418,7 +419,7 @@ impl RxState {
                 }
             };
             let capacity = ValidatedChain::total_len(chain.buffers());
-            if capacity < frame.len() as u64 {
+            if capacity < usize_to_u64(frame.len()) {
                 guest_error!(
                     self.log,
                     "virtio-net: receive buffer of {capacity} bytes cannot hold a {}-byte frame; frame dropped",
