@@ -11,15 +11,14 @@
 //! `stats` (device counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
 //! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
 
-pub mod acpi;
+pub(crate) mod acpi;
 pub mod config;
-pub mod devices;
+pub(crate) mod devices;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod kvm;
+pub(crate) mod kvm;
 pub mod lifecycle;
-pub mod narrow;
-pub mod pci;
+pub(crate) mod pci;
 pub mod sandbox;
 pub mod stats;
 pub mod timing;

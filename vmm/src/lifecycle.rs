@@ -37,11 +37,11 @@ pub enum VmExit {
 }
 
 /// Process exit status for a guest crash (triple fault, emulation failure).
-pub const CRASH_EXIT_STATUS: i32 = 125;
+pub(crate) const CRASH_EXIT_STATUS: i32 = 125;
 /// Process exit status for an internal VMM error.
 pub const INTERNAL_ERROR_EXIT_STATUS: i32 = 126;
 /// Process exit status when the VM was killed (as a shell reports SIGKILL).
-pub const KILLED_EXIT_STATUS: i32 = 137;
+pub(crate) const KILLED_EXIT_STATUS: i32 = 137;
 
 impl VmExit {
     /// The `vmm run` process exit status for this ending: 0 for a reset, the
@@ -54,11 +54,6 @@ impl VmExit {
             VmExit::Killed => KILLED_EXIT_STATUS,
             VmExit::InternalError(_) => INTERNAL_ERROR_EXIT_STATUS,
         }
-    }
-
-    /// Whether the guest ended the VM on purpose (reset or power-off).
-    pub fn is_clean(&self) -> bool {
-        matches!(self, VmExit::Reset | VmExit::PowerOff { .. })
     }
 }
 
@@ -91,20 +86,20 @@ struct Inner {
 /// before every `KVM_RUN`; anything that wants them to react first changes
 /// the state here, then kicks them out of `KVM_RUN` (see `kvm::vcpu::kick`).
 #[derive(Debug)]
-pub struct Control {
+pub(crate) struct Control {
     inner: Mutex<Inner>,
     changed: Condvar,
 }
 
 /// What a vCPU thread must do at a checkpoint.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Checkpoint {
+pub(crate) enum Checkpoint {
     Run,
     Stop,
 }
 
 impl Control {
-    pub fn new(vcpus: usize) -> Self {
+    pub(crate) fn new(vcpus: usize) -> Self {
         Control {
             inner: Mutex::new(Inner {
                 exit: None,
@@ -126,7 +121,7 @@ impl Control {
 
     /// Records how the VM ended; the first ending wins. Returns whether this
     /// call set it.
-    pub fn finish(&self, exit: VmExit) -> bool {
+    pub(crate) fn finish(&self, exit: VmExit) -> bool {
         let mut inner = self.lock();
         if inner.exit.is_some() {
             return false;
@@ -139,13 +134,13 @@ impl Control {
     }
 
     /// Records the vCPU threads (before they first enter the guest).
-    pub fn set_vcpu_threads(&self, threads: Vec<libc::pthread_t>) {
+    pub(crate) fn set_vcpu_threads(&self, threads: Vec<libc::pthread_t>) {
         self.lock().threads = threads;
     }
 
     /// Forgets the vCPU threads: they are about to be joined and must not be
     /// signalled any more.
-    pub fn forget_vcpu_threads(&self) {
+    pub(crate) fn forget_vcpu_threads(&self) {
         self.lock().threads.clear();
     }
 
@@ -155,11 +150,11 @@ impl Control {
         }
     }
 
-    pub fn exit(&self) -> Option<VmExit> {
+    pub(crate) fn exit(&self) -> Option<VmExit> {
         self.lock().exit.clone()
     }
 
-    pub fn state(&self) -> VmState {
+    pub(crate) fn state(&self) -> VmState {
         let inner = self.lock();
         if inner.exit.is_some() {
             VmState::Exited
@@ -172,7 +167,7 @@ impl Control {
 
     /// Called by a vCPU thread before entering the guest: blocks while the VM
     /// is paused; says whether to run or stop.
-    pub fn checkpoint(&self) -> Checkpoint {
+    pub(crate) fn checkpoint(&self) -> Checkpoint {
         let mut inner = self.lock();
         if inner.pause_requested && inner.exit.is_none() {
             inner.paused_vcpus += 1;
@@ -193,14 +188,14 @@ impl Control {
     }
 
     /// Called by a vCPU thread when it leaves its loop for good.
-    pub fn vcpu_stopped(&self) {
+    pub(crate) fn vcpu_stopped(&self) {
         let mut inner = self.lock();
         inner.running_vcpus = inner.running_vcpus.saturating_sub(1);
         self.changed.notify_all();
     }
 
     /// Asks vCPUs to pause and kicks them out of the guest.
-    pub fn request_pause(&self) {
+    pub(crate) fn request_pause(&self) {
         let mut inner = self.lock();
         inner.pause_requested = true;
         Self::kick_threads(&inner);
@@ -208,7 +203,7 @@ impl Control {
 
     /// Waits until every running vCPU is parked or the VM ended. Returns
     /// whether the VM is paused.
-    pub fn wait_paused(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_paused(&self, timeout: Duration) -> bool {
         let inner = self.lock();
         let (inner, _) = self
             .changed
@@ -220,17 +215,13 @@ impl Control {
     }
 
     /// Lets paused vCPUs run again.
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.lock().pause_requested = false;
         self.changed.notify_all();
     }
 
-    pub fn is_pause_requested(&self) -> bool {
-        self.lock().pause_requested
-    }
-
     /// Blocks until the VM ended (or the timeout passed) and returns the ending.
-    pub fn wait_exit(&self, timeout: Option<Duration>) -> Option<VmExit> {
+    pub(crate) fn wait_exit(&self, timeout: Option<Duration>) -> Option<VmExit> {
         let inner = self.lock();
         let inner = match timeout {
             Some(t) => {

@@ -12,9 +12,9 @@ pub use virtio_devices::net::NetCounts;
 
 /// Live counters of the VM's devices, in configuration order.
 #[derive(Clone, Default)]
-pub struct DeviceCounters {
-    pub disks: Vec<Arc<BlockCounters>>,
-    pub nets: Vec<Arc<NetCounters>>,
+pub(crate) struct DeviceCounters {
+    pub(crate) disks: Vec<Arc<BlockCounters>>,
+    pub(crate) nets: Vec<Arc<NetCounters>>,
 }
 
 /// A snapshot of a VM's statistics.
@@ -60,7 +60,7 @@ pub fn process_cpu_time() -> Option<CpuTime> {
 }
 
 /// CPU time of thread `tid` of this process (`None` if it is gone).
-pub fn thread_cpu_time(tid: i32) -> Option<CpuTime> {
+pub(crate) fn thread_cpu_time(tid: i32) -> Option<CpuTime> {
     parse_stat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?)
 }
 

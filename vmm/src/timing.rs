@@ -12,7 +12,7 @@ static FIRST_SERIAL_BYTE: AtomicU64 = AtomicU64::new(0);
 static VM_EXIT: AtomicU64 = AtomicU64::new(0);
 
 /// CLOCK_MONOTONIC in nanoseconds.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -31,15 +31,15 @@ fn mark(slot: &AtomicU64) {
     }
 }
 
-pub fn mark_first_kvm_run() {
+pub(crate) fn mark_first_kvm_run() {
     mark(&FIRST_KVM_RUN);
 }
 
-pub fn mark_first_serial_byte() {
+pub(crate) fn mark_first_serial_byte() {
     mark(&FIRST_SERIAL_BYTE);
 }
 
-pub fn mark_vm_exit() {
+pub(crate) fn mark_vm_exit() {
     mark(&VM_EXIT);
 }
 

@@ -32,6 +32,7 @@
 //! also makes every completed write part of the flush.
 
 use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -215,7 +216,7 @@ impl ConcurrentDisk {
 
     /// Fills `buf` with the bytes at `offset`; safe to call from many threads.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_range(offset, usize_to_u64(buf.len()))?;
         if self.is_raw {
             // A raw file has no metadata: nothing to look up or to lock.
             let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
@@ -223,14 +224,14 @@ impl ConcurrentDisk {
         }
         let mut done = 0usize;
         while done < buf.len() {
-            let pos = offset + done as u64;
+            let pos = offset + usize_to_u64(done);
             let rest = &mut buf[done..];
             let gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
             let mut st = self.lock();
             // Clusters being allocated still read as before (old data).
             let (extent, n) = match &mut st.engine {
-                Engine::Raw(_) => (Extent::Host(pos), rest.len() as u64),
-                Engine::Qcow2(q) => q.map_extent(pos, rest.len() as u64, false)?,
+                Engine::Raw(_) => (Extent::Host(pos), usize_to_u64(rest.len())),
+                Engine::Qcow2(q) => q.map_extent(pos, usize_to_u64(rest.len()), false)?,
             };
             let piece = &mut rest[..u64_to_usize(n)];
             match extent {
@@ -299,7 +300,7 @@ impl ConcurrentDisk {
             buf.fill(0);
             return Ok(());
         };
-        let avail = u64_to_usize(b.size().saturating_sub(pos).min(buf.len() as u64));
+        let avail = u64_to_usize(b.size().saturating_sub(pos).min(usize_to_u64(buf.len())));
         if avail > 0 {
             b.read_at(&mut buf[..avail], pos)?;
         }
@@ -313,14 +314,14 @@ impl ConcurrentDisk {
         if self.read_only {
             return Err(DiskError::ReadOnly);
         }
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_range(offset, usize_to_u64(buf.len()))?;
         if self.is_raw {
             let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
             return Ok(self.data.write_data(buf, offset)?);
         }
         let mut done = 0usize;
         while done < buf.len() {
-            let pos = offset + done as u64;
+            let pos = offset + usize_to_u64(done);
             let rest = &buf[done..];
             let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
             let mut st = self.lock();
@@ -329,8 +330,8 @@ impl ConcurrentDisk {
                 st = self.allocated.wait(st).unwrap_or_else(|e| e.into_inner());
             }
             let (extent, n) = match &mut st.engine {
-                Engine::Raw(_) => (Extent::Host(pos), rest.len() as u64),
-                Engine::Qcow2(q) => q.map_extent(pos, rest.len() as u64, true)?,
+                Engine::Raw(_) => (Extent::Host(pos), usize_to_u64(rest.len())),
+                Engine::Qcow2(q) => q.map_extent(pos, usize_to_u64(rest.len()), true)?,
             };
             let n = st.clamp_before_allocating(pos, n, self.cluster_bits);
             let piece = &rest[..u64_to_usize(n)];
@@ -385,7 +386,7 @@ impl ConcurrentDisk {
         written?;
         finished?;
         let run_end = (a.vc + a.count) << self.cluster_bits;
-        Ok(run_end.min(pos + piece.len() as u64) - pos)
+        Ok(run_end.min(pos + usize_to_u64(piece.len())) - pos)
     }
 
     /// Merges `piece` with the old contents of the clusters of `a` (backing
@@ -396,9 +397,9 @@ impl ConcurrentDisk {
         let buf = buf.as_mut_slice();
         let run_start = a.vc << self.cluster_bits;
         let wstart = pos;
-        let wend = (pos + piece.len() as u64).min(run_start + a.count * cs);
+        let wend = (pos + usize_to_u64(piece.len())).min(run_start + a.count * cs);
         for (i, from_backing) in a.from_backing.iter().enumerate() {
-            let cstart = run_start + i as u64 * cs;
+            let cstart = run_start + usize_to_u64(i) * cs;
             let cend = cstart + cs;
             let slot = &mut buf[i * u64_to_usize(cs)..(i + 1) * u64_to_usize(cs)];
             // Old contents only where the write does not cover the cluster.

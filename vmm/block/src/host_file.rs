@@ -10,6 +10,7 @@
 //! place of the host file: the engines cannot tell, and every write and
 //! barrier they issue reaches the simulation.
 
+use crate::cast::usize_to_u64;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -126,7 +127,7 @@ impl HostFile {
     }
 
     fn aligned(buf_len: usize, offset: u64) -> bool {
-        buf_len.is_multiple_of(DIRECT_ALIGN) && offset.is_multiple_of(DIRECT_ALIGN as u64)
+        buf_len.is_multiple_of(DIRECT_ALIGN) && offset.is_multiple_of(usize_to_u64(DIRECT_ALIGN))
     }
 
     pub fn read_data(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -299,7 +300,7 @@ impl DataHandle {
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
+        match file.read_at(&mut buf[done..], offset + usize_to_u64(done)) {
             Ok(0) => {
                 buf[done..].fill(0);
                 return Ok(());

@@ -6,7 +6,7 @@
 //! Virtual disks (the usual case for a KubeVirt node that is itself a cloud
 //! VM) pay per segment: on the build VM, 64 KiB O_DIRECT reads at depth 64
 //! ran 1.7x faster from a huge-page buffer than from 4 KiB pages
-//! (`vmm/block/README.md`). QEMU and Cloud Hypervisor advise huge pages for
+//! (`vmm/block/docs/benchmarks.md`). QEMU and Cloud Hypervisor advise huge pages for
 //! guest RAM for the same reason; our virtio-blk moves data through bounce
 //! buffers, so those are what must be huge.
 //!

@@ -17,6 +17,7 @@
 //! Not a general-purpose API: hidden from the docs, used by the tests.
 
 use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -199,7 +200,7 @@ impl PowerLossFile {
     }
 
     pub(crate) fn len(&self) -> u64 {
-        self.state().current.len() as u64
+        usize_to_u64(self.state().current.len())
     }
 
     pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -1,6 +1,7 @@
 //! Raw disk images: the file's bytes are the disk's bytes.
 
 use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
 use std::path::Path;
 
 use crate::host_file::HostFile;
@@ -51,7 +52,7 @@ impl DiskBackend for RawFile {
     }
 
     fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_range(offset, usize_to_u64(buf.len()))?;
         Ok(self.file.read_data(buf, offset)?)
     }
 
@@ -59,7 +60,7 @@ impl DiskBackend for RawFile {
         if self.read_only {
             return Err(DiskError::ReadOnly);
         }
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_range(offset, usize_to_u64(buf.len()))?;
         Ok(self.file.write_data(buf, offset)?)
     }
 
@@ -102,9 +103,9 @@ impl DiskBackend for RawFile {
         let mut pos = offset;
         let end = offset + len;
         while pos < end {
-            let n = u64_to_usize((end - pos).min(chunk.len() as u64));
+            let n = u64_to_usize((end - pos).min(usize_to_u64(chunk.len())));
             self.file.write_data(&chunk[..n], pos)?;
-            pos += n as u64;
+            pos += usize_to_u64(n);
         }
         Ok(())
     }

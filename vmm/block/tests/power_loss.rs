@@ -9,7 +9,7 @@
 //!
 //! A SIGKILL (`vmm/cli/tests/img_crash.rs`) cannot show a missing barrier:
 //! the page cache survives it. These runs do: drop one of the engine's
-//! barriers and they fail (see `vmm/block/README.md`).
+//! barriers and they fail (see `vmm/block/docs/design.md`).
 
 mod common;
 

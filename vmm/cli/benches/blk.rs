@@ -7,7 +7,7 @@
 //! Reported per request: wall time, vCPU thread CPU, device-side CPU (the
 //! virtio-blk thread and its I/O threads) and the rest of the process; and
 //! throughput. On machines where KVM emulates guest code (see
-//! docs/kvm-on-these-machines.md) the guest's own instructions dominate the
+//! vmm/docs/stock-kernel.md) the guest's own instructions dominate the
 //! wall time and the vCPU thread's CPU: the device share is the part that
 //! moves between threads.
 //!

@@ -16,13 +16,13 @@ use vmm::config::{
     version,
     about = "A KVM virtual machine monitor built on rust-vmm"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Boot a kernel and run until the guest ends. Exit status: 0 after a
     /// guest reset, the guest's code after a write to port 0xf4, 125 after a
     /// guest crash, 126 on a VMM error.
@@ -52,34 +52,34 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Kernel image: ELF vmlinux or bzImage.
     #[arg(long)]
-    pub kernel: PathBuf,
+    pub(crate) kernel: PathBuf,
     /// Where a bzImage is decompressed: `host` (the VMM decompresses the
     /// payload and enters the kernel directly) or `guest` (the image's own
     /// decompressor runs in the guest).
     #[arg(long, default_value = "host", value_parser = parse_decompress)]
-    pub decompress: KernelDecompress,
+    pub(crate) decompress: KernelDecompress,
     /// How virtio devices reach the guest: `pci` (virtio-pci behind a PCI
     /// host bridge, with MSI-X; what stock kernels find) or `mmio`
     /// (virtio-mmio windows appended to the command line).
     #[arg(long, default_value = "pci", value_parser = parse_transport)]
-    pub transport: VirtioTransportKind,
+    pub(crate) transport: VirtioTransportKind,
     /// Guest CPUID profile: host or emulated (default: detected; see `vmm cpuid`).
     #[arg(long)]
-    pub cpu_profile: Option<CpuProfile>,
+    pub(crate) cpu_profile: Option<CpuProfile>,
     #[arg(long)]
-    pub initrd: Option<PathBuf>,
+    pub(crate) initrd: Option<PathBuf>,
     /// Kernel command line (virtio-mmio devices are appended to it with
     /// `--transport mmio`).
     #[arg(long, default_value = vmm::config::DEFAULT_CMDLINE)]
-    pub cmdline: String,
+    pub(crate) cmdline: String,
     /// Guest memory in MiB.
     #[arg(long, default_value_t = vmm::config::DEFAULT_MEMORY_MIB)]
-    pub memory: u64,
+    pub(crate) memory: u64,
     #[arg(long, default_value_t = 1)]
-    pub vcpus: u8,
+    pub(crate) vcpus: u8,
     /// A virtio-blk disk:
     /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback]
     /// [,serial=ID][,discard=unmap|ignore]
@@ -90,30 +90,30 @@ pub struct RunArgs {
     /// record (as QEMU), `backing-dir` only a file inside DIR, of that
     /// format, without one of its own.
     #[arg(long, value_parser = parse_disk)]
-    pub disk: Vec<DiskConfig>,
+    pub(crate) disk: Vec<DiskConfig>,
     /// A virtio-net device on an existing tap: tap=NAME[,mac=MAC]. Repeatable.
     #[arg(long, value_parser = parse_net)]
-    pub net: Vec<NetConfig>,
+    pub(crate) net: Vec<NetConfig>,
     /// Add a virtio-rng device.
     #[arg(long)]
-    pub rng: bool,
+    pub(crate) rng: bool,
     /// How secondary vCPUs start: `init-sipi` (waiting for the guest to
     /// start them, as Linux does) or `direct` (at the kernel entry, runnable
     /// at once).
     #[arg(long, default_value = "init-sipi", value_parser = parse_ap_start)]
-    pub ap_start: ApStart,
+    pub(crate) ap_start: ApStart,
     /// Serial console: stdout, file:PATH or unix:PATH.
     #[arg(long, default_value = "stdout", value_parser = parse_serial)]
-    pub serial: SerialTarget,
+    pub(crate) serial: SerialTarget,
     /// Seconds a guest gets to shut down after SIGTERM/SIGINT before the VM is
     /// stopped (as KubeVirt's grace period bounds its launcher's); 0 stops it at once.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
-    pub shutdown_timeout: u64,
+    pub(crate) shutdown_timeout: u64,
     /// What a VMM thread's system call outside its seccomp filter does:
     /// `trap` ends the VMM with status 159, `log` lets it through and the
     /// kernel logs it, `none` installs no filter (debugging only).
     #[arg(long, default_value = "trap", value_name = "none|log|trap")]
-    pub seccomp: vmm::SeccompMode,
+    pub(crate) seccomp: vmm::SeccompMode,
     /// Restrict the VMM threads' file access with Landlock where the kernel
     /// has it.
     #[arg(
@@ -123,11 +123,11 @@ pub struct RunArgs {
         action = clap::ArgAction::Set,
         value_name = "on|off"
     )]
-    pub landlock: bool,
+    pub(crate) landlock: bool,
 }
 
 impl RunArgs {
-    pub fn into_config(self) -> VmConfig {
+    pub(crate) fn into_config(self) -> VmConfig {
         VmConfig {
             kernel: KernelSource::Path(self.kernel),
             initrd: self.initrd,
@@ -160,16 +160,16 @@ fn parse_on_off(text: &str) -> Result<bool, String> {
 }
 
 #[derive(Debug, Args)]
-pub struct SelftestArgs {
+pub(crate) struct SelftestArgs {
     /// vCPUs for the test guest.
     #[arg(long, default_value_t = 2)]
-    pub vcpus: u8,
+    pub(crate) vcpus: u8,
     /// Print the guest's serial output as well.
     #[arg(long)]
-    pub verbose: bool,
+    pub(crate) verbose: bool,
     /// As for `run`: what a VMM thread's system call outside its filter does.
     #[arg(long, default_value = "trap", value_name = "none|log|trap")]
-    pub seccomp: vmm::SeccompMode,
+    pub(crate) seccomp: vmm::SeccompMode,
 }
 
 /// `key=value` pairs separated by commas.
@@ -190,7 +190,7 @@ fn on_off(key: &str, value: &str) -> Result<bool, String> {
     }
 }
 
-pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
+pub(crate) fn parse_disk(text: &str) -> Result<DiskConfig, String> {
     let (mut path, mut format, mut read_only) = (None, None, false);
     let mut cache = DiskCache::default();
     let (mut serial, mut discard) = (String::new(), true);
@@ -253,7 +253,7 @@ pub fn parse_disk(text: &str) -> Result<DiskConfig, String> {
     })
 }
 
-pub fn parse_net(text: &str) -> Result<NetConfig, String> {
+pub(crate) fn parse_net(text: &str) -> Result<NetConfig, String> {
     let (mut tap, mut mac) = (None, None);
     for (key, value) in pairs(text)? {
         match key {
@@ -274,7 +274,7 @@ pub fn parse_net(text: &str) -> Result<NetConfig, String> {
     })
 }
 
-pub fn parse_transport(text: &str) -> Result<VirtioTransportKind, String> {
+pub(crate) fn parse_transport(text: &str) -> Result<VirtioTransportKind, String> {
     match text {
         "pci" => Ok(VirtioTransportKind::Pci),
         "mmio" => Ok(VirtioTransportKind::Mmio),
@@ -282,7 +282,7 @@ pub fn parse_transport(text: &str) -> Result<VirtioTransportKind, String> {
     }
 }
 
-pub fn parse_decompress(text: &str) -> Result<KernelDecompress, String> {
+pub(crate) fn parse_decompress(text: &str) -> Result<KernelDecompress, String> {
     match text {
         "host" => Ok(KernelDecompress::Host),
         "guest" => Ok(KernelDecompress::Guest),
@@ -290,7 +290,7 @@ pub fn parse_decompress(text: &str) -> Result<KernelDecompress, String> {
     }
 }
 
-pub fn parse_ap_start(text: &str) -> Result<ApStart, String> {
+pub(crate) fn parse_ap_start(text: &str) -> Result<ApStart, String> {
     match text {
         "direct" => Ok(ApStart::Direct),
         "init-sipi" => Ok(ApStart::InitSipi),
@@ -298,7 +298,7 @@ pub fn parse_ap_start(text: &str) -> Result<ApStart, String> {
     }
 }
 
-pub fn parse_serial(text: &str) -> Result<SerialTarget, String> {
+pub(crate) fn parse_serial(text: &str) -> Result<SerialTarget, String> {
     match text.split_once(':') {
         _ if text == "stdout" => Ok(SerialTarget::Stdout),
         _ if text == "null" => Ok(SerialTarget::Null),

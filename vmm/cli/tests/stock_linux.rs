@@ -8,7 +8,7 @@
 //!
 //! On this project's machines KVM emulates every guest instruction
 //! (`kvm_pvm`), which a stock kernel cannot get through to userspace (see
-//! `vmm/README.md`, "A stock kernel on an emulating KVM"): these tests then
+//! `vmm/docs/stock-kernel.md`): these tests then
 //! assert how far the kernel gets and that it stops for the known reason,
 //! so that any regression before that point fails them. Where the kernel
 //! reaches its `/init`, every `STOCK` check must pass and the VM must end
@@ -35,7 +35,7 @@ const MEMORY_MIB: &str = "512";
 /// Bound on the VMM's CPU time (all threads) for one boot: the emulated
 /// kernel's progress follows the CPU it gets, not the wall clock, so a
 /// loaded machine makes the test slower but does not fail it. The kernel
-/// needs about 120 s of it to get to [`FURTHEST_HERE`] (vmm/README.md); in
+/// needs about 120 s of it to get to [`FURTHEST_HERE`] (vmm/docs/stock-kernel.md); in
 /// CI (2 idle cores, one per test) CPU time is about wall time.
 const CPU_LIMIT: Duration = Duration::from_secs(600);
 /// A boot whose VMM used less than [`STALL_MIN_CPU`] over [`STALL_WINDOW`]
@@ -75,7 +75,7 @@ const USERSPACE: usize = 5;
 /// into MILESTONES): every vCPU up, which needs the host decompression,
 /// our ACPI tables (MADT), `int3` finished by the VMM and, with 2, INIT/SIPI.
 /// The kernel gets further ("PCI bus 0 enumerated"), but needs more than
-/// 1.6 times the CPU time for it, too much for CI (see vmm/README.md).
+/// 1.6 times the CPU time for it, too much for CI (see vmm/docs/stock-kernel.md).
 const FURTHEST_HERE: usize = 3;
 
 /// Boots the stock kernel with a disk holding the marker, a NIC on a tap
@@ -338,7 +338,7 @@ fn check(vcpus: u8) {
         return;
     }
     // Not through /init: the kernel must get at least as far as this
-    // host's KVM lets it (measured; see vmm/README.md), whether it then
+    // host's KVM lets it (measured; see vmm/docs/stock-kernel.md), whether it then
     // stops there or the time runs out.
     assert!(
         reached.is_some_and(|r| r >= FURTHEST_HERE),

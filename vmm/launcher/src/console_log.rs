@@ -25,15 +25,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The largest a log file grows before it rotates (virtlogd's `max_size`, 2 MiB).
-pub const MAX_SIZE: u64 = 2 << 20;
+pub(crate) const MAX_SIZE: u64 = 2 << 20;
 /// How many rotated files are kept (virtlogd's `max_backups`).
-pub const MAX_BACKUPS: usize = 3;
+pub(crate) const MAX_BACKUPS: usize = 3;
 /// A file about to fill up ends at a newline found this close to its end, so a
 /// line is not split across two files (as virtlogd does).
 const LINE_SEARCH: usize = 80;
 
 /// Copies the console at `socket` into `log` until the console closes.
-pub fn start(socket: PathBuf, log: PathBuf) -> std::io::Result<()> {
+pub(crate) fn start(socket: PathBuf, log: PathBuf) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("console-log".into())
         .spawn(move || {
@@ -72,7 +72,7 @@ fn connect(socket: &Path) -> std::io::Result<UnixStream> {
 }
 
 /// An append-only log file of bounded size with numbered backups (`<path>.0` newest).
-pub struct RotatingLog {
+pub(crate) struct RotatingLog {
     path: PathBuf,
     file: File,
     /// Bytes in the current file.
@@ -86,7 +86,7 @@ pub struct RotatingLog {
 impl RotatingLog {
     /// Opens `path` for appending (a launcher restart continues the same file), rotating
     /// first if it is already full.
-    pub fn open(path: &Path, max_size: u64, backups: usize) -> std::io::Result<Self> {
+    pub(crate) fn open(path: &Path, max_size: u64, backups: usize) -> std::io::Result<Self> {
         let file = open_append(path)?;
         let len = file.metadata()?.len();
         Ok(RotatingLog {
@@ -100,7 +100,7 @@ impl RotatingLog {
     }
 
     /// Appends `data`, rotating as often as the bound requires.
-    pub fn append(&mut self, mut data: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn append(&mut self, mut data: &[u8]) -> std::io::Result<()> {
         while !data.is_empty() {
             if self.ended || self.len >= self.max_size {
                 self.rotate()?;
@@ -147,7 +147,7 @@ impl RotatingLog {
 }
 
 /// The name of backup `n` of `path` (`<path>.<n>`, 0 the newest).
-pub fn backup(path: &Path, n: usize) -> PathBuf {
+pub(crate) fn backup(path: &Path, n: usize) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
     name.push(format!(".{n}"));
     PathBuf::from(name)

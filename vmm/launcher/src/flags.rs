@@ -16,7 +16,7 @@ use std::time::Duration;
 pub struct Flags {
     /// Exit if no domain is defined within this time (Go duration: 240s, 3m).
     #[arg(long, default_value = "3m", value_parser = parse_go_duration)]
-    pub qemu_timeout: Duration,
+    pub(crate) qemu_timeout: Duration,
     #[arg(long, default_value = "")]
     pub name: String,
     #[arg(long, default_value = "")]
@@ -25,15 +25,15 @@ pub struct Flags {
     pub namespace: String,
     /// Seconds between a stop signal and killing the VM.
     #[arg(long, default_value_t = 30)]
-    pub grace_period_seconds: i64,
+    pub(crate) grace_period_seconds: i64,
     #[arg(long, default_value = "/var/run/kubevirt")]
-    pub kubevirt_share_dir: PathBuf,
+    pub(crate) kubevirt_share_dir: PathBuf,
     #[arg(long, default_value = "/var/run/kubevirt-ephemeral-disks")]
     pub ephemeral_disk_dir: PathBuf,
     #[arg(long, default_value = "/var/run/kubevirt/container-disks")]
     pub container_disk_dir: PathBuf,
     #[arg(long, default_value = "/var/run/kubevirt/hotplug-disks/")]
-    pub hotplug_disk_dir: PathBuf,
+    pub(crate) hotplug_disk_dir: PathBuf,
     #[arg(long, default_value = "/var/run/kubevirt-private")]
     pub private_dir: PathBuf,
     #[arg(long, default_value = "/var/run/kubevirt-image-volume")]
@@ -45,49 +45,49 @@ pub struct Flags {
     #[arg(long, default_value = "/etc/resolv.conf")]
     pub resolv_conf: PathBuf,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub run_as_nonroot: bool,
+    pub(crate) run_as_nonroot: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub image_volume: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub allow_emulation: bool,
+    pub(crate) allow_emulation: bool,
     // Flags KubeVirt's controller passes that this launcher accepts and has
     // no use for (they configure libvirt, QEMU or hook sidecars).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub allow_cross_arch_emulation: bool,
+    pub(crate) allow_cross_arch_emulation: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub libvirt_hook_server_and_client: bool,
+    pub(crate) libvirt_hook_server_and_client: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub upgrade_ordinal_ifaces: bool,
+    pub(crate) upgrade_ordinal_ifaces: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub vgpu_dedicated_hook: bool,
+    pub(crate) vgpu_dedicated_hook: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub vm_stats_collector: bool,
+    pub(crate) vm_stats_collector: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub firmware_auto_selection: bool,
+    pub(crate) firmware_auto_selection: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub simulate_crash: bool,
+    pub(crate) simulate_crash: bool,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub keep_after_failure: bool,
+    pub(crate) keep_after_failure: bool,
     #[arg(long, default_value_t = 0)]
-    pub hook_sidecars: u32,
+    pub(crate) hook_sidecars: u32,
     #[arg(long, default_value_t = 2_097_152_000)]
-    pub disk_memory_limit: u64,
+    pub(crate) disk_memory_limit: u64,
     #[arg(long, default_value = "/usr/share/edk2/ovmf")]
-    pub ovmf_path: PathBuf,
+    pub(crate) ovmf_path: PathBuf,
     #[arg(long, default_value = "kvm")]
-    pub hypervisor: String,
+    pub(crate) hypervisor: String,
     #[arg(long, default_value = "")]
-    pub libvirt_log_filters: String,
+    pub(crate) libvirt_log_filters: String,
     #[arg(long, value_parser = parse_go_duration)]
-    pub qemu_agent_sys_interval: Option<Duration>,
+    pub(crate) qemu_agent_sys_interval: Option<Duration>,
     #[arg(long, value_parser = parse_go_duration)]
-    pub qemu_agent_file_interval: Option<Duration>,
+    pub(crate) qemu_agent_file_interval: Option<Duration>,
     #[arg(long, value_parser = parse_go_duration)]
-    pub qemu_agent_user_interval: Option<Duration>,
+    pub(crate) qemu_agent_user_interval: Option<Duration>,
     #[arg(long, value_parser = parse_go_duration)]
-    pub qemu_agent_version_interval: Option<Duration>,
+    pub(crate) qemu_agent_version_interval: Option<Duration>,
     #[arg(long, value_parser = parse_go_duration)]
-    pub qemu_fsfreeze_status_interval: Option<Duration>,
+    pub(crate) qemu_fsfreeze_status_interval: Option<Duration>,
     /// glog verbosity, as KubeVirt's `-v`.
     #[arg(short = 'v', long = "v", default_value_t = 2)]
     pub verbosity: u32,
@@ -110,7 +110,7 @@ impl Flags {
 
 /// Parses a Go `time.Duration` string: a sequence of numbers with units
 /// `h`, `m`, `s`, `ms`, `us`, `ns` (`240s`, `3m`, `1h30m`, `1.5s`).
-pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_go_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("invalid duration {text:?} (examples: 240s, 3m, 1h30m)");
     if text == "0" {
         return Ok(Duration::ZERO);

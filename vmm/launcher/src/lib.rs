@@ -14,25 +14,25 @@
 //! process, so "the VMM is gone" is simply "the VM has ended". Its threads
 //! are confined apart from the rest of the launcher ([`sandbox`]).
 
-pub mod console_log;
+pub(crate) mod console_log;
 pub mod converter;
 pub mod disks;
 pub mod flags;
-pub mod live;
-pub mod manager;
+pub(crate) mod live;
+pub(crate) mod manager;
 pub mod monitor;
-pub mod network;
-pub mod no_agent;
-pub mod notify;
+pub(crate) mod network;
+pub(crate) mod no_agent;
+pub(crate) mod notify;
 pub mod paths;
 pub mod run;
 pub mod sandbox;
 pub mod server;
-pub mod signals;
-pub mod stats;
+pub(crate) mod signals;
+pub(crate) mod stats;
 pub mod to_vm;
 
 /// Current time as Kubernetes writes it.
-pub fn now() -> proto::kubevirt::Time {
+pub(crate) fn now() -> proto::kubevirt::Time {
     proto::kubevirt::Time(k8s_openapi::jiff::Timestamp::now())
 }

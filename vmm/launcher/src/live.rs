@@ -9,7 +9,7 @@ use proto::domain::{Domain, MemoryAmount};
 /// libvirt keeps memory in KiB and always writes `<currentMemory>` (the
 /// balloon target; all of the memory without a balloon). The handler
 /// reports it as `status.memory.guestCurrent`.
-pub fn as_libvirt_defines(domain: &mut Domain) {
+pub(crate) fn as_libvirt_defines(domain: &mut Domain) {
     let spec = &mut domain.spec;
     let Some(memory) = spec.memory.as_ref() else {
         return;

@@ -21,15 +21,15 @@ use vmm::{Vm, VmConfig, VmExit, VmHandle, VmState};
 
 /// A domain event for the handler (`DomainEventRequest`).
 #[derive(Clone, Debug)]
-pub struct DomainEvent {
+pub(crate) struct DomainEvent {
     /// `ADDED` or `MODIFIED` (the Go launcher never sends `DELETED`).
-    pub event_type: &'static str,
-    pub domain: Domain,
+    pub(crate) event_type: &'static str,
+    pub(crate) domain: Domain,
 }
 
 /// Where the launcher is in its life, for the main loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// No domain yet (waiting for SyncVirtualMachine, within --qemu-timeout).
     Waiting,
     /// A domain is defined (running, paused or stopped).
@@ -40,17 +40,17 @@ pub enum Stage {
 
 /// Options that do not come from the VMI.
 #[derive(Clone, Debug, Default)]
-pub struct ManagerOptions {
-    pub paths: Paths,
+pub(crate) struct ManagerOptions {
+    pub(crate) paths: Paths,
     /// Where to read the pod's interfaces (`/sys/class/net`).
-    pub sys_class_net: PathBuf,
+    pub(crate) sys_class_net: PathBuf,
     /// Start the DHCP server for masquerade interfaces (off in tests without a bridge).
-    pub serve_dhcp: bool,
+    pub(crate) serve_dhcp: bool,
     /// How the VMM's threads are confined.
-    pub sandbox: vmm::SandboxConfig,
+    pub(crate) sandbox: vmm::SandboxConfig,
 }
 
-pub struct Manager {
+pub(crate) struct Manager {
     options: ManagerOptions,
     state: Mutex<State>,
     events: mpsc::UnboundedSender<DomainEvent>,
@@ -74,7 +74,7 @@ struct State {
 
 /// A failed request, with the message the handler will show.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure(pub String);
+pub(crate) struct Failure(pub String);
 
 impl<E: std::fmt::Display> From<E> for Failure {
     fn from(e: E) -> Self {
@@ -82,14 +82,14 @@ impl<E: std::fmt::Display> From<E> for Failure {
     }
 }
 
-pub type Result<T> = std::result::Result<T, Failure>;
+pub(crate) type Result<T> = std::result::Result<T, Failure>;
 
 fn fail<T>(msg: impl Into<String>) -> Result<T> {
     Err(Failure(msg.into()))
 }
 
 impl Manager {
-    pub fn new(
+    pub(crate) fn new(
         options: ManagerOptions,
     ) -> (
         Arc<Self>,
@@ -124,19 +124,19 @@ impl Manager {
 
     /// How many domain events were queued for the handler so far; the
     /// launcher exits only once the notifier has dealt with as many.
-    pub fn emitted_events(&self) -> u64 {
+    pub(crate) fn emitted_events(&self) -> u64 {
         self.emitted.load(Ordering::SeqCst)
     }
 
     /// The domain as `GetDomain` reports it (`None` when there is none).
-    pub fn domain(&self) -> Option<Domain> {
+    pub(crate) fn domain(&self) -> Option<Domain> {
         self.lock().domain.clone()
     }
 
     /// `SyncVirtualMachine`: defines and starts the domain the first time;
     /// afterwards idempotent. Never restarts a running VM and never unpauses
     /// a VM the user paused.
-    pub fn sync(
+    pub(crate) fn sync(
         self: &Arc<Self>,
         vmi: &VirtualMachineInstance,
         options: Option<&VirtualMachineOptions>,
@@ -334,7 +334,7 @@ impl Manager {
         }
     }
 
-    pub fn pause(&self) -> Result<()> {
+    pub(crate) fn pause(&self) -> Result<()> {
         let mut state = self.lock();
         let vm = Self::running_vm(&state)?;
         vm.pause()?;
@@ -343,7 +343,7 @@ impl Manager {
         Ok(())
     }
 
-    pub fn unpause(&self) -> Result<()> {
+    pub(crate) fn unpause(&self) -> Result<()> {
         let mut state = self.lock();
         let vm = Self::running_vm(&state)?;
         vm.resume()?;
@@ -359,7 +359,7 @@ impl Manager {
     /// handler repeats the request until then. A paused VM stays paused
     /// (the request waits for it, as an ACPI event does); a stopped one is
     /// left alone. Repeats are harmless.
-    pub fn shutdown(&self) -> Result<()> {
+    pub(crate) fn shutdown(&self) -> Result<()> {
         let mut state = self.lock();
         let Ok(vm) = Self::running_vm(&state) else {
             return Ok(()); // no domain, or already stopped
@@ -383,7 +383,7 @@ impl Manager {
     }
 
     /// Forced stop; returns once the VM has ended.
-    pub fn kill(&self) -> Result<()> {
+    pub(crate) fn kill(&self) -> Result<()> {
         let vm = {
             let mut state = self.lock();
             let Ok(vm) = Self::running_vm(&state) else {
@@ -411,7 +411,7 @@ impl Manager {
 
     /// Removes the domain (libvirt's undefine): kills a VM still running,
     /// then reports the domain as gone.
-    pub fn delete(&self) -> Result<()> {
+    pub(crate) fn delete(&self) -> Result<()> {
         self.kill()?;
         let mut state = self.lock();
         let Some(domain) = state.domain.take() else {
@@ -434,7 +434,7 @@ impl Manager {
     }
 
     /// Hard reset: the VM restarts from the kernel with the same disks.
-    pub fn reset(self: &Arc<Self>) -> Result<()> {
+    pub(crate) fn reset(self: &Arc<Self>) -> Result<()> {
         let mut state = self.lock();
         let old = Self::running_vm(&state)?;
         let config = state
@@ -454,7 +454,7 @@ impl Manager {
 
     /// Soft reboot: asks the guest to reboot (Ctrl-Alt-Del); the VM restarts
     /// when the guest resets.
-    pub fn soft_reboot(&self) -> Result<()> {
+    pub(crate) fn soft_reboot(&self) -> Result<()> {
         let state = self.lock();
         let vm = Self::running_vm(&state)?;
         if vm.state() == VmState::Paused {
@@ -468,7 +468,7 @@ impl Manager {
     /// (`MarkedForGracefulShutdown`), as the Go launcher's
     /// `MarkGracefulShutdownVMI` does. The handler then sends the shutdown
     /// request; the launcher itself only kills once its grace period is over.
-    pub fn mark_for_graceful_shutdown(&self) {
+    pub(crate) fn mark_for_graceful_shutdown(&self) {
         let mut state = self.lock();
         if let Some(domain) = state.domain.as_mut() {
             let grace = domain
@@ -485,13 +485,13 @@ impl Manager {
     }
 
     /// Whether a VM is still running (or paused).
-    pub fn vm_alive(&self) -> bool {
+    pub(crate) fn vm_alive(&self) -> bool {
         Self::running_vm(&self.lock()).is_ok()
     }
 
     /// Statistics (`GetDomainStats`, KubeVirt's `stats.DomainStats` JSON),
     /// `None` without a domain.
-    pub fn stats_json(&self) -> Option<String> {
+    pub(crate) fn stats_json(&self) -> Option<String> {
         let state = self.lock();
         let domain = state.domain.as_ref()?;
         let vm = state.vm.as_ref().map(|vm| vm.stats());

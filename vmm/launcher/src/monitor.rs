@@ -64,7 +64,7 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> MonitorArgs {
 
 /// The launcher binary: `$VIRT_LAUNCHER_BINARY`, else `virt-launcher` next
 /// to this program, else `/usr/bin/virt-launcher`.
-pub fn launcher_binary() -> PathBuf {
+pub(crate) fn launcher_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("VIRT_LAUNCHER_BINARY") {
         return path.into();
     }
@@ -157,7 +157,7 @@ pub fn run(args: MonitorArgs) -> i32 {
 /// launcher across its exec) when this process is permitted to: the file
 /// capability of the monitor binary, or root. Without it the launcher runs
 /// without the capability, and its DHCP server reports the bind error.
-pub fn pass_on_net_bind_service() {
+pub(crate) fn pass_on_net_bind_service() {
     use caps::{CapSet, Capability};
     let cap = Capability::CAP_NET_BIND_SERVICE;
     match caps::has_cap(None, CapSet::Permitted, cap) {

@@ -23,10 +23,10 @@ fn bridge() -> String {
     proto::contract::pod_network::bridge_name(POD_IFACE)
 }
 /// KubeVirt's default guest network for masquerade.
-pub const DEFAULT_VM_CIDR: &str = "10.0.2.0/24";
+pub(crate) const DEFAULT_VM_CIDR: &str = "10.0.2.0/24";
 
 /// Reads `eth0`'s MTU and MAC and whether `tap0` exists, from sysfs.
-pub fn pod_interface(sys_class_net: &Path) -> PodInterface {
+pub(crate) fn pod_interface(sys_class_net: &Path) -> PodInterface {
     let read = |p: &Path| {
         std::fs::read_to_string(p)
             .ok()
@@ -43,7 +43,7 @@ pub fn pod_interface(sys_class_net: &Path) -> PodInterface {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum NetworkError {
+pub(crate) enum NetworkError {
     #[error("spec.networks[{0}].pod.vmNetworkCIDR: {1:?} is not an IPv4 network")]
     BadCidr(usize, String),
     #[error("DHCP configuration: {0}")]
@@ -59,7 +59,7 @@ pub enum NetworkError {
 }
 
 /// A running DHCP server; stops when dropped.
-pub struct DhcpHandle {
+pub(crate) struct DhcpHandle {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -76,7 +76,7 @@ impl Drop for DhcpHandle {
 /// Starts the guest's DHCP server when the VMI has a masquerade or bridge interface.
 /// Returns `None` when there is nothing to serve (no such interface, or a bridge
 /// binding on a pod without IPv4).
-pub fn start_dhcp(
+pub(crate) fn start_dhcp(
     vmi: &VirtualMachineInstance,
     paths: &Paths,
     pod: &PodInterface,

@@ -6,10 +6,10 @@
 /// `GetGuestInfo`: Go's JSON of an empty `VirtualMachineInstanceGuestAgentInfo`
 /// (`LibvirtDomainManager.GetGuestInfo`): structs are never omitted, and the
 /// time zone is formatted from an empty zone and offset 0.
-pub const GUEST_INFO: &str = r#"{"os":{},"timezone":", 0","fsInfo":{"disks":null}}"#;
+pub(crate) const GUEST_INFO: &str = r#"{"os":{},"timezone":", 0","fsInfo":{"disks":null}}"#;
 
 /// `GetUsers`, `GetFilesystems`: the lists start empty, not nil.
-pub const EMPTY_LIST: &str = "[]";
+pub(crate) const EMPTY_LIST: &str = "[]";
 
 /// libvirt's error for an agent command when the agent is not connected
 /// (`VIR_ERR_AGENT_UNRESPONSIVE`, from the QEMU driver).
@@ -19,19 +19,19 @@ const MESSAGE: &str = "Guest agent is not responding: QEMU guest agent is not co
 
 /// The libvirt error as Go's `libvirt.Error.Error()` prints it (what an
 /// RPC that returns the error carries as its gRPC message).
-pub fn libvirt_error() -> String {
+pub(crate) fn libvirt_error() -> String {
     format!("virError(Code={CODE}, Domain={DOMAIN}, Message='{MESSAGE}')")
 }
 
 /// The libvirt error as the cmd server's `getErrorMessage` formats it for
 /// a `Response.message`.
-pub fn formatted_error() -> String {
+pub(crate) fn formatted_error() -> String {
     format!("LibvirtError(Code={CODE}, Domain={DOMAIN}, Message='{MESSAGE}')")
 }
 
 /// `GetVMStats`' answer for one agent command (`GetAgentData` wraps the
 /// libvirt error).
-pub fn agent_data_error(command: &str) -> String {
+pub(crate) fn agent_data_error(command: &str) -> String {
     format!(
         "failed to get agent data for {command}: {}",
         libvirt_error()

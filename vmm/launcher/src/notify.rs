@@ -18,13 +18,13 @@ const RETRY_EVERY: Duration = Duration::from_secs(1);
 const PER_TRY: Duration = Duration::from_secs(5);
 const BUDGET: Duration = Duration::from_secs(20);
 
-pub struct Notifier {
+pub(crate) struct Notifier {
     socket: PathBuf,
     client: Option<NotifyClient<Channel>>,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum NotifyError {
+pub(crate) enum NotifyError {
     #[error("cannot reach {0}: {1}")]
     Connect(PathBuf, String),
     #[error("no compatible notify version (handler speaks {0:?})")]
@@ -38,7 +38,7 @@ pub enum NotifyError {
 }
 
 impl Notifier {
-    pub fn new(socket: PathBuf) -> Self {
+    pub(crate) fn new(socket: PathBuf) -> Self {
         Notifier {
             socket,
             client: None,
@@ -74,7 +74,7 @@ impl Notifier {
     }
 
     /// Sends one event, retrying within the budget.
-    pub async fn send(&mut self, event: &DomainEvent) -> Result<(), NotifyError> {
+    pub(crate) async fn send(&mut self, event: &DomainEvent) -> Result<(), NotifyError> {
         let request = DomainEventRequest {
             domain_json: event.domain.to_json().into_bytes(),
             status_json: Vec::new(),
@@ -101,18 +101,18 @@ impl Notifier {
 
 /// What the notifier has done so far, for the launcher's exit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Events dealt with (delivered, or given up on after the retries).
-    pub processed: u64,
+    pub(crate) processed: u64,
     /// The final "domain gone" event was dealt with (the Go launcher's
     /// "final delete notification sent", which also counts a send that
     /// failed).
-    pub gone: bool,
+    pub(crate) gone: bool,
 }
 
 /// Delivers events in order until the channel closes, publishing its
 /// progress after each one.
-pub async fn run(
+pub(crate) async fn run(
     socket: PathBuf,
     mut events: mpsc::UnboundedReceiver<DomainEvent>,
     progress: watch::Sender<Progress>,

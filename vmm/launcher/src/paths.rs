@@ -129,11 +129,11 @@ impl Paths {
         }
     }
 
-    pub fn sockets_dir(&self) -> PathBuf {
+    pub(crate) fn sockets_dir(&self) -> PathBuf {
         self.share_dir.join("sockets")
     }
     /// The cmd socket while the server starts (`launcher-init-sock`).
-    pub fn init_socket(&self) -> PathBuf {
+    pub(crate) fn init_socket(&self) -> PathBuf {
         self.sockets_dir().join("launcher-init-sock")
     }
     /// The cmd socket once ready: the rename is the readiness signal.
@@ -145,7 +145,7 @@ impl Paths {
         self.share_dir.join("domain-notify-pipe.sock")
     }
     /// `/var/run/kubevirt-private/<vmi uid>`.
-    pub fn vmi_private_dir(&self, uid: &PathName) -> PathBuf {
+    pub(crate) fn vmi_private_dir(&self, uid: &PathName) -> PathBuf {
         self.private_dir.join(uid)
     }
     pub fn serial_socket(&self, uid: &PathName) -> PathBuf {
@@ -176,7 +176,7 @@ impl Paths {
         self.private_dir.join("vmi-disks").join(volume)
     }
     /// `/dev/<volume>`: where a block-mode PVC appears in the container.
-    pub fn block_device(&self, volume: &PathName) -> PathBuf {
+    pub(crate) fn block_device(&self, volume: &PathName) -> PathBuf {
         Path::new("/dev").join(volume)
     }
     pub fn empty_disk(&self, volume: &PathName) -> PathBuf {
@@ -185,7 +185,7 @@ impl Paths {
             .join(format!("{}.qcow2", volume.as_str()))
     }
     /// `cloud-init-data/<ns>/<vmi>/`: where the cloud-init ISO is made.
-    pub fn cloud_init_dir(&self, namespace: &PathName, name: &PathName) -> PathBuf {
+    pub(crate) fn cloud_init_dir(&self, namespace: &PathName, name: &PathName) -> PathBuf {
         self.ephemeral_disk_dir
             .join("cloud-init-data")
             .join(namespace)
@@ -200,11 +200,11 @@ impl Paths {
         self.cloud_init_dir(namespace, name).join("configdrive.iso")
     }
     /// Secrets referenced by cloud-init volumes.
-    pub fn secrets_dir(&self) -> PathBuf {
+    pub(crate) fn secrets_dir(&self) -> PathBuf {
         self.private_dir.join("secret")
     }
     /// `container-disks/kernel-boot/`: links to the kernel-boot artifacts.
-    pub fn kernel_boot_links(&self) -> PathBuf {
+    pub(crate) fn kernel_boot_links(&self) -> PathBuf {
         self.container_disk_dir.join("kernel-boot")
     }
 }

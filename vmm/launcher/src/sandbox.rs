@@ -18,9 +18,9 @@ use proto::kubevirt::well_known::NON_ROOT_UID;
 use vmm::{Credentials, SandboxConfig, SeccompMode};
 
 /// `none`, `log` or `trap`: what a system call outside a filter does.
-pub const SECCOMP_ENV: &str = "VMM_SECCOMP";
+pub(crate) const SECCOMP_ENV: &str = "VMM_SECCOMP";
 /// `on` or `off`: Landlock for the VMM's threads.
-pub const LANDLOCK_ENV: &str = "VMM_LANDLOCK";
+pub(crate) const LANDLOCK_ENV: &str = "VMM_LANDLOCK";
 
 /// The sandbox settings from the environment; an unknown value is an error.
 pub fn from_env() -> Result<SandboxConfig, String> {

@@ -19,19 +19,19 @@ use tonic::{Request, Response, Status};
 
 /// Server settings from the launcher's flags.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ServerOptions {
+pub(crate) struct ServerOptions {
     /// `--vm-stats-collector` (the VMStatsCollector feature gate): serve
     /// `GetVMStats`.
-    pub vm_stats_collector: bool,
+    pub(crate) vm_stats_collector: bool,
 }
 
-pub struct CmdService {
+pub(crate) struct CmdService {
     manager: Arc<Manager>,
     options: ServerOptions,
 }
 
 impl CmdService {
-    pub fn new(manager: Arc<Manager>, options: ServerOptions) -> Self {
+    pub(crate) fn new(manager: Arc<Manager>, options: ServerOptions) -> Self {
         CmdService { manager, options }
     }
 
@@ -586,7 +586,7 @@ fn vm_stats(
 }
 
 /// `CmdInfo`: the launcher speaks version 1 of the cmd protocol.
-pub struct InfoService;
+pub(crate) struct InfoService;
 
 #[tonic::async_trait]
 impl CmdInfo for InfoService {
@@ -598,7 +598,7 @@ impl CmdInfo for InfoService {
 }
 
 /// Serves both services on `listener` until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     manager: Arc<Manager>,
     options: ServerOptions,
     listener: tokio::net::UnixListener,

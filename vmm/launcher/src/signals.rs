@@ -3,7 +3,7 @@
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Resolves at the first stop signal.
-pub async fn stop_signal() -> std::io::Result<&'static str> {
+pub(crate) async fn stop_signal() -> std::io::Result<&'static str> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;

@@ -16,14 +16,14 @@ use vmm::stats::CpuTime;
 
 /// What the process as a whole uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProcessUsage {
-    pub cpu: Option<CpuTime>,
-    pub rss_kib: Option<u64>,
+pub(crate) struct ProcessUsage {
+    pub(crate) cpu: Option<CpuTime>,
+    pub(crate) rss_kib: Option<u64>,
 }
 
 impl ProcessUsage {
     /// This process, now.
-    pub fn current() -> ProcessUsage {
+    pub(crate) fn current() -> ProcessUsage {
         ProcessUsage {
             cpu: vmm::stats::process_cpu_time(),
             rss_kib: rss_kib(&std::fs::read_to_string("/proc/self/status").unwrap_or_default()),
@@ -47,7 +47,11 @@ fn nanos(d: Duration) -> u64 {
 /// The statistics of `domain`; `vm` is `None` when no VM runs (then there
 /// are no device or vCPU entries, as libvirt reports none for a domain
 /// that is not running).
-pub fn domain_stats(domain: &Domain, vm: Option<&VmStats>, process: ProcessUsage) -> DomainStats {
+pub(crate) fn domain_stats(
+    domain: &Domain,
+    vm: Option<&VmStats>,
+    process: ProcessUsage,
+) -> DomainStats {
     let spec = &domain.spec;
     let memory_kib = spec
         .memory

@@ -135,7 +135,7 @@ fn join(at: &str, key: &str) -> String {
 
 /// Bytes of a libvirt memory amount (`b`, `KiB`, `MiB`, ... and the
 /// decimal `KB`, `MB`, ...); `None` for an unknown unit or an overflow.
-pub fn memory_bytes(amount: &MemoryAmount) -> Option<u64> {
+pub(crate) fn memory_bytes(amount: &MemoryAmount) -> Option<u64> {
     let scale: u64 = match amount.unit.as_str() {
         "b" | "bytes" => 1,
         "KB" => 1000,
@@ -304,10 +304,10 @@ fn online_vcpus(vcpu: Option<&Vcpu>, vcpus: Option<&Vcpus>) -> Result<u8, ToVmEr
                     order: _,
                 } = entry;
                 let at = format!("VCPUs.VCPU[{i}]");
-                if *id as usize != i {
+                if block::cast::u32_to_usize(*id) != i {
                     return refuse(format!("{at}.ID"), format!("{id}, expected {i}"));
                 }
-                match (enabled.as_str(), online as usize == i) {
+                match (enabled.as_str(), block::cast::u32_to_usize(online) == i) {
                     ("yes", true) => online += 1,
                     ("no", _) => {}
                     ("yes", false) => {
@@ -509,7 +509,7 @@ fn driver_options(driver: &DiskDriver, at: &str, config: &mut DiskConfig) -> Res
     };
     // The VMM reports I/O errors to the guest (`report`). `stop`, KubeVirt's
     // default, would pause the VM instead; it is accepted with that
-    // difference (see the README). `ignore` and `enospace` are refused.
+    // difference (see `docs/converter-vs-kubevirt.md`). `ignore` and `enospace` are refused.
     if !matches!(error_policy.as_str(), "" | "stop" | "report") {
         return refuse(
             format!("{at}.ErrorPolicy"),

@@ -5,7 +5,7 @@
 //! Where the kernel reaches its `/init` (hardware KVM), the initramfs waits
 //! for the power button (`stock.wait`) and powers off through ACPI S5: the
 //! domain goes ShuttingDown, then Shutoff/Shutdown. On this project's
-//! machines (an instruction-emulating KVM, see `vmm/README.md`) the kernel
+//! machines (an instruction-emulating KVM, see `vmm/docs/stock-kernel.md`) the kernel
 //! is still in early boot when asked, so the test checks that it booted
 //! through the launcher (its banner and our ACPI tables on the console),
 //! that the request is recorded as KubeVirt's handler expects, and that a

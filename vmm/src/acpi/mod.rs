@@ -11,7 +11,7 @@
 //! a power button (PNP0C0C) and the Generic Event Device (ACPI0013) that
 //! signals it, and `_S5` for power-off. See [`platform`] for the registers.
 
-pub mod platform;
+pub(crate) mod platform;
 
 use acpi_tables::aml;
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
@@ -21,14 +21,14 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::devices::legacy::{SERIAL_GSI, SERIAL_PORT};
 use crate::kvm::layout::{IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
-use crate::narrow;
+use block::cast;
 use platform::{
     GED_GSI, GED_STATUS_PORT, RESET_PORT, RESET_VALUE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT,
     SLP_TYP_S5,
 };
 
 /// Where the tables start (the RSDP must be 16-byte aligned in 0xE0000-0xFFFFF).
-pub const RSDP_ADDR: u64 = 0xe_0000;
+pub(crate) const RSDP_ADDR: u64 = 0xe_0000;
 /// The tables end before the MP table.
 const TABLES_END: u64 = crate::kvm::layout::MPTABLE_ADDR;
 const OEM_ID: [u8; 6] = *b"KVRSVM";
@@ -36,7 +36,7 @@ const OEM_TABLE: [u8; 8] = *b"KVRSVMM ";
 const OEM_REVISION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("the ACPI tables need {0} bytes, more than the space reserved for them")]
     TooBig(u64),
     #[error("cannot write the ACPI tables: {0}")]
@@ -44,15 +44,15 @@ pub enum Error {
 }
 
 /// What the tables describe.
-pub struct Platform {
-    pub vcpus: u8,
+pub(crate) struct Platform {
+    pub(crate) vcpus: u8,
     /// A PCI host bridge (ECAM) exists.
-    pub pci: bool,
+    pub(crate) pci: bool,
 }
 
 /// Builds every table and writes them to guest memory; returns the RSDP's
 /// address.
-pub fn write(mem: &GuestMemoryMmap, platform: &Platform) -> Result<u64, Error> {
+pub(crate) fn write(mem: &GuestMemoryMmap, platform: &Platform) -> Result<u64, Error> {
     let mut tables: Vec<(&str, Vec<u8>)> = vec![
         ("DSDT", to_bytes(&dsdt(platform))),
         ("APIC", madt(platform.vcpus).as_slice().to_vec()),
@@ -138,14 +138,14 @@ fn fadt(dsdt: u64) -> fadt::FADT {
 fn madt(vcpus: u8) -> Sdt {
     const PCAT_COMPAT: u32 = 1;
     let mut table = Sdt::new(*b"APIC", 44, 3, OEM_ID, OEM_TABLE, OEM_REVISION);
-    table.write_u32(36, const { narrow::u32_of(LAPIC_ADDR) });
+    table.write_u32(36, const { cast::u32_of_u64(LAPIC_ADDR) });
     table.write_u32(40, PCAT_COMPAT);
     for id in 0..vcpus {
         // Type 0, length 8: processor uid, APIC id, flags (enabled).
         table.append_slice(&[0, 8, id, id, 1, 0, 0, 0]);
     }
     let mut ioapic = vec![1u8, 12, 0, 0];
-    ioapic.extend_from_slice(&const { narrow::u32_of(IOAPIC_ADDR) }.to_le_bytes());
+    ioapic.extend_from_slice(&const { cast::u32_of_u64(IOAPIC_ADDR) }.to_le_bytes());
     ioapic.extend_from_slice(&0u32.to_le_bytes());
     table.append_slice(&ioapic);
     // Type 4, length 6: every processor (0xff), flags 0, LINT1.
@@ -172,8 +172,8 @@ fn dsdt(platform: &Platform) -> Sdt {
                 "_CRS".into(),
                 &aml::ResourceTemplate::new(vec![
                     &aml::IO::new(
-                        const { narrow::u16_of(SERIAL_PORT) },
-                        const { narrow::u16_of(SERIAL_PORT) },
+                        const { cast::u16_of_u64(SERIAL_PORT) },
+                        const { cast::u16_of_u64(SERIAL_PORT) },
                         1,
                         8,
                     ),
@@ -196,7 +196,7 @@ fn dsdt(platform: &Platform) -> Sdt {
 
     // GED: its interrupt says "read the status port"; bit 0 is the power
     // button: `_EVT` reads GDAT and notifies PWRB (0x80: button pressed).
-    let ged_port = GED_STATUS_PORT as usize;
+    let ged_port = usize::from(GED_STATUS_PORT);
     aml::Device::new(
         "_SB_.GED_".into(),
         vec![
@@ -272,8 +272,8 @@ fn pci_host_bridge() -> Vec<u8> {
     let window = aml::AddressSpace::new_memory(
         aml::AddressSpaceCacheable::NotCacheable,
         true,
-        const { narrow::u32_of(PCI_MMIO_BASE) },
-        const { narrow::u32_of(PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) },
+        const { cast::u32_of_u64(PCI_MMIO_BASE) },
+        const { cast::u32_of_u64(PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) },
         None,
     );
     let crs = aml::ResourceTemplate::new(vec![&bus, &cfg_ports, &io_low, &io_high, &window]);

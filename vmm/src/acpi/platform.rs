@@ -18,29 +18,29 @@ use crate::devices::bus::BusDevice;
 use crate::devices::irq::IrqLine;
 use crate::lifecycle::{Control, VmExit};
 
-pub const PORT_BASE: u64 = 0x600;
-pub const PORT_LEN: u64 = 0x10;
-pub const SLEEP_CONTROL_PORT: u16 = 0x600;
-pub const SLEEP_STATUS_PORT: u16 = 0x601;
-pub const RESET_PORT: u16 = 0x604;
-pub const RESET_VALUE: u8 = 1;
-pub const GED_STATUS_PORT: u16 = 0x608;
+pub(crate) const PORT_BASE: u64 = 0x600;
+pub(crate) const PORT_LEN: u64 = 0x10;
+pub(crate) const SLEEP_CONTROL_PORT: u16 = 0x600;
+pub(crate) const SLEEP_STATUS_PORT: u16 = 0x601;
+pub(crate) const RESET_PORT: u16 = 0x604;
+pub(crate) const RESET_VALUE: u8 = 1;
+pub(crate) const GED_STATUS_PORT: u16 = 0x608;
 /// The GED's interrupt: the last IOAPIC pin (virtio-mmio devices use 5-22).
-pub const GED_GSI: u32 = 23;
+pub(crate) const GED_GSI: u32 = 23;
 /// The `_S5` sleep type.
-pub const SLP_TYP_S5: u8 = 5;
+pub(crate) const SLP_TYP_S5: u8 = 5;
 const SLP_EN: u8 = 1 << 5;
 /// GED event bit of the power button.
-pub const EVENT_POWER_BUTTON: u8 = 1;
+pub(crate) const EVENT_POWER_BUTTON: u8 = 1;
 
-pub struct AcpiPlatform {
+pub(crate) struct AcpiPlatform {
     control: Arc<Control>,
     ged: IrqLine,
     events: u8,
 }
 
 impl AcpiPlatform {
-    pub fn new(control: Arc<Control>, ged: IrqLine) -> Self {
+    pub(crate) fn new(control: Arc<Control>, ged: IrqLine) -> Self {
         AcpiPlatform {
             control,
             ged,
@@ -49,7 +49,7 @@ impl AcpiPlatform {
     }
 
     /// Presses the power button: an event for the guest's GED.
-    pub fn press_power_button(&mut self) {
+    pub(crate) fn press_power_button(&mut self) {
         self.events |= EVENT_POWER_BUTTON;
         if let Err(e) = self.ged.trigger() {
             tracing::error!("ACPI: cannot raise the GED interrupt: {e}");

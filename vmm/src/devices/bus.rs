@@ -8,13 +8,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 /// A device on a bus. `offset` is relative to the start of its range.
-pub trait BusDevice: Send {
+pub(crate) trait BusDevice: Send {
     fn read(&mut self, offset: u64, data: &mut [u8]);
     fn write(&mut self, offset: u64, data: &[u8]);
 }
 
 /// A device shared between vCPU threads.
-pub type SharedDevice = Arc<Mutex<dyn BusDevice>>;
+pub(crate) type SharedDevice = Arc<Mutex<dyn BusDevice>>;
 
 struct Range {
     base: u64,
@@ -26,7 +26,7 @@ struct Range {
 const MAX_LOGGED_UNCLAIMED: usize = 64;
 
 /// A set of non-overlapping ranges.
-pub struct Bus {
+pub(crate) struct Bus {
     name: &'static str,
     ranges: Vec<Range>,
     unclaimed_logged: Mutex<HashSet<u64>>,
@@ -34,14 +34,14 @@ pub struct Bus {
 
 #[derive(Debug, thiserror::Error)]
 #[error("{bus} range [{base:#x}, +{len:#x}) is empty or overlaps another device")]
-pub struct OverlapError {
+pub(crate) struct OverlapError {
     bus: &'static str,
     base: u64,
     len: u64,
 }
 
 impl Bus {
-    pub fn new(name: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str) -> Self {
         Bus {
             name,
             ranges: Vec::new(),
@@ -50,7 +50,7 @@ impl Bus {
     }
 
     /// Attaches a device at `[base, base + len)`.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         base: u64,
         len: u64,
@@ -80,7 +80,7 @@ impl Bus {
     }
 
     /// Dispatches a read. Unclaimed reads return all-ones.
-    pub fn read(&self, addr: u64, data: &mut [u8]) {
+    pub(crate) fn read(&self, addr: u64, data: &mut [u8]) {
         match self.find(addr, data.len()) {
             Some((range, offset)) => lock(&range.device).read(offset, data),
             None => {
@@ -91,7 +91,7 @@ impl Bus {
     }
 
     /// Dispatches a write. Unclaimed writes are dropped.
-    pub fn write(&self, addr: u64, data: &[u8]) {
+    pub(crate) fn write(&self, addr: u64, data: &[u8]) {
         match self.find(addr, data.len()) {
             Some((range, offset)) => lock(&range.device).write(offset, data),
             None => self.log_unclaimed("write", addr, data.len()),
@@ -114,7 +114,7 @@ impl Bus {
 
 /// Locks a device; a device that panicked earlier keeps serving (its state is
 /// plain data and the guest must not be able to stop the VMM this way).
-pub fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -10,13 +10,13 @@ use crate::kvm::{Result, kvm_err};
 
 /// One GSI's irqfd. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct IrqLine {
+pub(crate) struct IrqLine {
     gsi: u32,
     event: Arc<EventFd>,
 }
 
 impl IrqLine {
-    pub fn new(vm: &VmFd, gsi: u32) -> Result<Self> {
+    pub(crate) fn new(vm: &VmFd, gsi: u32) -> Result<Self> {
         let event = EventFd::new(EFD_NONBLOCK).map_err(|e| crate::kvm::Error::Io("eventfd", e))?;
         vm.register_irqfd(&event, gsi)
             .map_err(kvm_err("KVM_IRQFD"))?;
@@ -27,19 +27,19 @@ impl IrqLine {
     }
 
     /// A line on an eventfd the caller registers (or reads, in tests).
-    pub fn from_eventfd(gsi: u32, event: EventFd) -> Self {
+    pub(crate) fn from_eventfd(gsi: u32, event: EventFd) -> Self {
         IrqLine {
             gsi,
             event: Arc::new(event),
         }
     }
 
-    pub fn gsi(&self) -> u32 {
+    pub(crate) fn gsi(&self) -> u32 {
         self.gsi
     }
 
     /// Raises the interrupt.
-    pub fn trigger(&self) -> std::io::Result<()> {
+    pub(crate) fn trigger(&self) -> std::io::Result<()> {
         self.event.write(1)
     }
 }

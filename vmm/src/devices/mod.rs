@@ -1,7 +1,7 @@
 //! Device models and how the vCPUs reach them.
 
-pub mod bus;
-pub mod irq;
-pub mod legacy;
-pub mod virtio;
-pub mod virtio_pci;
+pub(crate) mod bus;
+pub(crate) mod irq;
+pub(crate) mod legacy;
+pub(crate) mod virtio;
+pub(crate) mod virtio_pci;

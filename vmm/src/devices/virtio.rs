@@ -32,7 +32,7 @@ use crate::sandbox::Sandbox;
 use crate::stats::DeviceCounters;
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("disk {path}: {source}")]
     Disk {
         path: std::path::PathBuf,
@@ -77,7 +77,7 @@ impl BusDevice for MmioSlot {
 }
 
 /// Default MAC of net device `index` (locally administered range QEMU uses).
-pub fn default_mac(index: usize) -> [u8; 6] {
+pub(crate) fn default_mac(index: usize) -> [u8; 6] {
     [
         0x52,
         0x54,
@@ -152,20 +152,20 @@ pub(crate) fn build_devices(
 
 /// A device behind its transport (virtio-mmio here, virtio-pci in
 /// `virtio_pci`).
-pub enum VirtioTransport {
+pub(crate) enum VirtioTransport {
     Mmio(Arc<Mutex<MmioTransport>>),
     Pci(Arc<Mutex<PciTransport>>),
 }
 
 impl VirtioTransport {
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         match self {
             VirtioTransport::Mmio(t) => lock(t).pause(),
             VirtioTransport::Pci(t) => lock(t).pause(),
         }
     }
 
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         match self {
             VirtioTransport::Mmio(t) => lock(t).resume(),
             VirtioTransport::Pci(t) => lock(t).resume(),
@@ -174,9 +174,9 @@ impl VirtioTransport {
 }
 
 /// The devices on the bus, and their counters.
-pub struct Attached {
-    pub transports: Vec<VirtioTransport>,
-    pub counters: DeviceCounters,
+pub(crate) struct Attached {
+    pub(crate) transports: Vec<VirtioTransport>,
+    pub(crate) counters: DeviceCounters,
 }
 
 /// The name of a device's thread (at most 15 bytes, the kernel's limit).
@@ -215,7 +215,7 @@ fn queue_notifiers(vm: &VmFd, base: u64, queues: usize) -> Result<Vec<EventFd>, 
 /// Creates the configured devices, puts them on the MMIO bus with their
 /// interrupt lines and announces them on the command line. Each device's
 /// thread is started here and enters `sandbox`.
-pub fn attach(
+pub(crate) fn attach(
     config: &VmConfig,
     vm: &VmFd,
     mem: &GuestMemoryMmap,
@@ -224,7 +224,7 @@ pub fn attach(
     sandbox: &Arc<Sandbox>,
 ) -> Result<Attached, Error> {
     let (devices, counters) = build_devices(config)?;
-    if devices.len() > VIRTIO_MAX_DEVICES as usize {
+    if devices.len() > block::cast::u32_to_usize(VIRTIO_MAX_DEVICES) {
         return Err(Error::TooMany(devices.len()));
     }
     let mut transports = Vec::with_capacity(devices.len());

@@ -143,7 +143,7 @@ fn queue_events(queues: usize) -> Result<(Vec<EventFd>, Vec<EventFd>), Error> {
 /// Builds the host bridge and the configured devices (each on its own
 /// thread, which enters `sandbox`), and puts the configuration space (ECAM,
 /// 0xCF8/0xCFC) and the BAR window on the buses.
-pub fn attach(
+pub(crate) fn attach(
     config: &VmConfig,
     vm: &Arc<VmFd>,
     mem: &GuestMemoryMmap,

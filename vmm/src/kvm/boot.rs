@@ -34,17 +34,17 @@ const PAGE_SIZE: u64 = 0x1000;
 
 /// Where the kernel starts running.
 #[derive(Clone, Copy, Debug)]
-pub struct KernelEntry {
-    pub entry: GuestAddress,
+pub(crate) struct KernelEntry {
+    pub(crate) entry: GuestAddress,
     /// First byte after the kernel image (its `.bss` included).
-    pub end: u64,
+    pub(crate) end: u64,
 }
 
 /// Loads the kernel (an ELF `vmlinux` or a `bzImage`, recognised by the ELF
 /// magic) and fills the zero page, command line and initrd. A bzImage's
 /// payload is decompressed here unless `decompress` leaves that to the
 /// guest (see [`super::kernel_image`]). Returns the entry point.
-pub fn load(
+pub(crate) fn load(
     mem: &GuestMemoryMmap,
     kernel: &KernelSource,
     decompress: KernelDecompress,
@@ -70,7 +70,7 @@ pub fn load(
     params.hdr.header = HEADER_MAGIC;
     params.hdr.loadflags |= CAN_USE_HEAP;
     params.hdr.heap_end_ptr = 0xfe00;
-    params.hdr.cmd_line_ptr = const { crate::narrow::u32_of(CMDLINE_ADDR) };
+    params.hdr.cmd_line_ptr = const { block::cast::u32_of_u64(CMDLINE_ADDR) };
     let cmdline_len = cmdline
         .as_cstring()
         .map_err(|e| Error::Cmdline(e.to_string()))?
@@ -259,7 +259,7 @@ fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
 }
 
 /// Writes the GDT, an empty IDT and identity page tables for the low 4 GiB.
-pub fn write_long_mode_tables(mem: &GuestMemoryMmap) -> Result<()> {
+pub(crate) fn write_long_mode_tables(mem: &GuestMemoryMmap) -> Result<()> {
     let write = |addr: u64, value: u64| {
         mem.write_obj(value, GuestAddress(addr))
             .map_err(|e| Error::BootParams(e.to_string()))

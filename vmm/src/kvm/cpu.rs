@@ -9,7 +9,7 @@ use super::layout::*;
 use super::{Error, Result, kvm_err};
 
 /// GDT: null, 64-bit code (0x08), data (0x10), TSS (0x18).
-pub const GDT: [u64; 4] = [
+pub(crate) const GDT: [u64; 4] = [
     0,
     gdt_entry(0xa09b, 0, 0xfffff),
     gdt_entry(0xc093, 0, 0xfffff),
@@ -62,7 +62,7 @@ const EFER_LME: u64 = 0x100;
 const EFER_LMA: u64 = 0x400;
 
 /// Long mode, paging with the VMM's identity map, flat segments.
-pub fn set_sregs(vcpu: &VcpuFd) -> Result<()> {
+pub(crate) fn set_sregs(vcpu: &VcpuFd) -> Result<()> {
     let mut sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
     let code = segment(GDT[1], CODE_SELECTOR);
     let data = segment(GDT[2], DATA_SELECTOR);
@@ -74,7 +74,7 @@ pub fn set_sregs(vcpu: &VcpuFd) -> Result<()> {
     sregs.ss = data;
     sregs.tr = segment(GDT[3], TSS_SELECTOR);
     sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = const { crate::narrow::u16_of(std::mem::size_of_val(&GDT) as u64 - 1) };
+    sregs.gdt.limit = const { block::cast::u16_of_u64(std::mem::size_of_val(&GDT) as u64 - 1) };
     sregs.idt.base = IDT_ADDR;
     sregs.idt.limit = 7;
     // Set outright: OR-ing PE|PG into the reset value leaves caching disabled.
@@ -87,7 +87,7 @@ pub fn set_sregs(vcpu: &VcpuFd) -> Result<()> {
 
 /// General registers: the entry point, a stack, and RSI = zero page on the
 /// boot vCPU (0 on the others).
-pub fn set_regs(vcpu: &VcpuFd, entry: u64, stack: u64, boot_params: u64) -> Result<()> {
+pub(crate) fn set_regs(vcpu: &VcpuFd, entry: u64, stack: u64, boot_params: u64) -> Result<()> {
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry,
@@ -100,7 +100,7 @@ pub fn set_regs(vcpu: &VcpuFd, entry: u64, stack: u64, boot_params: u64) -> Resu
 }
 
 /// x87 control word and MXCSR at their power-on values.
-pub fn set_fpu(vcpu: &VcpuFd) -> Result<()> {
+pub(crate) fn set_fpu(vcpu: &VcpuFd) -> Result<()> {
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
@@ -125,7 +125,7 @@ const MTRR_ENABLE: u64 = 1 << 11;
 const MTRR_TYPE_WRBACK: u64 = 6;
 
 /// The MSRs a Linux kernel expects a boot loader to leave in a known state.
-pub fn set_msrs(vcpu: &VcpuFd) -> Result<()> {
+pub(crate) fn set_msrs(vcpu: &VcpuFd) -> Result<()> {
     let entry = |index, data| kvm_msr_entry {
         index,
         data,
@@ -162,7 +162,7 @@ const APIC_MODE_EXTINT: u32 = 0x7;
 const APIC_MODE_NMI: u32 = 0x4;
 
 /// LINT0 delivers ExtINT (the PIC), LINT1 delivers NMI, as a BIOS leaves them.
-pub fn set_lint(vcpu: &VcpuFd) -> Result<()> {
+pub(crate) fn set_lint(vcpu: &VcpuFd) -> Result<()> {
     let mut lapic = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
     for (reg, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {
         let bytes: [u8; 4] = std::array::from_fn(|i| lapic.regs[reg + i].cast_unsigned());
@@ -177,7 +177,7 @@ pub fn set_lint(vcpu: &VcpuFd) -> Result<()> {
 
 /// Marks a secondary vCPU runnable: it starts at its registers' RIP instead
 /// of waiting for INIT/SIPI (the in-kernel local APIC's default).
-pub fn set_runnable(vcpu: &VcpuFd) -> Result<()> {
+pub(crate) fn set_runnable(vcpu: &VcpuFd) -> Result<()> {
     let state = kvm_mp_state {
         mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
     };
@@ -186,7 +186,7 @@ pub fn set_runnable(vcpu: &VcpuFd) -> Result<()> {
 }
 
 /// Initial stack pointer of vCPU `index` (the boot vCPU uses the boot stack).
-pub fn stack_for(index: u8) -> u64 {
+pub(crate) fn stack_for(index: u8) -> u64 {
     if index == 0 {
         BOOT_STACK_ADDR
     } else {

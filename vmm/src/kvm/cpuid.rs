@@ -32,7 +32,7 @@ pub enum CpuProfile {
 impl CpuProfile {
     /// `Emulated` where `/dev/kvm` is served by `kvm_pvm` (it emulates
     /// every guest instruction), `Host` elsewhere.
-    pub fn detect() -> CpuProfile {
+    pub(crate) fn detect() -> CpuProfile {
         if std::path::Path::new("/sys/module/kvm_pvm").exists() {
             CpuProfile::Emulated
         } else {
@@ -40,7 +40,7 @@ impl CpuProfile {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CpuProfile::Host => "host",
             CpuProfile::Emulated => "emulated",
@@ -70,12 +70,12 @@ enum Reg {
 
 /// A feature bit: leaf, subleaf, register, bit, and the name Linux gives it.
 #[derive(Clone, Copy, Debug)]
-pub struct Feature {
+pub(crate) struct Feature {
     leaf: u32,
     subleaf: u32,
     reg: Reg,
     bit: u32,
-    pub name: &'static str,
+    pub(crate) name: &'static str,
 }
 
 const fn f(leaf: u32, subleaf: u32, reg: Reg, bit: u32, name: &'static str) -> Feature {
@@ -114,7 +114,7 @@ const ALWAYS_HIDDEN: &[Feature] = &[
 /// Hidden when KVM emulates every instruction: each needs an instruction
 /// (or CPU state) KVM's x86 emulator does not implement, so a guest that
 /// used it would stop with "instruction emulation failed".
-pub const EMULATOR_HIDDEN: &[Feature] = &[
+pub(crate) const EMULATOR_HIDDEN: &[Feature] = &[
     f(1, 0, Ecx, 1, "pclmulqdq"),
     f(1, 0, Ecx, 9, "ssse3"),
     f(1, 0, Ecx, 12, "fma"),
@@ -194,7 +194,7 @@ const LEAF6_ARAT: u32 = 1 << 2;
 
 /// The guest CPUID of one VM.
 #[derive(Clone, Debug)]
-pub struct CpuidPolicy {
+pub(crate) struct CpuidPolicy {
     profile: CpuProfile,
     vcpus: u8,
     /// Entries with the per-vCPU fields still zero.
@@ -203,7 +203,7 @@ pub struct CpuidPolicy {
 
 impl CpuidPolicy {
     /// The policy for `vcpus` vCPUs from what KVM supports.
-    pub fn new(supported: &CpuId, profile: CpuProfile, vcpus: u8) -> CpuidPolicy {
+    pub(crate) fn new(supported: &CpuId, profile: CpuProfile, vcpus: u8) -> CpuidPolicy {
         let mut template: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
         let hidden: Vec<Feature> = match profile {
             CpuProfile::Host => ALWAYS_HIDDEN.to_vec(),
@@ -278,12 +278,8 @@ impl CpuidPolicy {
         }
     }
 
-    pub fn profile(&self) -> CpuProfile {
-        self.profile
-    }
-
     /// The CPUID of vCPU `index`: the template with its APIC id.
-    pub fn for_vcpu(&self, index: u8) -> CpuId {
+    pub(crate) fn for_vcpu(&self, index: u8) -> CpuId {
         let apic_id = u32::from(index);
         let mut entries = self.template.clone();
         for e in &mut entries {
@@ -302,7 +298,7 @@ impl CpuidPolicy {
     }
 
     /// The names of the features this policy hides that KVM supports.
-    pub fn hidden_features(&self, supported: &CpuId) -> Vec<&'static str> {
+    pub(crate) fn hidden_features(&self, supported: &CpuId) -> Vec<&'static str> {
         let table = match self.profile {
             CpuProfile::Host => ALWAYS_HIDDEN.to_vec(),
             CpuProfile::Emulated => [ALWAYS_HIDDEN, EMULATOR_HIDDEN].concat(),
@@ -322,7 +318,7 @@ impl CpuidPolicy {
     /// A table of every vCPU's leaves, one line per leaf of vCPU 0, then
     /// the fields where the other vCPUs differ (their APIC ids), for
     /// `vmm cpuid`.
-    pub fn describe(&self, supported: &CpuId) -> String {
+    pub(crate) fn describe(&self, supported: &CpuId) -> String {
         use std::fmt::Write;
         let mut out = String::new();
         let _ = writeln!(

@@ -40,9 +40,9 @@ const FSW_ES: u16 = 1 << 7;
 
 /// The instruction at the failing RIP, as far as it could be read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Instruction {
-    pub rip: u64,
-    pub bytes: Vec<u8>,
+pub(crate) struct Instruction {
+    pub(crate) rip: u64,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl std::fmt::Display for Instruction {
@@ -57,7 +57,7 @@ impl std::fmt::Display for Instruction {
 
 /// What the VMM does about an instruction KVM could not emulate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Deliver exception `vector` with RIP advanced by `len` (a trap: the
     /// handler returns past the instruction).
     Exception { vector: u8, len: u64 },
@@ -75,7 +75,7 @@ pub enum Action {
 
 /// Decides what to do about `bytes` at CPL `cpl`, decoded in 64-bit mode
 /// (`long`) or legacy protected mode.
-pub fn decide(bytes: &[u8], cpl: u8, long: bool) -> Action {
+pub(crate) fn decide(bytes: &[u8], cpl: u8, long: bool) -> Action {
     let mut at = 0;
     // Legacy prefixes, then (64-bit mode only) one REX prefix.
     while let Some(&b) = bytes.get(at) {
@@ -127,7 +127,7 @@ pub fn decide(bytes: &[u8], cpl: u8, long: bool) -> Action {
 
 /// Handles an emulation failure on `vcpu`. `Ok(None)`: the guest goes on;
 /// `Ok(Some(insn))`: the guest must crash at that instruction.
-pub fn handle(vcpu: &mut VcpuFd, mem: &GuestMemoryMmap) -> Result<Option<Instruction>> {
+pub(crate) fn handle(vcpu: &mut VcpuFd, mem: &GuestMemoryMmap) -> Result<Option<Instruction>> {
     let regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
     let sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
     let bytes = reported_bytes(vcpu).unwrap_or_else(|| read_bytes(vcpu, mem, &regs, &sregs));

@@ -28,11 +28,11 @@ const SECTOR: usize = 512;
 
 /// The decompressed kernel may not be larger than this (a hostile image
 /// must not make the VMM allocate without bound).
-pub const MAX_KERNEL_SIZE: usize = 1 << 30;
+pub(crate) const MAX_KERNEL_SIZE: usize = 1 << 30;
 
 /// A compression Linux's build can use for the payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Compression {
+pub(crate) enum Compression {
     Gzip,
     Bzip2,
     Lzma,
@@ -44,7 +44,7 @@ pub enum Compression {
 
 impl Compression {
     /// Recognises a payload by its magic bytes (Linux's `compressed_formats`).
-    pub fn detect(payload: &[u8]) -> Option<Compression> {
+    pub(crate) fn detect(payload: &[u8]) -> Option<Compression> {
         const MAGICS: [(&[u8], Compression); 7] = [
             (&[0x1f, 0x8b], Compression::Gzip),
             (b"BZh", Compression::Bzip2),
@@ -60,7 +60,7 @@ impl Compression {
             .map(|&(_, c)| c)
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Compression::Gzip => "gzip",
             Compression::Bzip2 => "bzip2",
@@ -98,13 +98,13 @@ pub enum Error {
 }
 
 /// The compressed kernel of a bzImage: where it is and how it is packed.
-pub struct Payload<'a> {
-    pub compression: Compression,
-    pub data: &'a [u8],
+pub(crate) struct Payload<'a> {
+    pub(crate) compression: Compression,
+    pub(crate) data: &'a [u8],
 }
 
 /// Finds the payload of a bzImage.
-pub fn payload(image: &[u8]) -> Result<Payload<'_>, Error> {
+pub(crate) fn payload(image: &[u8]) -> Result<Payload<'_>, Error> {
     let u16_at = |at: usize| {
         image
             .get(at..at + 2)
@@ -143,7 +143,7 @@ pub fn payload(image: &[u8]) -> Result<Payload<'_>, Error> {
 
 /// Decompresses a payload to the kernel ELF, checking the size the build
 /// appended.
-pub fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
+pub(crate) fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
     let data = payload.data;
     let what = payload.compression.name();
     let (stream, size) = data.split_at(data.len().checked_sub(4).ok_or(Error::Truncated)?);

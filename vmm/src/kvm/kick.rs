@@ -19,7 +19,7 @@ thread_local! {
 }
 
 /// The signal used to kick vCPU threads.
-pub fn signal_number() -> libc::c_int {
+pub(crate) fn signal_number() -> libc::c_int {
     SIGRTMIN()
 }
 
@@ -36,7 +36,7 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
 }
 
 /// Installs the kick signal handler (once per process).
-pub fn install_handler() -> std::io::Result<()> {
+pub(crate) fn install_handler() -> std::io::Result<()> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
     INSTALLED
         .get_or_init(|| register_signal_handler(signal_number(), on_kick).map_err(|e| e.errno()))
@@ -44,18 +44,18 @@ pub fn install_handler() -> std::io::Result<()> {
 }
 
 /// Makes kicks of this thread set `immediate_exit` on `vcpu`.
-pub fn register_current(vcpu: &mut VcpuFd) {
+pub(crate) fn register_current(vcpu: &mut VcpuFd) {
     let run: *mut kvm_run = vcpu.get_kvm_run();
     KVM_RUN.with(|slot| slot.set(run));
 }
 
 /// Forgets this thread's vCPU (before its VcpuFd goes away).
-pub fn unregister_current() {
+pub(crate) fn unregister_current() {
     KVM_RUN.with(|slot| slot.set(std::ptr::null_mut()));
 }
 
 /// Sends the kick signal to a thread. The thread must not have been joined.
-pub fn kick(thread: libc::pthread_t) {
+pub(crate) fn kick(thread: libc::pthread_t) {
     // SAFETY: the caller guarantees the thread id is still valid (not joined).
     let rc = unsafe { libc::pthread_kill(thread, signal_number()) };
     if rc != 0 {

@@ -1,63 +1,63 @@
 //! Guest-physical memory layout (the Linux x86-64 boot protocol as
-//! Firecracker lays it out; see docs/kvm-on-these-machines.md).
+//! Firecracker lays it out; see vmm/docs/guest-platform.md).
 
 /// Global descriptor table.
-pub const GDT_ADDR: u64 = 0x500;
+pub(crate) const GDT_ADDR: u64 = 0x500;
 /// An empty interrupt descriptor table (the guest installs its own).
-pub const IDT_ADDR: u64 = 0x520;
+pub(crate) const IDT_ADDR: u64 = 0x520;
 /// The zero page (`struct boot_params`).
-pub const ZERO_PAGE_ADDR: u64 = 0x7000;
+pub(crate) const ZERO_PAGE_ADDR: u64 = 0x7000;
 /// Initial stack pointer of the boot vCPU.
-pub const BOOT_STACK_ADDR: u64 = 0x8ff0;
+pub(crate) const BOOT_STACK_ADDR: u64 = 0x8ff0;
 /// Page tables: PML4, one PDPT and four page directories of 2 MiB pages,
 /// identity-mapping the low 4 GiB (including the MMIO window).
-pub const PML4_ADDR: u64 = 0x9000;
-pub const PDPT_ADDR: u64 = 0xa000;
-pub const PD_ADDR: u64 = 0xb000;
-pub const PD_COUNT: u64 = 4;
+pub(crate) const PML4_ADDR: u64 = 0x9000;
+pub(crate) const PDPT_ADDR: u64 = 0xa000;
+pub(crate) const PD_ADDR: u64 = 0xb000;
+pub(crate) const PD_COUNT: u64 = 4;
 /// Kernel command line and its maximum size (including the NUL).
-pub const CMDLINE_ADDR: u64 = 0x20000;
-pub const CMDLINE_MAX_SIZE: usize = 2048;
+pub(crate) const CMDLINE_ADDR: u64 = 0x20000;
+pub(crate) const CMDLINE_MAX_SIZE: usize = 2048;
 /// Stacks the VMM gives secondary vCPUs it starts directly (vCPU i's stack
 /// ends at AP_STACKS_ADDR + i * AP_STACK_SIZE).
-pub const AP_STACKS_ADDR: u64 = 0x30000;
-pub const AP_STACK_SIZE: u64 = 0x400;
+pub(crate) const AP_STACKS_ADDR: u64 = 0x30000;
+pub(crate) const AP_STACK_SIZE: u64 = 0x400;
 /// Start of the extended BIOS data area: RAM below it is usable.
-pub const EBDA_START: u64 = 0x9fc00;
+pub(crate) const EBDA_START: u64 = 0x9fc00;
 /// The MP table (floating pointer, then the configuration table) in the
 /// BIOS area, which the e820 map leaves out of RAM.
-pub const MPTABLE_ADDR: u64 = 0xf_0000;
-pub const MPTABLE_MAX_SIZE: usize = 0x1_0000;
+pub(crate) const MPTABLE_ADDR: u64 = 0xf_0000;
+pub(crate) const MPTABLE_MAX_SIZE: usize = 0x1_0000;
 /// Interrupt controllers (emulated in KVM).
-pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
-pub const LAPIC_ADDR: u64 = 0xfee0_0000;
+pub(crate) const IOAPIC_ADDR: u64 = 0xfec0_0000;
+pub(crate) const LAPIC_ADDR: u64 = 0xfee0_0000;
 /// Where high memory (and the kernel) starts.
-pub const HIMEM_START: u64 = 0x10_0000;
+pub(crate) const HIMEM_START: u64 = 0x10_0000;
 /// The MMIO hole below 4 GiB: RAM stops here and continues at 4 GiB. It
 /// holds the virtio-mmio windows, PCI's ECAM and BAR window, the IOAPIC and
 /// the local APIC.
-pub const MMIO_HOLE_START: u64 = 0xd000_0000;
-pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+pub(crate) const MMIO_HOLE_START: u64 = 0xd000_0000;
+pub(crate) const MMIO_HOLE_END: u64 = 0x1_0000_0000;
 /// virtio-mmio devices: one 4 KiB window each from the start of the hole.
-pub const VIRTIO_MMIO_BASE: u64 = MMIO_HOLE_START;
-pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
+pub(crate) const VIRTIO_MMIO_BASE: u64 = MMIO_HOLE_START;
+pub(crate) const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 /// Most virtio-mmio devices (their IRQs must stay below the IOAPIC's 24 pins).
-pub const VIRTIO_MAX_DEVICES: u32 = 18;
+pub(crate) const VIRTIO_MAX_DEVICES: u32 = 18;
 /// GSI of the first virtio-mmio device (0-4 are timer, keyboard, cascade, COM2, COM1).
-pub const VIRTIO_FIRST_IRQ: u32 = 5;
+pub(crate) const VIRTIO_FIRST_IRQ: u32 = 5;
 /// PCI configuration space (ECAM) of bus 0, announced in ACPI's MCFG.
-pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
-pub const PCI_ECAM_SIZE: u64 = 1 << 20;
+pub(crate) const PCI_ECAM_BASE: u64 = 0xe000_0000;
+pub(crate) const PCI_ECAM_SIZE: u64 = 1 << 20;
 /// The 32-bit window where the VMM places PCI BARs (the host bridge's
 /// memory resource in the DSDT).
-pub const PCI_MMIO_BASE: u64 = 0xe100_0000;
-pub const PCI_MMIO_SIZE: u64 = 0x0f00_0000;
+pub(crate) const PCI_MMIO_BASE: u64 = 0xe100_0000;
+pub(crate) const PCI_MMIO_SIZE: u64 = 0x0f00_0000;
 /// TSS area KVM needs on Intel (three pages just below the IOAPIC/BIOS area).
-pub const KVM_TSS_ADDR: usize = 0xfffb_d000;
+pub(crate) const KVM_TSS_ADDR: usize = 0xfffb_d000;
 
 /// The RAM ranges for `mem_bytes` of guest memory: one below the MMIO hole
 /// and, for big guests, the rest from 4 GiB.
-pub fn ram_ranges(mem_bytes: u64) -> Vec<(u64, u64)> {
+pub(crate) fn ram_ranges(mem_bytes: u64) -> Vec<(u64, u64)> {
     if mem_bytes <= MMIO_HOLE_START {
         vec![(0, mem_bytes)]
     } else {

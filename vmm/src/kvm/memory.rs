@@ -9,7 +9,7 @@ use super::{Error, Result};
 
 /// Allocates `mem_bytes` of guest RAM laid out around the MMIO hole and
 /// registers every region as a KVM memory slot.
-pub fn create(vm: &VmFd, mem_bytes: u64) -> Result<GuestMemoryMmap> {
+pub(crate) fn create(vm: &VmFd, mem_bytes: u64) -> Result<GuestMemoryMmap> {
     let ranges: Vec<(GuestAddress, usize)> = ram_ranges(mem_bytes)
         .into_iter()
         .map(|(start, len)| {

@@ -1,16 +1,16 @@
 //! Everything that talks to `/dev/kvm`: the VM and its memory, x86 boot
 //! set-up, vCPUs and their run loop.
 
-pub mod boot;
-pub mod cpu;
-pub mod cpuid;
-pub mod emulation;
-pub mod kernel_image;
-pub mod kick;
-pub mod layout;
-pub mod memory;
-pub mod mptable;
-pub mod vcpu;
+pub(crate) mod boot;
+pub(crate) mod cpu;
+pub(crate) mod cpuid;
+pub(crate) mod emulation;
+pub(crate) mod kernel_image;
+pub(crate) mod kick;
+pub(crate) mod layout;
+pub(crate) mod memory;
+pub(crate) mod mptable;
+pub(crate) mod vcpu;
 
 use std::path::PathBuf;
 
@@ -32,8 +32,6 @@ pub enum Error {
     Memory(String),
     #[error("cannot open kernel {0}: {1}")]
     KernelFile(PathBuf, #[source] std::io::Error),
-    #[error("cannot read the kernel image: {0}")]
-    KernelRead(#[source] std::io::Error),
     #[error("cannot load the kernel: bzImage payload: {0}")]
     KernelPayload(#[from] kernel_image::Error),
     #[error("cannot load the kernel: {0}")]
@@ -52,16 +50,16 @@ pub enum Error {
     Msrs { set: usize, wanted: usize },
 }
 
-pub type Result<T> = std::result::Result<T, Error>;
+pub(crate) type Result<T> = std::result::Result<T, Error>;
 
 /// Adds the name of the failed ioctl to a KVM error.
-pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+pub(crate) fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
     move |e| Error::Kvm(what, e)
 }
 
 /// Opens /dev/kvm and creates a VM with the in-kernel irqchip (PIC, IOAPIC,
 /// local APICs) and PIT.
-pub fn create_vm() -> Result<(Kvm, VmFd)> {
+pub(crate) fn create_vm() -> Result<(Kvm, VmFd)> {
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     vm.set_tss_address(layout::KVM_TSS_ADDR)

@@ -15,7 +15,7 @@ const SPEC_REVISION: u8 = 4;
 const LAPIC_VERSION: u8 = 0x14;
 const IOAPIC_VERSION: u8 = 0x11;
 /// IOAPIC pins described (KVM's IOAPIC has 24).
-pub const IOAPIC_PINS: u8 = 24;
+pub(crate) const IOAPIC_PINS: u8 = 24;
 
 const ENTRY_PROCESSOR: u8 = 0;
 const ENTRY_BUS: u8 = 1;
@@ -41,7 +41,7 @@ fn checksum(bytes: &[u8]) -> u8 {
 }
 
 /// The table bytes for `cpus` CPUs (APIC ids 0..cpus) placed at `base`.
-pub fn build(cpus: u8, base: u32) -> Vec<u8> {
+pub(crate) fn build(cpus: u8, base: u32) -> Vec<u8> {
     let ioapic_id = cpus;
     let mut entries = Vec::new();
     let mut count: u16 = 0;
@@ -61,7 +61,7 @@ pub fn build(cpus: u8, base: u32) -> Vec<u8> {
     entries.extend(*b"ISA   ");
     count += 1;
     entries.extend([ENTRY_IOAPIC, ioapic_id, IOAPIC_VERSION, 1]);
-    entries.extend(const { crate::narrow::u32_of(IOAPIC_ADDR) }.to_le_bytes());
+    entries.extend(const { block::cast::u32_of_u64(IOAPIC_ADDR) }.to_le_bytes());
     count += 1;
     // ISA IRQ n arrives on IOAPIC pin n, with the bus defaults (edge, high).
     for pin in 0..IOAPIC_PINS {
@@ -116,7 +116,7 @@ pub fn build(cpus: u8, base: u32) -> Vec<u8> {
     header.extend(0u32.to_le_bytes()); // OEM table pointer
     header.extend(0u16.to_le_bytes()); // OEM table size
     header.extend(count.to_le_bytes());
-    header.extend(const { crate::narrow::u32_of(LAPIC_ADDR) }.to_le_bytes());
+    header.extend(const { block::cast::u32_of_u64(LAPIC_ADDR) }.to_le_bytes());
     header.extend(0u16.to_le_bytes()); // extended table length
     header.extend([0u8, 0]); // extended checksum, reserved
     let mut table = header;
@@ -134,8 +134,8 @@ pub fn build(cpus: u8, base: u32) -> Vec<u8> {
 }
 
 /// Writes the table for `cpus` CPUs into guest memory.
-pub fn write(mem: &GuestMemoryMmap, cpus: u8) -> Result<()> {
-    let bytes = build(cpus, const { crate::narrow::u32_of(MPTABLE_ADDR) });
+pub(crate) fn write(mem: &GuestMemoryMmap, cpus: u8) -> Result<()> {
+    let bytes = build(cpus, const { block::cast::u32_of_u64(MPTABLE_ADDR) });
     if bytes.len() > MPTABLE_MAX_SIZE {
         return Err(Error::BootParams(format!(
             "MP table of {} bytes does not fit",
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn both_structures_check_out_and_list_every_cpu() {
         for cpus in [1u8, 2, 4, crate::config::MAX_VCPUS] {
-            let bytes = build(cpus, const { crate::narrow::u32_of(MPTABLE_ADDR) });
+            let bytes = build(cpus, const { block::cast::u32_of_u64(MPTABLE_ADDR) });
             assert!(
                 bytes.len() <= MPTABLE_MAX_SIZE,
                 "{cpus} cpus: {} bytes",

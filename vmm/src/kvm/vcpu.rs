@@ -22,12 +22,12 @@ const SYSTEM_EVENT_CRASH: u32 = 3;
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 
 /// What the vCPUs reach through exits.
-pub struct Buses {
-    pub pio: Bus,
-    pub mmio: Bus,
+pub(crate) struct Buses {
+    pub(crate) pio: Bus,
+    pub(crate) mmio: Bus,
 }
 
-pub struct Vcpu {
+pub(crate) struct Vcpu {
     index: u8,
     fd: VcpuFd,
     /// For the instructions KVM could not emulate (see `emulation`).
@@ -38,9 +38,9 @@ impl Vcpu {
     /// Creates vCPU `index`. The boot vCPU is put at the kernel entry in
     /// long mode with RSI = zero page. Secondary vCPUs either start the same
     /// way, runnable at once with their own stack ([`ApStart::Direct`], see
-    /// docs/kvm-on-these-machines.md), or keep KVM's reset state and wait for
+    /// vmm/docs/stock-kernel.md), or keep KVM's reset state and wait for
     /// INIT/SIPI from the guest ([`ApStart::InitSipi`], for Linux).
-    pub fn new(
+    pub(crate) fn new(
         vm: &VmFd,
         mem: &GuestMemoryMmap,
         cpuid: &CpuId,
@@ -70,7 +70,7 @@ impl Vcpu {
         })
     }
 
-    pub fn index(&self) -> u8 {
+    pub(crate) fn index(&self) -> u8 {
         self.index
     }
 
@@ -78,7 +78,7 @@ impl Vcpu {
     ///
     /// A panic in a device model (a bug, whatever the guest did) ends the VM
     /// with an internal error instead of leaving `wait` hanging.
-    pub fn run(mut self, control: &Control, buses: &Arc<Buses>) {
+    pub(crate) fn run(mut self, control: &Control, buses: &Arc<Buses>) {
         let index = self.index;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             super::kick::register_current(&mut self.fd);

@@ -9,12 +9,12 @@ const DEVICE: u16 = 0x0008;
 /// Class 06 (bridge), subclass 00 (host bridge).
 const CLASS: u8 = 0x06;
 
-pub struct HostBridge {
+pub(crate) struct HostBridge {
     config: [u8; 64],
 }
 
 impl HostBridge {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut config = [0u8; 64];
         config[0..2].copy_from_slice(&VENDOR.to_le_bytes());
         config[2..4].copy_from_slice(&DEVICE.to_le_bytes());

@@ -8,15 +8,15 @@
 //! access looks the BAR up). Interrupts are MSI-X messages routed through
 //! KVM (see `msi`).
 
-pub mod host_bridge;
-pub mod msi;
+pub(crate) mod host_bridge;
+pub(crate) mod msi;
 
 use std::sync::{Arc, Mutex};
 
 use crate::devices::bus::{BusDevice, lock};
 
 /// A PCI function as the bus sees it.
-pub trait PciFunction: Send {
+pub(crate) trait PciFunction: Send {
     /// Configuration space read at `offset` (0..4096).
     fn config_read(&self, offset: u64, data: &mut [u8]);
     /// Configuration space write at `offset` (0..4096).
@@ -27,26 +27,26 @@ pub trait PciFunction: Send {
     fn bar_write(&mut self, offset: u64, data: &[u8]);
 }
 
-pub type SharedFunction = Arc<Mutex<dyn PciFunction>>;
+pub(crate) type SharedFunction = Arc<Mutex<dyn PciFunction>>;
 
 /// Devices per bus.
-pub const SLOTS: usize = 32;
+pub(crate) const SLOTS: usize = 32;
 
 /// Bus 0 and its functions (function 0 of each slot).
 #[derive(Default)]
-pub struct PciBus {
+pub(crate) struct PciBus {
     slots: Vec<Option<SharedFunction>>,
 }
 
 impl PciBus {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         PciBus {
             slots: vec![None; SLOTS],
         }
     }
 
     /// Puts `function` in the first free slot; returns the slot.
-    pub fn add(&mut self, function: SharedFunction) -> Option<u8> {
+    pub(crate) fn add(&mut self, function: SharedFunction) -> Option<u8> {
         let slot = self.slots.iter().position(Option::is_none)?;
         self.slots[slot] = Some(function);
         u8::try_from(slot).ok()
@@ -61,14 +61,14 @@ impl PciBus {
 
     /// A configuration read; absent functions read as all-ones (how a
     /// driver learns the slot is empty).
-    pub fn config_read(&self, bdf: (u8, u8, u8), offset: u64, data: &mut [u8]) {
+    pub(crate) fn config_read(&self, bdf: (u8, u8, u8), offset: u64, data: &mut [u8]) {
         match self.function(bdf.0, bdf.1, bdf.2) {
             Some(f) => lock(f).config_read(offset, data),
             None => data.fill(0xff),
         }
     }
 
-    pub fn config_write(&self, bdf: (u8, u8, u8), offset: u64, data: &[u8]) {
+    pub(crate) fn config_write(&self, bdf: (u8, u8, u8), offset: u64, data: &[u8]) {
         if let Some(f) = self.function(bdf.0, bdf.1, bdf.2) {
             lock(f).config_write(offset, data);
         }
@@ -85,7 +85,7 @@ impl PciBus {
 }
 
 /// ECAM: bus << 20 | device << 15 | function << 12 | register.
-pub struct Ecam(pub Arc<PciBus>);
+pub(crate) struct Ecam(pub Arc<PciBus>);
 
 fn ecam_decode(offset: u64) -> ((u8, u8, u8), u64) {
     let bus = (offset >> 20).to_le_bytes()[0];
@@ -109,13 +109,13 @@ impl BusDevice for Ecam {
 /// The legacy configuration mechanism: an address register at 0xCF8
 /// (enable bit 31, bus, device, function, dword register) and the data
 /// window at 0xCFC..0xCFF.
-pub struct ConfigPorts {
+pub(crate) struct ConfigPorts {
     bus: Arc<PciBus>,
     address: u32,
 }
 
 impl ConfigPorts {
-    pub fn new(bus: Arc<PciBus>) -> Self {
+    pub(crate) fn new(bus: Arc<PciBus>) -> Self {
         ConfigPorts { bus, address: 0 }
     }
 
@@ -136,8 +136,8 @@ impl ConfigPorts {
 }
 
 /// 0xCF8 is the start of the range; data at offsets 4..8.
-pub const CONFIG_PORTS: u64 = 0xcf8;
-pub const CONFIG_PORTS_LEN: u64 = 8;
+pub(crate) const CONFIG_PORTS: u64 = 0xcf8;
+pub(crate) const CONFIG_PORTS_LEN: u64 = 8;
 
 impl BusDevice for ConfigPorts {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
@@ -168,13 +168,13 @@ impl BusDevice for ConfigPorts {
 
 /// The 32-bit window where BARs live: each access goes to the function
 /// whose BAR holds it, wherever the guest put it.
-pub struct BarWindow {
+pub(crate) struct BarWindow {
     bus: Arc<PciBus>,
     base: u64,
 }
 
 impl BarWindow {
-    pub fn new(bus: Arc<PciBus>, base: u64) -> Self {
+    pub(crate) fn new(bus: Arc<PciBus>, base: u64) -> Self {
         BarWindow { bus, base }
     }
 }

@@ -27,7 +27,7 @@ const IOAPIC_PINS: u32 = 24;
 const PIC_PINS: u32 = 16;
 
 /// The VM's GSI routing table and the GSIs handed out for MSI.
-pub struct GsiRouter {
+pub(crate) struct GsiRouter {
     vm: Arc<VmFd>,
     state: Mutex<RouterState>,
 }
@@ -38,7 +38,7 @@ struct RouterState {
 }
 
 impl GsiRouter {
-    pub fn new(vm: Arc<VmFd>) -> Self {
+    pub(crate) fn new(vm: Arc<VmFd>) -> Self {
         GsiRouter {
             vm,
             state: Mutex::new(RouterState {
@@ -113,13 +113,13 @@ fn routing_table(msi: &BTreeMap<u32, MsiMessage>) -> Vec<kvm_irq_routing_entry> 
 }
 
 /// One device's MSI-X vectors: a GSI and an irqfd each.
-pub struct DeviceMsi {
+pub(crate) struct DeviceMsi {
     router: Arc<GsiRouter>,
     vectors: Vec<(u32, EventFd)>,
 }
 
 impl DeviceMsi {
-    pub fn new(router: Arc<GsiRouter>, count: usize) -> kvm::Result<Self> {
+    pub(crate) fn new(router: Arc<GsiRouter>, count: usize) -> kvm::Result<Self> {
         let mut vectors = Vec::with_capacity(count);
         for _ in 0..count {
             let gsi = router.allocate();

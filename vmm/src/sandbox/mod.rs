@@ -20,7 +20,7 @@
 //!    credentials. What remains: a thread that gets arbitrary code execution
 //!    shares memory with the launcher's root threads and could corrupt them,
 //!    which a separate VMM process (Firecracker's jailer, crosvm's minijail)
-//!    would prevent; see the threat model in `vmm/README.md`.
+//!    would prevent; see the threat model in `vmm/docs/sandbox.md`.
 //! 2. **`PR_SET_NO_NEW_PRIVS`.**
 //! 3. **Landlock** (where the kernel has it): no file system access and no
 //!    TCP; the VMM threads open nothing after start-up. A kernel without
@@ -38,7 +38,7 @@
 //! Landlock domain and filter of their parent and add their own, narrower,
 //! filter.
 
-pub mod filters;
+pub(crate) mod filters;
 mod landlock;
 mod sigsys;
 
@@ -86,7 +86,7 @@ pub struct Credentials {
 }
 
 /// `nobody:nogroup`, who `vmm run` started by root runs its threads as.
-pub const NOBODY: Credentials = Credentials {
+pub(crate) const NOBODY: Credentials = Credentials {
     uid: 65534,
     gid: 65534,
 };
@@ -155,7 +155,7 @@ pub enum ThreadKind {
 }
 
 impl ThreadKind {
-    pub const ALL: [ThreadKind; 8] = [
+    pub(crate) const ALL: [ThreadKind; 8] = [
         ThreadKind::Vcpu,
         ThreadKind::VirtioBlock,
         ThreadKind::BlockIo,
@@ -256,10 +256,6 @@ impl Sandbox {
             refused_reads,
             removable_in,
         }))
-    }
-
-    pub fn config(&self) -> &SandboxConfig {
-        &self.config
     }
 
     /// The compiled filter of `kind` (`None` without seccomp), for

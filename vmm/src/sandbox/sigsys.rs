@@ -23,7 +23,7 @@ pub(super) fn set_thread_kind(name: &'static str) {
 }
 
 /// Process exit status after a trapped system call.
-pub const SIGSYS_EXIT_STATUS: i32 = 128 + libc::SIGSYS;
+pub(crate) const SIGSYS_EXIT_STATUS: i32 = 128 + libc::SIGSYS;
 
 /// `si_code` of a SIGSYS sent by seccomp.
 const SYS_SECCOMP: i32 = 1;

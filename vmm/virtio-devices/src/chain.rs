@@ -24,16 +24,16 @@ use virtio_queue::DescriptorChain;
 use vm_memory::{Address, GuestAddress, GuestMemory, GuestMemoryBackend};
 
 /// The descriptor flags, as the 16-bit field of a descriptor carries them.
-pub(crate) const DESC_F_NEXT: u16 = crate::narrow::u16_of_u32(VRING_DESC_F_NEXT);
-pub(crate) const DESC_F_WRITE: u16 = crate::narrow::u16_of_u32(VRING_DESC_F_WRITE);
-pub(crate) const DESC_F_INDIRECT: u16 = crate::narrow::u16_of_u32(VRING_DESC_F_INDIRECT);
+pub(crate) const DESC_F_NEXT: u16 = block::cast::u16_of_u32(VRING_DESC_F_NEXT);
+pub(crate) const DESC_F_WRITE: u16 = block::cast::u16_of_u32(VRING_DESC_F_WRITE);
+pub(crate) const DESC_F_INDIRECT: u16 = block::cast::u16_of_u32(VRING_DESC_F_INDIRECT);
 
 /// Flags a split-ring descriptor may carry; anything else is a driver bug.
 const KNOWN_FLAGS: u16 = DESC_F_NEXT | DESC_F_WRITE | DESC_F_INDIRECT;
 
 /// Why a descriptor chain was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ChainError {
+pub(crate) enum ChainError {
     #[error("the chain has no descriptors (unreadable head or empty indirect table)")]
     Empty,
     #[error(
@@ -58,17 +58,17 @@ pub enum ChainError {
 
 /// One buffer of a validated chain. Its whole range lies in guest memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Buffer {
-    pub addr: GuestAddress,
-    pub len: u32,
+pub(crate) struct Buffer {
+    pub(crate) addr: GuestAddress,
+    pub(crate) len: u32,
     /// Device-writable (`VRING_DESC_F_WRITE`); otherwise device-readable.
-    pub writable: bool,
+    pub(crate) writable: bool,
 }
 
 /// A descriptor chain whose buffers have all been checked. Readable buffers
 /// come first, then writable ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidatedChain {
+pub(crate) struct ValidatedChain {
     buffers: Vec<Buffer>,
 }
 
@@ -76,7 +76,11 @@ impl ValidatedChain {
     /// Walks `chain` and checks every descriptor against `mem`. A chain of
     /// more than `max_len` descriptors (the queue size) is refused without
     /// collecting the rest.
-    pub fn new<M, G>(chain: DescriptorChain<M>, mem: &G, max_len: u16) -> Result<Self, ChainError>
+    pub(crate) fn new<M, G>(
+        chain: DescriptorChain<M>,
+        mem: &G,
+        max_len: u16,
+    ) -> Result<Self, ChainError>
     where
         M: Deref,
         M::Target: GuestMemory,
@@ -105,9 +109,7 @@ impl ValidatedChain {
                     len,
                 });
             }
-            // `len` is a u32 and this only runs on 64-bit hosts, so the
-            // conversion to usize is lossless.
-            if !mem.check_range(addr, len as usize) {
+            if !mem.check_range(addr, block::cast::u32_to_usize(len)) {
                 return Err(ChainError::OutsideGuestMemory {
                     index,
                     addr: addr.raw_value(),
@@ -138,24 +140,24 @@ impl ValidatedChain {
     }
 
     /// All buffers in chain order.
-    pub fn buffers(&self) -> &[Buffer] {
+    pub(crate) fn buffers(&self) -> &[Buffer] {
         &self.buffers
     }
 
     /// The device-readable buffers (the first part of the chain).
-    pub fn readable(&self) -> &[Buffer] {
+    pub(crate) fn readable(&self) -> &[Buffer] {
         let n = self.buffers.iter().take_while(|b| !b.writable).count();
         &self.buffers[..n]
     }
 
     /// The device-writable buffers (the last part of the chain).
-    pub fn writable(&self) -> &[Buffer] {
+    pub(crate) fn writable(&self) -> &[Buffer] {
         let n = self.readable().len();
         &self.buffers[n..]
     }
 
     /// Sum of the lengths of `buffers`. Cannot overflow a `u64`.
-    pub fn total_len(buffers: &[Buffer]) -> u64 {
+    pub(crate) fn total_len(buffers: &[Buffer]) -> u64 {
         buffers.iter().map(|b| u64::from(b.len)).sum()
     }
 }

@@ -59,8 +59,10 @@ pub struct ActivateContext {
 
 /// A virtio device type (block, net, rng, ...), independent of the transport.
 ///
-/// `Any` lets the VMM (and tests) reach the concrete device behind a
-/// transport: `(transport.device() as &dyn Any).downcast_ref::<Net>()`.
+/// The device API: the VMM holds devices as `Box<dyn VirtioDevice>` and
+/// hands them to a transport, so this trait and what its methods take and
+/// return are public. `Any` lets the crate's tests reach the concrete device
+/// behind a transport: `(transport.device() as &dyn Any).downcast_ref::<Net>()`.
 pub trait VirtioDevice: Send + std::any::Any {
     /// virtio device ID (`VIRTIO_ID_*`).
     fn device_type(&self) -> u32;
@@ -116,7 +118,7 @@ pub trait VirtioDevice: Send + std::any::Any {
 
 /// Copies `data.len()` bytes of a config structure starting at `offset`;
 /// bytes past the end of `config` (or a huge `offset`) read as zero.
-pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
     data.fill(0);
     let Ok(start) = usize::try_from(offset) else {
         return;

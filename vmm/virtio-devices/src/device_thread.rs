@@ -40,11 +40,11 @@ use crate::device::{DeviceError, VirtioDevice};
 use crate::interrupt::DeviceInterrupt;
 
 /// The device, shared by its transport (registers, reset) and its thread.
-pub type SharedDevice = Arc<Mutex<Box<dyn VirtioDevice>>>;
+pub(crate) type SharedDevice = Arc<Mutex<Box<dyn VirtioDevice>>>;
 
 /// Locks the device; a device that panicked keeps serving (its state is
 /// plain data and the guest must not be able to stop the VMM this way).
-pub fn lock_device(device: &SharedDevice) -> MutexGuard<'_, Box<dyn VirtioDevice>> {
+pub(crate) fn lock_device(device: &SharedDevice) -> MutexGuard<'_, Box<dyn VirtioDevice>> {
     device.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -66,7 +66,7 @@ pub trait ThreadSandbox: Send + Sync {
 }
 
 /// No sandbox (tests, fuzzing, benchmarks).
-pub struct Unsandboxed;
+pub(crate) struct Unsandboxed;
 
 impl ThreadSandbox for Unsandboxed {
     fn enter(&self, _: ThreadRole) -> io::Result<()> {
@@ -114,19 +114,19 @@ impl Shared {
 
 /// The running thread of one device. Dropping it stops the thread (after
 /// the work in progress) and joins it.
-pub struct DeviceThread {
+pub(crate) struct DeviceThread {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
 /// Most queues a device thread serves (one bit each in its masks).
-pub const MAX_QUEUES: usize = 64;
+pub(crate) const MAX_QUEUES: usize = 64;
 
 impl DeviceThread {
     /// Starts the thread of `device` (named `name`), serving one eventfd
     /// per queue in `notifiers`. Returns once the thread is in its sandbox;
     /// an error if it could not start or enter it.
-    pub fn spawn(
+    pub(crate) fn spawn(
         name: &str,
         device: SharedDevice,
         notifiers: Vec<EventFd>,
@@ -184,13 +184,14 @@ impl DeviceThread {
     }
 
     /// Kernel thread id of the thread.
-    pub fn thread_id(&self) -> i32 {
+    #[cfg(test)]
+    pub(crate) fn thread_id(&self) -> i32 {
         self.shared.tid.load(Ordering::SeqCst)
     }
 
     /// A notification for queue `index` that reached the transport as an
     /// exit: handled on the thread like the ones KVM delivers.
-    pub fn notify(&self, index: u16) {
+    pub(crate) fn notify(&self, index: u16) {
         if usize::from(index) < self.shared.notifiers.len() {
             self.shared.control().forwarded |= 1 << index;
             self.shared.wake();
@@ -199,13 +200,13 @@ impl DeviceThread {
 
     /// The transport activated the device (again): a device that failed
     /// may run once more.
-    pub fn activated(&self) {
+    pub(crate) fn activated(&self) {
         self.shared.control().broken = false;
     }
 
     /// Stops the device touching guest memory: returns once the work in
     /// progress is done. Notifications until `resume` wait.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         self.shared.control().paused = true;
         // The thread handles notifications holding the device lock and
         // checks `paused` under it: once we get the lock, it is idle.
@@ -214,7 +215,7 @@ impl DeviceThread {
     }
 
     /// Lets the device run again; handles what was notified meanwhile.
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         lock_device(&self.shared.device).resume();
         self.shared.control().paused = false;
         self.shared.wake();
@@ -223,7 +224,7 @@ impl DeviceThread {
     /// Waits until the thread has handled every notification made before
     /// the call (the ones it can handle: none while paused). For tests,
     /// which check a device's answer right after notifying it.
-    pub fn sync(&self) {
+    pub(crate) fn sync(&self) {
         let mut control = self.shared.control();
         control.sync_requested += 1;
         let target = control.sync_requested;

@@ -4,6 +4,7 @@
 //!
 //! Not part of the device API; public only so that the fuzz crate can call it.
 
+use ::block::cast::usize_to_u64;
 use std::sync::Arc;
 
 use ::block::cast::u64_to_usize;
@@ -48,7 +49,7 @@ impl MemDisk {
         if let Some(f) = self.fail {
             return Err(f());
         }
-        self.check_range(offset, len as u64)?;
+        self.check_range(offset, usize_to_u64(len))?;
         // In range of a Vec (checked just above).
         let start = u64_to_usize(offset);
         Ok(start..start + len)
@@ -57,7 +58,7 @@ impl MemDisk {
 
 impl DiskBackend for MemDisk {
     fn size(&self) -> u64 {
-        self.bytes.len() as u64
+        usize_to_u64(self.bytes.len())
     }
     fn read_only(&self) -> bool {
         self.read_only
@@ -145,17 +146,17 @@ pub fn blk_queue(data: &[u8]) {
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_DESC_LOW,
-        const { crate::narrow::u32_of_u64(DESC) },
+        const { block::cast::u32_of_u64(DESC) },
     );
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_AVAIL_LOW,
-        const { crate::narrow::u32_of_u64(AVAIL) },
+        const { block::cast::u32_of_u64(AVAIL) },
     );
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_USED_LOW,
-        const { crate::narrow::u32_of_u64(USED) },
+        const { block::cast::u32_of_u64(USED) },
     );
     w(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
     w(

@@ -35,7 +35,7 @@ pub struct DeviceInterrupt {
 }
 
 impl DeviceInterrupt {
-    pub fn new(line: Arc<dyn InterruptTrigger>) -> Self {
+    pub(crate) fn new(line: Arc<dyn InterruptTrigger>) -> Self {
         DeviceInterrupt {
             status: Arc::new(AtomicU32::new(0)),
             needs_reset: Arc::new(AtomicBool::new(false)),
@@ -63,22 +63,22 @@ impl DeviceInterrupt {
 
     /// Whether [`signal_needs_reset`](Self::signal_needs_reset) was called
     /// since the last [`clear`](Self::clear).
-    pub fn needs_reset(&self) -> bool {
+    pub(crate) fn needs_reset(&self) -> bool {
         self.needs_reset.load(Ordering::SeqCst)
     }
 
     /// Current `InterruptStatus` register value.
-    pub fn status(&self) -> u32 {
+    pub(crate) fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
     }
 
     /// `InterruptACK`: clears the acknowledged bits.
-    pub fn acknowledge(&self, bits: u32) {
+    pub(crate) fn acknowledge(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
     /// Device reset: no pending causes, no pending reset request.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);
         self.needs_reset.store(false, Ordering::SeqCst);
     }
@@ -101,7 +101,7 @@ pub(crate) mod tests {
     /// Counts how often the line was raised.
     #[derive(Default)]
     pub(crate) struct CountingTrigger {
-        pub count: AtomicUsize,
+        pub(crate) count: AtomicUsize,
     }
 
     impl InterruptTrigger for CountingTrigger {

@@ -20,35 +20,36 @@
 //! No guest input may panic the VMM.
 
 pub mod block;
-pub mod chain;
-pub mod device;
-pub mod device_thread;
+pub(crate) mod chain;
+pub(crate) mod device;
+pub(crate) mod device_thread;
 #[doc(hidden)]
 pub mod fuzz;
-pub mod interrupt;
+pub(crate) mod interrupt;
 mod log_limit;
-pub mod mmio;
-mod narrow;
+pub(crate) mod mmio;
 pub mod net;
 pub mod pci;
-pub mod queue;
+pub(crate) mod queue;
 mod request_queue;
 pub mod rng;
 
 #[cfg(test)]
 mod testing;
 
-pub use device::{ActivateError, DeviceError, VirtioDevice};
-pub use device_thread::{DeviceThread, ThreadRole, ThreadSandbox, Unsandboxed};
+pub use device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
+pub(crate) use device_thread::Unsandboxed;
+pub use device_thread::{ThreadRole, ThreadSandbox};
 pub use interrupt::{DeviceInterrupt, InterruptTrigger};
 pub use mmio::MmioTransport;
 pub use pci::{MsiInterrupts, MsiMessage, PciTransport};
+pub use queue::QueueError;
 
 /// Size of one device's MMIO window (registers plus config space).
-pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
+pub(crate) const MMIO_WINDOW_SIZE: u64 = 0x1000;
 
 /// Bit mask for a feature bit number from `virtio-bindings` (which exports
 /// them as `u32` bit numbers).
-pub const fn feature_bit(bit: u32) -> u64 {
+pub(crate) const fn feature_bit(bit: u32) -> u64 {
     1u64 << bit
 }

@@ -38,8 +38,8 @@ use crate::device::{ActivateContext, VirtioDevice};
 use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxed, lock_device};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
 use crate::log_limit::{GuestErrorLog, guest_error};
-use crate::narrow::{high_half, low_half};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
+use block::cast::{high_half, low_half};
 
 /// "virt" in little endian.
 const MAGIC_VALUE: u32 = 0x7472_6976;
@@ -244,12 +244,13 @@ impl MmioTransport {
     }
 
     /// The device behind this transport (locked while the guard lives).
-    pub fn device(&self) -> DeviceRef<'_> {
+    pub(crate) fn device(&self) -> DeviceRef<'_> {
         DeviceRef(lock_device(&self.device))
     }
 
     /// Kernel thread id of the device's thread, if it has one.
-    pub fn thread_id(&self) -> Option<i32> {
+    #[cfg(test)]
+    pub(crate) fn thread_id(&self) -> Option<i32> {
         self.thread.as_ref().map(DeviceThread::thread_id)
     }
 
@@ -272,7 +273,7 @@ impl MmioTransport {
     }
 
     /// Features the driver accepted (valid once FEATURES_OK is set).
-    pub fn acked_features(&self) -> u64 {
+    pub(crate) fn acked_features(&self) -> u64 {
         self.acked_features
     }
 
@@ -697,7 +698,7 @@ impl MmioTransport {
 }
 
 /// The device behind a transport, locked (its thread waits meanwhile).
-pub struct DeviceRef<'a>(std::sync::MutexGuard<'a, Box<dyn VirtioDevice>>);
+pub(crate) struct DeviceRef<'a>(std::sync::MutexGuard<'a, Box<dyn VirtioDevice>>);
 
 impl std::ops::Deref for DeviceRef<'_> {
     type Target = dyn VirtioDevice;
@@ -719,7 +720,7 @@ fn register(offset: u64, len: usize) -> Option<u32> {
 fn config_access_ok(offset: u64, len: usize) -> bool {
     matches!(len, 1 | 2 | 4 | 8)
         && offset
-            .checked_add(len as u64)
+            .checked_add(::block::cast::usize_to_u64(len))
             .is_some_and(|end| end <= MMIO_WINDOW_SIZE)
 }
 

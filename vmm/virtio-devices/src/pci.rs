@@ -30,6 +30,7 @@
 //! what is written to BAR 0/1, and decodes it only while memory space is
 //! enabled in the command register).
 
+use ::block::cast::usize_to_u64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_mmio::*;
@@ -40,11 +41,11 @@ use crate::device::VirtioDevice;
 use crate::device_thread::ThreadSandbox;
 use crate::interrupt::InterruptTrigger;
 use crate::log_limit::{GuestErrorLog, guest_error};
-use crate::mmio::{DeviceRef, MmioTransport};
-use crate::narrow;
+use crate::mmio::MmioTransport;
+use block::cast;
 
 /// The PCI vendor ID virtio devices use (Red Hat, Inc., donated to OASIS).
-pub const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
+pub(crate) const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
 /// Modern device IDs are 0x1040 + the virtio device type.
 const MODERN_DEVICE_BASE: u16 = 0x1040;
 /// Size of the configuration space the transport defines (the rest of the
@@ -74,7 +75,7 @@ pub const fn notify_offset(queue: u16) -> u64 {
 }
 
 /// The "no vector" value of `msix_config` and `queue_msix_vector`.
-pub const NO_VECTOR: u16 = 0xffff;
+pub(crate) const NO_VECTOR: u16 = 0xffff;
 
 // Configuration space layout.
 const COMMAND: usize = 0x04;
@@ -96,7 +97,7 @@ const CAP_ID_MSIX: u8 = 0x11;
 const CAP_ID_VENDOR: u8 = 0x09;
 const BAR_MEM64: u32 = 0b100;
 /// The address bits of BAR 0 (its size is a power of two).
-const BAR_ADDRESS_MASK: u32 = !(narrow::u32_of_u64(BAR_SIZE) - 1);
+const BAR_ADDRESS_MASK: u32 = !(cast::u32_of_u64(BAR_SIZE) - 1);
 
 // virtio_pci_cap.cfg_type
 const CAP_COMMON: u8 = 1;
@@ -329,16 +330,6 @@ impl PciTransport {
         t
     }
 
-    /// The device behind this transport (locked while the guard lives).
-    pub fn device(&self) -> DeviceRef<'_> {
-        self.inner.device()
-    }
-
-    /// Kernel thread id of the device's thread, if it has one.
-    pub fn thread_id(&self) -> Option<i32> {
-        self.inner.thread_id()
-    }
-
     /// Returns once the device's thread has handled every notification
     /// made so far (at once without a thread). For tests.
     pub fn sync(&self) {
@@ -377,47 +368,44 @@ impl PciTransport {
         self.config[0x0b] = class;
         self.put32(
             BAR0,
-            (narrow::low_half(bar_address) & BAR_ADDRESS_MASK) | BAR_MEM64,
+            (cast::low_half(bar_address) & BAR_ADDRESS_MASK) | BAR_MEM64,
         );
         self.put32(BAR1, (bar_address >> 32) as u32);
         self.put16(0x2c, VIRTIO_PCI_VENDOR);
         self.put16(0x2e, modern_id);
-        self.config[CAP_POINTER] = const { narrow::u8_of_usize(MSIX_CAP) };
+        self.config[CAP_POINTER] = const { cast::u8_of_usize(MSIX_CAP) };
 
         // MSI-X: table and pending bits in BAR 0.
         self.config[MSIX_CAP] = CAP_ID_MSIX;
-        self.config[MSIX_CAP + 1] = const { narrow::u8_of_usize(VIRTIO_CAPS) };
+        self.config[MSIX_CAP + 1] = const { cast::u8_of_usize(VIRTIO_CAPS) };
         self.put16(MSIX_CONTROL, vectors - 1);
-        self.put32(
-            MSIX_CAP + 4,
-            const { narrow::u32_of_u64(MSIX_TABLE_OFFSET) },
-        );
-        self.put32(MSIX_CAP + 8, const { narrow::u32_of_u64(MSIX_PBA_OFFSET) });
+        self.put32(MSIX_CAP + 4, const { cast::u32_of_u64(MSIX_TABLE_OFFSET) });
+        self.put32(MSIX_CAP + 8, const { cast::u32_of_u64(MSIX_PBA_OFFSET) });
 
         // virtio capabilities (struct virtio_pci_cap), each pointing into BAR 0.
         const CAPS: [(u8, u32, u32); 4] = [
             (
                 CAP_COMMON,
-                narrow::u32_of_u64(COMMON_OFFSET),
-                narrow::u32_of_u64(COMMON_SIZE),
+                cast::u32_of_u64(COMMON_OFFSET),
+                cast::u32_of_u64(COMMON_SIZE),
             ),
             (
                 CAP_ISR,
-                narrow::u32_of_u64(ISR_OFFSET),
-                narrow::u32_of_u64(ISR_SIZE),
+                cast::u32_of_u64(ISR_OFFSET),
+                cast::u32_of_u64(ISR_SIZE),
             ),
             (
                 CAP_DEVICE,
-                narrow::u32_of_u64(DEVICE_OFFSET),
-                narrow::u32_of_u64(DEVICE_SIZE),
+                cast::u32_of_u64(DEVICE_OFFSET),
+                cast::u32_of_u64(DEVICE_SIZE),
             ),
             (
                 CAP_NOTIFY,
-                narrow::u32_of_u64(NOTIFY_OFFSET),
-                narrow::u32_of_u64(NOTIFY_SIZE),
+                cast::u32_of_u64(NOTIFY_OFFSET),
+                cast::u32_of_u64(NOTIFY_SIZE),
             ),
         ];
-        let mut at: u8 = const { narrow::u8_of_usize(VIRTIO_CAPS) };
+        let mut at: u8 = const { cast::u8_of_usize(VIRTIO_CAPS) };
         for (i, (cfg_type, offset, length)) in CAPS.iter().enumerate() {
             let len: u8 = if *cfg_type == CAP_NOTIFY { 20 } else { 16 };
             let next = if i + 1 < CAPS.len() { at + len } else { 0 };
@@ -572,7 +560,7 @@ impl PciTransport {
                 let rel = o - NOTIFY_OFFSET;
                 if rel.is_multiple_of(u64::from(NOTIFY_MULTIPLIER)) {
                     // Below NOTIFY_SIZE / NOTIFY_MULTIPLIER: the low half is the whole index.
-                    let queue = narrow::low_half(rel / u64::from(NOTIFY_MULTIPLIER));
+                    let queue = cast::low_half(rel / u64::from(NOTIFY_MULTIPLIER));
                     self.inner
                         .write(u64::from(VIRTIO_MMIO_QUEUE_NOTIFY), &queue.to_le_bytes());
                 } else {
@@ -594,7 +582,7 @@ impl PciTransport {
     }
 
     fn msix_table_size(&self) -> u64 {
-        lock(&self.msix).entries.len() as u64 * MSIX_ENTRY_SIZE
+        usize_to_u64(lock(&self.msix).entries.len()) * MSIX_ENTRY_SIZE
     }
 
     fn msix_table_read(&self, offset: u64, data: &mut [u8]) {
@@ -616,7 +604,7 @@ impl PciTransport {
     /// §6.8.2); a changed message is routed at once, an unmasked vector
     /// sends what was pending.
     fn msix_table_write(&mut self, offset: u64, data: &[u8]) {
-        if !matches!(data.len(), 4 | 8) || !offset.is_multiple_of(data.len() as u64) {
+        if !matches!(data.len(), 4 | 8) || !offset.is_multiple_of(usize_to_u64(data.len())) {
             guest_error!(
                 self.log,
                 offset,
@@ -669,14 +657,14 @@ impl PciTransport {
                 _ => 0,
             },
             (0x10, 2) => u64::from(lock(&self.msix).config_vector),
-            (0x12, 2) => self.queue_sizes.len() as u64,
+            (0x12, 2) => usize_to_u64(self.queue_sizes.len()),
             (0x14, 1) => self.mmio_read(VIRTIO_MMIO_STATUS),
             (0x15, 1) => 0, // config_generation: the config never changes under the driver
             (0x16, 2) => u64::from(self.queue_select),
             (0x18, 2) => self.selected(|t, q| u64::from(t.queue_sizes[q])),
             (0x1a, 2) => self.selected(|t, q| u64::from(lock(&t.msix).queue_vectors[q])),
             (0x1c, 2) => self.mmio_read(VIRTIO_MMIO_QUEUE_READY),
-            (0x1e, 2) => self.selected(|_, q| q as u64), // queue_notify_off
+            (0x1e, 2) => self.selected(|_, q| usize_to_u64(q)), // queue_notify_off
             (0x20, 4) => self.mmio_read(VIRTIO_MMIO_QUEUE_DESC_LOW),
             (0x24, 4) => self.mmio_read(VIRTIO_MMIO_QUEUE_DESC_HIGH),
             (0x28, 4) => self.mmio_read(VIRTIO_MMIO_QUEUE_AVAIL_LOW),
@@ -702,7 +690,7 @@ impl PciTransport {
         let value = u64::from_le_bytes(bytes);
         // The 2- and 4-byte registers: the bytes the driver wrote.
         let low16 = u16::from_le_bytes([bytes[0], bytes[1]]);
-        let low32 = narrow::low_half(value);
+        let low32 = cast::low_half(value);
         match (offset, data.len()) {
             (0x00, 4) => {
                 self.device_feature_select = low32;
@@ -816,7 +804,7 @@ impl PciTransport {
 
     fn mmio_write(&mut self, reg: u32, value: u64) {
         self.inner
-            .write(u64::from(reg), &narrow::low_half(value).to_le_bytes());
+            .write(u64::from(reg), &cast::low_half(value).to_le_bytes());
     }
 }
 
@@ -832,7 +820,9 @@ fn valid_vector(vector: u16, entries: usize) -> u16 {
 
 /// Whether `[offset, offset + len)` lies in `[start, start + size)`.
 fn in_range(offset: u64, len: usize, start: u64, size: u64) -> bool {
-    offset >= start && offset.saturating_add(len as u64) <= start.saturating_add(size) && len > 0
+    offset >= start
+        && offset.saturating_add(usize_to_u64(len)) <= start.saturating_add(size)
+        && len > 0
 }
 
 #[cfg(test)]

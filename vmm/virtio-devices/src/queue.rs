@@ -33,34 +33,34 @@ pub enum QueueError {
 /// A chain taken off the available ring. `head` must be returned with
 /// [`DeviceQueue::add_used`] whether or not the chain was valid.
 #[derive(Debug)]
-pub struct PoppedChain {
-    pub head: u16,
-    pub chain: Result<ValidatedChain, ChainError>,
+pub(crate) struct PoppedChain {
+    pub(crate) head: u16,
+    pub(crate) chain: Result<ValidatedChain, ChainError>,
 }
 
 /// One activated queue.
 #[derive(Debug)]
-pub struct DeviceQueue {
+pub(crate) struct DeviceQueue {
     queue: Queue,
 }
 
 impl DeviceQueue {
     /// Wraps a queue the transport has validated (size, alignment, rings in
     /// guest memory).
-    pub fn new(queue: Queue) -> Self {
+    pub(crate) fn new(queue: Queue) -> Self {
         DeviceQueue { queue }
     }
 
     /// Number of entries; also the most chains a device handles per
     /// notification, so that a guest that keeps refilling the ring cannot keep
     /// a vCPU thread in the device forever.
-    pub fn size(&self) -> u16 {
+    pub(crate) fn size(&self) -> u16 {
         self.queue.size()
     }
 
     /// Takes the next available chain and validates it, or `None` if the ring
     /// is empty.
-    pub fn pop(&mut self, mem: &GuestMemoryMmap) -> Result<Option<PoppedChain>, QueueError> {
+    pub(crate) fn pop(&mut self, mem: &GuestMemoryMmap) -> Result<Option<PoppedChain>, QueueError> {
         let size = self.queue.size();
         let avail = self
             .queue
@@ -99,12 +99,12 @@ impl DeviceQueue {
 
     /// Puts the last popped chain back (the device could not use it yet, for
     /// example a receive buffer with no frame to put in it).
-    pub fn undo_pop(&mut self) {
+    pub(crate) fn undo_pop(&mut self) {
         self.queue.go_to_previous_position();
     }
 
     /// Returns a chain to the driver with `len` bytes written into it.
-    pub fn add_used(
+    pub(crate) fn add_used(
         &mut self,
         mem: &GuestMemoryMmap,
         head: u16,
@@ -118,12 +118,11 @@ impl DeviceQueue {
     /// Whether the driver wants an interrupt for used buffers. Without
     /// `VIRTIO_RING_F_EVENT_IDX` (not offered) that is the inverse of
     /// `VRING_AVAIL_F_NO_INTERRUPT`, which virtio-queue does not look at.
-    pub fn wants_interrupt(&self, mem: &GuestMemoryMmap) -> bool {
+    pub(crate) fn wants_interrupt(&self, mem: &GuestMemoryMmap) -> bool {
         let flags: Result<u16, _> = mem.read_obj(vm_memory::GuestAddress(self.queue.avail_ring()));
         match flags {
             Ok(f) => {
-                u16::from_le(f) & const { crate::narrow::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) }
-                    == 0
+                u16::from_le(f) & const { block::cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) } == 0
             }
             Err(_) => true,
         }
@@ -201,7 +200,7 @@ mod tests {
         let mut d = GuestDriver::new(&mem, 8);
         let q = DeviceQueue::new(d.queue());
         assert!(q.wants_interrupt(&mem));
-        d.set_avail_flags(const { crate::narrow::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
+        d.set_avail_flags(const { block::cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
         assert!(!q.wants_interrupt(&mem));
     }
 }

@@ -11,10 +11,10 @@ use crate::feature_bit;
 use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::request_queue::RequestQueue;
 
-pub const QUEUE_SIZE: u16 = 256;
+pub(crate) const QUEUE_SIZE: u16 = 256;
 /// Most bytes handed out per chain: a guest asking for gigabytes gets a
 /// short answer (the used length says how much) instead of stalling its vCPU.
-pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
+pub(crate) const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
 const CHUNK: usize = 4096;
 
 /// The virtio-rng device.
@@ -73,8 +73,8 @@ impl Rng {
             while done < b.len && written < MAX_BYTES_PER_REQUEST {
                 let n = (b.len - done)
                     .min(MAX_BYTES_PER_REQUEST - written)
-                    .min(const { crate::narrow::u32_of_usize(CHUNK) });
-                let bytes = &mut chunk[..n as usize];
+                    .min(const { block::cast::u32_of_usize(CHUNK) });
+                let bytes = &mut chunk[..block::cast::u32_to_usize(n)];
                 if let Err(e) = fill_random(bytes) {
                     tracing::error!("virtio-rng: getrandom failed: {e}");
                     return written;

@@ -21,24 +21,24 @@ use crate::MmioTransport;
 use crate::interrupt::tests::CountingTrigger;
 
 /// Guest memory size used by the tests.
-pub const MEM_SIZE: u64 = 4 << 20;
+pub(crate) const MEM_SIZE: u64 = 4 << 20;
 
-pub fn test_memory() -> GuestMemoryMmap {
+pub(crate) fn test_memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ::block::cast::u64_to_usize(MEM_SIZE))])
         .expect("4 MiB of anonymous memory")
 }
 
 /// One descriptor as the driver writes it.
 #[derive(Debug, Clone, Copy)]
-pub struct Desc {
-    pub addr: u64,
-    pub len: u32,
-    pub flags: u16,
-    pub next: u16,
+pub(crate) struct Desc {
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) flags: u16,
+    pub(crate) next: u16,
 }
 
 impl Desc {
-    pub fn read(addr: u64, len: u32) -> Self {
+    pub(crate) fn read(addr: u64, len: u32) -> Self {
         Desc {
             addr,
             len,
@@ -47,7 +47,7 @@ impl Desc {
         }
     }
 
-    pub fn write(addr: u64, len: u32) -> Self {
+    pub(crate) fn write(addr: u64, len: u32) -> Self {
         Desc {
             addr,
             len,
@@ -56,7 +56,7 @@ impl Desc {
         }
     }
 
-    pub fn with_next(mut self, next: u16) -> Self {
+    pub(crate) fn with_next(mut self, next: u16) -> Self {
         self.flags |= crate::chain::DESC_F_NEXT;
         self.next = next;
         self
@@ -66,7 +66,7 @@ impl Desc {
 /// One split virtqueue laid out at `base`: descriptor table, then available
 /// ring at `base + 0x1000`, used ring at `base + 0x2000` (enough for 256
 /// entries).
-pub struct GuestDriver<'a> {
+pub(crate) struct GuestDriver<'a> {
     mem: &'a GuestMemoryMmap,
     size: u16,
     base: u64,
@@ -75,11 +75,11 @@ pub struct GuestDriver<'a> {
 }
 
 impl<'a> GuestDriver<'a> {
-    pub fn new(mem: &'a GuestMemoryMmap, size: u16) -> Self {
+    pub(crate) fn new(mem: &'a GuestMemoryMmap, size: u16) -> Self {
         Self::at(mem, size, 0x1000)
     }
 
-    pub fn at(mem: &'a GuestMemoryMmap, size: u16, base: u64) -> Self {
+    pub(crate) fn at(mem: &'a GuestMemoryMmap, size: u16, base: u64) -> Self {
         assert!(size <= 256, "the test layout holds at most 256 entries");
         let d = GuestDriver {
             mem,
@@ -93,20 +93,20 @@ impl<'a> GuestDriver<'a> {
         d
     }
 
-    pub fn desc_table(&self) -> u64 {
+    pub(crate) fn desc_table(&self) -> u64 {
         self.base
     }
-    pub fn avail_ring(&self) -> u64 {
+    pub(crate) fn avail_ring(&self) -> u64 {
         self.base + 0x1000
     }
-    pub fn used_ring(&self) -> u64 {
+    pub(crate) fn used_ring(&self) -> u64 {
         self.base + 0x2000
     }
-    pub fn size(&self) -> u16 {
+    pub(crate) fn size(&self) -> u16 {
         self.size
     }
 
-    pub fn set_desc(&mut self, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    pub(crate) fn set_desc(&mut self, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
         write_desc(
             self.mem,
             self.base + u64::from(index) * 16,
@@ -119,7 +119,7 @@ impl<'a> GuestDriver<'a> {
         );
     }
 
-    pub fn write_indirect_table(&mut self, addr: u64, descs: &[Desc]) {
+    pub(crate) fn write_indirect_table(&mut self, addr: u64, descs: &[Desc]) {
         for (i, d) in descs.iter().enumerate() {
             write_desc(self.mem, addr + i as u64 * 16, *d);
         }
@@ -127,7 +127,7 @@ impl<'a> GuestDriver<'a> {
 
     /// Writes `descs` as a linked chain into free table slots and makes it
     /// available. Returns the head index.
-    pub fn add_chain(&mut self, descs: &[Desc]) -> u16 {
+    pub(crate) fn add_chain(&mut self, descs: &[Desc]) -> u16 {
         let head = self.next_free;
         let n = u16::try_from(descs.len()).expect("a test chain is short");
         for (i, d) in (0u16..).zip(descs) {
@@ -144,7 +144,7 @@ impl<'a> GuestDriver<'a> {
     }
 
     /// Puts `head` in the next available ring slot and bumps `avail.idx`.
-    pub fn publish(&mut self, head: u16) {
+    pub(crate) fn publish(&mut self, head: u16) {
         let slot = self.avail_ring() + 4 + u64::from(self.avail_idx % self.size) * 2;
         self.mem
             .write_obj(head.to_le(), GuestAddress(slot))
@@ -154,7 +154,7 @@ impl<'a> GuestDriver<'a> {
     }
 
     /// Writes `avail.idx` directly (to fake a driver that lies about it).
-    pub fn set_avail_idx(&mut self, idx: u16) {
+    pub(crate) fn set_avail_idx(&mut self, idx: u16) {
         self.avail_idx = idx;
         self.mem
             .store(
@@ -166,13 +166,13 @@ impl<'a> GuestDriver<'a> {
     }
 
     /// Sets `avail.flags` (for example `VRING_AVAIL_F_NO_INTERRUPT`).
-    pub fn set_avail_flags(&mut self, flags: u16) {
+    pub(crate) fn set_avail_flags(&mut self, flags: u16) {
         self.mem
             .write_obj(flags.to_le(), GuestAddress(self.avail_ring()))
             .unwrap();
     }
 
-    pub fn used_idx(&self) -> u16 {
+    pub(crate) fn used_idx(&self) -> u16 {
         let v: u16 = self
             .mem
             .read_obj(GuestAddress(self.used_ring() + 2))
@@ -181,7 +181,7 @@ impl<'a> GuestDriver<'a> {
     }
 
     /// The used ring element at position `n`: (descriptor id, length).
-    pub fn used_elem(&self, n: u16) -> (u32, u32) {
+    pub(crate) fn used_elem(&self, n: u16) -> (u32, u32) {
         let at = self.used_ring() + 4 + u64::from(n % self.size) * 8;
         let id: u32 = self.mem.read_obj(GuestAddress(at)).unwrap();
         let len: u32 = self.mem.read_obj(GuestAddress(at + 4)).unwrap();
@@ -189,7 +189,7 @@ impl<'a> GuestDriver<'a> {
     }
 
     /// A `Queue` set up for this layout, as the transport would build it.
-    pub fn queue(&self) -> Queue {
+    pub(crate) fn queue(&self) -> Queue {
         let mut q = Queue::new(256).unwrap();
         q.try_set_size(self.size).unwrap();
         q.try_set_desc_table_address(GuestAddress(self.desc_table()))
@@ -215,16 +215,16 @@ fn write_desc(mem: &GuestMemoryMmap, at: u64, d: Desc) {
 /// Register-level helpers for driving an [`MmioTransport`] like a guest.
 /// The device runs on its own thread, as in the VMM; [`Self::notify`]
 /// returns once the thread has handled the notification.
-pub struct MmioDriver {
-    pub transport: MmioTransport,
-    pub irq: Arc<CountingTrigger>,
+pub(crate) struct MmioDriver {
+    pub(crate) transport: MmioTransport,
+    pub(crate) irq: Arc<CountingTrigger>,
     /// The queue eventfds the device thread waits on (KVM's side of an
     /// ioeventfd).
-    pub notifiers: Vec<Arc<vmm_sys_util::eventfd::EventFd>>,
+    pub(crate) notifiers: Vec<Arc<vmm_sys_util::eventfd::EventFd>>,
 }
 
 impl MmioDriver {
-    pub fn new(device: Box<dyn crate::VirtioDevice>, mem: &GuestMemoryMmap) -> Self {
+    pub(crate) fn new(device: Box<dyn crate::VirtioDevice>, mem: &GuestMemoryMmap) -> Self {
         let irq = Arc::new(CountingTrigger::default());
         let queues = device.queue_max_sizes().len();
         let (mine, theirs): (Vec<_>, Vec<_>) = (0..queues)
@@ -251,25 +251,25 @@ impl MmioDriver {
         }
     }
 
-    pub fn read32(&mut self, offset: u32) -> u32 {
+    pub(crate) fn read32(&mut self, offset: u32) -> u32 {
         let mut b = [0u8; 4];
         self.transport.read(u64::from(offset), &mut b);
         u32::from_le_bytes(b)
     }
 
-    pub fn write32(&mut self, offset: u32, v: u32) {
+    pub(crate) fn write32(&mut self, offset: u32, v: u32) {
         self.transport.write(u64::from(offset), &v.to_le_bytes());
     }
 
-    pub fn status(&mut self) -> u32 {
+    pub(crate) fn status(&mut self) -> u32 {
         self.read32(VIRTIO_MMIO_STATUS)
     }
 
-    pub fn set_status(&mut self, v: u32) {
+    pub(crate) fn set_status(&mut self, v: u32) {
         self.write32(VIRTIO_MMIO_STATUS, v);
     }
 
-    pub fn device_features(&mut self) -> u64 {
+    pub(crate) fn device_features(&mut self) -> u64 {
         self.write32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
         let lo = self.read32(VIRTIO_MMIO_DEVICE_FEATURES);
         self.write32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
@@ -277,19 +277,16 @@ impl MmioDriver {
         u64::from(hi) << 32 | u64::from(lo)
     }
 
-    pub fn write_driver_features(&mut self, features: u64) {
+    pub(crate) fn write_driver_features(&mut self, features: u64) {
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        self.write32(
-            VIRTIO_MMIO_DRIVER_FEATURES,
-            crate::narrow::low_half(features),
-        );
+        self.write32(VIRTIO_MMIO_DRIVER_FEATURES, block::cast::low_half(features));
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
     }
 
     /// ACKNOWLEDGE, DRIVER, features, FEATURES_OK. Returns whether the
     /// device kept FEATURES_OK.
-    pub fn negotiate(&mut self, features: u64) -> bool {
+    pub(crate) fn negotiate(&mut self, features: u64) -> bool {
         self.set_status(0);
         self.set_status(VIRTIO_CONFIG_S_ACKNOWLEDGE);
         self.set_status(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER);
@@ -301,7 +298,7 @@ impl MmioDriver {
     }
 
     /// Programs queue `index` with the layout of `q`, marks it ready.
-    pub fn setup_queue(&mut self, index: u32, q: &GuestDriver) {
+    pub(crate) fn setup_queue(&mut self, index: u32, q: &GuestDriver) {
         self.setup_queue_raw(
             index,
             u32::from(q.size()),
@@ -311,19 +308,26 @@ impl MmioDriver {
         );
     }
 
-    pub fn setup_queue_raw(&mut self, index: u32, size: u32, desc: u64, avail: u64, used: u64) {
+    pub(crate) fn setup_queue_raw(
+        &mut self,
+        index: u32,
+        size: u32,
+        desc: u64,
+        avail: u64,
+        used: u64,
+    ) {
         self.write32(VIRTIO_MMIO_QUEUE_SEL, index);
         self.write32(VIRTIO_MMIO_QUEUE_NUM, size);
-        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, crate::narrow::low_half(desc));
+        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, block::cast::low_half(desc));
         self.write32(VIRTIO_MMIO_QUEUE_DESC_HIGH, (desc >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, crate::narrow::low_half(avail));
+        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, block::cast::low_half(avail));
         self.write32(VIRTIO_MMIO_QUEUE_AVAIL_HIGH, (avail >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, crate::narrow::low_half(used));
+        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, block::cast::low_half(used));
         self.write32(VIRTIO_MMIO_QUEUE_USED_HIGH, (used >> 32) as u32);
         self.write32(VIRTIO_MMIO_QUEUE_READY, 1);
     }
 
-    pub fn driver_ok(&mut self) {
+    pub(crate) fn driver_ok(&mut self) {
         let s = self.status();
         self.set_status(s | VIRTIO_CONFIG_S_DRIVER_OK);
     }
@@ -331,7 +335,7 @@ impl MmioDriver {
     /// Full bring-up with VERSION_1 plus `extra` features and the given
     /// queues. Panics if the device refuses; tests that expect refusal use
     /// the individual steps.
-    pub fn bring_up(&mut self, extra: u64, queues: &[&GuestDriver]) {
+    pub(crate) fn bring_up(&mut self, extra: u64, queues: &[&GuestDriver]) {
         assert!(self.negotiate(crate::feature_bit(VIRTIO_F_VERSION_1) | extra));
         for (i, q) in queues.iter().enumerate() {
             self.setup_queue(u32::try_from(i).expect("few queues"), q);
@@ -349,23 +353,23 @@ impl MmioDriver {
 
     /// A QueueNotify register write (as an exit), then waits until the
     /// device thread has handled it.
-    pub fn notify(&mut self, queue: u32) {
+    pub(crate) fn notify(&mut self, queue: u32) {
         self.write32(VIRTIO_MMIO_QUEUE_NOTIFY, queue);
         self.transport.sync();
     }
 
     /// A notification as KVM delivers it with an ioeventfd (no exit), then
     /// waits until the device thread has handled it.
-    pub fn kick(&mut self, queue: usize) {
+    pub(crate) fn kick(&mut self, queue: usize) {
         self.notifiers[queue].write(1).expect("eventfd write");
         self.transport.sync();
     }
 
-    pub fn interrupts(&self) -> usize {
+    pub(crate) fn interrupts(&self) -> usize {
         self.irq.count.load(Ordering::SeqCst)
     }
 
-    pub fn read_config(&mut self, offset: u64, data: &mut [u8]) {
+    pub(crate) fn read_config(&mut self, offset: u64, data: &mut [u8]) {
         self.transport
             .read(u64::from(VIRTIO_MMIO_CONFIG) + offset, data);
     }
@@ -373,15 +377,15 @@ impl MmioDriver {
 
 /// Small deterministic generator for the random-input tests (no seed
 /// management, no extra dependency; quality is irrelevant here).
-pub struct XorShift(u64);
+pub(crate) struct XorShift(u64);
 
 impl XorShift {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         XorShift(seed | 1)
     }
 
     #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;

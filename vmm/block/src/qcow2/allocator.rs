@@ -8,6 +8,7 @@ use super::tables::{CachedCluster, OFFSET_MASK};
 use super::{Qcow2Image, corrupt, header, refcount};
 use crate::DiskResult;
 use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
 
 /// Reserved low bits of a refcount table entry.
 const REFTABLE_RESERVED: u64 = 0x1ff;
@@ -147,14 +148,14 @@ impl Qcow2Image {
                     missing.push(b);
                 }
             }
-            if missing.len() as u64 > extra {
-                extra = missing.len() as u64;
+            if usize_to_u64(missing.len()) > extra {
+                extra = usize_to_u64(missing.len());
                 continue;
             }
             for (j, &b) in missing.iter().enumerate() {
-                self.install_refcount_block(b, start + j as u64)?;
+                self.install_refcount_block(b, start + usize_to_u64(j))?;
             }
-            let data = start + missing.len() as u64;
+            let data = start + usize_to_u64(missing.len());
             for c in start..data + n {
                 self.set_refcount(c, 1)?;
             }
@@ -224,7 +225,7 @@ impl Qcow2Image {
     fn grow_reftable(&mut self, min_entries: u64) -> DiskResult<()> {
         let cs = self.cluster_size;
         let rpb = self.rc_per_block;
-        let old_entries = self.reftable.len() as u64;
+        let old_entries = usize_to_u64(self.reftable.len());
         let used_clusters = self.alloc_end.div_ceil(cs).max(old_entries * rpb);
         let b0 = used_clusters.div_ceil(rpb);
         let mut entries = min_entries.max(old_entries * 2).max(1);
@@ -272,7 +273,7 @@ impl Qcow2Image {
         self.rc_cache
             .write_dirty(|off, data| self.file.write_meta(data, off))?;
         for (j, block) in blocks.iter().enumerate() {
-            self.file.write_meta(block, (area + j as u64) * cs)?;
+            self.file.write_meta(block, (area + usize_to_u64(j)) * cs)?;
         }
         let raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
         let table_off = (area + k) * cs;
@@ -292,7 +293,7 @@ impl Qcow2Image {
         self.reftable_dirty = false;
         self.alloc_end = self.alloc_end.max((area + k + t) * cs);
         for (j, block) in blocks.into_iter().enumerate() {
-            let off = (area + j as u64) * cs;
+            let off = (area + usize_to_u64(j)) * cs;
             self.refcount_block(off)?;
             if let Some(c) = self.rc_cache.get(off) {
                 c.data = block;

@@ -5,7 +5,8 @@
 //! corruptions (refcount lower than the references, entries pointing outside
 //! the file, wrong "copied" flags) may lose data.
 
-use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
+use crate::cast::{u32_to_usize, u64_to_usize};
 use std::path::Path;
 
 use super::header::Header;
@@ -135,7 +136,7 @@ fn walk_tables(w: &mut Walker<'_>, header: &Header) -> DiskResult<Vec<(u64, bool
     if l1_ok {
         let mut raw = vec![0u8; u64_to_usize(l1_bytes)];
         file.read_meta(&mut raw, header.l1_table_offset)?;
-        l1 = (0..header.l1_size as usize)
+        l1 = (0..u32_to_usize(header.l1_size))
             .map(|i| be64_at(&raw, i))
             .collect();
     }
@@ -243,7 +244,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
             continue;
         }
         if w.add(e, cs, "refcount block") {
-            blocks.push((i as u64, e));
+            blocks.push((usize_to_u64(i), e));
         }
     }
 
@@ -274,7 +275,7 @@ fn check_file(file: &HostFile, header: &Header) -> DiskResult<CheckReport> {
         let r = u64::from(w.refs.get(c).copied().unwrap_or(0));
         let s = u64::from(stored.get(c).copied().unwrap_or(0));
         if r > 0 || s > 0 {
-            last_used = c as u64 + 1;
+            last_used = usize_to_u64(c) + 1;
         }
         if s < r {
             w.report.problem(

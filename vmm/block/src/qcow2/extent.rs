@@ -5,6 +5,7 @@
 use super::Qcow2Image;
 use super::tables::Mapping;
 use crate::DiskResult;
+use crate::cast::usize_to_u64;
 use crate::host_file::DataHandle;
 
 /// Where the first bytes of a request live.
@@ -110,8 +111,10 @@ impl Qcow2Image {
         let last_vc = (offset + len - 1) >> self.cluster_bits;
         let max_run = (super::MAX_WRITE_RUN_BYTES / cs).max(1);
         let mut from_backing = Vec::new();
-        while (from_backing.len() as u64) < max_run && vc + (from_backing.len() as u64) <= last_vc {
-            match self.mapping(vc + from_backing.len() as u64)? {
+        while (usize_to_u64(from_backing.len())) < max_run
+            && vc + (usize_to_u64(from_backing.len())) <= last_vc
+        {
+            match self.mapping(vc + usize_to_u64(from_backing.len()))? {
                 Mapping::Unallocated => from_backing.push(true),
                 Mapping::Zero { host: None } => from_backing.push(false),
                 _ => break,
@@ -121,7 +124,7 @@ impl Qcow2Image {
             return Ok(None);
         }
         self.set_dirty_bit_if_lazy()?;
-        let count = from_backing.len() as u64;
+        let count = usize_to_u64(from_backing.len());
         let host = self.alloc_clusters(count)?;
         self.preallocate(host + count * cs);
         Ok(Some(Allocation {

@@ -4,7 +4,8 @@
 //! QEMU). Everything here works on a byte slice, so a hostile header can only
 //! produce an error: every offset and count is checked before it is used.
 
-use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
+use crate::cast::{u32_to_usize, u64_to_usize};
 use std::fmt;
 
 pub const MAGIC: u32 = 0x5146_49fb; // "QFI\xfb"
@@ -132,7 +133,7 @@ pub struct Header {
 fn be32(buf: &[u8], off: usize) -> Result<u32, HeaderError> {
     buf.get(off..off + 4)
         .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        .ok_or(HeaderError::Truncated(off as u64 + 4))
+        .ok_or(HeaderError::Truncated(usize_to_u64(off) + 4))
 }
 
 fn be64(buf: &[u8], off: usize) -> Result<u64, HeaderError> {
@@ -270,14 +271,14 @@ impl Header {
 
     fn parse_extensions(&mut self, cluster0: &[u8]) -> Result<(), HeaderError> {
         let cluster_size = u64_to_usize(self.cluster_size());
-        let mut off = self.header_length as usize;
+        let mut off = u32_to_usize(self.header_length);
         loop {
             // The extension area ends at the end of the first cluster.
             if off + 8 > cluster_size {
                 return Err(invalid("header extensions run past the first cluster"));
             }
             let kind = be32(cluster0, off)?;
-            let len = be32(cluster0, off + 4)? as usize;
+            let len = u32_to_usize(be32(cluster0, off + 4)?);
             if kind == EXT_END {
                 return Ok(());
             }
@@ -288,7 +289,7 @@ impl Header {
                 .ok_or_else(|| invalid("header extension runs past the first cluster"))?;
             let data = cluster0
                 .get(start..end)
-                .ok_or(HeaderError::Truncated(end as u64))?;
+                .ok_or(HeaderError::Truncated(usize_to_u64(end)))?;
             match kind {
                 EXT_BACKING_FORMAT => {
                     let fmt = std::str::from_utf8(data)
@@ -468,7 +469,7 @@ impl Header {
         } else {
             self.header_length.max(V3_HEADER_LEN)
         };
-        let header_len = header_len_field as usize;
+        let header_len = u32_to_usize(header_len_field);
         if header_len > cs {
             return Err(invalid("header longer than a cluster"));
         }
@@ -504,7 +505,7 @@ impl Header {
         ext.extend_from_slice(&[0u8; 8]); // end marker
         let backing = self.backing_file.as_deref().unwrap_or("").as_bytes();
         let backing_off = header_len + ext.len();
-        if backing.len() > MAX_BACKING_NAME as usize || backing_off + backing.len() > cs {
+        if backing.len() > u32_to_usize(MAX_BACKING_NAME) || backing_off + backing.len() > cs {
             return Err(invalid(
                 "header, extensions and backing name do not fit in a cluster",
             ));
@@ -518,7 +519,7 @@ impl Header {
             put64(&mut out, 8, 0);
             put32(&mut out, 16, 0);
         } else {
-            put64(&mut out, 8, backing_off as u64);
+            put64(&mut out, 8, usize_to_u64(backing_off));
             // At most MAX_BACKING_NAME (checked above).
             let len = u32::try_from(backing.len()).map_err(|_| invalid("backing name too long"))?;
             put32(&mut out, 16, len);

@@ -35,6 +35,7 @@ mod repair;
 pub mod tables;
 
 use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -419,7 +420,7 @@ impl Qcow2Image {
             return Ok(());
         };
         let bsize = b.size();
-        let avail = u64_to_usize(bsize.saturating_sub(pos).min(buf.len() as u64));
+        let avail = u64_to_usize(bsize.saturating_sub(pos).min(usize_to_u64(buf.len())));
         if avail > 0 {
             b.read_at(&mut buf[..avail], pos)?;
         }
@@ -531,7 +532,7 @@ impl Qcow2Image {
 
     fn write_inner(&mut self, buf: &[u8], offset: u64) -> DiskResult<()> {
         let cs = self.cluster_size;
-        let len = buf.len() as u64;
+        let len = usize_to_u64(buf.len());
         let mut done = 0u64;
         while done < len {
             let pos = offset + done;
@@ -597,20 +598,20 @@ impl Qcow2Image {
         first: Mapping,
     ) -> DiskResult<u64> {
         let cs = self.cluster_size;
-        let len = buf.len() as u64;
+        let len = usize_to_u64(buf.len());
         let end = offset + len;
         let max_run = (MAX_WRITE_RUN_BYTES / cs).max(1);
         let last_vc = (end - 1) >> self.cluster_bits;
         let mut old = Vec::with_capacity(4);
         old.push(first);
-        while (old.len() as u64) < max_run && vc + (old.len() as u64) <= last_vc {
-            let m = self.mapping(vc + old.len() as u64)?;
+        while (usize_to_u64(old.len())) < max_run && vc + (usize_to_u64(old.len())) <= last_vc {
+            let m = self.mapping(vc + usize_to_u64(old.len()))?;
             if !Self::needs_alloc(m) {
                 break;
             }
             old.push(m);
         }
-        let run = old.len() as u64;
+        let run = usize_to_u64(old.len());
         let host = self.alloc_clusters(run)?;
         self.preallocate(host + run * cs);
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -618,13 +619,13 @@ impl Qcow2Image {
         scratch.resize(u64_to_usize(run * cs), 0);
         let mut result = Ok(());
         for (i, m) in old.iter().enumerate() {
-            let cstart = (vc + i as u64) << self.cluster_bits;
+            let cstart = (vc + usize_to_u64(i)) << self.cluster_bits;
             let cend = cstart + cs;
             let wstart = cstart.max(offset + done);
             let wend = cend.min(end);
             let slot = &mut scratch[i * u64_to_usize(cs)..(i + 1) * u64_to_usize(cs)];
             if (wstart > cstart || wend < cend)
-                && let Err(e) = self.fill_cluster(vc + i as u64, *m, slot)
+                && let Err(e) = self.fill_cluster(vc + usize_to_u64(i), *m, slot)
             {
                 result = Err(e);
                 break;
@@ -641,7 +642,7 @@ impl Qcow2Image {
         }
         self.wrote_depended_on();
         for (i, m) in old.iter().enumerate() {
-            self.set_l2_entry(vc + i as u64, (host + i as u64 * cs) | COPIED)?;
+            self.set_l2_entry(vc + usize_to_u64(i), (host + usize_to_u64(i) * cs) | COPIED)?;
             self.release(*m);
         }
         let consumed_end = (((vc + run) << self.cluster_bits).min(end)) - (offset + done);
@@ -754,7 +755,7 @@ impl Qcow2Image {
                 .flat_map(|e| e.to_be_bytes())
                 .collect();
             self.file
-                .write_meta(&raw, self.header.l1_table_offset + a as u64 * 8)?;
+                .write_meta(&raw, self.header.l1_table_offset + usize_to_u64(a) * 8)?;
             self.l1_dirty = None;
         }
         Ok(())
@@ -831,7 +832,7 @@ fn read_table(file: &HostFile, offset: u64, bytes: u64) -> DiskResult<Vec<u64>> 
                 .chunks_exact(8)
                 .map(|c| u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])),
         );
-        done += n as u64;
+        done += usize_to_u64(n);
     }
     Ok(table)
 }
@@ -871,9 +872,9 @@ impl DiskBackend for Qcow2Image {
     }
 
     fn read_at(&mut self, buf: &mut [u8], offset: u64) -> DiskResult<()> {
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_range(offset, usize_to_u64(buf.len()))?;
         let cs = self.cluster_size;
-        let len = buf.len() as u64;
+        let len = usize_to_u64(buf.len());
         let mut done = 0u64;
         while done < len {
             let pos = offset + done;
@@ -937,7 +938,7 @@ impl DiskBackend for Qcow2Image {
         if self.read_only {
             return Err(DiskError::ReadOnly);
         }
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_range(offset, usize_to_u64(buf.len()))?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -990,13 +991,13 @@ impl DiskBackend for Qcow2Image {
         let zeros = vec![0u8; u64_to_usize(cs).min(u64_to_usize(len))];
         let mut pos = offset;
         while pos < zstart.min(end) {
-            let n = (zstart.min(end) - pos).min(zeros.len() as u64);
+            let n = (zstart.min(end) - pos).min(usize_to_u64(zeros.len()));
             self.write_inner(&zeros[..u64_to_usize(n)], pos)?;
             pos += n;
         }
         let mut pos = zend.max(offset);
         while pos < end {
-            let n = (end - pos).min(zeros.len() as u64);
+            let n = (end - pos).min(usize_to_u64(zeros.len()));
             self.write_inner(&zeros[..u64_to_usize(n)], pos)?;
             pos += n;
         }

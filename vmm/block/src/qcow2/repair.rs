@@ -6,6 +6,7 @@ use super::check::count_references;
 use super::{Qcow2Image, corrupt, header, refcount};
 use crate::DiskResult;
 use crate::cast::u64_to_usize;
+use crate::cast::usize_to_u64;
 
 impl Qcow2Image {
     /// Writes a fresh refcount table and blocks past the end of the file,
@@ -16,7 +17,7 @@ impl Qcow2Image {
         let cs = self.cluster_size;
         let rpb = self.rc_per_block;
         let refs = count_references(&self.file, &self.header)?;
-        let used = refs.len() as u64;
+        let used = usize_to_u64(refs.len());
         // New area at the end: k blocks then t table clusters; the blocks
         // cover everything from cluster 0 to the end of the new area.
         let area = used.max(self.alloc_end.div_ceil(cs));

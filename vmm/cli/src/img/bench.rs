@@ -32,22 +32,22 @@ fn request_offset(start: u64, step: u64, i: u64, size: u64, image_size: u64) -> 
     if pos + size > image_size { 0 } else { pos }
 }
 
-pub struct BenchArgs<'a> {
-    pub count: u64,
-    pub depth: u64,
-    pub format: Option<&'a str>,
-    pub direct: bool,
-    pub offset: u64,
-    pub size: u64,
-    pub step: Option<u64>,
-    pub write: bool,
-    pub pattern: u8,
-    pub flush_interval: Option<u64>,
-    pub quiet: bool,
-    pub filename: &'a Path,
+pub(crate) struct BenchArgs<'a> {
+    pub(crate) count: u64,
+    pub(crate) depth: u64,
+    pub(crate) format: Option<&'a str>,
+    pub(crate) direct: bool,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    pub(crate) step: Option<u64>,
+    pub(crate) write: bool,
+    pub(crate) pattern: u8,
+    pub(crate) flush_interval: Option<u64>,
+    pub(crate) quiet: bool,
+    pub(crate) filename: &'a Path,
 }
 
-pub fn run(a: BenchArgs<'_>) -> anyhow::Result<i32> {
+pub(crate) fn run(a: BenchArgs<'_>) -> anyhow::Result<i32> {
     let format = required_format(a.format)?;
     let disk = ConcurrentDisk::open(
         a.filename,

@@ -9,7 +9,7 @@ use super::required_format;
 use block::Format;
 use block::qcow2::check::check;
 
-pub fn run(
+pub(crate) fn run(
     format: Option<&str>,
     output: &str,
     quiet: bool,

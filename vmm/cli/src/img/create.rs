@@ -16,7 +16,7 @@ fn on_off(key: &str, v: &str) -> anyhow::Result<bool> {
     }
 }
 
-pub fn run(
+pub(crate) fn run(
     format: &str,
     backing: Option<String>,
     backing_format: Option<String>,

@@ -11,7 +11,7 @@ use super::size::human;
 use block::Format;
 use block::qcow2::{backing, check::read_image_header, header};
 
-pub fn run(format: Option<&str>, output: &str, filename: &Path) -> anyhow::Result<i32> {
+pub(crate) fn run(format: Option<&str>, output: &str, filename: &Path) -> anyhow::Result<i32> {
     let format = required_format(format)?;
     let meta = std::fs::metadata(filename).with_context(|| format!("{}", filename.display()))?;
     let actual = meta.blocks() * 512;

@@ -9,6 +9,7 @@
 //! every request in flight, as in qemu-io; it does not flush the image
 //! (`flush` does).
 
+use ::block::cast::usize_to_u64;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::Path;
@@ -166,7 +167,7 @@ fn exec(disk: &dyn SharedDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Resu
             {
                 println!(
                     "Pattern verification failed at offset {}, {} bytes",
-                    offset + bad as u64,
+                    offset + usize_to_u64(bad),
                     len
                 );
                 anyhow::bail!("pattern verification failed");
@@ -207,7 +208,7 @@ fn exec(disk: &dyn SharedDisk, cmd: &Command, buf: &mut Vec<u8>) -> anyhow::Resu
     Ok(())
 }
 
-pub fn run(
+pub(crate) fn run(
     commands: &[String],
     format: Option<&str>,
     direct: bool,

@@ -9,7 +9,7 @@ mod check;
 mod create;
 mod info;
 mod io;
-pub mod size;
+pub(crate) mod size;
 
 use std::path::PathBuf;
 
@@ -17,7 +17,7 @@ use block::Format;
 
 /// The `img` subcommands and their qemu-img/qemu-io flags.
 #[derive(Debug, clap::Subcommand)]
-pub enum ImgCommand {
+pub(crate) enum ImgCommand {
     /// Create a disk image (qemu-img create).
     Create {
         /// Image format: qcow2 or raw.
@@ -134,7 +134,7 @@ pub enum ImgCommand {
 }
 
 /// Runs one command; returns the process exit code (qemu-img's conventions).
-pub fn run(cmd: ImgCommand) -> anyhow::Result<i32> {
+pub(crate) fn run(cmd: ImgCommand) -> anyhow::Result<i32> {
     match cmd {
         ImgCommand::Create {
             format,

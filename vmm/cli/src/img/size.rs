@@ -2,7 +2,7 @@
 
 /// Parses `4096`, `64k`, `1M`, `10G`, `0x1000`... (binary suffixes, any case;
 /// a trailing `b`/`B` alone means bytes).
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+pub(crate) fn parse_size(s: &str) -> anyhow::Result<u64> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() && !s.starts_with("0x") => {
@@ -39,7 +39,7 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 }
 
 /// Parses a plain number in C notation: decimal, `0x` hex or leading-0 octal.
-pub fn parse_number(s: &str) -> anyhow::Result<u64> {
+pub(crate) fn parse_number(s: &str) -> anyhow::Result<u64> {
     let s = s.trim();
     let r = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         u64::from_str_radix(h, 16)
@@ -53,13 +53,13 @@ pub fn parse_number(s: &str) -> anyhow::Result<u64> {
 
 /// A pattern byte (`-P`, `--pattern`): a number as [`parse_number`] reads it, refused above
 /// 255 as qemu-io and qemu-img refuse it ("invalid pattern byte").
-pub fn pattern_byte(s: &str) -> anyhow::Result<u8> {
+pub(crate) fn pattern_byte(s: &str) -> anyhow::Result<u8> {
     let v = parse_number(s)?;
     u8::try_from(v).map_err(|_| anyhow::anyhow!("invalid pattern byte {s:?}: above 255"))
 }
 
 /// Human form used in messages: `64 KiB`, `1 GiB`, `1.5 MiB`.
-pub fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
     let mut u = 0;

@@ -16,10 +16,10 @@ use vmm::{
     VmConfig,
 };
 
-pub struct Options {
-    pub vcpus: u8,
-    pub verbose: bool,
-    pub seccomp: vmm::SeccompMode,
+pub(crate) struct Options {
+    pub(crate) vcpus: u8,
+    pub(crate) verbose: bool,
+    pub(crate) seccomp: vmm::SeccompMode,
 }
 
 /// Longest a selftest boot may take (guest code is emulated, ~1 µs per instruction).
@@ -61,7 +61,7 @@ impl Report {
 
 /// Runs the self test, prints one line per check, returns the exit status
 /// (0 only if every check passed).
-pub fn run(options: &Options) -> i32 {
+pub(crate) fn run(options: &Options) -> i32 {
     let mut report = Report::default();
     let Ok(dir) = tempfile::Builder::new().prefix("vmm-selftest-").tempdir() else {
         report.record("tempdir", false, "cannot create a temporary directory");

@@ -13,17 +13,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Ethertype of the test frames (IEEE 802 local experimental), as the guest uses.
-pub const ETHERTYPE: u16 = 0x88b5;
+pub(crate) const ETHERTYPE: u16 = 0x88b5;
 /// What the guest sends (images/guest/src/virtio/net.rs `TX_PAYLOAD`).
-pub const GUEST_PAYLOAD: &[u8] = b"hello from the test guest";
+pub(crate) const GUEST_PAYLOAD: &[u8] = b"hello from the test guest";
 /// What the host sends the guest.
-pub const HOST_PAYLOAD: &[u8] = b"hello from the host";
+pub(crate) const HOST_PAYLOAD: &[u8] = b"hello from the host";
 const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const SEND_EVERY: Duration = Duration::from_millis(200);
 
 /// Moves this thread (and every thread it starts later) into a new, empty
 /// network namespace. Needs CAP_SYS_ADMIN.
-pub fn enter_private_netns() -> io::Result<()> {
+pub(crate) fn enter_private_netns() -> io::Result<()> {
     // SAFETY: unshare takes only flags.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         return Err(io::Error::last_os_error());
@@ -34,7 +34,7 @@ pub fn enter_private_netns() -> io::Result<()> {
 /// Turns off IPv6 on the link (no router solicitations for the guest to
 /// wade through) and brings it up (netsetup's link API is async rtnetlink;
 /// one ioctl does it here).
-pub fn prepare_link(name: &str) -> io::Result<()> {
+pub(crate) fn prepare_link(name: &str) -> io::Result<()> {
     let sysctl = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
     // No IPv6 in this kernel is fine too.
     let _ = std::fs::write(sysctl, "1");
@@ -98,7 +98,7 @@ fn host_frame() -> Vec<u8> {
 }
 
 /// Whether a frame is the guest's test frame.
-pub fn is_guest_frame(frame: &[u8]) -> bool {
+pub(crate) fn is_guest_frame(frame: &[u8]) -> bool {
     frame.len() >= 14 + GUEST_PAYLOAD.len()
         && frame[12..14] == ETHERTYPE.to_be_bytes()
         && &frame[14..14 + GUEST_PAYLOAD.len()] == GUEST_PAYLOAD
@@ -106,13 +106,13 @@ pub fn is_guest_frame(frame: &[u8]) -> bool {
 
 /// Sends the guest a frame every 200 ms and records whether the guest's
 /// frame arrived, until stopped.
-pub struct Peer {
+pub(crate) struct Peer {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<bool>,
 }
 
 impl Peer {
-    pub fn start(link: &str) -> io::Result<Peer> {
+    pub(crate) fn start(link: &str) -> io::Result<Peer> {
         let socket = PacketSocket::bind(link)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_t = stop.clone();
@@ -140,7 +140,7 @@ impl Peer {
     }
 
     /// Stops; returns whether the guest's frame arrived.
-    pub fn finish(self) -> bool {
+    pub(crate) fn finish(self) -> bool {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.join().unwrap_or(false)
     }

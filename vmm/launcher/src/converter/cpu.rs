@@ -9,7 +9,7 @@ use proto::kubevirt::VirtualMachineInstance;
 /// The VMM's limit (8-bit xAPIC ids).
 const MAX_VCPUS: u32 = vmm::config::MAX_VCPUS as u32;
 
-pub fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
+pub(crate) fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
     let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
     let topology = CpuTopology {
         sockets: cpu.sockets.unwrap_or(1),

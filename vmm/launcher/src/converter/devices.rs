@@ -19,7 +19,7 @@ const UNSUPPORTED_DEVICES: &[&str] = &[
     "panicDevices",
 ];
 
-pub fn refuse_unsupported(vmi: &VirtualMachineInstance) -> Result<()> {
+pub(crate) fn refuse_unsupported(vmi: &VirtualMachineInstance) -> Result<()> {
     let devices = &vmi.spec.domain.devices;
     for key in UNSUPPORTED_DEVICES {
         if let Some(value) = devices.extra.get(*key) {
@@ -49,7 +49,7 @@ pub fn refuse_unsupported(vmi: &VirtualMachineInstance) -> Result<()> {
 }
 
 /// `devices.rng: {}` → a virtio RNG fed from the host's `/dev/urandom`.
-pub fn configure_rng(vmi: &VirtualMachineInstance, devices: &mut Devices) {
+pub(crate) fn configure_rng(vmi: &VirtualMachineInstance, devices: &mut Devices) {
     if vmi.spec.domain.devices.rng.is_some() {
         devices.rng = Some(Rng {
             model: "virtio-non-transitional".into(),

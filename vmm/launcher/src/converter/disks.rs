@@ -7,7 +7,11 @@ use proto::domain::{
 };
 use proto::kubevirt::VirtualMachineInstance;
 
-pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devices) -> Result<()> {
+pub(crate) fn configure(
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    devices: &mut Devices,
+) -> Result<()> {
     for (i, disk) in vmi.spec.domain.devices.disks.iter().enumerate() {
         let field = format!("spec.domain.devices.disks[{i}]");
         if disk.cdrom.is_some() || disk.lun.is_some() {
@@ -87,7 +91,7 @@ pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devi
 }
 
 /// `vda`, ..., `vdz`, `vdaa`, ... as Linux names virtio disks.
-pub fn virtio_device_name(index: usize) -> String {
+pub(crate) fn virtio_device_name(index: usize) -> String {
     let mut suffix = Vec::new();
     let mut n = index + 1;
     while n > 0 {

@@ -11,7 +11,11 @@ use proto::kubevirt::VirtualMachineInstance;
 
 use proto::contract::pod_network::{BRIDGE_MAC as RESERVED_MAC, PRIMARY_TAP as POD_TAP};
 
-pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devices) -> Result<()> {
+pub(crate) fn configure(
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    devices: &mut Devices,
+) -> Result<()> {
     let interfaces = &vmi.spec.domain.devices.interfaces;
     if interfaces.len() > 1 {
         return Err(ConvertError::new(

@@ -7,14 +7,14 @@ use proto::kubevirt::{Quantity, VirtualMachineInstance, quantity};
 /// Smallest guest this launcher starts (the boot structures need a few MiB).
 const MIN_GUEST_BYTES: u64 = 16 << 20;
 
-pub fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
+pub(crate) fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
     let bytes = guest_memory_bytes(vmi)?;
     spec.memory = Some(MemoryAmount::bytes(bytes));
     Ok(())
 }
 
 /// The guest's memory size in bytes, and the field it came from.
-pub fn guest_memory_bytes(vmi: &VirtualMachineInstance) -> Result<u64> {
+pub(crate) fn guest_memory_bytes(vmi: &VirtualMachineInstance) -> Result<u64> {
     let domain = &vmi.spec.domain;
     let request = |map: Option<&std::collections::BTreeMap<String, Quantity>>| {
         map.and_then(|m| m.get("memory")).cloned()

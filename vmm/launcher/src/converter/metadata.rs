@@ -4,7 +4,7 @@ use super::Result;
 use proto::domain::{DomainSpec, GracePeriodMetadata};
 use proto::kubevirt::VirtualMachineInstance;
 
-pub fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
+pub(crate) fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
     let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
     let name = vmi.metadata.name.as_deref().unwrap_or_default();
     spec.r#type = "kvm".into();

@@ -30,7 +30,7 @@ pub struct ConvertError {
 }
 
 impl ConvertError {
-    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         ConvertError {
             field: field.into(),
             reason: reason.into(),

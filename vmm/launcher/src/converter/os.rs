@@ -7,7 +7,11 @@ use super::{Context, ConvertError, Result};
 use proto::domain::{DomainSpec, Empty, Features, Os, OsType};
 use proto::kubevirt::VirtualMachineInstance;
 
-pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, spec: &mut DomainSpec) -> Result<()> {
+pub(crate) fn configure(
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    spec: &mut DomainSpec,
+) -> Result<()> {
     let domain = &vmi.spec.domain;
     let machine = domain
         .machine

@@ -8,7 +8,11 @@ use proto::domain::{
 };
 use proto::kubevirt::VirtualMachineInstance;
 
-pub fn configure(vmi: &VirtualMachineInstance, ctx: &Context, devices: &mut Devices) -> Result<()> {
+pub(crate) fn configure(
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    devices: &mut Devices,
+) -> Result<()> {
     let d = &vmi.spec.domain.devices;
     if d.autoattach_serial_console == Some(false) {
         return Ok(());

@@ -17,7 +17,7 @@ use super::DiskError;
 /// Whether `path` can be opened with `O_DIRECT` (`Ok(false)` when the file
 /// system answers EINVAL, as tmpfs did before Linux 6.6). A missing file is
 /// created for the probe and removed again, as KubeVirt's checker does.
-pub fn supports_direct_io(path: &Path) -> io::Result<bool> {
+pub(crate) fn supports_direct_io(path: &Path) -> io::Result<bool> {
     let existed = path.exists();
     let open = |flags: i32| {
         std::fs::OpenOptions::new()
@@ -41,7 +41,7 @@ pub fn supports_direct_io(path: &Path) -> io::Result<bool> {
 
 /// Sets `driver.cache` of every disk; `check` says whether a path supports
 /// direct I/O ([`supports_direct_io`] outside tests).
-pub fn set_driver_cache_modes(
+pub(crate) fn set_driver_cache_modes(
     disks: &mut [Disk],
     check: impl Fn(&Path) -> io::Result<bool>,
 ) -> Result<(), DiskError> {

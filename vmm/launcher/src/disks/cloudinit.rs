@@ -31,9 +31,9 @@ use proto::kubevirt::{CloudInitSource, VirtualMachineInstance};
 use serde_json::Value;
 
 /// Volume id cloud-init looks for on a NoCloud disk.
-pub const NOCLOUD_VOLUME_ID: &str = "cidata";
+pub(crate) const NOCLOUD_VOLUME_ID: &str = "cidata";
 /// Volume id cloud-init looks for on an OpenStack config drive.
-pub const CONFIG_DRIVE_VOLUME_ID: &str = "config-2";
+pub(crate) const CONFIG_DRIVE_VOLUME_ID: &str = "config-2";
 /// Where the pod mounts the secrets named by cloud-init volumes and access credentials
 /// (`config.SecretSourceDir`).
 pub const DEFAULT_SECRETS_DIR: &str = "/var/run/kubevirt-private/secret";
@@ -56,16 +56,8 @@ pub enum DataSource {
 }
 
 impl DataSource {
-    /// The ISO volume id the guest's cloud-init searches for.
-    pub fn volume_id(self) -> &'static str {
-        match self {
-            DataSource::NoCloud => NOCLOUD_VOLUME_ID,
-            DataSource::ConfigDrive => CONFIG_DRIVE_VOLUME_ID,
-        }
-    }
-
     /// File name of the image inside `<base>/<namespace>/<vmi>/`.
-    pub fn iso_file_name(self) -> &'static str {
+    pub(crate) fn iso_file_name(self) -> &'static str {
         match self {
             DataSource::NoCloud => "noCloud.iso",
             DataSource::ConfigDrive => "configdrive.iso",
@@ -837,14 +829,14 @@ fn pin_timestamps_and_pad(image: &mut Vec<u8>) -> Result<(), String> {
             .and_then(|e| e.checked_mul(SECTOR_SIZE))
             .ok_or_else(|| format!("directory extent {extent} out of range"))?;
         let end = start
-            .checked_add(length as usize)
+            .checked_add(block::cast::u32_to_usize(length))
             .filter(|end| *end <= image.len())
             .ok_or_else(|| {
                 format!("directory at sector {extent} runs past the end of the image")
             })?;
         let mut pos = start;
         while pos < end {
-            let record_len = image[pos] as usize;
+            let record_len = usize::from(image[pos]);
             if record_len == 0 {
                 // Records never straddle sectors; the rest of this sector is padding.
                 pos = (pos / SECTOR_SIZE + 1) * SECTOR_SIZE;
@@ -855,7 +847,7 @@ fn pin_timestamps_and_pad(image: &mut Vec<u8>) -> Result<(), String> {
                 .filter(|r| r.len() > RECORD_NAME && pos + record_len <= end)
                 .ok_or_else(|| format!("malformed directory record at byte {pos}"))?;
             record[RECORD_TIME..RECORD_TIME + 7].copy_from_slice(&PINNED_RECORD_TIME);
-            let name_len = record[RECORD_NAME_LENGTH] as usize;
+            let name_len = usize::from(record[RECORD_NAME_LENGTH]);
             let name = record
                 .get(RECORD_NAME..RECORD_NAME + name_len)
                 .ok_or_else(|| {

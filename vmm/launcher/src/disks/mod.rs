@@ -7,7 +7,7 @@
 //! verified first (raw, or qcow2 without a backing file: the image is the
 //! tenant's, and a backing file it names could be any host file).
 
-pub mod cache_mode;
+pub(crate) mod cache_mode;
 pub mod cloudinit;
 
 use crate::paths::{BadName, PathName, Paths};

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use crate::devices::bus::BusDevice;
 use crate::lifecycle::{Control, VmExit};
 
-pub struct ExitPort {
+pub(crate) struct ExitPort {
     control: Arc<Control>,
 }
 
 impl ExitPort {
-    pub fn new(control: Arc<Control>) -> Self {
+    pub(crate) fn new(control: Arc<Control>) -> Self {
         ExitPort { control }
     }
 }

@@ -62,7 +62,7 @@ const CTRL_ALT_DEL: [u8; 4] = [0x14, 0x11, 0xe0, 0x71];
 const MAX_BUFFERED: usize = 64;
 
 /// Turns the guest's reset command into the end of the VM.
-pub struct ResetTrigger(Arc<Control>);
+pub(crate) struct ResetTrigger(Arc<Control>);
 
 impl Trigger for ResetTrigger {
     type E = std::convert::Infallible;
@@ -73,7 +73,7 @@ impl Trigger for ResetTrigger {
     }
 }
 
-pub struct I8042 {
+pub(crate) struct I8042 {
     reset: I8042Device<ResetTrigger>,
     irq: IrqLine,
     output: VecDeque<u8>,
@@ -85,7 +85,7 @@ pub struct I8042 {
 }
 
 impl I8042 {
-    pub fn new(control: Arc<Control>, irq: IrqLine) -> Self {
+    pub(crate) fn new(control: Arc<Control>, irq: IrqLine) -> Self {
         I8042 {
             reset: I8042Device::new(ResetTrigger(control)),
             irq,
@@ -99,7 +99,7 @@ impl I8042 {
 
     /// Types Ctrl-Alt-Del: Linux answers with an orderly reboot (which ends
     /// the VM), the test guest with a reset.
-    pub fn trigger_ctrl_alt_del(&mut self) {
+    pub(crate) fn trigger_ctrl_alt_del(&mut self) {
         for code in CTRL_ALT_DEL {
             self.push(code);
         }
@@ -157,7 +157,7 @@ impl I8042 {
                 // Infallible trigger; vm-superio decides what a reset command is.
                 let _ = self
                     .reset
-                    .write(const { crate::narrow::u8_of(COMMAND_OFFSET) }, command);
+                    .write(const { block::cast::u8_of_u64(COMMAND_OFFSET) }, command);
             }
             other => tracing::debug!("i8042: ignoring controller command {other:#x}"),
         }

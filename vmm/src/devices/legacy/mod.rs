@@ -1,18 +1,18 @@
 //! The legacy PC devices a Linux guest (and the test guest) expects on
 //! fixed I/O ports.
 
-pub mod exit_port;
-pub mod i8042;
-pub mod serial;
+pub(crate) mod exit_port;
+pub(crate) mod i8042;
+pub(crate) mod serial;
 
 /// COM1.
-pub const SERIAL_PORT: u64 = 0x3f8;
-pub const SERIAL_PORT_LEN: u64 = 8;
-pub const SERIAL_GSI: u32 = 4;
+pub(crate) const SERIAL_PORT: u64 = 0x3f8;
+pub(crate) const SERIAL_PORT_LEN: u64 = 8;
+pub(crate) const SERIAL_GSI: u32 = 4;
 /// The i8042 keyboard controller: data at 0x60, status/command at 0x64.
-pub const I8042_PORT: u64 = 0x60;
-pub const I8042_PORT_LEN: u64 = 5;
-pub const I8042_GSI: u32 = 1;
+pub(crate) const I8042_PORT: u64 = 0x60;
+pub(crate) const I8042_PORT_LEN: u64 = 5;
+pub(crate) const I8042_GSI: u32 = 1;
 /// The debug-exit port (QEMU's isa-debug-exit location).
-pub const EXIT_PORT: u64 = 0xf4;
-pub const EXIT_PORT_LEN: u64 = 1;
+pub(crate) const EXIT_PORT: u64 = 0xf4;
+pub(crate) const EXIT_PORT_LEN: u64 = 1;

@@ -76,7 +76,7 @@ impl SerialCapture {
 }
 
 /// Where serial bytes go.
-pub enum SerialOutput {
+pub(crate) enum SerialOutput {
     Stdout(io::Stdout),
     File(File),
     Capture(SerialCapture),
@@ -114,13 +114,13 @@ impl Write for SerialOutput {
 type Uart = Serial<IrqLine, NoEvents, SerialOutput>;
 
 /// COM1 as a bus device.
-pub struct SerialDevice {
+pub(crate) struct SerialDevice {
     uart: Uart,
 }
 
 impl SerialDevice {
     /// Queues bytes typed by a console client; returns how many fit.
-    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+    pub(crate) fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
         self.uart.enqueue_raw_bytes(bytes).unwrap_or(0)
     }
 }
@@ -146,15 +146,19 @@ impl BusDevice for SerialDevice {
 }
 
 /// COM1 wired to its target; keeps a socket console alive with it.
-pub struct Console {
-    pub device: Arc<Mutex<SerialDevice>>,
+pub(crate) struct Console {
+    pub(crate) device: Arc<Mutex<SerialDevice>>,
     socket: Option<Arc<SocketConsole>>,
 }
 
 impl Console {
     /// COM1 writing to `target`. A socket console's threads enter
     /// `sandbox` when they start.
-    pub fn new(target: &SerialTarget, irq: IrqLine, sandbox: Arc<Sandbox>) -> io::Result<Self> {
+    pub(crate) fn new(
+        target: &SerialTarget,
+        irq: IrqLine,
+        sandbox: Arc<Sandbox>,
+    ) -> io::Result<Self> {
         let (output, socket) = match target {
             SerialTarget::Stdout => (SerialOutput::Stdout(io::stdout()), None),
             SerialTarget::File(path) => {
@@ -193,7 +197,7 @@ const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
 /// A unix socket console: any number of clients see the output (starting
 /// with the recent backlog) and what they send is typed into the guest.
-pub struct SocketConsole {
+pub(crate) struct SocketConsole {
     path: PathBuf,
     listener: UnixListener,
     clients: Mutex<Vec<UnixStream>>,

@@ -13,7 +13,7 @@
 //! to the backend as a Rust slice (the guest may change it concurrently).
 
 mod counters;
-pub mod request;
+pub(crate) mod request;
 mod workers;
 
 use std::sync::Arc;
@@ -41,10 +41,10 @@ use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
 use workers::IoWorkers;
 
 /// Entries in the one request queue.
-pub const QUEUE_SIZE: u16 = 256;
+pub(crate) const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size: the most bytes copied per backend call.
 const CHUNK: usize = 64 * 1024;
-const CHUNK_U32: u32 = crate::narrow::u32_of_usize(CHUNK);
+const CHUNK_U32: u32 = block::cast::u32_of_usize(CHUNK);
 /// Advertised `seg_max`: data buffers per request, the queue's entries less
 /// the header and the status (Linux sizes its requests by it; a longer
 /// chain would exceed the queue size, which the chain check refuses anyway).
@@ -294,7 +294,7 @@ impl Executor {
         let (status, written) = self.execute(req, mem, bounce);
         self.counters.record(
             accounted(&req.kind),
-            status == const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) },
+            status == const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) },
             started.elapsed(),
         );
         write_status(mem, req.status, status, written)
@@ -328,14 +328,14 @@ impl Executor {
             other => other,
         };
         match result {
-            Ok(written) => (const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) }, written),
+            Ok(written) => (const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }, written),
             Err((e, written)) => {
                 tracing::warn!("virtio-blk: disk request failed: {e}");
                 let status = match e {
                     DiskError::Unsupported(_) => {
-                        const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
+                        const { block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
                     }
-                    _ => const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR) },
+                    _ => const { block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
                 };
                 (status, written)
             }
@@ -467,7 +467,7 @@ fn config_space(limits: &DiskLimits) -> Vec<u8> {
     put(12, &limits.max_data_buffers.to_le_bytes()); // seg_max
     put(
         20,
-        &const { crate::narrow::u32_of_u64(SECTOR_SIZE) }.to_le_bytes(),
+        &const { block::cast::u32_of_u64(SECTOR_SIZE) }.to_le_bytes(),
     ); // blk_size
     if limits.discard {
         put(36, &limits.max_segment_sectors.to_le_bytes()); // max_discard_sectors

@@ -16,6 +16,7 @@
 //! - discard / write-zeroes segments are well formed and inside the disk;
 //! - writes to a read-only disk and unknown request types are refused.
 
+use ::block::cast::usize_to_u64;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD,
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -26,43 +27,43 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use crate::chain::{Buffer, ValidatedChain};
 
 /// Bytes per virtio-blk sector, whatever the disk's block size.
-pub const SECTOR_SIZE: u64 = 512;
+pub(crate) const SECTOR_SIZE: u64 = 512;
 const SECTOR_SHIFT: u32 = 9;
 /// `struct virtio_blk_outhdr`: type, ioprio, sector.
-pub const HEADER_SIZE: u32 = 16;
+pub(crate) const HEADER_SIZE: u32 = 16;
 /// `struct virtio_blk_discard_write_zeroes`: sector, num_sectors, flags.
-pub const SEGMENT_SIZE: u32 = 16;
+pub(crate) const SEGMENT_SIZE: u32 = 16;
 
 /// What the device advertises and the request must respect.
 #[derive(Debug, Clone, Copy)]
-pub struct DiskLimits {
+pub(crate) struct DiskLimits {
     /// Disk size in 512-byte sectors.
-    pub capacity: u64,
-    pub read_only: bool,
+    pub(crate) capacity: u64,
+    pub(crate) read_only: bool,
     /// `VIRTIO_BLK_F_DISCARD` offered.
-    pub discard: bool,
+    pub(crate) discard: bool,
     /// `VIRTIO_BLK_F_WRITE_ZEROES` offered.
-    pub write_zeroes: bool,
+    pub(crate) write_zeroes: bool,
     /// Most segments in one discard / write-zeroes request.
-    pub max_segments: u32,
+    pub(crate) max_segments: u32,
     /// Most sectors in one discard / write-zeroes segment.
-    pub max_segment_sectors: u32,
+    pub(crate) max_segment_sectors: u32,
     /// Most data buffers in one request (`seg_max` in the config space).
-    pub max_data_buffers: u32,
+    pub(crate) max_data_buffers: u32,
 }
 
 /// One range of a discard or write-zeroes request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    pub sector: u64,
-    pub sectors: u32,
+pub(crate) struct Segment {
+    pub(crate) sector: u64,
+    pub(crate) sectors: u32,
     /// Write-zeroes only: the device may deallocate the range.
-    pub unmap: bool,
+    pub(crate) unmap: bool,
 }
 
 /// A request that passed every check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestKind {
+pub(crate) enum RequestKind {
     /// Read `data` (device-writable buffers) from `sector` on.
     Read {
         sector: u64,
@@ -87,15 +88,15 @@ pub enum RequestKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    pub kind: RequestKind,
+pub(crate) struct Request {
+    pub(crate) kind: RequestKind,
     /// Where the one status byte goes.
-    pub status: GuestAddress,
+    pub(crate) status: GuestAddress,
 }
 
 /// Why a request was refused; one variant per rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     #[error("the last descriptor (status) is not device-writable")]
     StatusNotWritable,
     #[error("the status descriptor is {len} bytes, not 1")]
@@ -146,12 +147,12 @@ pub enum RequestError {
 
 impl RequestError {
     /// The virtio-blk status the driver gets for this error.
-    pub fn status(&self) -> u8 {
+    pub(crate) fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_) | RequestError::SegmentFlags { .. } => {
-                const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
+                const { block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
             }
-            _ => const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR) },
+            _ => const { block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
         }
     }
 }
@@ -160,13 +161,13 @@ impl RequestError {
 /// chain has no usable status byte: the driver then only gets the chain back
 /// with a used length of 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
-    pub error: RequestError,
-    pub status: Option<GuestAddress>,
+pub(crate) struct Refused {
+    pub(crate) error: RequestError,
+    pub(crate) status: Option<GuestAddress>,
 }
 
 /// Parses and checks one request.
-pub fn parse(
+pub(crate) fn parse(
     chain: &ValidatedChain,
     mem: &GuestMemoryMmap,
     limits: &DiskLimits,
@@ -224,11 +225,11 @@ fn parse_after_status(
             len: header_buf.len,
         });
     }
-    let mut header = [0u8; HEADER_SIZE as usize];
+    let mut header = [0u8; ::block::cast::u32_to_usize(HEADER_SIZE)];
     mem.read_slice(&mut header, header_buf.addr)
         .map_err(|_| RequestError::HeaderUnreadable)?;
     let request_type = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    if data.len() as u64 > u64::from(limits.max_data_buffers) {
+    if usize_to_u64(data.len()) > u64::from(limits.max_data_buffers) {
         return Err(RequestError::TooManyDataBuffers {
             count: data.len(),
             max: limits.max_data_buffers,
@@ -359,7 +360,7 @@ fn read_segments(
     let mut bytes = Vec::with_capacity(::block::cast::u64_to_usize(len));
     for b in data {
         let start = bytes.len();
-        bytes.resize(start + b.len as usize, 0);
+        bytes.resize(start + ::block::cast::u32_to_usize(b.len), 0);
         mem.read_slice(&mut bytes[start..], b.addr)
             .map_err(|_| RequestError::SegmentUnreadable)?;
     }
@@ -369,7 +370,7 @@ fn read_segments(
         0
     };
     let mut segments = Vec::with_capacity(::block::cast::u64_to_usize(count));
-    for raw in bytes.chunks_exact(SEGMENT_SIZE as usize) {
+    for raw in bytes.chunks_exact(::block::cast::u32_to_usize(SEGMENT_SIZE)) {
         let field = |at: usize, n: usize| -> u64 {
             raw[at..at + n]
                 .iter()
@@ -401,8 +402,8 @@ fn read_segments(
 
 /// The GET_ID answer: up to 20 bytes, zero padded, not NUL terminated when
 /// the ID uses all 20.
-pub fn device_id_bytes(id: &str) -> [u8; VIRTIO_BLK_ID_BYTES as usize] {
-    let mut out = [0u8; VIRTIO_BLK_ID_BYTES as usize];
+pub(crate) fn device_id_bytes(id: &str) -> [u8; ::block::cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)] {
+    let mut out = [0u8; ::block::cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)];
     let n = id.len().min(out.len());
     out[..n].copy_from_slice(&id.as_bytes()[..n]);
     out
@@ -716,7 +717,7 @@ mod tests {
         assert_eq!(e.error, RequestError::Unsupported(VIRTIO_BLK_T_DISCARD));
         assert_eq!(
             e.error.status(),
-            crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP)
+            block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP)
         );
     }
 

@@ -182,9 +182,9 @@ impl<'a> Harness<'a> {
     }
 }
 
-const OK: u8 = crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK);
-const IOERR: u8 = crate::narrow::u8_of_u32(VIRTIO_BLK_S_IOERR);
-const UNSUPP: u8 = crate::narrow::u8_of_u32(VIRTIO_BLK_S_UNSUPP);
+const OK: u8 = block::cast::u8_of_u32(VIRTIO_BLK_S_OK);
+const IOERR: u8 = block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR);
+const UNSUPP: u8 = block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP);
 
 #[test]
 fn features_follow_the_disk() {
@@ -873,7 +873,7 @@ fn interrupts_are_raised_per_batch_and_suppressed_on_request() {
     // A polling guest asks for no interrupts and still sees the used ring.
     h.used_seen = 3;
     h.queue
-        .set_avail_flags(const { crate::narrow::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
+        .set_avail_flags(const { block::cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
     assert_eq!(h.request(VIRTIO_BLK_T_FLUSH, 0, &[]).0, OK);
     assert_eq!(h.mmio.interrupts(), 2);
 }
@@ -933,11 +933,11 @@ fn random_requests_never_panic() {
                     _ => 0x10_0000 + (rng.next() % 0x10_0000),
                 };
                 let len = match rng.next() % 5 {
-                    0 => crate::narrow::low_half(rng.next()),
+                    0 => block::cast::low_half(rng.next()),
                     1 => 0,
                     2 => 16,
                     3 => 1,
-                    _ => 512 * (1 + crate::narrow::low_half(rng.next()) % 4),
+                    _ => 512 * (1 + block::cast::low_half(rng.next()) % 4),
                 };
                 let mut d = if rng.next().is_multiple_of(2) {
                     Desc::read(addr, len)
@@ -949,7 +949,7 @@ fn random_requests_never_panic() {
                 }
                 descs.push(d);
             }
-            let types = [0, 1, 4, 8, 11, 13, crate::narrow::low_half(rng.next())];
+            let types = [0, 1, 4, 8, 11, 13, block::cast::low_half(rng.next())];
             h.header(
                 types[(rng.next() % 7) as usize],
                 rng.next() % (DISK_SECTORS + 4),
@@ -1249,7 +1249,7 @@ fn a_notification_through_the_queue_eventfd_runs_on_the_device_thread() {
     assert_eq!(h.queue.used_idx(), 1);
     assert_eq!(
         h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
-        const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) }
+        const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }
     );
     assert_eq!(*disk.write_threads.lock().unwrap(), ["virtio-test"]);
 }
@@ -1272,7 +1272,7 @@ fn a_reset_never_finds_a_request_in_flight() {
     assert_eq!(h.queue.used_idx(), 1);
     assert_eq!(
         h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
-        const { crate::narrow::u8_of_u32(VIRTIO_BLK_S_OK) }
+        const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }
     );
 }
 

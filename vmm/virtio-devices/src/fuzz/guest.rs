@@ -18,8 +18,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::NoInterrupt;
-use crate::narrow::{high_half, low_half, u16_of_u32};
 use crate::{MmioTransport, Unsandboxed, VirtioDevice};
+use block::cast::{high_half, low_half, u16_of_u32};
 
 /// Guest memory: room for the rings of two queues and 64 KiB frames.
 pub(super) const MEM_SIZE: u64 = 1 << 20;

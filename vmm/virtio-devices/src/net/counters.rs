@@ -7,6 +7,7 @@
 //! Updated by the receive thread and the transmitting thread, read by
 //! another: relaxed atomics, since each number is only ever summed.
 
+use ::block::cast::usize_to_u64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
@@ -61,13 +62,13 @@ impl NetCounters {
         match event {
             NetEvent::Received(bytes) => {
                 add(&self.rx_pkts, 1);
-                add(&self.rx_bytes, bytes as u64);
+                add(&self.rx_bytes, usize_to_u64(bytes));
             }
             NetEvent::ReceiveError => add(&self.rx_errs, 1),
             NetEvent::ReceiveDropped => add(&self.rx_drop, 1),
             NetEvent::Sent(bytes) => {
                 add(&self.tx_pkts, 1);
-                add(&self.tx_bytes, bytes as u64);
+                add(&self.tx_bytes, usize_to_u64(bytes));
             }
             NetEvent::SendError => add(&self.tx_errs, 1),
             NetEvent::SendDropped => add(&self.tx_drop, 1),

@@ -30,6 +30,7 @@ pub mod tap;
 #[doc(hidden)]
 pub mod test_tap;
 
+use ::block::cast::usize_to_u64;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
@@ -50,16 +51,17 @@ use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::queue::{DeviceQueue, QueueError};
 use counters::NetEvent;
 pub use counters::{NetCounters, NetCounts};
-pub use tap::{Tap, TapError, VNET_HDR_LEN};
+pub use tap::TapError;
+pub(crate) use tap::{Tap, VNET_HDR_LEN};
 
-pub const RX_QUEUE: u16 = 0;
-pub const TX_QUEUE: u16 = 1;
-pub const QUEUE_SIZE: u16 = 256;
+pub(crate) const RX_QUEUE: u16 = 0;
+pub(crate) const TX_QUEUE: u16 = 1;
+pub(crate) const QUEUE_SIZE: u16 = 256;
 /// Largest frame moved in either direction: header, 64 KiB of payload,
 /// Ethernet header and a VLAN tag.
-pub const MAX_FRAME: usize = VNET_HDR_LEN + 65535 + 14 + 4;
+pub(crate) const MAX_FRAME: usize = VNET_HDR_LEN + 65535 + 14 + 4;
 /// Smallest: header plus an Ethernet header.
-pub const MIN_FRAME: usize = VNET_HDR_LEN + 14;
+pub(crate) const MIN_FRAME: usize = VNET_HDR_LEN + 14;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -69,7 +71,7 @@ pub enum NetError {
 
 /// Why a transmit chain was dropped; one variant per rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TxError {
+pub(crate) enum TxError {
     #[error("transmit chain has device-writable buffers")]
     WritableBuffer,
     #[error("frame of {0} bytes (header included) is shorter than {MIN_FRAME}")]
@@ -110,7 +112,7 @@ fn config_space(options: &NetOptions) -> [u8; CONFIG_LEN] {
     let mut c = [0u8; CONFIG_LEN];
     c[..6].copy_from_slice(&options.mac);
     let status = if options.link_up {
-        const { crate::narrow::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
+        const { block::cast::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
     } else {
         0
     };
@@ -235,17 +237,17 @@ impl Net {
             return Err(TxError::WritableBuffer);
         }
         let total = ValidatedChain::total_len(chain.buffers());
-        if total < MIN_FRAME as u64 {
+        if total < usize_to_u64(MIN_FRAME) {
             return Err(TxError::TooShort(total));
         }
-        if total > MAX_FRAME as u64 {
+        if total > usize_to_u64(MAX_FRAME) {
             return Err(TxError::TooLong(total));
         }
         // Bounded by MAX_FRAME just above.
         self.tx_buf.resize(::block::cast::u64_to_usize(total), 0);
         let mut at = 0usize;
         for b in chain.buffers() {
-            let end = at + b.len as usize;
+            let end = at + ::block::cast::u32_to_usize(b.len);
             mem.read_slice(&mut self.tx_buf[at..end], b.addr)
                 .map_err(|_| TxError::Unreadable)?;
             at = end;
@@ -417,7 +419,7 @@ impl RxState {
                 }
             };
             let capacity = ValidatedChain::total_len(chain.buffers());
-            if capacity < frame.len() as u64 {
+            if capacity < usize_to_u64(frame.len()) {
                 guest_error!(
                     self.log,
                     "virtio-net: receive buffer of {capacity} bytes cannot hold a {}-byte frame; frame dropped",

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 /// Size of `virtio_net_hdr_v1` (with `num_buffers`), used by VERSION_1 devices.
-pub const VNET_HDR_LEN: usize = 12;
+pub(crate) const VNET_HDR_LEN: usize = 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
@@ -35,7 +35,7 @@ pub enum TapError {
 
 /// An open tap queue, non-blocking.
 #[derive(Debug)]
-pub struct Tap {
+pub(crate) struct Tap {
     file: File,
     name: String,
 }
@@ -43,7 +43,7 @@ pub struct Tap {
 impl Tap {
     /// Attaches to the existing or new tap `name` in the caller's network
     /// namespace.
-    pub fn open(name: &str) -> Result<Tap, TapError> {
+    pub(crate) fn open(name: &str) -> Result<Tap, TapError> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
             return Err(TapError::BadName(name.to_string()));
         }
@@ -63,12 +63,12 @@ impl Tap {
             *dst = libc::c_char::from_ne_bytes([*src]);
         }
         ifr.ifr_ifru.ifru_flags = const {
-            crate::narrow::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)
+            block::cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)
         };
         // SAFETY: TUNSETIFF reads and writes the ifreq, which outlives the call.
         let rc = unsafe { libc::ioctl(tap.file.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
         tap.check("TUNSETIFF", rc)?;
-        let hdr_len = const { crate::narrow::c_int_of_usize(VNET_HDR_LEN) };
+        let hdr_len = const { block::cast::c_int_of_usize(VNET_HDR_LEN) };
         // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer.
         let rc = unsafe { libc::ioctl(tap.file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_len) };
         tap.check("TUNSETVNETHDRSZ", rc)?;
@@ -100,17 +100,17 @@ impl Tap {
         Ok(())
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Reads one frame (header included). `WouldBlock` when none is queued.
-    pub fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
         (&self.file).read(buf)
     }
 
     /// Writes one frame (header included) as a single packet.
-    pub fn write_frame(&self, frame: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_frame(&self, frame: &[u8]) -> io::Result<()> {
         // A tap write is one packet, all or nothing.
         (&self.file).write(frame).map(|_| ())
     }

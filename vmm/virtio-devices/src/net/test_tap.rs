@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// IEEE 802 local experimental ethertype: nothing else on the tap uses it.
 /// The test guest sends and expects it too.
-pub const TEST_ETHERTYPE: u16 = 0x88b5;
+pub(crate) const TEST_ETHERTYPE: u16 = 0x88b5;
 
 /// A frame from `src` to `dst` with the test ethertype.
 pub fn frame(src: [u8; 6], dst: [u8; 6], payload: &[u8]) -> Vec<u8> {
@@ -21,7 +21,7 @@ pub fn frame(src: [u8; 6], dst: [u8; 6], payload: &[u8]) -> Vec<u8> {
     f
 }
 
-pub fn require_root() {
+pub(crate) fn require_root() {
     assert_eq!(
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
@@ -75,7 +75,7 @@ pub fn create_tap(name: &str) {
         .expect("open /dev/net/tun");
     let mut ifr = ifreq(name);
     ifr.ifr_ifru.ifru_flags =
-        const { crate::narrow::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
+        const { block::cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
     // SAFETY: valid fd and ifreq for the duration of the calls.
     unsafe {
         assert_eq!(
@@ -95,7 +95,8 @@ pub fn create_tap(name: &str) {
 /// Waits (up to 5 s) until `name` is running: once a reader has attached,
 /// the kernel turns the carrier on asynchronously (linkwatch), and a frame
 /// sent into the tap before that is dropped.
-pub fn wait_running(name: &str) {
+#[cfg(test)]
+pub(crate) fn wait_running(name: &str) {
     // SAFETY: a plain socket for the interface ioctl, closed below.
     let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     assert!(sock >= 0, "socket: {}", io::Error::last_os_error());
@@ -109,7 +110,7 @@ pub fn wait_running(name: &str) {
         assert_eq!(rc, 0, "SIOCGIFFLAGS {name}: {}", io::Error::last_os_error());
         // SAFETY: SIOCGIFFLAGS filled the flags member.
         let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-        if flags & const { crate::narrow::c_short_of_c_int(libc::IFF_RUNNING) } != 0 {
+        if flags & const { block::cast::c_short_of_c_int(libc::IFF_RUNNING) } != 0 {
             return;
         }
         assert!(Instant::now() < deadline, "{name} is not running");
@@ -166,7 +167,7 @@ impl Wire {
             // SAFETY: sockaddr_ll is plain old data.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut from_len =
-                const { crate::narrow::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
+                const { block::cast::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
             // SAFETY: buffers valid for the sizes given.
             let n = unsafe {
                 libc::recvfrom(
