@@ -35,11 +35,15 @@ impl CmdService {
         CmdService { manager, options }
     }
 
-    fn domain_stats(&self) -> cmd::DomainStatsResponse {
-        cmd::DomainStatsResponse {
+    /// `GetDomainStats`, off the async runtime: the manager's lock is
+    /// held for as long as a VM takes to start.
+    async fn domain_stats(&self) -> Result<cmd::DomainStatsResponse, Status> {
+        let manager = self.manager.clone();
+        blocking(move || cmd::DomainStatsResponse {
             response: Some(ok()),
-            domain_stats: self.manager.stats_json().unwrap_or_default(),
-        }
+            domain_stats: manager.stats_json().unwrap_or_default(),
+        })
+        .await
     }
 }
 
@@ -212,7 +216,10 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::DomainResponse>, Status> {
-        let domain = self.manager.domain();
+        // Off the async runtime: the manager's lock is held for as long as
+        // a VM takes to start, and the launcher's runtime has one thread.
+        let manager = self.manager.clone();
+        let domain = blocking(move || manager.domain()).await?;
         Ok(Response::new(cmd::DomainResponse {
             response: Some(ok()),
             domain: domain.map(|d| d.to_json()).unwrap_or_default(),
@@ -223,7 +230,7 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::DomainStatsResponse>, Status> {
-        Ok(Response::new(self.domain_stats()))
+        Ok(Response::new(self.domain_stats().await?))
     }
 
     async fn get_guest_info(
@@ -452,8 +459,13 @@ impl Cmd for CmdService {
                 "VMStatsCollector feature gate is not enabled",
             ));
         }
-        Ok(Response::new(vm_stats(&request.into_inner(), || {
-            self.domain_stats()
+        let request = request.into_inner();
+        let domain_stats = match request.domain_stats {
+            Some(_) => Some(self.domain_stats().await?),
+            None => None,
+        };
+        Ok(Response::new(vm_stats(&request, || {
+            domain_stats.unwrap_or_default()
         })))
     }
 }
