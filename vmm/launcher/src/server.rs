@@ -642,3 +642,78 @@ pub async fn connect(
 pub async fn unix_channel(socket: &std::path::Path) -> std::io::Result<tonic::transport::Channel> {
     proto::unix::channel(socket, std::time::Duration::from_secs(2)).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::ManagerOptions;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// The launcher's runtime has one thread, and `SyncVirtualMachine` holds
+    /// the manager's lock while a VM starts: an RPC that waits for the lock
+    /// must leave the runtime free (timers, `Ping`, the notifier).
+    #[test]
+    fn reading_the_domain_while_a_vm_starts_leaves_the_runtime_free() {
+        let root = tempfile::tempdir().unwrap();
+        let (manager, _events, _stage) = Manager::new(ManagerOptions {
+            paths: crate::paths::Paths::under(root.path()),
+            sys_class_net: root.path().join("net"),
+            serve_dhcp: false,
+            sandbox: vmm::SandboxConfig::default(),
+        });
+        let service = Arc::new(CmdService::new(manager.clone(), ServerOptions::default()));
+        let released = Arc::new(AtomicBool::new(false));
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn({
+            let (manager, released) = (manager.clone(), released.clone());
+            move || {
+                let guard = manager.hold_lock();
+                held_tx.send(()).unwrap();
+                // Long against the 100 ms below, so that a loaded machine
+                // cannot make a runtime stalled by the lock look free.
+                std::thread::sleep(Duration::from_secs(5));
+                released.store(true, Ordering::SeqCst);
+                drop(guard);
+            }
+        });
+        held_rx.recv().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let reads = [
+                tokio::spawn({
+                    let service = service.clone();
+                    async move {
+                        service
+                            .get_domain(Request::new(cmd::EmptyRequest {}))
+                            .await
+                            .map(|_| ())
+                    }
+                }),
+                tokio::spawn({
+                    let service = service.clone();
+                    async move {
+                        service
+                            .get_domain_stats(Request::new(cmd::EmptyRequest {}))
+                            .await
+                            .map(|_| ())
+                    }
+                }),
+            ];
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let ping = service.ping(Request::new(cmd::EmptyRequest {})).await;
+            assert!(ping.is_ok());
+            assert!(
+                !released.load(Ordering::SeqCst),
+                "the runtime stalled until the manager's lock was released"
+            );
+            for read in reads {
+                read.await.unwrap().unwrap();
+            }
+        });
+        holder.join().unwrap();
+    }
+}
