@@ -10,6 +10,14 @@
 //! reads `/proc/<pid>/smaps` of both processes. Guest RAM is the one
 //! anonymous mapping of exactly the guest's size; its resident pages are
 //! subtracted (they are the guest's, not the VMM's).
+//!
+//! The programs are cargo's build of this bench (linked dynamically against
+//! the host's glibc); `LAUNCHER_BENCH_BIN_DIR=DIR` measures the
+//! `virt-launcher` and `virt-launcher-monitor` in DIR instead, such as the
+//! static ones `images/build.sh` puts in the image
+//! (`target/x86_64-unknown-linux-gnu/release`). `LAUNCHER_BENCH_SMAPS=DIR`
+//! keeps each run's `smaps` and thread list there. `vmm/launcher/docs/memory.md`
+//! says where the pages go.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -31,6 +39,8 @@ fn main() {
     }
     samples.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
     let median = samples[samples.len() / 2];
+    let (monitor, launcher) = programs();
+    println!("programs: {} and {}", monitor.display(), launcher.display());
     println!(
         "launcher memory, {runs} runs, guest {GUEST_MIB} MiB / {VCPUS} vCPU (test guest, container disk overlay, rng, serial log)"
     );
@@ -39,6 +49,8 @@ fn main() {
         ("monitor + launcher RSS excl. guest RAM (median)", median.0),
         ("  launcher alone (median)", median.1),
         ("  monitor alone (median)", median.2),
+        ("  of both: mapped from files", median.3),
+        ("  of both: transparent huge pages", median.4),
         ("min over runs", samples[0].0),
         ("max over runs", samples[samples.len() - 1].0),
     ] {
@@ -55,8 +67,33 @@ fn main() {
     );
 }
 
-/// (total excl. guest, launcher excl. guest, monitor), in MiB.
-fn one_run() -> (f64, f64, f64) {
+/// The monitor and the launcher measured.
+fn programs() -> (std::path::PathBuf, std::path::PathBuf) {
+    match std::env::var_os("LAUNCHER_BENCH_BIN_DIR") {
+        Some(dir) => {
+            let dir = Path::new(&dir);
+            (dir.join("virt-launcher-monitor"), dir.join("virt-launcher"))
+        }
+        None => (
+            env!("CARGO_BIN_EXE_virt-launcher-monitor").into(),
+            env!("CARGO_BIN_EXE_virt-launcher").into(),
+        ),
+    }
+}
+
+/// Resident KiB, excluding guest RAM.
+#[derive(Clone, Copy, Default)]
+struct Resident {
+    total: u64,
+    /// Pages mapped from files (the program, shared libraries).
+    file: u64,
+    /// Anonymous transparent huge pages.
+    huge: u64,
+}
+
+/// (total excl. guest, launcher excl. guest, monitor, file-backed, huge
+/// pages), in MiB.
+fn one_run() -> (f64, f64, f64, f64, f64) {
     let root = tempfile::tempdir().unwrap();
     let paths = launcher::paths::Paths::under(root.path());
     let kernel = paths.kernel_boot_dir.join("boot/guest.elf");
@@ -79,7 +116,8 @@ fn one_run() -> (f64, f64, f64) {
         }
     });
     let s = |p: &Path| p.to_string_lossy().into_owned();
-    let mut monitor = Command::new(env!("CARGO_BIN_EXE_virt-launcher-monitor"))
+    let (monitor_program, launcher_program) = programs();
+    let mut monitor = Command::new(monitor_program)
         .args([
             "--qemu-timeout",
             "60s",
@@ -106,7 +144,7 @@ fn one_run() -> (f64, f64, f64) {
             "--resolv-conf",
             &s(&paths.resolv_conf),
         ])
-        .env("VIRT_LAUNCHER_BINARY", env!("CARGO_BIN_EXE_virt-launcher"))
+        .env("VIRT_LAUNCHER_BINARY", launcher_program)
         .env("STANDALONE_VMI", vmi.to_string())
         .env("RUST_LOG", "warn")
         .stderr(Stdio::null())
@@ -131,8 +169,11 @@ fn one_run() -> (f64, f64, f64) {
             .expect("the monitor has a launcher child")
             .parse::<u32>()
             .unwrap();
-    let launcher = rss_excluding_guest_kib(launcher_pid);
-    let monitor_kib = rss_excluding_guest_kib(monitor_pid);
+    let launcher = resident_excluding_guest(launcher_pid);
+    let monitor_kib = resident_excluding_guest(monitor_pid);
+    if let Some(dir) = std::env::var_os("LAUNCHER_BENCH_SMAPS") {
+        keep_smaps(Path::new(&dir), launcher_pid, monitor_pid);
+    }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(
             libc::pid_t::try_from(monitor_pid).expect("a Linux pid fits a pid_t"),
@@ -149,27 +190,78 @@ fn one_run() -> (f64, f64, f64) {
     .ok();
     let _ = monitor.wait();
     let mib = |kib: u64| kib as f64 / 1024.0;
-    (mib(launcher + monitor_kib), mib(launcher), mib(monitor_kib))
+    (
+        mib(launcher.total + monitor_kib.total),
+        mib(launcher.total),
+        mib(monitor_kib.total),
+        mib(launcher.file + monitor_kib.file),
+        mib(launcher.huge + monitor_kib.huge),
+    )
+}
+
+/// Copies what the launcher and the monitor map (`smaps`) and their threads
+/// into `dir`, one file per process and run, to see where the pages go.
+fn keep_smaps(dir: &Path, launcher: u32, monitor: u32) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, pid) in [("launcher", launcher), ("monitor", monitor)] {
+        let mut out = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            // `syscall` ends with the thread's stack pointer and program
+            // counter: the stack pointer says which mapping is its stack.
+            let syscall = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+            let sp = syscall
+                .split_whitespace()
+                .rev()
+                .nth(1)
+                .unwrap_or("?")
+                .to_string();
+            out.push_str(&format!(
+                "task {} {} {sp}\n",
+                task.file_name().to_string_lossy(),
+                comm.trim()
+            ));
+        }
+        std::fs::write(dir.join(format!("{name}.{pid}.smaps")), out).unwrap();
+    }
 }
 
 /// Sum of `Rss:` over all mappings, less the guest RAM mapping's.
-fn rss_excluding_guest_kib(pid: u32) -> u64 {
+fn resident_excluding_guest(pid: u32) -> Resident {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let (mut total, mut guest) = (0u64, 0u64);
-    let mut size = 0u64;
+    let mut out = Resident::default();
+    let (mut from_file, mut guest) = (false, false);
     for line in smaps.lines() {
         let mut words = line.split_whitespace();
-        match words.next() {
-            Some("Size:") => size = words.next().and_then(|v| v.parse().ok()).unwrap_or(0),
-            Some("Rss:") => {
-                let rss: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-                total += rss;
-                if size == GUEST_MIB * 1024 {
-                    guest += rss;
+        let Some(first) = words.next() else { continue };
+        let mut value = || {
+            words
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match first {
+            // A mapping's header: "start-end perms offset dev inode [path]".
+            _ if first.contains('-') && !first.ends_with(':') => {
+                from_file = line
+                    .split_whitespace()
+                    .nth(5)
+                    .is_some_and(|p| p.starts_with('/'));
+            }
+            "Size:" => guest = !from_file && value() == GUEST_MIB * 1024,
+            "Rss:" if !guest => {
+                let rss = value();
+                out.total += rss;
+                if from_file {
+                    out.file += rss;
                 }
             }
+            "AnonHugePages:" if !guest => out.huge += value(),
             _ => {}
         }
     }
-    total - guest
+    out
 }

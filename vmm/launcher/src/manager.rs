@@ -113,6 +113,12 @@ impl Manager {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Holds the state lock as a long `sync` does (tests of the callers).
+    #[cfg(test)]
+    pub(crate) fn hold_lock(&self) -> impl Sized + '_ {
+        self.lock()
+    }
+
     fn emit(&self, event_type: &'static str, domain: &Domain) {
         // Counted before it is queued: the notifier never gets ahead of it.
         self.emitted.fetch_add(1, Ordering::SeqCst);

@@ -159,9 +159,16 @@ async fn monitor(
                 grace_start = Some(unix_seconds());
             }
             _ = tick.tick() => {
-                if !manager.vm_alive() {
+                // Off the async runtime (one thread): the manager's lock is
+                // held for as long as a VM takes to start.
+                let m = manager.clone();
+                let (alive, defined) =
+                    tokio::task::spawn_blocking(move || (m.vm_alive(), m.domain().is_some()))
+                        .await
+                        .unwrap_or((false, false));
+                if !alive {
                     tracing::info!("the VM is gone");
-                    if standalone && manager.domain().is_some() {
+                    if standalone && defined {
                         let m = manager.clone();
                         let _ = tokio::task::spawn_blocking(move || m.delete()).await;
                     }

@@ -35,11 +35,15 @@ impl CmdService {
         CmdService { manager, options }
     }
 
-    fn domain_stats(&self) -> cmd::DomainStatsResponse {
-        cmd::DomainStatsResponse {
+    /// `GetDomainStats`, off the async runtime: the manager's lock is
+    /// held for as long as a VM takes to start.
+    async fn domain_stats(&self) -> Result<cmd::DomainStatsResponse, Status> {
+        let manager = self.manager.clone();
+        blocking(move || cmd::DomainStatsResponse {
             response: Some(ok()),
-            domain_stats: self.manager.stats_json().unwrap_or_default(),
-        }
+            domain_stats: manager.stats_json().unwrap_or_default(),
+        })
+        .await
     }
 }
 
@@ -212,7 +216,10 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::DomainResponse>, Status> {
-        let domain = self.manager.domain();
+        // Off the async runtime: the manager's lock is held for as long as
+        // a VM takes to start, and the launcher's runtime has one thread.
+        let manager = self.manager.clone();
+        let domain = blocking(move || manager.domain()).await?;
         Ok(Response::new(cmd::DomainResponse {
             response: Some(ok()),
             domain: domain.map(|d| d.to_json()).unwrap_or_default(),
@@ -223,7 +230,7 @@ impl Cmd for CmdService {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> Result<Response<cmd::DomainStatsResponse>, Status> {
-        Ok(Response::new(self.domain_stats()))
+        Ok(Response::new(self.domain_stats().await?))
     }
 
     async fn get_guest_info(
@@ -452,8 +459,13 @@ impl Cmd for CmdService {
                 "VMStatsCollector feature gate is not enabled",
             ));
         }
-        Ok(Response::new(vm_stats(&request.into_inner(), || {
-            self.domain_stats()
+        let request = request.into_inner();
+        let domain_stats = match request.domain_stats {
+            Some(_) => Some(self.domain_stats().await?),
+            None => None,
+        };
+        Ok(Response::new(vm_stats(&request, || {
+            domain_stats.unwrap_or_default()
         })))
     }
 }
@@ -629,4 +641,79 @@ pub async fn connect(
 /// A gRPC channel to a unix socket (any path length; see [`proto::unix`]).
 pub async fn unix_channel(socket: &std::path::Path) -> std::io::Result<tonic::transport::Channel> {
     proto::unix::channel(socket, std::time::Duration::from_secs(2)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::ManagerOptions;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// The launcher's runtime has one thread, and `SyncVirtualMachine` holds
+    /// the manager's lock while a VM starts: an RPC that waits for the lock
+    /// must leave the runtime free (timers, `Ping`, the notifier).
+    #[test]
+    fn reading_the_domain_while_a_vm_starts_leaves_the_runtime_free() {
+        let root = tempfile::tempdir().unwrap();
+        let (manager, _events, _stage) = Manager::new(ManagerOptions {
+            paths: crate::paths::Paths::under(root.path()),
+            sys_class_net: root.path().join("net"),
+            serve_dhcp: false,
+            sandbox: vmm::SandboxConfig::default(),
+        });
+        let service = Arc::new(CmdService::new(manager.clone(), ServerOptions::default()));
+        let released = Arc::new(AtomicBool::new(false));
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn({
+            let (manager, released) = (manager.clone(), released.clone());
+            move || {
+                let guard = manager.hold_lock();
+                held_tx.send(()).unwrap();
+                // Long against the 100 ms below, so that a loaded machine
+                // cannot make a runtime stalled by the lock look free.
+                std::thread::sleep(Duration::from_secs(5));
+                released.store(true, Ordering::SeqCst);
+                drop(guard);
+            }
+        });
+        held_rx.recv().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let reads = [
+                tokio::spawn({
+                    let service = service.clone();
+                    async move {
+                        service
+                            .get_domain(Request::new(cmd::EmptyRequest {}))
+                            .await
+                            .map(|_| ())
+                    }
+                }),
+                tokio::spawn({
+                    let service = service.clone();
+                    async move {
+                        service
+                            .get_domain_stats(Request::new(cmd::EmptyRequest {}))
+                            .await
+                            .map(|_| ())
+                    }
+                }),
+            ];
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let ping = service.ping(Request::new(cmd::EmptyRequest {})).await;
+            assert!(ping.is_ok());
+            assert!(
+                !released.load(Ordering::SeqCst),
+                "the runtime stalled until the manager's lock was released"
+            );
+            for read in reads {
+                read.await.unwrap().unwrap();
+            }
+        });
+        holder.join().unwrap();
+    }
 }

@@ -3,6 +3,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    one_malloc_arena();
     let flags = launcher::flags::Flags::parse();
     // Before any other thread exists: every thread inherits the filter.
     let sandbox = match launcher::sandbox::from_env() {
@@ -35,8 +36,12 @@ fn main() -> std::process::ExitCode {
         // Colour only on a terminal: logs in files and pipes stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread for the cmd server, the notifier and the timers of one VM:
+    // the VM's work runs on its own threads and manager calls on the
+    // blocking pool (`spawn_blocking`), so no async task blocks. Worker
+    // threads would only add stacks and malloc arenas
+    // (vmm/launcher/docs/memory.md).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -48,4 +53,18 @@ fn main() -> std::process::ExitCode {
     };
     let code = runtime.block_on(launcher::run::run(flags, sandbox));
     std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// One glibc malloc arena for the whole process, set before any thread
+/// exists. glibc gives each thread that allocates its own arena (up to 8 per
+/// core), each with resident pages of its own; the launcher's threads (vCPU,
+/// devices, console, blocking pool) allocate little and rarely, so they
+/// share the main one (vmm/launcher/docs/memory.md has the numbers).
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; no thread but this
+    // one exists yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
