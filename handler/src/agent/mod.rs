@@ -13,12 +13,14 @@ use k8s_openapi::jiff::Timestamp;
 use proto::domain::{Domain, LifeCycle};
 use proto::kubevirt::{Phase, VirtualMachineInstance};
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 use crate::domains::{CacheChange, CacheChanges, DomainCache};
 use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user};
 use crate::metrics::Metrics;
 use crate::podside::{self, PodInterfaceCache};
 use crate::sync::{self, Action, Facts, LauncherState, ShutdownStep};
+use crate::takeover::{self, Takeovers};
 use crate::vmis::status::{self, StatusInputs};
 use crate::vmis::{EventKind, StatusWriteError, StatusWriter, VmiStore};
 
@@ -93,6 +95,8 @@ pub struct Agent {
     unreachable_since: Mutex<BTreeMap<String, Instant>>,
     /// How often each VMI has looked for its launcher so far.
     launcher_polls: LauncherPolls,
+    /// The debug trace's start of each VMI's takeover.
+    takeovers: Takeovers,
 }
 
 /// The growing interval at which a VMI looks for its launcher socket: 10 ms, doubling up
@@ -141,6 +145,7 @@ impl Agent {
             pod_ifaces,
             unreachable_since: Mutex::new(BTreeMap::new()),
             launcher_polls: LauncherPolls::default(),
+            takeovers: Takeovers::default(),
         })
     }
 
@@ -302,7 +307,10 @@ impl Agent {
     /// One reconcile of `key`, with metrics and requeueing.
     pub async fn process(&self, key: &str) {
         let started = Instant::now();
-        let result = self.reconcile(key).await;
+        let result = self
+            .reconcile(key)
+            .instrument(takeover::reconcile_span(key))
+            .await;
         self.metrics.observe_sync(started.elapsed());
         match result {
             Ok(After::Done) => self.queue.forget(key),
@@ -325,8 +333,14 @@ impl Agent {
     async fn reconcile(&self, key: &str) -> Result<After, ReconcileError> {
         let vmi = self.store.get(key);
         let domain = self.cache.get(key);
+        if vmi
+            .as_ref()
+            .is_some_and(|v| matches!(v.phase(), Phase::Scheduled | Phase::Scheduling))
+        {
+            self.takeovers.begin(key);
+        }
         let lookup = match &vmi {
-            Some(v) => Some(self.launchers.lookup(v).await),
+            Some(v) => Some(takeover::step("launcher_lookup", self.launchers.lookup(v)).await),
             None => None,
         };
         let launcher_state = lookup
@@ -390,11 +404,14 @@ impl Agent {
         if let Some(new_status) = status::compute_status(&vmi, domain.as_ref(), &inputs, now)
             && status::owned_fields_differ(&current, &new_status)
         {
-            self.writer.write_status(&vmi, &new_status).await?;
+            takeover::step("status_write", self.writer.write_status(&vmi, &new_status)).await?;
             let old_phase = vmi.phase();
             let new_phase = new_status.phase.unwrap_or_default();
             if old_phase != new_phase {
                 tracing::info!(%key, from = %old_phase, to = %new_phase, "phase changed");
+                if new_phase == Phase::Running {
+                    self.takeovers.running(key);
+                }
                 match new_phase {
                     Phase::Running => self.writer.record_event(
                         &vmi,
@@ -442,7 +459,11 @@ impl Agent {
         }
         match action {
             Action::Nothing(_) | Action::Ignore(_) => Ok(After::Done),
-            Action::WaitForLauncher => Ok(After::Requeue(self.launcher_polls.next(key))),
+            Action::WaitForLauncher => {
+                let wait = self.launcher_polls.next(key);
+                tracing::debug!(target: takeover::TARGET, wait_ms = wait.as_millis(), "launcher not up yet: looking again");
+                Ok(After::Requeue(wait))
+            }
             Action::CleanupStale { old_uid } => {
                 if self.launchers.is_unresponsive(old_uid) {
                     self.cleanup(key, old_uid);
@@ -463,9 +484,13 @@ impl Agent {
                     let owner = runtime_user(vmi);
                     let vmi = vmi.clone();
                     let cache = self.pod_ifaces.clone();
-                    prepare_pod(key, move || podside::prepare(&vmi, pid, owner, &cache)).await?;
+                    takeover::step(
+                        "pod_preparation",
+                        prepare_pod(key, move || podside::prepare(&vmi, pid, owner, &cache)),
+                    )
+                    .await?;
                 }
-                client.sync_virtual_machine(vmi).await?;
+                takeover::step("sync_virtual_machine", client.sync_virtual_machine(vmi)).await?;
                 if domain.is_none_or(|d| d.is_gone()) {
                     self.writer.record_event(
                         vmi,
@@ -541,6 +566,7 @@ impl Agent {
 
     /// Local clean-up after a domain is gone: client, pipe, ghost record, caches.
     fn cleanup(&self, key: &str, uid: &str) {
+        self.takeovers.forget(key);
         if uid.is_empty() {
             self.cache.forget(key);
             return;
