@@ -16,7 +16,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use crate::domains::{CacheChange, CacheChanges, DomainCache};
-use crate::launchers::{CmdError, LauncherClient, Launchers, VmiCommand, runtime_user};
+use crate::launchers::arrivals::SocketArrivals;
+use crate::launchers::{CmdError, LauncherClient, Launchers, PodPaths, VmiCommand, runtime_user};
 use crate::metrics::Metrics;
 use crate::podside::{self, PodInterfaceCache};
 use crate::sync::{self, Action, Facts, LauncherState, ShutdownStep};
@@ -97,6 +98,9 @@ pub struct Agent {
     launcher_polls: LauncherPolls,
     /// The debug trace's start of each VMI's takeover.
     takeovers: Takeovers,
+    /// Wakes a VMI when its launcher socket appears; `None` when inotify is unavailable
+    /// (then only the looks of `launcher_polls` find it).
+    arrivals: Option<Arc<SocketArrivals>>,
 }
 
 /// The growing interval at which a VMI looks for its launcher socket: 10 ms, doubling up
@@ -109,6 +113,10 @@ struct LauncherPolls(Mutex<BTreeMap<String, u32>>);
 impl LauncherPolls {
     const FIRST: Duration = Duration::from_millis(10);
     const MAX: Duration = Duration::from_secs(1);
+
+    /// While the sockets directory is watched, looks are only the fallback: at least this
+    /// apart.
+    const WATCHED_MIN: Duration = Duration::from_millis(250);
 
     /// The wait before the next look for `key`'s launcher (and counts this one).
     fn next(&self, key: &str) -> Duration {
@@ -146,6 +154,13 @@ impl Agent {
             unreachable_since: Mutex::new(BTreeMap::new()),
             launcher_polls: LauncherPolls::default(),
             takeovers: Takeovers::default(),
+            arrivals: match SocketArrivals::new() {
+                Ok(a) => Some(Arc::new(a)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no inotify: launcher sockets are only looked for periodically");
+                    None
+                }
+            },
         })
     }
 
@@ -173,6 +188,14 @@ impl Agent {
         for key in self.store.keys() {
             self.queue.add(&key);
         }
+        let arrivals = self.arrivals.clone().map(|arrivals| {
+            let queue = Arc::clone(&self.queue);
+            tokio::spawn(async move {
+                if let Err(e) = arrivals.run(move |key| queue.add(key)).await {
+                    tracing::warn!(error = %e, "the launcher socket watch failed; looking periodically");
+                }
+            })
+        });
         let mut workers = Vec::new();
         for _ in 0..self.config.workers.max(1) {
             let me = Arc::clone(&self);
@@ -210,6 +233,9 @@ impl Agent {
         self.queue.shut_down();
         for w in workers {
             let _ = w.await;
+        }
+        if let Some(a) = arrivals {
+            a.abort();
         }
     }
 
@@ -456,11 +482,19 @@ impl Agent {
             .unwrap_or_default();
         if *action != Action::WaitForLauncher {
             self.launcher_polls.forget(key);
+            if let Some(a) = &self.arrivals {
+                a.forget(key);
+            }
         }
         match action {
             Action::Nothing(_) | Action::Ignore(_) => Ok(After::Done),
             Action::WaitForLauncher => {
-                let wait = self.launcher_polls.next(key);
+                let mut wait = self.launcher_polls.next(key);
+                if let Some(vmi) = vmi
+                    && self.watch_for_launcher(key, vmi)
+                {
+                    wait = wait.max(LauncherPolls::WATCHED_MIN);
+                }
                 tracing::debug!(target: takeover::TARGET, wait_ms = wait.as_millis(), "launcher not up yet: looking again");
                 Ok(After::Requeue(wait))
             }
@@ -564,8 +598,34 @@ impl Agent {
         }
     }
 
+    /// Watches the sockets directories of `vmi`'s pods for its launcher socket. True when
+    /// the watch will tell: every directory is watched and no socket is there yet (a
+    /// socket that exists but did not answer is looked at again by the polls).
+    fn watch_for_launcher(&self, key: &str, vmi: &VirtualMachineInstance) -> bool {
+        let Some(arrivals) = &self.arrivals else {
+            return false;
+        };
+        let pods_dir = &self.launchers.paths().pods_dir;
+        let pods = crate::launchers::socket::active_pods_on_node(vmi, &self.config.node);
+        if pods.len() != 1 {
+            return false;
+        }
+        let pod = PodPaths::new(pods_dir, pods[0]);
+        match arrivals.watch(key, pods_dir, &pod.sockets_dir()) {
+            Ok(true) => !crate::launchers::podfs::entry_exists(&pod.launcher_socket()),
+            Ok(false) => false,
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "cannot watch the launcher's sockets directory");
+                false
+            }
+        }
+    }
+
     /// Local clean-up after a domain is gone: client, pipe, ghost record, caches.
     fn cleanup(&self, key: &str, uid: &str) {
+        if let Some(a) = &self.arrivals {
+            a.forget(key);
+        }
         self.takeovers.forget(key);
         if uid.is_empty() {
             self.cache.forget(key);

@@ -1,6 +1,7 @@
 //! Finding and calling launchers (proto/CONTRACT.md §3.1): socket discovery, the peer PID, one
 //! cached cmd client per VMI UID, ghost records, and the notify pipe in each pod.
 
+pub(crate) mod arrivals;
 pub mod client;
 pub mod ghost;
 pub(crate) mod podfs;
