@@ -4,7 +4,7 @@
 
 pub mod queue;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,6 +98,8 @@ pub struct Agent {
     launcher_polls: LauncherPolls,
     /// The debug trace's start of each VMI's takeover.
     takeovers: Takeovers,
+    /// What was done once per VMI UID.
+    done_once: DoneOnce,
     /// Wakes a VMI when its launcher socket appears; `None` when inotify is unavailable
     /// (then only the looks of `launcher_polls` find it).
     arrivals: Option<Arc<SocketArrivals>>,
@@ -132,6 +134,42 @@ impl LauncherPolls {
     }
 }
 
+/// What is done once per VMI UID, not on every reconcile that decides `Update` or
+/// `Shutdown` again before the launcher's answer arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Once {
+    /// The pod network and device ownership (KubeVirt keeps its network set-up state
+    /// per VMI UID, `pkg/network/setup/netconf.go`, and skips interfaces already set up).
+    PodPrepared,
+    /// The `Created` event: SyncVirtualMachine is sent again until the domain shows up.
+    DefinedEvent,
+    /// The `ShuttingDown` event: the shutdown is signalled again at each recheck.
+    ShutdownEvent,
+}
+
+#[derive(Default)]
+struct DoneOnce(Mutex<HashSet<(String, Once)>>);
+
+impl DoneOnce {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(String, Once)>> {
+        // Single inserts and removals: a poisoned set is consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_done(&self, uid: &str, what: Once) -> bool {
+        self.lock().contains(&(uid.to_string(), what))
+    }
+
+    /// Marks `what` done for `uid`; true the first time.
+    fn mark(&self, uid: &str, what: Once) -> bool {
+        self.lock().insert((uid.to_string(), what))
+    }
+
+    fn forget(&self, uid: &str) {
+        self.lock().retain(|(u, _)| u != uid);
+    }
+}
+
 impl Agent {
     pub fn new(
         config: AgentConfig,
@@ -154,6 +192,7 @@ impl Agent {
             unreachable_since: Mutex::new(BTreeMap::new()),
             launcher_polls: LauncherPolls::default(),
             takeovers: Takeovers::default(),
+            done_once: DoneOnce::default(),
             arrivals: match SocketArrivals::new() {
                 Ok(a) => Some(Arc::new(a)),
                 Err(e) => {
@@ -510,7 +549,10 @@ impl Agent {
                 let vmi = vmi.expect("Update is only decided for an existing VMI");
                 let client = client.ok_or_else(|| ReconcileError::NoClient(key.to_string()))?;
                 let starting = vmi.phase() != Phase::Running;
-                if starting && self.config.prepare_pod {
+                if starting
+                    && self.config.prepare_pod
+                    && !self.done_once.is_done(&uid, Once::PodPrepared)
+                {
                     let pid = pid.ok_or_else(|| ReconcileError::PodPreparation {
                         key: key.to_string(),
                         reason: "the launcher's PID is not known".into(),
@@ -523,9 +565,12 @@ impl Agent {
                         prepare_pod(key, move || podside::prepare(&vmi, pid, owner, &cache)),
                     )
                     .await?;
+                    self.done_once.mark(&uid, Once::PodPrepared);
                 }
                 takeover::step("sync_virtual_machine", client.sync_virtual_machine(vmi)).await?;
-                if domain.is_none_or(|d| d.is_gone()) {
+                if domain.is_none_or(|d| d.is_gone())
+                    && self.done_once.mark(&uid, Once::DefinedEvent)
+                {
                     self.writer.record_event(
                         vmi,
                         EventKind::Normal,
@@ -542,7 +587,9 @@ impl Agent {
                 match step {
                     ShutdownStep::Shutdown { recheck } => {
                         ignore_disconnect(client.send(VmiCommand::Shutdown, &target).await)?;
-                        if let Some(v) = vmi {
+                        if let Some(v) = vmi
+                            && self.done_once.mark(&uid, Once::ShutdownEvent)
+                        {
                             self.writer.record_event(
                                 v,
                                 EventKind::Normal,
@@ -627,6 +674,7 @@ impl Agent {
             a.forget(key);
         }
         self.takeovers.forget(key);
+        self.done_once.forget(uid);
         if uid.is_empty() {
             self.cache.forget(key);
             return;
