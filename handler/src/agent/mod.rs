@@ -40,7 +40,8 @@ pub struct AgentConfig {
     pub resync_period: Duration,
     /// A launcher socket that cannot be dialled for this long counts as gone.
     pub watchdog_timeout: Duration,
-    /// Concurrent reconciles (different keys only).
+    /// Concurrent reconciles (different keys only): KubeVirt's handler runs 10
+    /// (`vmController.Run(10, stop)` in `cmd/virt-handler/virt-handler.go`).
     pub workers: usize,
     /// `/var/run/kubevirt-private` on the handler's side (pod-interface cache).
     pub private_dir: PathBuf,
@@ -55,7 +56,7 @@ impl AgentConfig {
             node: node.to_string(),
             resync_period: DEFAULT_RESYNC_PERIOD,
             watchdog_timeout: DEFAULT_WATCHDOG_TIMEOUT,
-            workers: 4,
+            workers: 10,
             private_dir,
             prepare_pod: true,
         }
