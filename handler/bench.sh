@@ -3,18 +3,32 @@
 # phase Scheduled and its pod created) to "Running" written, and the handler's resident
 # memory with N VMIs running. Usage: sudo bash handler/bench.sh [N...]   (default: 1 20)
 # Each VMI boots the test guest (images/examples/vmi-testguest.yaml).
+# PROFILE=release builds and runs release binaries (default: debug); HANDLER=PATH runs
+# another virt-handler binary with the launcher and VMM of PROFILE (comparing builds);
+# BUILD=0 skips the build.
+# HANDLER_LOG sets the handler's RUST_LOG (default: warn); with KEEP=1 the work directory
+# (the handler's stdout and log) stays, e.g.
+#   PROFILE=release HANDLER_LOG=virt_handler=debug KEEP=1 bash handler/bench.sh 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) -eq 0 ]] || { echo "bench.sh: run as root" >&2; exit 1; }
 target=${CARGO_TARGET_DIR:-$(pwd)/target}
-cargo build -p virt-handler -p virt-launcher -p vmm-cli --bins >&2
+profile=${PROFILE:-debug}
+case $profile in
+    debug) cargo_profile=() ;;
+    release) cargo_profile=(--release) ;;
+    *) echo "bench.sh: PROFILE is debug or release" >&2; exit 1 ;;
+esac
+[[ ${BUILD:-1} == 0 ]] || cargo build "${cargo_profile[@]}" -p virt-handler -p virt-launcher -p vmm-cli --bins >&2
+bin="$target/$profile"
+handler=${HANDLER:-$bin/virt-handler}
 counts=("$@")
 [[ ${#counts[@]} -gt 0 ]] || counts=(1 20)
 
 for n in "${counts[@]}"; do
     work=$(mktemp -d /tmp/handler-bench.XXXXXX)
     chmod 0755 "$work"
-    "$target/debug/vmm" test-guest --output "$work/guest.elf"
+    "$bin/vmm" test-guest --output "$work/guest.elf"
     truncate -s 16M "$work/base.raw"
     chmod 0644 "$work/guest.elf" "$work/base.raw"
     manifests=()
@@ -23,8 +37,8 @@ for n in "${counts[@]}"; do
         manifests+=("$work/bench-$i.yaml")
     done
     out="$work/out.txt"
-    RUST_LOG=warn "$target/debug/virt-handler" standalone "${manifests[@]}" \
-        --state-dir "$work/state" \
+    RUST_LOG=${HANDLER_LOG:-warn} "$handler" standalone "${manifests[@]}" \
+        --state-dir "$work/state" --launcher "$bin/virt-launcher-monitor" \
         --image "localhost/test-guest:latest=$work/guest.elf" \
         --image "localhost/test-disk:latest=$work/base.raw" > "$out" 2> "$work/err.txt" &
     pid=$!
@@ -43,7 +57,11 @@ for n in "${counts[@]}"; do
     wait "$pid" || true
     times=$(grep -o 'phase Scheduled -> Running ([0-9.]* s' "$out" | awk '{print substr($5, 2)}' | sort -n)
     count=$(echo "$times" | grep -c . || true)
-    median=$(echo "$times" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    echo "VMIs=$n running=$count scheduled->Running: min=$(echo "$times" | head -1)s median=${median}s max=$(echo "$times" | tail -1)s handler RSS=${rss_kb} KiB (peak ${hwm_kb} KiB)"
-    rm -rf "$work"
+    median=$(echo "$times" | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}')
+    echo "$profile VMIs=$n running=$count scheduled->Running: min=$(echo "$times" | head -1)s median=${median}s max=$(echo "$times" | tail -1)s handler RSS=${rss_kb} KiB (peak ${hwm_kb} KiB) load=$(cut -d' ' -f1-3 /proc/loadavg)"
+    if [[ ${KEEP:-0} == 1 ]]; then
+        echo "kept $work" >&2
+    else
+        rm -rf "$work"
+    fi
 done

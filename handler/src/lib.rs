@@ -10,6 +10,7 @@
 //! - [`podside`]: pod network phase 1 (masquerade via `netsetup`) and device ownership.
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
 //! - [`metrics`]: the Prometheus endpoint; [`healthz`]: its `/healthz` in Kubernetes mode.
+//! - [`takeover`]: the debug trace of a VMI's way from `Scheduled` to `Running` written.
 //! - [`node`]: the node heartbeat (`kubevirt.io/schedulable`) and the node labels.
 //! - [`deviceplugins`]: the kubelet device plugins for `devices.kubevirt.io/{kvm,tun,vhost-net}`.
 //!
@@ -26,4 +27,5 @@ pub mod metrics;
 pub mod node;
 pub(crate) mod podside;
 pub mod sync;
+pub mod takeover;
 pub mod vmis;

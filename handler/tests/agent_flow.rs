@@ -27,6 +27,7 @@ use proto::grpc::cmd::v1::cmd_server::CmdServer;
 use proto::grpc::cmd::v1::{self as cmdv1};
 use proto::grpc::notify::v1::DomainEventRequest;
 use proto::grpc::notify::v1::notify_client::NotifyClient;
+use proto::kubevirt::ready::LauncherPod;
 use proto::kubevirt::{Phase, Time, VirtualMachineInstance};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -44,6 +45,8 @@ struct FakeVm {
 struct FakeState {
     domain: Option<Domain>,
     ignore_shutdown: bool,
+    /// How long after a Sync that defines the domain it is reported (a VM starting).
+    added_after: Duration,
     calls: Vec<(String, Instant)>,
 }
 
@@ -156,7 +159,17 @@ impl_fake_cmd!(FakeVm {
                     }
                 };
                 if let Some(d) = created {
-                    self.emit("ADDED", &d).await;
+                    let delay = self.state.lock().expect("lock").added_after;
+                    if delay.is_zero() {
+                        self.emit("ADDED", &d).await;
+                    } else {
+                        let me = self.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            me.record("Added");
+                            me.emit("ADDED", &d).await;
+                        });
+                    }
                 }
                 Ok(ok())
             }
@@ -259,6 +272,7 @@ impl Node {
             state: Arc::new(Mutex::new(FakeState {
                 domain: None,
                 ignore_shutdown,
+                added_after: Duration::ZERO,
                 calls: Vec::new(),
             })),
             notify_socket: dir.path().join("share/domain-notify.sock"),
@@ -541,5 +555,33 @@ async fn a_domain_of_an_older_vmi_is_cleaned_up_only_once_its_launcher_is_gone()
     })
     .await;
     assert_eq!(store.get(&key).map(|v| v.phase()), Some(Phase::Scheduled));
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmi_changed_while_its_domain_starts_is_not_synced_again() {
+    let node = Node::start(false);
+    node.fake.state.lock().expect("lock").added_after = Duration::from_millis(1500);
+    let (store, agent) = node.agent();
+    let key = store.admit(node.vmi(30), None);
+    wait_for("Sync", || node.fake.calls().contains(&"Sync".to_string())).await;
+    // The controller changes the VMI while the VM starts (its pod's readiness).
+    for pod in [
+        LauncherPod::Missing,
+        LauncherPod::GoingDown,
+        LauncherPod::Missing,
+    ] {
+        store.sync_ready(&key, pod);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_phase(&store, &key, Phase::Running).await;
+    // Once the domain is reported, each reconcile syncs again (as KubeVirt's).
+    let calls = node.fake.calls();
+    let before_added = calls.iter().take_while(|c| *c != "Added");
+    let syncs = before_added.filter(|c| *c == "Sync").count();
+    assert_eq!(
+        syncs, 1,
+        "Sync sent again before the domain was reported: {calls:?}"
+    );
     agent.stop().await;
 }

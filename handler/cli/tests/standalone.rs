@@ -224,10 +224,12 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
     let status = handler.wait_exit(Duration::from_secs(90));
     assert!(status.success(), "virt-handler exited with {status}");
     let out = handler.output();
-    assert!(
-        out.iter().any(|l| l.contains("event Normal ShuttingDown")),
-        "{out:?}"
-    );
+    // Each event once: SyncVirtualMachine is sent again until the domain shows up, and the
+    // shutdown again at each recheck, but they are one start and one shutdown.
+    for event in ["event Normal Created", "event Normal ShuttingDown"] {
+        let seen = out.iter().filter(|l| l.contains(event)).count();
+        assert_eq!(seen, 1, "{event} seen {seen} times: {out:?}");
+    }
     assert_eq!(status_phase(&demo), "Succeeded");
     // As virt-controller: a finished VMI is not Ready (its pod is gone).
     assert_eq!(ready(&demo), ("False".into(), "PodNotExists".into()));

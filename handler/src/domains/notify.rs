@@ -236,6 +236,7 @@ fn apply(cache: &DomainCache, event: EventType, domain: Domain) -> Result<(), Re
         return Err(Rejection::Capacity);
     }
     tracing::debug!(
+        target: crate::takeover::TARGET,
         %key,
         ?event,
         state = ?domain.status.status,

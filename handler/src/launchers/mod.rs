@@ -1,6 +1,7 @@
 //! Finding and calling launchers (proto/CONTRACT.md §3.1): socket discovery, the peer PID, one
 //! cached cmd client per VMI UID, ghost records, and the notify pipe in each pod.
 
+pub(crate) mod arrivals;
 pub mod client;
 pub mod ghost;
 pub(crate) mod podfs;
@@ -148,11 +149,16 @@ impl Launchers {
             }
         })?;
         let pinned = std::sync::Arc::new(pinned);
-        let client = LauncherClient::connect_pinned(std::sync::Arc::clone(&pinned)).await?;
+        let client = crate::takeover::step(
+            "cmd_connect",
+            LauncherClient::connect_pinned(std::sync::Arc::clone(&pinned)),
+        )
+        .await?;
         let pid = pinned.peer_pid().map_err(|e| CmdError::Connect {
             path: socket.to_path_buf(),
             reason: format!("cannot read the listener's PID: {e}"),
         })?;
+        let placed = Instant::now();
         let (namespace, name) = key.split_once('/').unwrap_or(("", key));
         if let Err(e) = self.ghosts.add(&GhostRecord {
             name: name.to_string(),
@@ -183,6 +189,7 @@ impl Launchers {
                 }
             },
         };
+        tracing::debug!(target: crate::takeover::TARGET, ms = placed.elapsed().as_secs_f64() * 1e3, "ghost record and notify pipe placed");
         self.connected().insert(
             uid.to_string(),
             Entry {

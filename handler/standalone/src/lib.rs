@@ -235,11 +235,13 @@ async fn start_pod(
     let key = handler::vmis::key_of(vmi);
     let paths = PodPaths::new(&dirs.pods, pod_uid);
     let uid = handler::launchers::runtime_user(vmi);
+    let started = Instant::now();
     let image_binds = pod::image_binds(vmi, &options.images)?;
     pod::create_dirs(&paths, uid)?;
     let network = netpod::create(pod_uid)
         .await
         .with_context(|| format!("creating the network of pod {pod_uid}"))?;
+    let network_ready = Instant::now();
     let mut binds = pod::volume_binds(&paths);
     binds.extend(image_binds);
     let name = vmi.metadata.name.clone().unwrap_or_default();
@@ -280,6 +282,13 @@ async fn start_pod(
             return Err(e.into());
         }
     };
+    tracing::debug!(
+        target: handler::takeover::TARGET,
+        %key,
+        dirs_and_network_ms = (network_ready - started).as_secs_f64() * 1e3,
+        spawn_ms = network_ready.elapsed().as_secs_f64() * 1e3,
+        "kubelet: pod created, launcher started"
+    );
     let record = PodRecord {
         pod_uid: pod_uid.to_string(),
         vmi_key: key.clone(),
