@@ -15,6 +15,8 @@
 
 use std::io::Read;
 
+use block::cast::u32_to_usize;
+
 /// Where the setup header's fields are in a bzImage (boot protocol, see
 /// Linux's Documentation/arch/x86/boot.rst).
 const SETUP_SECTS_OFFSET: usize = 0x1f1;
@@ -127,8 +129,8 @@ pub(crate) fn payload(image: &[u8]) -> Result<Payload<'_>, Error> {
         0 => 4,
         n => usize::from(n),
     };
-    let offset = u32_at(PAYLOAD_OFFSET_OFFSET).ok_or(Error::NotBzImage)? as usize;
-    let length = u32_at(PAYLOAD_LENGTH_OFFSET).ok_or(Error::NotBzImage)? as usize;
+    let offset = u32_to_usize(u32_at(PAYLOAD_OFFSET_OFFSET).ok_or(Error::NotBzImage)?);
+    let length = u32_to_usize(u32_at(PAYLOAD_LENGTH_OFFSET).ok_or(Error::NotBzImage)?);
     let start = (setup_sects + 1) * SECTOR + offset;
     let data = start
         .checked_add(length)
@@ -147,7 +149,7 @@ pub(crate) fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
     let data = payload.data;
     let what = payload.compression.name();
     let (stream, size) = data.split_at(data.len().checked_sub(4).ok_or(Error::Truncated)?);
-    let expected = u32::from_le_bytes([size[0], size[1], size[2], size[3]]) as usize;
+    let expected = u32_to_usize(u32::from_le_bytes([size[0], size[1], size[2], size[3]]));
     if expected > MAX_KERNEL_SIZE {
         return Err(Error::TooBig(expected as u64));
     }
@@ -211,7 +213,7 @@ fn lz4_legacy(stream: &[u8], expected: usize) -> Result<Vec<u8>, Error> {
             rest = tail;
             continue;
         }
-        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let len = u32_to_usize(u32::from_le_bytes([len[0], len[1], len[2], len[3]]));
         let block = tail
             .get(..len)
             .ok_or_else(|| corrupt(format!("block of {len} bytes past the end")))?;
@@ -264,16 +266,16 @@ fn lzop(stream: &[u8], expected: usize) -> Result<Vec<u8>, Error> {
     let name_len = usize::from(r.u8()?);
     r.skip(name_len + 4)?; // name, header checksum
     if flags & F_H_EXTRA_FIELD != 0 {
-        let extra = r.u32()? as usize;
+        let extra = u32_to_usize(r.u32()?);
         r.skip(extra.checked_add(4).ok_or(Error::Truncated)?)?;
     }
     let mut out = Vec::with_capacity(expected);
     loop {
-        let dst_len = r.u32()? as usize;
+        let dst_len = u32_to_usize(r.u32()?);
         if dst_len == 0 {
             break;
         }
-        let src_len = r.u32()? as usize;
+        let src_len = u32_to_usize(r.u32()?);
         if src_len > dst_len || out.len() + dst_len > expected {
             return Err(corrupt("block lengths out of range"));
         }

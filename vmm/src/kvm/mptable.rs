@@ -171,10 +171,10 @@ mod tests {
                 MPTABLE_ADDR + 16
             );
             assert_eq!(&table[..4], b"PCMP");
-            let length = u16::from_le_bytes([table[4], table[5]]) as usize;
+            let length = usize::from(u16::from_le_bytes([table[4], table[5]]));
             assert_eq!(length, table.len());
             assert_eq!(sum(table), 0);
-            let count = u16::from_le_bytes([table[34], table[35]]) as usize;
+            let count = usize::from(u16::from_le_bytes([table[34], table[35]]));
             // Walk the entries by type, as a guest does.
             let (mut at, mut processors, mut seen) = (44, 0, 0);
             while at < table.len() {
