@@ -117,7 +117,7 @@ fn one_run() -> (f64, f64, f64, f64, f64) {
     });
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let (monitor_program, launcher_program) = programs();
-    let mut monitor = Command::new(monitor_program)
+    let monitor = Command::new(monitor_program)
         .args([
             "--qemu-timeout",
             "60s",
@@ -150,6 +150,9 @@ fn one_run() -> (f64, f64, f64, f64, f64) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // Killed with its launcher when this function returns or panics (a failed
+    // assert must not leave a VM running).
+    let monitor = KilledOnDrop(monitor);
     let log = paths.serial_log(&launcher::paths::PathName::vmi_uid(uid).unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
     while !std::fs::read_to_string(&log)
@@ -160,7 +163,7 @@ fn one_run() -> (f64, f64, f64, f64, f64) {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let monitor_pid = monitor.id();
+    let monitor_pid = monitor.0.id();
     let launcher_pid =
         std::fs::read_to_string(format!("/proc/{monitor_pid}/task/{monitor_pid}/children"))
             .unwrap()
@@ -174,21 +177,7 @@ fn one_run() -> (f64, f64, f64, f64, f64) {
     if let Some(dir) = std::env::var_os("LAUNCHER_BENCH_SMAPS") {
         keep_smaps(Path::new(&dir), launcher_pid, monitor_pid);
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(
-            libc::pid_t::try_from(monitor_pid).expect("a Linux pid fits a pid_t"),
-        ),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .ok();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(
-            libc::pid_t::try_from(launcher_pid).expect("a Linux pid fits a pid_t"),
-        ),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .ok();
-    let _ = monitor.wait();
+    drop(monitor);
     let mib = |kib: u64| kib as f64 / 1024.0;
     (
         mib(launcher.total + monitor_kib.total),
@@ -264,4 +253,27 @@ fn resident_excluding_guest(pid: u32) -> Resident {
         }
     }
     out
+}
+
+/// The monitor process, SIGKILLed with its children (the launcher) on drop.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let pid = self.0.id();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let pids =
+            std::iter::once(pid.to_string()).chain(children.split_whitespace().map(str::to_string));
+        for pid in pids {
+            if let Ok(pid) = pid.parse::<libc::pid_t>() {
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .ok();
+            }
+        }
+        let _ = self.0.wait();
+    }
 }
