@@ -202,7 +202,12 @@ fn event_loop() -> Rules {
 /// Console output to the clients of the serial socket (std sends with
 /// MSG_NOSIGNAL).
 fn console_clients() -> Rules {
-    vec![(libc::SYS_sendto, vec![]), (libc::SYS_sendmsg, vec![])]
+    vec![
+        (libc::SYS_sendto, vec![]),
+        (libc::SYS_sendmsg, vec![]),
+        // Hanging up a client that cannot keep up (see `SocketConsole::broadcast`).
+        (libc::SYS_shutdown, vec![]),
+    ]
 }
 
 /// The vCPU kick (a real-time signal to a vCPU thread of this process).

@@ -194,13 +194,69 @@ impl Drop for Console {
 const BACKLOG_BYTES: usize = 64 * 1024;
 /// How often the accept loop checks whether it should stop.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// How far a client may fall behind the output before it is hung up.
+const CLIENT_LAG_BYTES: usize = 64 * 1024;
+
+/// One console client: its connection and the output its socket had no
+/// room for yet. The vCPU thread writes output byte by byte and must never
+/// block, and a socket holds only a few hundred single-byte writes: a client
+/// that is briefly slow (a loaded host) gets the rest late, in order, from
+/// here (the accept thread also flushes it, every [`ACCEPT_POLL`]).
+struct Client {
+    stream: UnixStream,
+    unsent: VecDeque<u8>,
+}
+
+impl Client {
+    /// Queues `bytes` and writes what the socket takes. False: the client
+    /// is gone or too far behind, and was hung up.
+    fn send(&mut self, bytes: &[u8]) -> bool {
+        self.unsent.extend(bytes);
+        self.flush()
+    }
+
+    /// Writes what the socket takes of the unsent output. False: the
+    /// client is gone or too far behind, and was hung up.
+    fn flush(&mut self) -> bool {
+        let keep = self.write_unsent() && self.unsent.len() <= CLIENT_LAG_BYTES;
+        if !keep {
+            self.hang_up();
+        }
+        keep
+    }
+
+    /// False if the connection failed.
+    fn write_unsent(&mut self) -> bool {
+        while !self.unsent.is_empty() {
+            let (front, _) = self.unsent.as_slices();
+            match self.stream.write(front) {
+                Ok(0) => return false,
+                Ok(n) => drop(self.unsent.drain(..n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Hangs up, not just forgets: the client's input thread holds a clone
+    /// of the connection, so dropping ours alone would leave the client
+    /// connected to a console that never writes to it again (one that
+    /// reconnects only at end of file, as the handler's console follower,
+    /// would wait forever). Shut down, it reads what was sent, then end of
+    /// file, and can reconnect (the backlog replays the recent output).
+    fn hang_up(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
 
 /// A unix socket console: any number of clients see the output (starting
 /// with the recent backlog) and what they send is typed into the guest.
 pub(crate) struct SocketConsole {
     path: PathBuf,
     listener: UnixListener,
-    clients: Mutex<Vec<UnixStream>>,
+    clients: Mutex<Vec<Client>>,
     backlog: Mutex<VecDeque<u8>>,
     stopped: AtomicBool,
 }
@@ -251,7 +307,10 @@ impl SocketConsole {
         while !self.stopped.load(Ordering::SeqCst) {
             match self.listener.accept() {
                 Ok((stream, _)) => self.attach(stream, serial.clone(), sandbox),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.flush_clients();
+                    std::thread::sleep(ACCEPT_POLL);
+                }
                 Err(e) => {
                     tracing::warn!("serial console: accept failed: {e}");
                     std::thread::sleep(ACCEPT_POLL);
@@ -279,12 +338,16 @@ impl SocketConsole {
         let Ok(reader) = stream.try_clone() else {
             return;
         };
-        // A slow client must not stall the vCPU: writes are non-blocking and
-        // a client that cannot keep up is dropped.
+        // A slow client must not stall the vCPU: writes are non-blocking,
+        // what does not fit waits in `Client::unsent`, and a client that
+        // falls too far behind is hung up.
         if stream.set_nonblocking(true).is_err() {
             return;
         }
-        lock(&self.clients).push(stream);
+        lock(&self.clients).push(Client {
+            stream,
+            unsent: VecDeque::new(),
+        });
         drop(backlog);
         let sandbox = sandbox.clone();
         let _ = std::thread::Builder::new()
@@ -300,13 +363,18 @@ impl SocketConsole {
         backlog.extend(bytes);
         let excess = backlog.len().saturating_sub(BACKLOG_BYTES);
         backlog.drain(..excess);
-        lock(&self.clients).retain_mut(|client| client.write_all(bytes).is_ok());
+        lock(&self.clients).retain_mut(|client| client.send(bytes));
+    }
+
+    /// Sends clients the output their sockets had no room for before.
+    fn flush_clients(&self) {
+        lock(&self.clients).retain_mut(Client::flush);
     }
 
     fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         for client in lock(&self.clients).drain(..) {
-            let _ = client.shutdown(std::net::Shutdown::Both);
+            client.hang_up();
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -424,6 +492,92 @@ mod tests {
         drop(stale);
         let console = serial(&SerialTarget::UnixSocket(path.clone()));
         UnixStream::connect(&path).unwrap();
+        drop(console);
+    }
+
+    /// Byte `i` of the test output.
+    fn text(i: usize) -> u8 {
+        b"abcdefghijklmnopqrstuvwxyz"[i % 26]
+    }
+
+    /// A client of a new console, attached (it has seen the first byte).
+    fn attached_client(console: &Console, path: &Path) -> UnixStream {
+        let mut client = UnixStream::connect(path).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        // Once the client has this byte it is attached: later output is
+        // broadcast to it (the attach holds the backlog until then).
+        lock(&console.device).write(0, b"!");
+        let mut first = [0u8; 1];
+        client.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"!");
+        client
+    }
+
+    /// A client that reads nothing for a while (a loaded host): its socket
+    /// fills after a few hundred single-byte writes (the guest writes the
+    /// UART byte by byte); the rest must reach it later, in order.
+    #[test]
+    fn a_client_that_falls_behind_gets_all_the_output_late() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.sock");
+        let console = serial(&SerialTarget::UnixSocket(path.clone()));
+        let mut client = attached_client(&console, &path);
+        let total = 20_000;
+        for i in 0..total {
+            lock(&console.device).write(0, &[text(i)]);
+        }
+        let mut got = vec![0u8; total];
+        client
+            .read_exact(&mut got)
+            .expect("all the output, late (the accept thread sends what did not fit)");
+        assert!(got.iter().enumerate().all(|(i, &b)| b == text(i)));
+        drop(console);
+    }
+
+    /// A client that stops reading for good is hung up once it is
+    /// `CLIENT_LAG_BYTES` behind: it reads what was sent, then end of file
+    /// (not a silent, open connection: its input thread holds a clone of
+    /// it), and a reconnect replays the backlog.
+    #[test]
+    fn a_client_too_far_behind_is_hung_up_and_can_reconnect() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.sock");
+        let console = serial(&SerialTarget::UnixSocket(path.clone()));
+        let mut slow = attached_client(&console, &path);
+        let total = 3 * CLIENT_LAG_BYTES;
+        for i in 0..total {
+            lock(&console.device).write(0, &[text(i)]);
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match slow.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => panic!(
+                    "the console stopped writing to a client it did not hang up \
+                     (read {} of {total} bytes, then {e})",
+                    got.len()
+                ),
+            }
+        }
+        assert!(got.len() < total, "the client was never hung up");
+        assert!(got.iter().enumerate().all(|(i, &b)| b == text(i)));
+        let mut again = UnixStream::connect(&path).unwrap();
+        again
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut replay = vec![0u8; BACKLOG_BYTES];
+        again.read_exact(&mut replay).unwrap();
+        let first = total - BACKLOG_BYTES;
+        assert!(
+            replay
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == text(first + i))
+        );
         drop(console);
     }
 
