@@ -119,6 +119,11 @@ impl DeviceQueue {
     /// `VIRTIO_RING_F_EVENT_IDX` (not offered) that is the inverse of
     /// `VRING_AVAIL_F_NO_INTERRUPT`, which virtio-queue does not look at.
     pub(crate) fn wants_interrupt(&self, mem: &GuestMemoryMmap) -> bool {
+        // The used index just written must be visible before the flags are
+        // read (virtio 1.x, 2.7.10): a driver that clears NO_INTERRUPT, fences
+        // and re-checks the used index would otherwise wait for an interrupt
+        // never sent. virtio-queue's own `needs_notification` fences the same way.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let flags: Result<u16, _> = mem.read_obj(vm_memory::GuestAddress(self.queue.avail_ring()));
         match flags {
             Ok(f) => {
