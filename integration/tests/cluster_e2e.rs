@@ -1112,16 +1112,20 @@ async fn kvm_gone_from_the_handlers_view_keeps_vms_off_the_node() {
     vms.vmi_and_pods_gone("waiting").await;
 }
 
-/// Inode of each `kubevirt-*.sock` in the kubelet's device-plugin directory.
-fn plugin_socket_inodes() -> BTreeMap<String, u64> {
+/// Identity of each `kubevirt-*.sock` in the kubelet's device-plugin directory: its inode
+/// number and change time (the inode alone is not enough: a socket removed and made again can
+/// get the freed inode number back).
+fn plugin_socket_inodes() -> BTreeMap<String, (u64, i64, i64)> {
     std::fs::read_dir(DEVICE_PLUGIN_DIR)
         .map(|entries| {
             entries
                 .flatten()
                 .filter_map(|e| {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    (name.starts_with("kubevirt-") && name.ends_with(".sock"))
-                        .then(|| Some((name, e.metadata().ok()?.ino())))?
+                    (name.starts_with("kubevirt-") && name.ends_with(".sock")).then(|| {
+                        let meta = e.metadata().ok()?;
+                        Some((name, (meta.ino(), meta.ctime(), meta.ctime_nsec())))
+                    })?
                 })
                 .collect()
         })
