@@ -65,9 +65,8 @@ impl Vm {
             .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
         let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
             .map_err(|e| Error::Sandbox(e.to_string()))?;
-        let (kvm_sys, vm) = kvm::create_vm()?;
+        let (kvm_sys, vm, memory) = kvm::create_vm(config.memory_mib << 20)?;
         let vm = Arc::new(vm);
-        let memory = kvm::memory::create(&vm, config.memory_mib << 20)?;
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
 
         let mut pio = Bus::new("port I/O");
