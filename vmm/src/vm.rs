@@ -285,8 +285,7 @@ fn spawn_vcpus(
             .spawn(move || {
                 let slot = tids_t.get(usize::from(vcpu.index()));
                 if let Some(slot) = slot {
-                    // SAFETY: gettid has no preconditions.
-                    slot.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+                    slot.store(crate::stats::current_tid(), Ordering::Relaxed);
                 }
                 let entered = sandbox_t.enter(ThreadKind::Vcpu);
                 let ok = entered.is_ok();

@@ -153,10 +153,7 @@ impl DeviceThread {
         let thread = std::thread::Builder::new().name(name.into()).spawn({
             let shared = shared.clone();
             move || {
-                // SAFETY: gettid has no preconditions.
-                shared
-                    .tid
-                    .store(unsafe { libc::gettid() }, Ordering::SeqCst);
+                shared.tid.store(current_tid(), Ordering::SeqCst);
                 let entered = sandbox.enter(role);
                 let ok = entered.is_ok();
                 let _ = ready_tx.send(entered);
@@ -398,4 +395,13 @@ fn wait(shared: &Shared, watched: Option<RawFd>, fds: &mut Vec<libc::pollfd>) ->
             .last()
             .is_some_and(|p| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0);
     Ok(watched_ready)
+}
+
+/// The calling thread's id, by the system call: glibc's `gettid` wrapper is
+/// left an unresolved weak symbol (a null call) in a statically linked build
+/// with LTO, so it is not used.
+pub(crate) fn current_tid() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    i32::try_from(tid).unwrap_or(0)
 }
