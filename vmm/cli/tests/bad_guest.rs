@@ -66,6 +66,28 @@ fn a_file_that_is_not_a_kernel_is_refused() {
     assert_refused(&out, "cannot load the kernel");
 }
 
+/// Shorter than the ELF magic, or cut inside it: the kernel file's first bytes
+/// decide how it is read (ELF segments straight from the file, else the whole
+/// image), and neither path may panic on them.
+#[test]
+fn an_empty_or_cut_magic_kernel_file_is_refused() {
+    let dir = tempdir();
+    for (name, bytes) in [("empty", &b""[..]), ("cut", &b"\x7fEL"[..])] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let out = run_kernel(&path, &[]);
+        assert_refused(&out, "cannot load the kernel");
+    }
+}
+
+/// A directory opens but cannot be read.
+#[test]
+fn a_directory_as_kernel_is_refused() {
+    let dir = tempdir();
+    let out = run_kernel(dir.path(), &[]);
+    assert_refused(&out, "cannot open kernel");
+}
+
 #[test]
 fn a_segment_outside_guest_memory_is_refused() {
     let dir = tempdir();

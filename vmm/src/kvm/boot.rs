@@ -52,13 +52,10 @@ pub(crate) fn load(
     initrd: Option<&std::path::Path>,
     acpi_rsdp: u64,
 ) -> Result<KernelEntry> {
-    let image: std::borrow::Cow<'_, [u8]> = match kernel {
-        KernelSource::Path(path) => std::fs::read(path)
-            .map_err(|e| Error::KernelFile(path.clone(), e))?
-            .into(),
-        KernelSource::Bytes(bytes) => (&bytes[..]).into(),
+    let (entry, header) = match kernel {
+        KernelSource::Path(path) => load_kernel_file(mem, path, decompress)?,
+        KernelSource::Bytes(bytes) => load_kernel(mem, bytes, decompress)?,
     };
-    let (entry, header) = load_kernel(mem, &image, decompress)?;
 
     let mut params = boot_params::default();
     if let Some(header) = header {
@@ -100,13 +97,35 @@ pub(crate) fn load(
     Ok(entry)
 }
 
+/// A kernel file: an ELF kernel's segments are read from the file straight into
+/// guest memory (no copy of the whole image on the heap: a stock vmlinux is tens of
+/// MiB); a bzImage is read whole, its payload is parsed and perhaps decompressed.
+fn load_kernel_file(
+    mem: &GuestMemoryMmap,
+    path: &std::path::Path,
+    decompress: KernelDecompress,
+) -> Result<(KernelEntry, Option<setup_header>)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let file_err = |e| Error::KernelFile(path.to_path_buf(), e);
+    let mut file = File::open(path).map_err(file_err)?;
+    let mut magic = [0u8; 4];
+    let magic_len = file.read(&mut magic).map_err(file_err)?;
+    file.seek(SeekFrom::Start(0)).map_err(file_err)?;
+    if magic_len == magic.len() && &magic == b"\x7fELF" {
+        return Ok((load_elf(mem, &mut file)?, None));
+    }
+    let mut image = Vec::new();
+    file.read_to_end(&mut image).map_err(file_err)?;
+    load_kernel(mem, &image, decompress)
+}
+
 fn load_kernel(
     mem: &GuestMemoryMmap,
     image: &[u8],
     decompress: KernelDecompress,
 ) -> Result<(KernelEntry, Option<setup_header>)> {
     if image.starts_with(b"\x7fELF") {
-        return Ok((load_elf(mem, image)?, None));
+        return Ok((load_elf(mem, &mut Cursor::new(image))?, None));
     }
     let header = image
         .get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + std::mem::size_of::<setup_header>())
@@ -127,7 +146,7 @@ fn load_kernel(
                 "the decompressed payload is not an ELF kernel".into(),
             ));
         }
-        return Ok((load_elf(mem, &vmlinux)?, header));
+        return Ok((load_elf(mem, &mut Cursor::new(&vmlinux[..]))?, header));
     }
     let loaded = BzImage::load(
         mem,
@@ -151,14 +170,12 @@ fn load_kernel(
 }
 
 /// An ELF kernel, its segments at their physical addresses.
-fn load_elf(mem: &GuestMemoryMmap, image: &[u8]) -> Result<KernelEntry> {
-    let loaded = Elf::load(
-        mem,
-        None,
-        &mut Cursor::new(image),
-        Some(GuestAddress(HIMEM_START)),
-    )
-    .map_err(|e| Error::KernelLoad(e.to_string()))?;
+fn load_elf<F>(mem: &GuestMemoryMmap, image: &mut F) -> Result<KernelEntry>
+where
+    F: std::io::Read + std::io::Seek + vm_memory::ReadVolatile,
+{
+    let loaded = Elf::load(mem, None, image, Some(GuestAddress(HIMEM_START)))
+        .map_err(|e| Error::KernelLoad(e.to_string()))?;
     check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
     Ok(KernelEntry {
         entry: loaded.kernel_load,
