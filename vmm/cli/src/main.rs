@@ -16,6 +16,14 @@ use vmm::sandbox::ThreadKind;
 use vmm::{Vm, VmHandle};
 
 fn main() -> ExitCode {
+    // One malloc arena: the VM's threads allocate little, and an arena of
+    // their own costs each of them its touched heap pages (the short-lived
+    // CPUID thread's alone added about 120 KiB to the peak RSS).
+    // SAFETY: mallopt only sets an allocator parameter; called before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

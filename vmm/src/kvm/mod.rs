@@ -65,7 +65,7 @@ pub(crate) fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> E
 /// change; right after `KVM_CREATE_IRQCHIP` (whose I/O-bus and routing updates
 /// ran grace periods of their own) that wait took 5.6–10 ms here (one or two
 /// 4 ms timer ticks), before it 0.04 ms (`vmm/docs/benchmarks.md`).
-pub(crate) fn create_vm(mem_bytes: u64) -> Result<(Kvm, VmFd, vm_memory::GuestMemoryMmap)> {
+pub(crate) fn create_vm(mem_bytes: u64) -> Result<(VmFd, vm_memory::GuestMemoryMmap)> {
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     let memory = memory::create(&vm, mem_bytes)?;
@@ -90,5 +90,14 @@ pub(crate) fn create_vm(mem_bytes: u64) -> Result<(Kvm, VmFd, vm_memory::GuestMe
         vm.enable_cap(&cap)
             .map_err(kvm_err("KVM_ENABLE_CAP(EXIT_ON_EMULATION_FAILURE)"))?;
     }
-    Ok((kvm, vm, memory))
+    Ok((vm, memory))
+}
+
+/// The CPUID entries KVM supports on this host (`KVM_GET_SUPPORTED_CPUID`),
+/// through a /dev/kvm handle of its own so that it can be asked on any thread.
+pub(crate) fn supported_cpuid() -> Result<kvm_bindings::CpuId> {
+    Kvm::new()
+        .map_err(Error::OpenKvm)?
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))
 }
