@@ -1156,6 +1156,46 @@ fn concurrent_requests_get_their_own_bounce_buffers_on_one_huge_page() {
     assert_eq!(first, second);
 }
 
+/// `AnonHugePages` (kB) of the /proc/self/smaps entry that holds `addr`.
+fn anon_huge_kib(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((lo, hi)) = range.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        {
+            inside = (lo..hi).contains(&addr);
+        } else if inside && let Some(kib) = line.strip_prefix("AnonHugePages:") {
+            return kib.trim().trim_end_matches(" kB").parse().unwrap();
+        }
+    }
+    panic!("no mapping holds {addr:#x}");
+}
+
+#[test]
+fn bounce_buffers_move_to_a_huge_page_once_the_guest_keeps_requests_in_flight() {
+    let mem = test_memory();
+    let disk = Arc::new(ProbeDisk::new(0, Duration::ZERO));
+    let mut h = probe_harness(&mem, disk.clone(), 4);
+    // Lone requests and a few batches: the buffers stay on small pages.
+    for _ in 0..3 {
+        assert_eq!(h.submit_batch(&four_reads()[..1]), vec![(OK, 4097)]);
+    }
+    for _ in 1..HUGE_PAGE_AFTER_BATCHES {
+        assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+    }
+    let mapping = *disk.read_buffers.lock().unwrap().iter().min().unwrap();
+    assert_eq!(mapping % ::block::HUGE_PAGE, 0);
+    assert_eq!(anon_huge_kib(mapping), 0, "huge page before the threshold");
+    // The batch that reaches the threshold moves them (the host here has
+    // transparent huge pages in `madvise` mode).
+    assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+    assert_eq!(anon_huge_kib(mapping), 2048);
+    // Requests still land in the guest as before.
+    assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
+}
+
 #[test]
 fn without_io_threads_requests_run_one_after_the_other() {
     // The converse of the test above: the probe sees no overlap.
