@@ -28,8 +28,10 @@ fn run_monitor(file_cap: bool) -> Seen {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let monitor = dir.path().join("virt-launcher-monitor");
-    std::fs::copy(env!("CARGO_BIN_EXE_virt-launcher-monitor"), &monitor).unwrap();
-    std::fs::set_permissions(&monitor, std::fs::Permissions::from_mode(0o755)).unwrap();
+    install_executable(
+        Path::new(env!("CARGO_BIN_EXE_virt-launcher-monitor")),
+        &monitor,
+    );
     if file_cap {
         // Root's PATH usually has /usr/sbin; look there too.
         let setcap = ["/usr/sbin/setcap", "/sbin/setcap"]
@@ -44,16 +46,18 @@ fn run_monitor(file_cap: bool) -> Seen {
         assert!(out.status.success(), "setcap: {out:?}");
     }
     let record = dir.path().join("caps.txt");
-    let launcher = dir.path().join("fake-launcher");
+    // Written here, executed only as the copy `install_executable` makes.
+    let script = dir.path().join("fake-launcher.sh");
     std::fs::write(
-        &launcher,
+        &script,
         format!(
             "#!/bin/sh\ngrep -E '^Cap(Amb|Eff):' /proc/self/status > {}\n",
             record.display()
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let launcher = dir.path().join("fake-launcher");
+    install_executable(&script, &launcher);
     let status = Command::new(&monitor)
         .args(["--container-disk-dir", dir.path().to_str().unwrap()])
         .env("VIRT_LAUNCHER_BINARY", &launcher)
@@ -63,6 +67,25 @@ fn run_monitor(file_cap: bool) -> Seen {
         .expect("run the monitor");
     assert!(status.success(), "monitor: {status:?}");
     parse(&std::fs::read_to_string(&record).expect("the fake launcher ran"))
+}
+
+/// Copies `src` to a new executable (mode 0755) `dst` in a child process (coreutils'
+/// `install`), so that this process never has `dst` open for writing.
+///
+/// The tests of this binary run in parallel and fork (every `Command`). A child forked
+/// while a thread here has `dst` open for writing keeps a copy of that descriptor until it
+/// execs (`O_CLOEXEC` closes it only then), and executing `dst` meanwhile fails with
+/// ETXTBSY ("Text file busy"); seen as `run the monitor` failing in about 1 run in 12.
+/// Retrying the spawn would not cover the fake launcher, which the monitor (the code
+/// under test) executes.
+fn install_executable(src: &Path, dst: &Path) {
+    let out = Command::new("install")
+        .args(["-m", "0755"])
+        .arg(src)
+        .arg(dst)
+        .output()
+        .expect("run install (coreutils)");
+    assert!(out.status.success(), "install {}: {out:?}", dst.display());
 }
 
 fn parse(text: &str) -> Seen {

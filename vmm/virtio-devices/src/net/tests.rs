@@ -47,7 +47,6 @@ impl<'a> Harness<'a> {
     fn with_options(mem: &'a GuestMemoryMmap, tap: &str, options: NetOptions) -> Self {
         create_tap(tap);
         let net = Net::with_options(tap, options).expect("open the tap");
-        super::test_tap::wait_running(tap);
         let counters = net.counters();
         let mut mmio = MmioDriver::new(Box::new(net), mem);
         let rxq = GuestDriver::at(mem, 16, 0x1000);
@@ -322,10 +321,13 @@ fn frames_wait_without_spinning_while_the_guest_queue_is_full_then_flow_again() 
             "device thread used {spent} ticks while waiting for buffers"
         );
         assert_eq!(h.rxq.used_idx(), 0);
-        // Buffers come back in batches; every frame arrives, in order.
+        // Buffers come back in batches; every frame arrives, in order. A batch that
+        // brings no frame at all means frames were lost: fail rather than post
+        // buffers forever.
         let mut got = Vec::new();
         while got.len() < frames.len() {
             h.post_rx(8, RX_BUF_LEN);
+            let before = got.len();
             for _ in 0..8 {
                 match h.next_frame(Duration::from_secs(2)) {
                     Some(f) => got.push(f),
@@ -335,6 +337,12 @@ fn frames_wait_without_spinning_while_the_guest_queue_is_full_then_flow_again() 
                     break;
                 }
             }
+            assert!(
+                got.len() > before,
+                "no frame within 2 s of posting buffers: {} of {} arrived",
+                got.len(),
+                frames.len()
+            );
         }
         assert_eq!(got, frames);
         assert_eq!(h.mmio.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
