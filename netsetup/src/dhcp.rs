@@ -20,7 +20,7 @@ use ipnet::Ipv4Net;
 
 use proto::contract::dhcp_cache::DhcpConfig as DhcpCache;
 
-use crate::resolv::ResolvConf;
+use crate::resolv::{ResolvConf, longest_domain};
 
 /// `infiniteLease = 999*24h`, in seconds.
 pub(crate) const INFINITE_LEASE_SECS: u32 = 999 * 24 * 3600;
@@ -116,18 +116,18 @@ impl Common {
             resolv.search.clone()
         };
         if let Some(sub) = subdomain.filter(|s| !s.is_empty()) {
-            // The pod's own namespace domain is the longest `*.svc.*` one.
-            let namespace_domain = search
-                .iter()
-                .filter(|d| d.contains(".svc."))
-                .max_by_key(|d| d.len())
-                .cloned();
+            // The pod's own namespace domain is the longest `*.svc.*` one; one that
+            // already starts with the subdomain gets nothing in front (KubeVirt's
+            // `dns.DomainNameWithSubdomain`, pkg/network/dns/resolveconf.go).
+            let namespace_domain = longest_domain(search.iter().filter(|d| d.contains(".svc.")))
+                .filter(|d| !d.starts_with(&format!("{sub}.")))
+                .map(|d| format!("{sub}.{d}"));
             if let Some(domain) = namespace_domain {
-                search.insert(0, format!("{sub}.{domain}"));
+                search.insert(0, domain);
             }
         }
         let search_wire = encode_search(&search)?;
-        let domain_name = search.iter().max_by_key(|d| d.len()).cloned();
+        let domain_name = longest_domain(&search).map(str::to_string);
         Ok(Common {
             dns,
             search,
@@ -858,6 +858,36 @@ mod tests {
             cfg.domain_name.as_deref(),
             Some("mysub.ns1.svc.cluster.local")
         );
+        // A namespace domain that already starts with the subdomain gets no second one.
+        let resolv = ResolvConf::parse("search mysub.ns1.svc.cluster.local svc.cluster.local\n");
+        let cfg = DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &resolv,
+            None,
+            Some("mysub"),
+            1500,
+        )
+        .unwrap();
+        assert_eq!(cfg.search, resolv.search);
+        // Of equally long domains the first is the domain name, as in KubeVirt.
+        let cfg = DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &ResolvConf::parse("search a.svc.x b.svc.x\n"),
+            None,
+            Some("s"),
+            1500,
+        )
+        .unwrap();
+        assert_eq!(cfg.search[0], "s.a.svc.x");
+        let cfg = DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &ResolvConf::parse("search a.x b.x\n"),
+            None,
+            None,
+            1500,
+        )
+        .unwrap();
+        assert_eq!(cfg.domain_name.as_deref(), Some("a.x"));
         let short = DhcpConfig::masquerade(
             "10.0.2.0/24".parse().unwrap(),
             &ResolvConf::parse("search a.b\n"),

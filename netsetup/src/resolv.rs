@@ -50,18 +50,20 @@ impl ResolvConf {
         }
         conf
     }
+}
 
-    /// The longest search domain: KubeVirt sends it as the DHCP domain name (option 15).
-    pub fn longest_search_domain(&self) -> Option<&str> {
-        // max_by_key returns the last of equal maxima; keep the first like a stable pick.
-        let mut best: Option<&str> = None;
-        for domain in &self.search {
-            if best.is_none_or(|b| domain.len() > b.len()) {
-                best = Some(domain);
-            }
+/// The longest of `domains`, the first of equally long ones, as KubeVirt's
+/// `dns.GetDomainName` (`pkg/network/dns/resolveconf.go`) picks the DHCP domain
+/// name (option 15) and, among the `*.svc.*` domains, the namespace domain a
+/// subdomain is put in front of.
+pub fn longest_domain<'a>(domains: impl IntoIterator<Item = &'a String>) -> Option<&'a str> {
+    let mut best: Option<&str> = None;
+    for domain in domains {
+        if best.is_none_or(|b| domain.len() > b.len()) {
+            best = Some(domain);
         }
-        best
     }
+    best
 }
 
 #[cfg(test)]
@@ -88,7 +90,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            conf.longest_search_domain(),
+            longest_domain(&conf.search),
             Some("default.svc.cluster.local")
         );
     }
@@ -101,10 +103,17 @@ mod tests {
         assert_eq!(conf.search, vec!["b.example", "c.example"]);
     }
 
+    /// Of equally long domains the first wins, as in KubeVirt (`len(d) > len(selected)`).
+    #[test]
+    fn the_first_of_equally_long_domains_is_the_longest() {
+        let search = ["a.example", "b.example", "c.x"].map(String::from);
+        assert_eq!(longest_domain(&search), Some("a.example"));
+    }
+
     #[test]
     fn empty_file_has_nothing() {
         let conf = ResolvConf::parse("");
         assert!(conf.nameservers_v4.is_empty() && conf.search.is_empty());
-        assert_eq!(conf.longest_search_domain(), None);
+        assert_eq!(longest_domain(&conf.search), None);
     }
 }

@@ -142,30 +142,19 @@ fn one_run(
 }
 
 fn main() {
-    let env_num = |key: &str, default: u64| {
-        std::env::var(key)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let runs = env_num("BLK_BENCH_RUNS", 5);
-    let requests = env_num("BLK_BENCH_N", 2000);
-    let cases: Vec<Case> = std::env::var("BLK_BENCH_CASES")
-        .unwrap_or_else(|_| {
-            "read:4:writeback:spin,read:64:writeback:spin,write:4:none:spin,write:4:none:irq".into()
-        })
-        .split(',')
-        .map(|c| {
-            let parts: Vec<&str> = c.split(':').collect();
-            assert_eq!(parts.len(), 4, "case {c}: op:kb:cache:wait");
-            Case {
-                op: parts[0].into(),
-                kb: parts[1].parse().expect("kb"),
-                cache: parts[2].into(),
-                wait: parts[3].into(),
-            }
-        })
-        .collect();
+    let runs = common::env::number("BLK_BENCH_RUNS", 5);
+    let requests = common::env::number("BLK_BENCH_N", 2000);
+    let cases = common::env::cases(
+        "BLK_BENCH_CASES",
+        "read:4:writeback:spin,read:64:writeback:spin,write:4:none:spin,write:4:none:irq",
+        "op:kb:cache:wait",
+        |_, parts| Case {
+            op: parts[0].into(),
+            kb: parts[1].parse().expect("kb"),
+            cache: parts[2].into(),
+            wait: parts[3].into(),
+        },
+    );
     let vmm = env!("CARGO_BIN_EXE_vmm");
     let variants = common::variants(vmm);
     let base = std::env::var("BLK_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into());

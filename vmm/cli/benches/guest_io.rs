@@ -47,8 +47,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use common::firecracker;
 use common::threads::{split_delta, thread_cpu};
+use common::{env, firecracker};
 
 const MEMORY_MIB: u64 = 64;
 const DISK_MIB: u64 = 64;
@@ -293,37 +293,26 @@ fn loadavg() -> String {
 }
 
 fn main() {
-    let env_num = |key: &str, default: u64| {
-        std::env::var(key)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let runs = env_num("GUEST_IO_RUNS", 5);
-    let requests = env_num("GUEST_IO_N", 1000);
-    let cases: Vec<Case> = std::env::var("GUEST_IO_CASES")
-        .unwrap_or_else(|_| {
-            "read:seq:4,read:seq:64,read:rand:4,read:rand:64,write:seq:4,write:seq:64,write:rand:4,write:rand:64".into()
-        })
-        .split(',')
-        .map(|c| {
-            let parts: Vec<&str> = c.split(':').collect();
-            assert_eq!(parts.len(), 3, "case {c}: op:pattern:KiB");
-            Case {
-                write: match parts[0] {
-                    "read" => false,
-                    "write" => true,
-                    op => panic!("case {c}: op {op:?} is read or write"),
-                },
-                random: match parts[1] {
-                    "seq" => false,
-                    "rand" => true,
-                    p => panic!("case {c}: pattern {p:?} is seq or rand"),
-                },
-                kb: parts[2].parse().expect("KiB"),
-            }
-        })
-        .collect();
+    let runs = env::number("GUEST_IO_RUNS", 5);
+    let requests = env::number("GUEST_IO_N", 1000);
+    let cases = env::cases(
+        "GUEST_IO_CASES",
+        "read:seq:4,read:seq:64,read:rand:4,read:rand:64,write:seq:4,write:seq:64,write:rand:4,write:rand:64",
+        "op:pattern:KiB",
+        |c, parts| Case {
+            write: match parts[0] {
+                "read" => false,
+                "write" => true,
+                op => panic!("case {c}: op {op:?} is read or write"),
+            },
+            random: match parts[1] {
+                "seq" => false,
+                "rand" => true,
+                p => panic!("case {c}: pattern {p:?} is seq or rand"),
+            },
+            kb: parts[2].parse().expect("KiB"),
+        },
+    );
     let fc_binary = firecracker::binary_from_env();
     let mut targets: Vec<Target> = std::env::var("GUEST_IO_TARGETS")
         .unwrap_or_else(|_| "ours-raw,ours-qcow2,fc-raw".into())

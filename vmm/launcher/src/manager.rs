@@ -70,6 +70,9 @@ struct State {
     shutdown_requested: bool,
     killed: bool,
     dhcp: Option<DhcpHandle>,
+    /// Copies the console into the serial log while the domain's VM runs
+    /// (across reboots); dropped when the VM ends for good.
+    console_log: Option<crate::console_log::ConsoleLog>,
 }
 
 /// A failed request, with the message the handler will show.
@@ -234,7 +237,7 @@ impl Manager {
         };
 
         let vm = Arc::new(Vm::start(config.clone())?);
-        start_console_log(&domain);
+        let console_log = start_console_log(&domain);
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
         if paused {
             vm.pause()?;
@@ -254,6 +257,7 @@ impl Manager {
         state.shutdown_requested = false;
         state.killed = false;
         state.dhcp = dhcp;
+        state.console_log = console_log;
         state.config = Some(config);
         state.vm = Some(vm.clone());
         tracing::info!(domain = %domain.spec.name, "domain defined and started");
@@ -305,6 +309,7 @@ impl Manager {
             }
         }
         state.dhcp = None;
+        state.console_log = None;
         for (status, reason) in libvirt_states_at_exit(&exit, state.shutdown_requested) {
             self.set_status(&mut state, status, reason);
         }
@@ -426,6 +431,7 @@ impl Manager {
         state.generation += 1;
         state.vm = None;
         state.dhcp = None;
+        state.console_log = None;
         state.config = None;
         let gone = Domain::gone(
             &domain.object_meta.namespace,
@@ -539,17 +545,14 @@ fn libvirt_states_at_exit(
     }
 }
 
-/// Appends the console to the domain's serial log file, if it has one.
-fn start_console_log(domain: &Domain) {
-    let Some(serial) = domain.spec.devices.as_ref().and_then(|d| d.serials.first()) else {
-        return;
-    };
-    let (Some(source), Some(log)) = (&serial.source, &serial.log) else {
-        return;
-    };
-    if let Err(e) = crate::console_log::start(source.path.clone().into(), log.file.clone().into()) {
-        tracing::warn!("cannot start the console log: {e}");
-    }
+/// Appends the console to the domain's serial log file, if it has one, until
+/// the returned handle is dropped.
+fn start_console_log(domain: &Domain) -> Option<crate::console_log::ConsoleLog> {
+    let serial = domain.spec.devices.as_ref()?.serials.first()?;
+    let (source, log) = (serial.source.as_ref()?, serial.log.as_ref()?);
+    crate::console_log::start(source.path.clone().into(), log.file.clone().into())
+        .inspect_err(|e| tracing::warn!("cannot start the console log: {e}"))
+        .ok()
 }
 
 #[cfg(test)]

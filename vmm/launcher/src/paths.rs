@@ -184,7 +184,9 @@ impl Paths {
             .join("empty-disks")
             .join(format!("{}.qcow2", volume.as_str()))
     }
-    /// `cloud-init-data/<ns>/<vmi>/`: where the cloud-init ISO is made.
+    /// `cloud-init-data/<ns>/<vmi>/`: where the cloud-init ISO is made (KubeVirt's
+    /// launcher: `filepath.Join(ephemeralDiskDir, "cloud-init-data")`,
+    /// cmd/virt-launcher/virt-launcher.go).
     pub(crate) fn cloud_init_dir(&self, namespace: &PathName, name: &PathName) -> PathBuf {
         self.ephemeral_disk_dir
             .join("cloud-init-data")
@@ -199,7 +201,9 @@ impl Paths {
     pub fn config_drive_iso(&self, namespace: &PathName, name: &PathName) -> PathBuf {
         self.cloud_init_dir(namespace, name).join("configdrive.iso")
     }
-    /// Secrets referenced by cloud-init volumes.
+    /// Secrets referenced by cloud-init volumes and access credentials, under
+    /// the private dir (KubeVirt's `config.SecretSourceDir`, pkg/config/config.go:
+    /// `/var/run/kubevirt-private/secret`).
     pub(crate) fn secrets_dir(&self) -> PathBuf {
         self.private_dir.join("secret")
     }

@@ -1,9 +1,10 @@
-//! What the VMM benchmarks share: which `vmm` binaries to compare, how to
-//! run Firecracker beside them, how resident memory and the first `KVM_RUN`
+//! What the VMM benchmarks share: their settings from the environment, which
+//! `vmm` binaries to compare, how to run Firecracker beside them, how resident memory and the first `KVM_RUN`
 //! are measured.
 
 #![allow(dead_code)] // each benchmark uses a different subset
 
+pub mod env;
 pub mod firecracker;
 pub mod kvm_run_trace;
 pub mod rss;

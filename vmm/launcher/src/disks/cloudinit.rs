@@ -34,11 +34,6 @@ use serde_json::Value;
 pub(crate) const NOCLOUD_VOLUME_ID: &str = "cidata";
 /// Volume id cloud-init looks for on an OpenStack config drive.
 pub(crate) const CONFIG_DRIVE_VOLUME_ID: &str = "config-2";
-/// Where the pod mounts the secrets named by cloud-init volumes and access credentials
-/// (`config.SecretSourceDir`).
-pub const DEFAULT_SECRETS_DIR: &str = "/var/run/kubevirt-private/secret";
-/// Base of the generated images: `<base>/<namespace>/<vmi>/{noCloud,configdrive}.iso`.
-pub const DEFAULT_CLOUD_INIT_DIR: &str = "/var/run/kubevirt-ephemeral-disks/cloud-init-data";
 /// Largest user data, network data, secret file or public key accepted.
 ///
 /// KubeVirt's admission webhook limits inline data to 2048 bytes and Kubernetes limits a secret
@@ -159,7 +154,8 @@ fn io_error(action: &'static str, path: &Path, source: io::Error) -> CloudInitEr
 
 /// NoCloud files for the `cloudInitNoCloud` volume `volume_name` of `vmi`.
 ///
-/// `secrets_dir` is where the pod mounts cloud-init secrets ([`DEFAULT_SECRETS_DIR`] in a real pod).
+/// `secrets_dir` is where the pod mounts cloud-init secrets (`Paths::secrets_dir`,
+/// `/var/run/kubevirt-private/secret` in a real pod).
 pub fn nocloud_data(
     vmi: &VirtualMachineInstance,
     volume_name: &str,
