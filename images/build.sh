@@ -7,7 +7,8 @@
 # --profile dev builds the same programs, static and stripped, with the dev profile (no
 # optimisation; the end-to-end tests use it, as a release build would double their cost).
 # NAME is a spec in images/specs/ (virt-controller, virt-handler, virt-launcher, pause,
-# test-guest-kernel, test-disk). Steps: one build of every program the images need,
+# test-guest-kernel, test-disk). Steps: two builds of every program the images need (the pod's,
+# then the node's and the cluster's),
 # linked statically (the images hold no C library; glibc 2.36 resolves users and hosts from
 # /etc without NSS modules); each program stripped into DIR/stage with its debug info kept
 # apart in DIR/debug/<program>.debug (found through .gnu_debuglink); the test guest and a
@@ -41,31 +42,52 @@ for name in "${names[@]}"; do
     }
 done
 
-# Every program of every image, as "package:binary", built together whatever NAMEs were
-# asked for: cargo unifies dependency features over the packages of one build, so building a
-# subset could link a program differently and change its image's digest.
-programs=(controller:virt-controller virt-handler:virt-handler
-    virt-launcher:virt-launcher virt-launcher:virt-launcher-monitor
-    virt-launcher:virt-tail virt-launcher:container-disk pause:pause)
+# Every program of every image, as "package:binary", in two builds, each always of the same
+# programs whatever NAMEs were asked for: cargo unifies dependency features over the packages
+# of one build, so building a subset could link a program differently and change its image's
+# digest. The pod's programs (one launcher pod per VM) and `vmm` are one build, with the
+# `lean` profile in release (fat LTO, optimised for size but for the data path: Cargo.toml);
+# the node's and the cluster's programs the other.
+pod_programs=(virt-launcher:virt-launcher virt-launcher:virt-launcher-monitor
+    virt-launcher:virt-tail virt-launcher:container-disk)
+node_programs=(controller:virt-controller virt-handler:virt-handler pause:pause)
+# What the images hold; `vmm` (writes the test guest and the test disk) and `oci-image`
+# (writes the archives) only run here.
+programs=("${pod_programs[@]}" "${node_programs[@]}")
 
 triple=x86_64-unknown-linux-gnu
 target=${CARGO_TARGET_DIR:-target}
 case $profile in
-    release) bindir=$target/$triple/release ;;
-    dev) bindir=$target/$triple/debug ;;
+    release) pod_profile=lean node_profile=release ;;
+    dev) pod_profile=dev node_profile=dev ;;
     *) echo "build.sh: --profile is release or dev, not $profile" >&2; exit 2 ;;
 esac
+# Where cargo puts a profile's programs.
+profile_dir() { [[ $1 == dev ]] && echo "$target/$triple/debug" || echo "$target/$triple/$1"; }
+pod_dir=$(profile_dir "$pod_profile")
+node_dir=$(profile_dir "$node_profile")
+# The directory holding `package:binary`'s program.
+bindir_of() {
+    local p
+    for p in "${pod_programs[@]}"; do [[ $p == "$1" ]] && { echo "$pod_dir"; return; }; done
+    echo "$node_dir"
+}
 # --target keeps RUSTFLAGS off build scripts and proc macros (those cannot be static).
-build=(-p oci-image --bin oci-image -p vmm-cli --bin vmm)
-for program in "${programs[@]}"; do
-    build+=(-p "${program%%:*}" --bin "${program#*:}")
-done
-echo "== cargo build --profile $profile (static): ${programs[*]#*:} oci-image vmm"
 # pack-relative-relocs: the relative relocations of a static-pie program as a bitmap (DT_RELR,
 # glibc 2.36) instead of 24 bytes each, which every start reads (0.6 MiB of the launcher's
 # resident memory; vmm/launcher/docs/memory.md).
-CARGO_INCREMENTAL=0 RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
-    cargo build --profile "$profile" --locked --target "$triple" "${build[@]}"
+build_static() {
+    local cargo_profile=$1 build=() program
+    shift
+    for program in "$@"; do
+        build+=(-p "${program%%:*}" --bin "${program#*:}")
+    done
+    echo "== cargo build --profile $cargo_profile (static): ${*#*:}"
+    CARGO_INCREMENTAL=0 RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
+        cargo build --profile "$cargo_profile" --locked --target "$triple" "${build[@]}"
+}
+build_static "$pod_profile" "${pod_programs[@]}" vmm-cli:vmm
+build_static "$node_profile" "${node_programs[@]}" oci-image:oci-image
 
 # Each step runs only when its inputs are newer than what it wrote last time (the outputs
 # are the same bytes anyway): a second build costs cargo's check and a few stat calls, not
@@ -76,18 +98,19 @@ lines=$out/lines
 mkdir -p "$stage" "$debug" "$lines"
 for program in "${programs[@]}"; do
     bin=${program#*:}
+    bindir=$(bindir_of "$program")
     [[ "$stage/$bin" -nt "$bindir/$bin" ]] && continue
     # The debug link records the file's name and CRC; gdb looks for it next to the program,
     # in .debug/ there, or under /usr/lib/debug.
     objcopy --only-keep-debug "$bindir/$bin" "$debug/$bin.debug"
     objcopy --strip-all --add-gnu-debuglink="$debug/$bin.debug" "$bindir/$bin" "$stage/$bin"
 done
-if [[ ! "$stage/guest.elf" -nt "$bindir/vmm" ]]; then
-    "$bindir/vmm" test-guest --output "$stage/guest.elf"
+if [[ ! "$stage/guest.elf" -nt "$pod_dir/vmm" ]]; then
+    "$pod_dir/vmm" test-guest --output "$stage/guest.elf"
 fi
-if [[ ! "$stage/disk.qcow2" -nt "$bindir/vmm" ]]; then
+if [[ ! "$stage/disk.qcow2" -nt "$pod_dir/vmm" ]]; then
     rm -f "$stage/disk.qcow2"
-    "$bindir/vmm" img create -q -f qcow2 "$stage/disk.qcow2" 64M
+    "$pod_dir/vmm" img create -q -f qcow2 "$stage/disk.qcow2" 64M
 fi
 
 list=$out/images.txt
@@ -95,11 +118,11 @@ list=$out/images.txt
 for name in "${names[@]}"; do
     archive=$out/$name.tar
     if [[ -f "$archive" && -f "$lines/$name" ]] &&
-        [[ -z "$(find "$stage" "images/specs/$name.yaml" "$bindir/oci-image" -newer "$archive" -print -quit)" ]]; then
+        [[ -z "$(find "$stage" "images/specs/$name.yaml" "$node_dir/oci-image" -newer "$archive" -print -quit)" ]]; then
         cat "$lines/$name" >> "$list.new" # up to date
         continue
     fi
-    "$bindir/oci-image" "images/specs/$name.yaml" --from "$stage" --out "$archive" > "$lines/$name"
+    "$node_dir/oci-image" "images/specs/$name.yaml" --from "$stage" --out "$archive" > "$lines/$name"
     tee -a "$list.new" < "$lines/$name"
 done
 mv "$list.new" "$list"

@@ -15,7 +15,7 @@
 //! the host's glibc); `LAUNCHER_BENCH_BIN_DIR=DIR` measures the
 //! `virt-launcher` and `virt-launcher-monitor` in DIR instead, such as the
 //! static ones `images/build.sh` puts in the image
-//! (`target/x86_64-unknown-linux-gnu/release`). `LAUNCHER_BENCH_SMAPS=DIR`
+//! (`target/x86_64-unknown-linux-gnu/lean`). `LAUNCHER_BENCH_SMAPS=DIR`
 //! keeps each run's `smaps` and thread list there. `vmm/launcher/docs/memory.md`
 //! says where the pages go.
 
