@@ -307,7 +307,10 @@ fn rules(kind: ThreadKind) -> Rules {
         ThreadKind::Control => {
             rules.push((libc::SYS_rt_sigtimedwait, vec![]));
             rules.push((libc::SYS_read, vec![]));
-            // Removing the console socket and hanging up its clients at the end.
+            // Removing the console socket (after checking it is still the
+            // one this VM bound) and hanging up its clients at the end.
+            rules.push((libc::SYS_statx, vec![]));
+            rules.push((libc::SYS_newfstatat, vec![]));
             rules.push((libc::SYS_unlink, vec![]));
             rules.push((libc::SYS_unlinkat, vec![]));
             rules.push((libc::SYS_shutdown, vec![]));

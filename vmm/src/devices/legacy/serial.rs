@@ -255,6 +255,11 @@ impl Client {
 /// with the recent backlog) and what they send is typed into the guest.
 pub(crate) struct SocketConsole {
     path: PathBuf,
+    /// Device and inode of the socket file bound at `path`: a VM started again
+    /// (a guest reboot or reset in the launcher) binds the same path before
+    /// the old VM is dropped, and the old console must not remove the new
+    /// console's socket then.
+    socket_id: (u64, u64),
     listener: UnixListener,
     clients: Mutex<Vec<Client>>,
     backlog: Mutex<VecDeque<u8>>,
@@ -281,6 +286,7 @@ impl SocketConsole {
         listener.set_nonblocking(true)?;
         Ok(Arc::new(SocketConsole {
             path: path.to_path_buf(),
+            socket_id: file_id(path)?,
             listener,
             clients: Mutex::new(Vec::new()),
             backlog: Mutex::new(VecDeque::new()),
@@ -376,8 +382,18 @@ impl SocketConsole {
         for client in lock(&self.clients).drain(..) {
             client.hang_up();
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Only our own socket: the path may hold a newer console's by now.
+        if file_id(&self.path).ok() == Some(self.socket_id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
+}
+
+/// Device and inode of the file at `path` (not following a symlink).
+fn file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok((meta.dev(), meta.ino()))
 }
 
 /// Types what a client sends into the guest until it disconnects or the VM
@@ -493,6 +509,19 @@ mod tests {
         let console = serial(&SerialTarget::UnixSocket(path.clone()));
         UnixStream::connect(&path).unwrap();
         drop(console);
+    }
+
+    #[test]
+    fn a_stopped_console_leaves_a_newer_consoles_socket_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.sock");
+        let old = serial(&SerialTarget::UnixSocket(path.clone()));
+        // The VM started again binds the same path before the old one goes.
+        let new = serial(&SerialTarget::UnixSocket(path.clone()));
+        drop(old);
+        UnixStream::connect(&path).expect("the new console's socket is still there");
+        drop(new);
+        assert!(!path.exists(), "a console removes its own socket");
     }
 
     /// Byte `i` of the test output.
