@@ -14,8 +14,9 @@
 # (unless it was up before).
 #
 # The first run builds the cluster's Go binaries (about 25 min on a 2-core machine, then
-# cached in ~/.cache/kubevirt-rs) and the release programs (about 30 min on 2 busy cores;
-# later runs rebuild only what changed). A warm run takes about 2 minutes.
+# cached in ~/.cache/kubevirt-rs) and the release programs (about 40 min on 2 busy cores, the
+# launcher image's link-time-optimised ones included; later runs rebuild only what changed).
+# A warm run takes about 2 minutes.
 #
 # Environment: KEEP_CLUSTER=1 keeps the cluster (and the VM) up and prints the KUBECONFIG= and
 # KUBECTL= lines; PROFILE (release, the default, or dev: the images the end-to-end tests build,
