@@ -286,7 +286,9 @@ mod tests {
         // machines this project tests on.
         slots[3].make_huge().expect("MADV_COLLAPSE");
         assert!(vm_flags(addr).split(' ').any(|f| f == "hg"));
-        assert_eq!(anon_huge_kib(addr), 2048);
+        // At least ours: once advised, the kernel may merge the mapping with
+        // another test's huge one next to it into one smaps entry.
+        assert!(anon_huge_kib(addr) >= 2048, "{} kB", anon_huge_kib(addr));
         for (i, s) in slots.iter_mut().enumerate() {
             assert!(
                 s.as_mut_slice().iter().all(|&x| usize::from(x) == i + 1),

@@ -1191,7 +1191,13 @@ fn bounce_buffers_move_to_a_huge_page_once_the_guest_keeps_requests_in_flight() 
     // The batch that reaches the threshold moves them (the host here has
     // transparent huge pages in `madvise` mode).
     assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
-    assert_eq!(anon_huge_kib(mapping), 2048);
+    // At least ours: once advised, the kernel may merge the mapping with a
+    // neighbouring huge one (another test's) into one smaps entry.
+    assert!(
+        anon_huge_kib(mapping) >= 2048,
+        "{} kB",
+        anon_huge_kib(mapping)
+    );
     // Requests still land in the guest as before.
     assert_eq!(h.submit_batch(&four_reads()), vec![(OK, 4097); 4]);
 }
