@@ -183,8 +183,9 @@ pub fn io_buffers(count: usize, len: usize, pages: Pages) -> io::Result<Vec<IoBu
 mod tests {
     use super::*;
 
-    /// The `VmFlags` line of the /proc/self/smaps entry that holds `addr`.
-    fn vm_flags(addr: usize) -> String {
+    /// Field `key` (such as `VmFlags:`) of the /proc/self/smaps entry that
+    /// holds `addr`, trimmed.
+    fn smaps_field(addr: usize, key: &str) -> String {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
         for line in smaps.lines() {
@@ -194,11 +195,20 @@ mod tests {
                     (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
             {
                 inside = (lo..hi).contains(&addr);
-            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
-                return flags.trim().to_string();
+            } else if inside && let Some(value) = line.strip_prefix(key) {
+                return value.trim().to_string();
             }
         }
         panic!("no mapping holds {addr:#x}");
+    }
+
+    fn vm_flags(addr: usize) -> String {
+        smaps_field(addr, "VmFlags:")
+    }
+
+    fn anon_huge_kib(addr: usize) -> u64 {
+        let kib = smaps_field(addr, "AnonHugePages:");
+        kib.trim_end_matches(" kB").parse().unwrap()
     }
 
     #[test]
@@ -251,24 +261,6 @@ mod tests {
         );
         let addr = small[1].as_mut_slice().as_ptr() as usize;
         assert!(!vm_flags(addr).split(' ').any(|f| f == "hg"));
-    }
-
-    /// `AnonHugePages` in kB of the /proc/self/smaps entry that holds `addr`.
-    fn anon_huge_kib(addr: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ')
-                && let Some((lo, hi)) = range.split_once('-')
-                && let (Ok(lo), Ok(hi)) =
-                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-            {
-                inside = (lo..hi).contains(&addr);
-            } else if inside && let Some(kib) = line.strip_prefix("AnonHugePages:") {
-                return kib.trim().trim_end_matches(" kB").parse().unwrap();
-            }
-        }
-        panic!("no mapping holds {addr:#x}");
     }
 
     #[test]
