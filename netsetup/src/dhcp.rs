@@ -105,7 +105,10 @@ impl Common {
             .ok()
             .filter(|m| *m >= 68)
             .ok_or(DhcpConfigError::BadMtu(mtu))?;
-        let dns = if resolv.nameservers_v4.is_empty() {
+        // 8.8.8.8 only when the pod has no name server at all (KubeVirt's
+        // `ParseNameservers`); with IPv6 ones only, the guest gets no option 6
+        // (KubeVirt sends it empty, which RFC 2132 does not allow).
+        let dns = if resolv.nameservers_v4.is_empty() && resolv.nameservers_v6.is_empty() {
             vec![DEFAULT_DNS]
         } else {
             resolv.nameservers_v4.clone()
@@ -480,7 +483,9 @@ fn encode_reply(
                 config.classless_routes.clone(),
             ));
         }
-        opts.insert(DhcpOption::DomainNameServer(config.dns.clone()));
+        if !config.dns.is_empty() {
+            opts.insert(DhcpOption::DomainNameServer(config.dns.clone()));
+        }
         if let Some(hostname) = &config.hostname {
             opts.insert(DhcpOption::Hostname(hostname.clone()));
         }
@@ -909,6 +914,44 @@ mod tests {
         for good in ["_tcp.example.com", "a-b.c", "x", "0a.example"] {
             assert!(check_search_domain(good).is_ok(), "{good}");
         }
+    }
+
+    /// 8.8.8.8 stands in only when the pod has no name server at all; a pod
+    /// with IPv6 servers only gets no option 6 (never an empty one).
+    #[test]
+    fn default_dns_only_without_any_name_server() {
+        let masquerade = |text: &str| {
+            DhcpConfig::masquerade(
+                "10.0.2.0/24".parse().unwrap(),
+                &ResolvConf::parse(text),
+                None,
+                None,
+                1500,
+            )
+            .unwrap()
+        };
+        assert_eq!(masquerade("").dns, vec![DEFAULT_DNS]);
+        let v6_only = masquerade("nameserver fd00::a\n");
+        assert!(v6_only.dns.is_empty());
+        let reply = answer(&request(MessageType::Discover, None), &v6_only)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            decode(&reply).opts().get(OptionCode::DomainNameServer),
+            None
+        );
+        let with_v4 = answer(
+            &request(MessageType::Discover, None),
+            &masquerade("nameserver 10.96.0.10\n"),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            decode(&with_v4).opts().get(OptionCode::DomainNameServer),
+            Some(&DhcpOption::DomainNameServer(vec![Ipv4Addr::new(
+                10, 96, 0, 10
+            )]))
+        );
     }
 
     #[test]

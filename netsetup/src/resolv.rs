@@ -8,7 +8,8 @@ use std::path::Path;
 pub struct ResolvConf {
     pub nameservers_v4: Vec<Ipv4Addr>,
     pub nameservers_v6: Vec<Ipv6Addr>,
-    /// Domains of the last `search` line (the resolver uses the last one too).
+    /// Domains of every `search` line, in order and lower-cased, as KubeVirt
+    /// reads them (`ParseSearchDomains`, pkg/network/dns/resolveconf.go).
     pub search: Vec<String>,
 }
 
@@ -20,6 +21,13 @@ impl ResolvConf {
 
     /// Parses `resolv.conf` text. Lines that do not parse (unknown keywords, bad
     /// addresses) are skipped like the C resolver skips them.
+    ///
+    /// Search domains follow KubeVirt (every `search` line adds its domains,
+    /// lower-cased: Kubernetes allows only lower case), with two deliberate
+    /// differences, both for files KubeVirt would fail on: a comment after the
+    /// domains is dropped (KubeVirt takes `#` as a domain, then refuses to start
+    /// its DHCP server), and a trailing dot is removed (KubeVirt encodes it as an
+    /// extra empty label in option 119).
     pub fn parse(text: &str) -> Self {
         let mut conf = ResolvConf::default();
         for line in text.lines() {
@@ -38,13 +46,12 @@ impl ResolvConf {
                         None => {}
                     }
                 }
-                Some("search") => {
-                    conf.search = words
+                Some("search") => conf.search.extend(
+                    words
                         .take_while(|w| !w.starts_with('#') && !w.starts_with(';'))
-                        .map(|w| w.trim_end_matches('.').to_string())
-                        .filter(|w| !w.is_empty())
-                        .collect();
-                }
+                        .map(|w| w.trim_end_matches('.').to_ascii_lowercase())
+                        .filter(|w| !w.is_empty()),
+                ),
                 _ => {}
             }
         }
@@ -96,11 +103,11 @@ mod tests {
     }
 
     #[test]
-    fn last_search_line_wins_and_comments_are_ignored() {
+    fn every_search_line_adds_its_domains_lower_cased_without_comments() {
         let conf = ResolvConf::parse(
-            "search a.example\n; comment\nsearch b.example. c.example # trailing\n",
+            "search a.example\n; comment\nsearch B.Example. c.example # trailing\n",
         );
-        assert_eq!(conf.search, vec!["b.example", "c.example"]);
+        assert_eq!(conf.search, vec!["a.example", "b.example", "c.example"]);
     }
 
     /// Of equally long domains the first wins, as in KubeVirt (`len(d) > len(selected)`).
