@@ -6,7 +6,8 @@
 //! and vCPUs have done so far ([`VmStats`]).
 //!
 //! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `devices` (bus, legacy
-//! devices, virtio wiring), `vm`/`lifecycle` (the API), `sandbox` (what
+//! devices, virtio wiring), `vm`/`lifecycle` (the API), `vcpu_threads` (vCPUs set up in
+//! parallel with the devices), `sandbox` (what
 //! every VMM thread enters: credentials, no_new_privs, Landlock, seccomp),
 //! `stats` (device counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
 //! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
@@ -22,6 +23,7 @@ pub(crate) mod pci;
 pub mod sandbox;
 pub mod stats;
 pub mod timing;
+pub(crate) mod vcpu_threads;
 pub mod vm;
 
 pub use config::{

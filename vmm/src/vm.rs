@@ -1,7 +1,7 @@
 //! Building a VM from a [`VmConfig`] and running it on its own threads.
 
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::AtomicI32;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,11 +22,12 @@ use crate::devices::legacy::{
     SERIAL_PORT_LEN,
 };
 use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
-use crate::kvm::vcpu::{Buses, Vcpu};
+use crate::kvm::vcpu::Buses;
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};
-use crate::sandbox::{Sandbox, ThreadKind};
+use crate::sandbox::Sandbox;
 use crate::stats::{DeviceCounters, VcpuTids, VmStats};
+use crate::vcpu_threads::{Launch, Shared, StartingVcpus};
 
 /// Why a VM could not start, or a lifecycle request failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,13 +62,17 @@ impl Vm {
     /// returns, how the VM ends is reported by [`VmHandle::wait`].
     pub fn start(config: VmConfig) -> Result<VmHandle> {
         validate(&config)?;
-        // Asked on a thread of its own while the VM is built: the kernel answers
-        // with a few hundred host CPUID instructions, each a trap to the outer
-        // hypervisor when this host is itself a VM (0.3-0.5 ms here), and
-        // nothing before the vCPUs needs the answer.
-        let supported_cpuid = std::thread::Builder::new()
+        // Asked on a thread of its own while the VM is created: the kernel
+        // answers with a few hundred host CPUID instructions, each a trap to
+        // the outer hypervisor when this host is itself a VM (0.3-0.5 ms here).
+        let (profile, vcpu_count) = (config.cpu_profile, config.vcpus);
+        let cpuid_policy = std::thread::Builder::new()
             .name("cpuid".into())
-            .spawn(kvm::supported_cpuid)
+            .spawn(move || {
+                let supported = kvm::supported_cpuid()?;
+                let profile = profile.unwrap_or_else(CpuProfile::detect);
+                Ok::<_, kvm::Error>(CpuidPolicy::new(&supported, profile, vcpu_count))
+            })
             .map_err(Error::Thread)?;
         kvm::kick::install_handler()
             .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
@@ -76,110 +81,145 @@ impl Vm {
         let (vm, memory) = kvm::create_vm(config.memory_mib << 20)?;
         let vm = Arc::new(vm);
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
-
-        let mut pio = Bus::new("port I/O");
-        let mut mmio = Bus::new("MMIO");
-        let console = Console::new(
-            &config.serial,
-            IrqLine::new(&vm, SERIAL_GSI)?,
-            sandbox.clone(),
-        )
-        .map_err(|e| Error::Device(format!("serial console: {e}")))?;
-        let i8042 = Arc::new(Mutex::new(I8042::new(
-            control.clone(),
-            IrqLine::new(&vm, I8042_GSI)?,
-        )));
-        let bus_err = |e: crate::devices::bus::OverlapError| Error::Device(e.to_string());
-        pio.insert(SERIAL_PORT, SERIAL_PORT_LEN, console.device.clone())
-            .map_err(bus_err)?;
-        pio.insert(I8042_PORT, I8042_PORT_LEN, i8042.clone())
-            .map_err(bus_err)?;
-        pio.insert(
-            EXIT_PORT,
-            EXIT_PORT_LEN,
-            Arc::new(Mutex::new(ExitPort::new(control.clone()))),
-        )
-        .map_err(bus_err)?;
-
-        let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
-            control.clone(),
-            IrqLine::new(&vm, platform::GED_GSI)?,
-        )));
-        pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
-            .map_err(bus_err)?;
-
-        let mut cmdline = build_cmdline(&config)?;
-        let virtio = match config.transport {
-            VirtioTransportKind::Mmio => crate::devices::virtio::attach(
-                &config,
-                &vm,
-                &memory,
-                &mut mmio,
-                &mut cmdline,
-                &sandbox,
-            ),
-            VirtioTransportKind::Pci => crate::devices::virtio_pci::attach(
-                &config, &vm, &memory, &mut pio, &mut mmio, &sandbox,
-            ),
-        }
-        .map_err(|e| Error::Device(e.to_string()))?;
-        kvm::boot::write_long_mode_tables(&memory)?;
-        kvm::mptable::write(&memory, config.vcpus)?;
-        let rsdp = crate::acpi::write(
-            &memory,
-            &crate::acpi::Platform {
-                vcpus: config.vcpus,
-                pci: config.transport == VirtioTransportKind::Pci,
-            },
-        )
-        .map_err(|e| Error::Device(e.to_string()))?;
-        let entry = kvm::boot::load(
-            &memory,
-            &config.kernel,
-            config.kernel_decompress,
-            &cmdline,
-            config.initrd.as_deref(),
-            rsdp,
-        )?;
-
-        let supported = supported_cpuid
+        let cpuid = cpuid_policy
             .join()
             .map_err(|_| Error::Device("the CPUID query thread panicked".into()))??;
-        let profile = config.cpu_profile.unwrap_or_else(CpuProfile::detect);
-        let cpuid = CpuidPolicy::new(&supported, profile, config.vcpus);
-        let vcpus = (0..config.vcpus)
-            .map(|i| {
-                Vcpu::new(
-                    &vm,
-                    &memory,
-                    &cpuid.for_vcpu(i),
-                    i,
-                    entry.entry.0,
-                    config.ap_start,
-                )
-            })
-            .collect::<kvm::Result<Vec<_>>>()?;
 
-        let buses = Arc::new(Buses { pio, mmio });
-        let vcpu_tids: VcpuTids = (0..vcpus.len()).map(|_| AtomicI32::new(0)).collect();
-        let threads = spawn_vcpus(vcpus, &control, &buses, &vcpu_tids, &sandbox)?;
+        // The vCPUs are set up on their own threads while this one builds the
+        // devices and loads the kernel.
+        let vcpu_tids: VcpuTids = (0..config.vcpus).map(|_| AtomicI32::new(0)).collect();
+        let starting = StartingVcpus::spawn(
+            config.vcpus,
+            &Shared {
+                vm: &vm,
+                memory: &memory,
+                cpuid: &cpuid,
+                ap_start: config.ap_start,
+                control: &control,
+                tids: &vcpu_tids,
+                sandbox: &sandbox,
+            },
+        )?;
+        let platform = match build_platform(&config, &vm, &memory, &control, &sandbox) {
+            Ok(platform) => platform,
+            Err(e) => {
+                starting.abort();
+                return Err(e);
+            }
+        };
+        let buses = Arc::new(platform.buses);
+        let threads = starting.release(
+            &control,
+            Launch {
+                entry: platform.entry,
+                buses: buses.clone(),
+            },
+        )?;
         Ok(VmHandle {
             control,
             sandbox,
-            i8042,
-            acpi,
-            virtio: virtio.transports,
-            counters: virtio.counters,
+            i8042: platform.i8042,
+            acpi: platform.acpi,
+            virtio: platform.virtio.transports,
+            counters: platform.virtio.counters,
             vcpu_tids,
             threads: Mutex::new(threads),
             _resources: Resources {
                 _vm: vm,
                 _memory: memory,
-                _console: console,
+                _console: platform.console,
                 _buses: buses,
             },
         })
     }
+}
+
+/// The devices on their buses and the loaded kernel.
+struct Platform {
+    buses: Buses,
+    /// The kernel entry point.
+    entry: u64,
+    console: Console,
+    i8042: Arc<Mutex<I8042>>,
+    acpi: Arc<Mutex<AcpiPlatform>>,
+    virtio: crate::devices::virtio::Attached,
+}
+
+/// Attaches the devices, writes the boot tables and loads the kernel.
+fn build_platform(
+    config: &VmConfig,
+    vm: &Arc<VmFd>,
+    memory: &GuestMemoryMmap,
+    control: &Arc<Control>,
+    sandbox: &Arc<Sandbox>,
+) -> Result<Platform> {
+    let mut pio = Bus::new("port I/O");
+    let mut mmio = Bus::new("MMIO");
+    let console = Console::new(
+        &config.serial,
+        IrqLine::new(vm, SERIAL_GSI)?,
+        sandbox.clone(),
+    )
+    .map_err(|e| Error::Device(format!("serial console: {e}")))?;
+    let i8042 = Arc::new(Mutex::new(I8042::new(
+        control.clone(),
+        IrqLine::new(vm, I8042_GSI)?,
+    )));
+    let bus_err = |e: crate::devices::bus::OverlapError| Error::Device(e.to_string());
+    pio.insert(SERIAL_PORT, SERIAL_PORT_LEN, console.device.clone())
+        .map_err(bus_err)?;
+    pio.insert(I8042_PORT, I8042_PORT_LEN, i8042.clone())
+        .map_err(bus_err)?;
+    pio.insert(
+        EXIT_PORT,
+        EXIT_PORT_LEN,
+        Arc::new(Mutex::new(ExitPort::new(control.clone()))),
+    )
+    .map_err(bus_err)?;
+
+    let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
+        control.clone(),
+        IrqLine::new(vm, platform::GED_GSI)?,
+    )));
+    pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
+        .map_err(bus_err)?;
+
+    let mut cmdline = build_cmdline(config)?;
+    let virtio = match config.transport {
+        VirtioTransportKind::Mmio => {
+            crate::devices::virtio::attach(config, vm, memory, &mut mmio, &mut cmdline, sandbox)
+        }
+        VirtioTransportKind::Pci => {
+            crate::devices::virtio_pci::attach(config, vm, memory, &mut pio, &mut mmio, sandbox)
+        }
+    }
+    .map_err(|e| Error::Device(e.to_string()))?;
+    kvm::boot::write_long_mode_tables(memory)?;
+    kvm::mptable::write(memory, config.vcpus)?;
+    let rsdp = crate::acpi::write(
+        memory,
+        &crate::acpi::Platform {
+            vcpus: config.vcpus,
+            pci: config.transport == VirtioTransportKind::Pci,
+        },
+    )
+    .map_err(|e| Error::Device(e.to_string()))?;
+    let entry = kvm::boot::load(
+        memory,
+        &config.kernel,
+        config.kernel_decompress,
+        &cmdline,
+        config.initrd.as_deref(),
+        rsdp,
+    )?;
+    Ok(Platform {
+        buses: Buses { pio, mmio },
+        entry: entry.entry.0,
+        console,
+        i8042,
+        acpi,
+        virtio,
+    })
 }
 
 /// The guest CPUID `vcpus` vCPUs would get under `profile` (detected when
@@ -243,108 +283,6 @@ fn build_cmdline(config: &VmConfig) -> Result<Cmdline> {
             .map_err(|e| Error::Config(format!("kernel command line: {e}")))?;
     }
     Ok(cmdline)
-}
-
-/// A one-shot gate vCPU threads wait at before entering the guest.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Gate {
-    fn wait(&self) {
-        let open = lock(&self.open);
-        drop(
-            self.opened
-                .wait_while(open, |open| !*open)
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-    }
-
-    fn open(&self) {
-        *lock(&self.open) = true;
-        self.opened.notify_all();
-    }
-}
-
-fn spawn_vcpus(
-    vcpus: Vec<Vcpu>,
-    control: &Arc<Control>,
-    buses: &Arc<Buses>,
-    tids: &VcpuTids,
-    sandbox: &Arc<Sandbox>,
-) -> Result<Vec<JoinHandle<()>>> {
-    use std::os::unix::thread::JoinHandleExt;
-    // Threads enter their sandbox, then wait until their ids are registered,
-    // so that no kick can miss them.
-    let gate = Arc::new(Gate::default());
-    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
-    let mut threads = Vec::with_capacity(vcpus.len());
-    let mut failure = None;
-    for vcpu in vcpus {
-        let (control_t, buses_t, gate_t) = (control.clone(), buses.clone(), gate.clone());
-        let (tids_t, sandbox_t, entered_t) = (tids.clone(), sandbox.clone(), entered_tx.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("vcpu{}", vcpu.index()))
-            .spawn(move || {
-                let slot = tids_t.get(usize::from(vcpu.index()));
-                if let Some(slot) = slot {
-                    slot.store(crate::stats::current_tid(), Ordering::Relaxed);
-                }
-                let entered = sandbox_t.enter(ThreadKind::Vcpu);
-                let ok = entered.is_ok();
-                let _ = entered_t.send(entered);
-                gate_t.wait();
-                if ok {
-                    vcpu.run(&control_t, &buses_t);
-                } else {
-                    control_t.vcpu_stopped();
-                }
-                // The id may be reused by another thread once this one ends.
-                if let Some(slot) = slot {
-                    slot.store(0, Ordering::Relaxed);
-                }
-            });
-        match spawned {
-            Ok(handle) => threads.push(handle),
-            Err(e) => {
-                failure = Some(Error::Thread(e));
-                break;
-            }
-        }
-    }
-    drop(entered_tx);
-    if failure.is_none() {
-        for _ in 0..threads.len() {
-            match entered_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    failure = Some(Error::Sandbox(format!("vCPU thread: {e}")));
-                    break;
-                }
-                Err(_) => {
-                    failure = Some(Error::Sandbox("a vCPU thread ended at start".into()));
-                    break;
-                }
-            }
-        }
-    }
-    if let Some(error) = failure {
-        // The threads already started see the ending at their first
-        // checkpoint and stop without entering the guest.
-        control.finish(VmExit::InternalError(format!(
-            "cannot start the vCPUs: {error}"
-        )));
-        gate.open();
-        for thread in threads {
-            let _ = thread.join();
-        }
-        return Err(error);
-    }
-    control.set_vcpu_threads(threads.iter().map(|t| t.as_pthread_t()).collect());
-    gate.open();
-    Ok(threads)
 }
 
 /// What must live as long as the VM runs. Field order is drop order: the
@@ -432,7 +370,8 @@ impl VmHandle {
     }
 
     /// The VM's sandbox: the control threads of a VMM program (`vmm run`)
-    /// enter it as [`ThreadKind::Control`] once the VM has started.
+    /// enter it as [`ThreadKind::Control`](crate::sandbox::ThreadKind::Control)
+    /// once the VM has started.
     pub fn sandbox(&self) -> &Arc<Sandbox> {
         &self.sandbox
     }

@@ -29,23 +29,22 @@ pub(crate) struct Buses {
 
 pub(crate) struct Vcpu {
     index: u8,
+    ap_start: ApStart,
     fd: VcpuFd,
     /// For the instructions KVM could not emulate (see `emulation`).
     mem: GuestMemoryMmap,
 }
 
 impl Vcpu {
-    /// Creates vCPU `index`. The boot vCPU is put at the kernel entry in
-    /// long mode with RSI = zero page. Secondary vCPUs either start the same
-    /// way, runnable at once with their own stack ([`ApStart::Direct`], see
-    /// vmm/docs/stock-kernel.md), or keep KVM's reset state and wait for
-    /// INIT/SIPI from the guest ([`ApStart::InitSipi`], for Linux).
+    /// Creates vCPU `index` with its CPUID, MSRs and local APIC set up, and,
+    /// where it starts at the kernel entry, its segments and FPU: everything
+    /// but the registers that depend on the kernel ([`Vcpu::set_entry`]), so
+    /// that it can be created while the kernel is still being loaded.
     pub(crate) fn new(
         vm: &VmFd,
         mem: &GuestMemoryMmap,
         cpuid: &CpuId,
         index: u8,
-        entry: u64,
         ap_start: ApStart,
     ) -> Result<Self> {
         let fd = vm
@@ -54,24 +53,38 @@ impl Vcpu {
         fd.set_cpuid2(cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
         cpu::set_msrs(&fd)?;
         cpu::set_lint(&fd)?;
-        if index == 0 || ap_start == ApStart::Direct {
-            cpu::set_sregs(&fd)?;
-            cpu::set_fpu(&fd)?;
-            let boot_params = if index == 0 { ZERO_PAGE_ADDR } else { 0 };
-            cpu::set_regs(&fd, entry, cpu::stack_for(index), boot_params)?;
-        }
-        if index != 0 && ap_start == ApStart::Direct {
-            cpu::set_runnable(&fd)?;
-        }
-        Ok(Vcpu {
+        let vcpu = Vcpu {
             index,
+            ap_start,
             fd,
             mem: mem.clone(),
-        })
+        };
+        if vcpu.starts_at_entry() {
+            cpu::set_sregs(&vcpu.fd)?;
+            cpu::set_fpu(&vcpu.fd)?;
+        }
+        if index != 0 && ap_start == ApStart::Direct {
+            cpu::set_runnable(&vcpu.fd)?;
+        }
+        Ok(vcpu)
     }
 
-    pub(crate) fn index(&self) -> u8 {
-        self.index
+    /// Puts the vCPU at the kernel entry: the boot vCPU with RSI = zero
+    /// page; secondary vCPUs either start the same way, runnable at once
+    /// with their own stack ([`ApStart::Direct`], see
+    /// vmm/docs/stock-kernel.md), or keep KVM's reset state and wait for
+    /// INIT/SIPI from the guest ([`ApStart::InitSipi`], for Linux: nothing
+    /// to do here).
+    pub(crate) fn set_entry(&self, entry: u64) -> Result<()> {
+        if !self.starts_at_entry() {
+            return Ok(());
+        }
+        let boot_params = if self.index == 0 { ZERO_PAGE_ADDR } else { 0 };
+        cpu::set_regs(&self.fd, entry, cpu::stack_for(self.index), boot_params)
+    }
+
+    fn starts_at_entry(&self) -> bool {
+        self.index == 0 || self.ap_start == ApStart::Direct
     }
 
     /// Runs the guest until the VM ends (or pauses while asked to).
