@@ -363,6 +363,44 @@ fn sigterm_asks_the_guest_to_shut_down_and_a_second_one_kills() {
     assert_eq!(status.code(), Some(137), "{status}");
 }
 
+/// Serial bytes reach stdout as the guest sends them, not when a line ends:
+/// in `tick` mode the guest prints a dot every 10 ms and no newline. Rust's
+/// stdout is line-buffered; the UART model flushes after every byte, and
+/// without that flush the first dot came after 12 s.
+#[test]
+fn serial_output_is_not_held_back_until_a_newline() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let mut child = vmm()
+        .args(["run", "--kernel"])
+        .arg(&kernel)
+        .args(["--cmdline", "checks=serial exit=tick wait=60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("WAITING") {
+        line.clear();
+        assert_ne!(out.read_line(&mut line).unwrap(), 0, "no WAITING line");
+    }
+    let waiting = Instant::now();
+    let mut dot = [0u8; 1];
+    out.read_exact(&mut dot).unwrap();
+    let waited = waiting.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(&dot, b".");
+    assert!(
+        waited < Duration::from_secs(5),
+        "the first dot came after {waited:?}"
+    );
+}
+
 #[test]
 fn a_guest_ignoring_sigterm_is_stopped_after_the_shutdown_timeout() {
     use std::io::{BufRead, BufReader};
