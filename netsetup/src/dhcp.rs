@@ -665,6 +665,19 @@ mod tests {
         .unwrap()
     }
 
+    /// The masquerade answer for a pod whose resolv.conf is `resolv` (no
+    /// hostname, MTU 1500).
+    fn masquerade(resolv: &str, subdomain: Option<&str>) -> DhcpConfig {
+        DhcpConfig::masquerade(
+            "10.0.2.0/24".parse().unwrap(),
+            &ResolvConf::parse(resolv),
+            None,
+            subdomain,
+            1500,
+        )
+        .unwrap()
+    }
+
     fn request(kind: MessageType, requested: Option<Ipv4Addr>) -> Vec<u8> {
         let mut msg = Message::default();
         msg.set_xid(0xdead_beef)
@@ -840,16 +853,10 @@ mod tests {
 
     #[test]
     fn subdomain_goes_first_and_search_is_uncompressed_rfc1035() {
-        let resolv =
-            ResolvConf::parse("search ns1.svc.cluster.local svc.cluster.local cluster.local\n");
-        let cfg = DhcpConfig::masquerade(
-            "10.0.2.0/24".parse().unwrap(),
-            &resolv,
-            None,
+        let cfg = masquerade(
+            "search ns1.svc.cluster.local svc.cluster.local cluster.local\n",
             Some("mysub"),
-            1500,
-        )
-        .unwrap();
+        );
         assert_eq!(
             cfg.search,
             [
@@ -864,43 +871,20 @@ mod tests {
             Some("mysub.ns1.svc.cluster.local")
         );
         // A namespace domain that already starts with the subdomain gets no second one.
-        let resolv = ResolvConf::parse("search mysub.ns1.svc.cluster.local svc.cluster.local\n");
-        let cfg = DhcpConfig::masquerade(
-            "10.0.2.0/24".parse().unwrap(),
-            &resolv,
-            None,
+        let cfg = masquerade(
+            "search mysub.ns1.svc.cluster.local svc.cluster.local\n",
             Some("mysub"),
-            1500,
-        )
-        .unwrap();
-        assert_eq!(cfg.search, resolv.search);
+        );
+        assert_eq!(
+            cfg.search,
+            ["mysub.ns1.svc.cluster.local", "svc.cluster.local"]
+        );
         // Of equally long domains the first is the domain name, as in KubeVirt.
-        let cfg = DhcpConfig::masquerade(
-            "10.0.2.0/24".parse().unwrap(),
-            &ResolvConf::parse("search a.svc.x b.svc.x\n"),
-            None,
-            Some("s"),
-            1500,
-        )
-        .unwrap();
+        let cfg = masquerade("search a.svc.x b.svc.x\n", Some("s"));
         assert_eq!(cfg.search[0], "s.a.svc.x");
-        let cfg = DhcpConfig::masquerade(
-            "10.0.2.0/24".parse().unwrap(),
-            &ResolvConf::parse("search a.x b.x\n"),
-            None,
-            None,
-            1500,
-        )
-        .unwrap();
+        let cfg = masquerade("search a.x b.x\n", None);
         assert_eq!(cfg.domain_name.as_deref(), Some("a.x"));
-        let short = DhcpConfig::masquerade(
-            "10.0.2.0/24".parse().unwrap(),
-            &ResolvConf::parse("search a.b\n"),
-            None,
-            None,
-            1500,
-        )
-        .unwrap();
+        let short = masquerade("search a.b\n", None);
         assert_eq!(short.search_wire, b"\x01a\x01b\x00");
         for bad in [
             "UPPER.case",
@@ -920,18 +904,8 @@ mod tests {
     /// with IPv6 servers only gets no option 6 (never an empty one).
     #[test]
     fn default_dns_only_without_any_name_server() {
-        let masquerade = |text: &str| {
-            DhcpConfig::masquerade(
-                "10.0.2.0/24".parse().unwrap(),
-                &ResolvConf::parse(text),
-                None,
-                None,
-                1500,
-            )
-            .unwrap()
-        };
-        assert_eq!(masquerade("").dns, vec![DEFAULT_DNS]);
-        let v6_only = masquerade("nameserver fd00::a\n");
+        assert_eq!(masquerade("", None).dns, vec![DEFAULT_DNS]);
+        let v6_only = masquerade("nameserver fd00::a\n", None);
         assert!(v6_only.dns.is_empty());
         let reply = answer(&request(MessageType::Discover, None), &v6_only)
             .unwrap()
@@ -942,7 +916,7 @@ mod tests {
         );
         let with_v4 = answer(
             &request(MessageType::Discover, None),
-            &masquerade("nameserver 10.96.0.10\n"),
+            &masquerade("nameserver 10.96.0.10\n", None),
         )
         .unwrap()
         .unwrap();
@@ -956,14 +930,7 @@ mod tests {
 
     #[test]
     fn defaults_and_bad_search_domains() {
-        let cfg = DhcpConfig::masquerade(
-            "10.0.2.0/24".parse().unwrap(),
-            &ResolvConf::default(),
-            None,
-            None,
-            1500,
-        )
-        .unwrap();
+        let cfg = masquerade("", None);
         assert_eq!(cfg.dns, vec![DEFAULT_DNS]);
         assert_eq!(cfg.search.len(), 1);
         assert_eq!(cfg.search, vec!["cluster.local"]);
