@@ -322,18 +322,10 @@ fn an_initrd_larger_than_memory_is_refused() {
 #[test]
 fn sigterm_asks_the_guest_to_shut_down_and_a_second_one_kills() {
     use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let dir = tempdir();
     let kernel = guest_elf(&dir);
     let start = |cmdline: &str, ready: &str| {
-        let mut child = vmm()
-            .args(["run", "--kernel"])
-            .arg(&kernel)
-            .args(["--cmdline", cmdline])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_run(&kernel, &["--cmdline", cmdline]);
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         assert!(
             lines.any(|l| l.is_ok_and(|l| l.starts_with(ready))),
@@ -370,18 +362,10 @@ fn sigterm_asks_the_guest_to_shut_down_and_a_second_one_kills() {
 #[test]
 fn serial_output_is_not_held_back_until_a_newline() {
     use std::io::{BufRead, BufReader, Read};
-    use std::process::Stdio;
     use std::time::{Duration, Instant};
     let dir = tempdir();
     let kernel = guest_elf(&dir);
-    let mut child = vmm()
-        .args(["run", "--kernel"])
-        .arg(&kernel)
-        .args(["--cmdline", "checks=serial exit=tick wait=60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&kernel, &["--cmdline", "checks=serial exit=tick wait=60"]);
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     while !line.starts_with("WAITING") {
@@ -404,20 +388,20 @@ fn serial_output_is_not_held_back_until_a_newline() {
 #[test]
 fn a_guest_ignoring_sigterm_is_stopped_after_the_shutdown_timeout() {
     use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     use std::time::{Duration, Instant};
     let dir = tempdir();
     let kernel = guest_elf(&dir);
     // The smp check waits 5 s for vCPUs that do not exist and does not read its
     // keyboard meanwhile: the request goes unanswered for longer than the timeout.
-    let mut child = vmm()
-        .args(["run", "--shutdown-timeout", "1", "--kernel"])
-        .arg(&kernel)
-        .args(["--cmdline", "checks=smp cpus=3 exit=halt wait=120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(
+        &kernel,
+        &[
+            "--shutdown-timeout",
+            "1",
+            "--cmdline",
+            "checks=smp cpus=3 exit=halt wait=120",
+        ],
+    );
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.any(|l| l.is_ok_and(|l| l.starts_with("BOOT"))));
     let asked = Instant::now();

@@ -54,6 +54,20 @@ pub fn run_guest(args: &[&str]) -> Output {
     run_kernel(&kernel, args)
 }
 
+/// Starts `vmm run --kernel <kernel> <args>` with stdout and stderr piped,
+/// for a test that talks to the running VM.
+pub fn spawn_run(kernel: &std::path::Path, args: &[&str]) -> std::process::Child {
+    vmm()
+        .arg("run")
+        .arg("--kernel")
+        .arg(kernel)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn vmm run")
+}
+
 /// Runs `vmm run --kernel <kernel> <args>`, killed after 120 s.
 pub fn run_kernel(kernel: &std::path::Path, args: &[&str]) -> Output {
     let mut cmd = vmm();
