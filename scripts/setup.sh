@@ -25,6 +25,14 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins) # the test cluster's pod network
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static) # static busybox in test images
 command -v openssl >/dev/null || need+=(openssl)            # the test cluster's certificates
+# Boot disk images as distributions lay them out (test_guest::disks, the test disk image).
+[ -x /usr/sbin/sgdisk ] || need+=(gdisk)                    # GPT
+[ -x /sbin/sfdisk ] || [ -x /usr/sbin/sfdisk ] || need+=(fdisk) # MBR
+[ -x /sbin/mkfs.ext4 ] || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs) # ext4 filled with -d
+[ -x /sbin/mkfs.vfat ] || [ -x /usr/sbin/mkfs.vfat ] || need+=(dosfstools) # EFI system partitions
+command -v mcopy >/dev/null || need+=(mtools)               # files into FAT images
+[ -x /sbin/mkfs.btrfs ] || [ -x /usr/sbin/mkfs.btrfs ] || need+=(btrfs-progs) # root filesystems
+[ -x /sbin/mkfs.xfs ] || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs) # a boot loader cannot read
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
