@@ -21,7 +21,23 @@ pub enum KernelSource {
     Path(PathBuf),
     /// An image in memory (the embedded test guest, for example).
     Bytes(Arc<[u8]>),
+    /// The entry the boot loader configuration on one of the VM's disks chooses (see
+    /// `disk_boot`): its kernel, initrd and command line. [`VmConfig::initrd`] must be
+    /// empty; [`VmConfig::cmdline`], if not, is appended to the entry's command line.
+    Disk(BootDisk),
 }
+
+/// Which disk to boot, and the firmware the VM pretends to have (where its boot loader
+/// is looked for first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BootDisk {
+    /// An index into [`VmConfig::disks`].
+    pub disk: usize,
+    pub firmware: BootFirmware,
+}
+
+/// BIOS or EFI, for a boot disk (`disk_boot::Firmware`).
+pub use disk_boot::Firmware as BootFirmware;
 
 /// Disk image format (the `block` crate's). Always given explicitly: a
 /// format is never guessed from the file's contents (a guest could write a
@@ -214,12 +230,17 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// A VM with defaults (128 MiB, one vCPU, serial on stdout) for this kernel.
+    /// A VM with defaults (128 MiB, one vCPU, serial on stdout) for this kernel; the
+    /// default command line for a kernel given directly, none added to a boot disk's.
     pub fn new(kernel: KernelSource) -> Self {
+        let cmdline = match kernel {
+            KernelSource::Disk(_) => String::new(),
+            _ => DEFAULT_CMDLINE.to_string(),
+        };
         VmConfig {
             kernel,
             initrd: None,
-            cmdline: DEFAULT_CMDLINE.to_string(),
+            cmdline,
             memory_mib: DEFAULT_MEMORY_MIB,
             vcpus: 1,
             disks: Vec::new(),

@@ -5,7 +5,8 @@
 //! down, kills, reports how the VM ended ([`VmExit`]) and what its devices
 //! and vCPUs have done so far ([`VmStats`]).
 //!
-//! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `devices` (bus, legacy
+//! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `boot_disk` (booting what a disk's
+//! boot loader would, through `disk_boot`), `devices` (bus, legacy
 //! devices, virtio wiring), `vm`/`lifecycle` (the API), `vcpu_threads` (vCPUs set up in
 //! parallel with the devices), `sandbox` (what
 //! every VMM thread enters: credentials, no_new_privs, Landlock, seccomp),
@@ -13,6 +14,7 @@
 //! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
 
 pub(crate) mod acpi;
+pub mod boot_disk;
 pub mod config;
 pub(crate) mod devices;
 #[doc(hidden)]
@@ -26,9 +28,10 @@ pub mod timing;
 pub(crate) mod vcpu_threads;
 pub mod vm;
 
+pub use boot_disk::BootReport;
 pub use config::{
-    ApStart, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelDecompress,
-    KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
+    ApStart, BootDisk, BootFirmware, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat,
+    KernelDecompress, KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

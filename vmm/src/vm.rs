@@ -11,7 +11,8 @@ use linux_loader::cmdline::Cmdline;
 use vm_memory::GuestMemoryMmap;
 
 use crate::acpi::platform::{self, AcpiPlatform};
-use crate::config::{MAX_VCPUS, VirtioTransportKind, VmConfig};
+use crate::boot_disk::{self, BootReport};
+use crate::config::{KernelSource, MAX_VCPUS, VirtioTransportKind, VmConfig};
 use crate::devices::bus::{Bus, lock};
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
@@ -21,6 +22,7 @@ use crate::devices::legacy::{
     EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, SERIAL_GSI, SERIAL_PORT,
     SERIAL_PORT_LEN,
 };
+use crate::kvm::boot::{InitrdInput, KernelInput};
 use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
 use crate::kvm::vcpu::Buses;
 use crate::kvm::{self, layout};
@@ -46,6 +48,15 @@ pub enum Error {
     PauseTimeout(Duration),
     #[error("sandbox: {0}")]
     Sandbox(String),
+    /// The boot disk has nothing this VMM can boot, or cannot be read.
+    #[error("cannot boot from disk {disk} ({}): {source}", path.display())]
+    BootDisk {
+        /// The index of the disk in [`VmConfig::disks`].
+        disk: usize,
+        path: std::path::PathBuf,
+        #[source]
+        source: disk_boot::Error,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -78,6 +89,11 @@ impl Vm {
             .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
         let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
             .map_err(|e| Error::Sandbox(e.to_string()))?;
+        // A boot disk is read on a sandboxed thread of its own while the VM is created.
+        let finding = match &config.kernel {
+            KernelSource::Disk(boot) => Some(boot_disk::spawn(&config, *boot, &sandbox)?),
+            _ => None,
+        };
         let (vm, memory) = kvm::create_vm(config.memory_mib << 20)?;
         let vm = Arc::new(vm);
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
@@ -100,7 +116,7 @@ impl Vm {
                 sandbox: &sandbox,
             },
         )?;
-        let platform = match build_platform(&config, &vm, &memory, &control, &sandbox) {
+        let platform = match build_platform(&config, finding, &vm, &memory, &control, &sandbox) {
             Ok(platform) => platform,
             Err(e) => {
                 starting.abort();
@@ -122,6 +138,7 @@ impl Vm {
             acpi: platform.acpi,
             virtio: platform.virtio.transports,
             counters: platform.virtio.counters,
+            boot_report: platform.boot_report,
             vcpu_tids,
             threads: Mutex::new(threads),
             _resources: Resources {
@@ -143,11 +160,15 @@ struct Platform {
     i8042: Arc<Mutex<I8042>>,
     acpi: Arc<Mutex<AcpiPlatform>>,
     virtio: crate::devices::virtio::Attached,
+    /// The entry a boot disk gave.
+    boot_report: Option<BootReport>,
 }
 
-/// Attaches the devices, writes the boot tables and loads the kernel.
+/// Attaches the devices, writes the boot tables and loads the kernel (a boot disk's
+/// once `finding` has it).
 fn build_platform(
     config: &VmConfig,
+    finding: Option<boot_disk::Finding>,
     vm: &Arc<VmFd>,
     memory: &GuestMemoryMmap,
     control: &Arc<Control>,
@@ -184,7 +205,12 @@ fn build_platform(
     pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
         .map_err(bus_err)?;
 
-    let mut cmdline = build_cmdline(config)?;
+    // Before the devices open the disks: the boot disk is read-only here, theirs.
+    let booted = finding.map(boot_disk::Finding::join).transpose()?;
+    let mut cmdline = build_cmdline(
+        booted.as_ref().map(|b| b.report.cmdline.as_str()),
+        &config.cmdline,
+    )?;
     let virtio = match config.transport {
         VirtioTransportKind::Mmio => {
             crate::devices::virtio::attach(config, vm, memory, &mut mmio, &mut cmdline, sandbox)
@@ -204,14 +230,24 @@ fn build_platform(
         },
     )
     .map_err(|e| Error::Device(e.to_string()))?;
-    let entry = kvm::boot::load(
-        memory,
-        &config.kernel,
-        config.kernel_decompress,
-        &cmdline,
-        config.initrd.as_deref(),
-        rsdp,
-    )?;
+    let (kernel, initrd) = match &booted {
+        Some(b) => (
+            KernelInput::Prepared(&b.kernel),
+            if b.initrd.is_empty() {
+                InitrdInput::None
+            } else {
+                InitrdInput::Bytes(&b.initrd)
+            },
+        ),
+        None => (
+            KernelInput::Source(&config.kernel, config.kernel_decompress),
+            config
+                .initrd
+                .as_deref()
+                .map_or(InitrdInput::None, InitrdInput::File),
+        ),
+    };
+    let entry = kvm::boot::load(memory, kernel, &cmdline, initrd, rsdp)?;
     Ok(Platform {
         buses: Buses { pio, mmio },
         entry: entry.entry.0,
@@ -219,6 +255,7 @@ fn build_platform(
         i8042,
         acpi,
         virtio,
+        boot_report: booted.map(|b| b.report),
     })
 }
 
@@ -248,6 +285,20 @@ fn validate(config: &VmConfig) -> Result<()> {
             config.memory_mib
         )));
     }
+    if let KernelSource::Disk(boot) = &config.kernel {
+        if boot.disk >= config.disks.len() {
+            return Err(Error::Config(format!(
+                "boot disk {} does not exist ({} disks)",
+                boot.disk,
+                config.disks.len()
+            )));
+        }
+        if config.initrd.is_some() {
+            return Err(Error::Config(
+                "a boot disk's entry names its own initrd: no initrd may be given".into(),
+            ));
+        }
+    }
     if config
         .memory_mib
         .checked_mul(1 << 20)
@@ -273,14 +324,17 @@ fn removable_dirs(config: &VmConfig) -> Vec<std::path::PathBuf> {
     }
 }
 
-/// The user's command line plus one `virtio_mmio.device=` entry per device.
-fn build_cmdline(config: &VmConfig) -> Result<Cmdline> {
+/// The command line: a boot disk entry's, then the configuration's (the devices' own
+/// `virtio_mmio.device=` entries are added later).
+fn build_cmdline(entry: Option<&str>, configured: &str) -> Result<Cmdline> {
     let mut cmdline =
         Cmdline::new(layout::CMDLINE_MAX_SIZE).map_err(|e| Error::Config(e.to_string()))?;
-    if !config.cmdline.trim().is_empty() {
-        cmdline
-            .insert_str(config.cmdline.trim())
-            .map_err(|e| Error::Config(format!("kernel command line: {e}")))?;
+    for part in [entry.unwrap_or(""), configured] {
+        if !part.trim().is_empty() {
+            cmdline
+                .insert_str(part.trim())
+                .map_err(|e| Error::Config(format!("kernel command line: {e}")))?;
+        }
     }
     Ok(cmdline)
 }
@@ -304,6 +358,7 @@ pub struct VmHandle {
     acpi: Arc<Mutex<AcpiPlatform>>,
     virtio: Vec<VirtioTransport>,
     counters: DeviceCounters,
+    boot_report: Option<BootReport>,
     vcpu_tids: VcpuTids,
     threads: Mutex<Vec<JoinHandle<()>>>,
     _resources: Resources,
@@ -367,6 +422,11 @@ impl VmHandle {
     /// The devices' counters and the vCPUs' CPU time, now.
     pub fn stats(&self) -> VmStats {
         crate::stats::snapshot(&self.counters, &self.vcpu_tids)
+    }
+
+    /// The entry the VM booted from its boot disk (`None` for a kernel given directly).
+    pub fn boot_report(&self) -> Option<&BootReport> {
+        self.boot_report.as_ref()
     }
 
     /// The VM's sandbox: the control threads of a VMM program (`vmm run`)

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use vmm::config::{
-    ApStart, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelDecompress,
-    KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig, parse_mac,
+    ApStart, BootDisk, BootFirmware, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat,
+    KernelDecompress, KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
+    parse_mac,
 };
 
 #[derive(Debug, Parser)]
@@ -23,15 +24,15 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Boot a kernel and run until the guest ends. Exit status: 0 after a
-    /// guest reset, the guest's code after a write to port 0xf4, 125 after a
-    /// guest crash, 126 on a VMM error.
+    /// Boot a kernel, or without --kernel the entry the boot disk's own boot
+    /// loader configuration chooses (GRUB, BLS, systemd-boot, extlinux), and run
+    /// until the guest ends. Exit status: 0 after a guest reset, the guest's
+    /// code after a write to port 0xf4, 125 after a guest crash, 126 on a VMM
+    /// error (a disk with nothing to boot included).
     Run(RunArgs),
-    /// Write the embedded test guest (an ELF kernel) to a file.
-    TestGuest {
-        #[arg(long)]
-        output: PathBuf,
-    },
+    /// Write the embedded test guest (an ELF kernel) to a file, or a bootable
+    /// disk image holding it.
+    TestGuest(TestGuestArgs),
     /// Boot the embedded test guest with one of each device and report
     /// PASS/FAIL per check. Exit status 0 only if every check passes.
     Selftest(SelftestArgs),
@@ -52,10 +53,42 @@ pub(crate) enum Command {
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct RunArgs {
-    /// Kernel image: ELF vmlinux or bzImage.
+pub(crate) struct TestGuestArgs {
+    /// Where to write the guest's ELF image.
+    #[arg(long, required_unless_present = "disk")]
+    pub(crate) output: Option<PathBuf>,
+    /// Write a raw disk image instead, laid out as a distribution's and booting
+    /// the guest through its boot loader configuration.
     #[arg(long)]
-    pub(crate) kernel: PathBuf,
+    pub(crate) disk: Option<PathBuf>,
+    /// The disk's layout: debian, ubuntu, fedora, alpine or systemd-boot.
+    #[arg(long, default_value = "debian", requires = "disk", value_parser = parse_layout)]
+    pub(crate) layout: test_guest::disks::Layout,
+    /// The guest's command line in the boot entry (after `root=UUID=… ro`).
+    #[arg(
+        long,
+        default_value = "console=ttyS0 checks=serial exit=poweroff",
+        requires = "disk"
+    )]
+    pub(crate) cmdline: String,
+}
+
+fn parse_layout(text: &str) -> Result<test_guest::disks::Layout, String> {
+    test_guest::disks::Layout::parse(text).ok_or_else(|| {
+        format!("unknown layout {text:?} (debian, ubuntu, fedora, alpine or systemd-boot)")
+    })
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Kernel image: ELF vmlinux or bzImage. Without it the VM boots from its
+    /// disk: the first, or the one given with boot=on.
+    #[arg(long)]
+    pub(crate) kernel: Option<PathBuf>,
+    /// The firmware a boot disk is booted as: `bios` (the bootable partition's
+    /// boot loader) or `efi` (the EFI system partition's first).
+    #[arg(long, default_value = "bios", value_parser = parse_firmware)]
+    pub(crate) firmware: BootFirmware,
     /// Where a bzImage is decompressed: `host` (the VMM decompresses the
     /// payload and enters the kernel directly) or `guest` (the image's own
     /// decompressor runs in the guest).
@@ -69,12 +102,13 @@ pub(crate) struct RunArgs {
     /// Guest CPUID profile: host or emulated (default: detected; see `vmm cpuid`).
     #[arg(long)]
     pub(crate) cpu_profile: Option<CpuProfile>,
-    #[arg(long)]
+    #[arg(long, requires = "kernel")]
     pub(crate) initrd: Option<PathBuf>,
-    /// Kernel command line (virtio-mmio devices are appended to it with
-    /// `--transport mmio`).
-    #[arg(long, default_value = vmm::config::DEFAULT_CMDLINE)]
-    pub(crate) cmdline: String,
+    /// Kernel command line (default with --kernel: `console=ttyS0 reboot=k
+    /// panic=1`); when booting from a disk, appended to the entry's. The
+    /// virtio-mmio devices are appended to it with `--transport mmio`.
+    #[arg(long)]
+    pub(crate) cmdline: Option<String>,
     /// Guest memory in MiB.
     #[arg(long, default_value_t = vmm::config::DEFAULT_MEMORY_MIB)]
     pub(crate) memory: u64,
@@ -83,14 +117,15 @@ pub(crate) struct RunArgs {
     /// A virtio-blk disk:
     /// path=PATH,format=raw|qcow2[,readonly=on|off][,cache=none|writethrough|writeback]
     /// [,serial=ID][,discard=unmap|ignore]
-    /// [,backing=none|follow | ,backing-dir=DIR,backing-format=raw|qcow2].
+    /// [,backing=none|follow | ,backing-dir=DIR,backing-format=raw|qcow2][,boot=on].
     /// Repeatable. cache defaults to writeback, discard to unmap; without a
     /// serial the guest reads an all-zero ID. A qcow2 image may open a
     /// backing file only when asked: `follow` takes the names the images
     /// record (as QEMU), `backing-dir` only a file inside DIR, of that
-    /// format, without one of its own.
-    #[arg(long, value_parser = parse_disk)]
-    pub(crate) disk: Vec<DiskConfig>,
+    /// format, without one of its own. boot=on: the disk to boot without
+    /// --kernel (default the first).
+    #[arg(long, value_parser = parse_disk_arg)]
+    pub(crate) disk: Vec<DiskArg>,
     /// A virtio-net device on an existing tap: tap=NAME[,mac=MAC]. Repeatable.
     #[arg(long, value_parser = parse_net)]
     pub(crate) net: Vec<NetConfig>,
@@ -126,15 +161,44 @@ pub(crate) struct RunArgs {
     pub(crate) landlock: bool,
 }
 
+/// A `--disk`: the disk, and whether it is the one to boot.
+#[derive(Clone, Debug)]
+pub(crate) struct DiskArg {
+    pub(crate) config: DiskConfig,
+    pub(crate) boot: bool,
+}
+
 impl RunArgs {
-    pub(crate) fn into_config(self) -> VmConfig {
-        VmConfig {
-            kernel: KernelSource::Path(self.kernel),
+    pub(crate) fn into_config(self) -> Result<VmConfig, String> {
+        let boots: Vec<usize> = (0..self.disk.len())
+            .filter(|&i| self.disk[i].boot)
+            .collect();
+        let kernel = match (self.kernel, boots.as_slice()) {
+            (Some(_), [_, ..]) => {
+                return Err("boot=on is for booting from a disk: not with --kernel".into());
+            }
+            (Some(kernel), []) => KernelSource::Path(kernel),
+            (None, [_, _, ..]) => return Err("only one disk may have boot=on".into()),
+            (None, []) if self.disk.is_empty() => {
+                return Err("nothing to boot: give --kernel, or a --disk to boot from".into());
+            }
+            (None, boots) => KernelSource::Disk(BootDisk {
+                disk: boots.first().copied().unwrap_or(0),
+                firmware: self.firmware,
+            }),
+        };
+        let cmdline = match (&kernel, self.cmdline) {
+            (_, Some(cmdline)) => cmdline,
+            (KernelSource::Disk(_), None) => String::new(),
+            (_, None) => vmm::config::DEFAULT_CMDLINE.to_string(),
+        };
+        Ok(VmConfig {
+            kernel,
             initrd: self.initrd,
-            cmdline: self.cmdline,
+            cmdline,
             memory_mib: self.memory,
             vcpus: self.vcpus,
-            disks: self.disk,
+            disks: self.disk.into_iter().map(|d| d.config).collect(),
             nets: self.net,
             rng: self.rng,
             serial: self.serial,
@@ -147,8 +211,32 @@ impl RunArgs {
                 landlock: self.landlock,
                 ..vmm::SandboxConfig::default()
             },
+        })
+    }
+}
+
+pub(crate) fn parse_firmware(text: &str) -> Result<BootFirmware, String> {
+    match text {
+        "bios" => Ok(BootFirmware::Bios),
+        "efi" => Ok(BootFirmware::Efi),
+        _ => Err(format!("expected bios or efi, got {text:?}")),
+    }
+}
+
+/// A `--disk` with the `boot=on|off` option taken out.
+pub(crate) fn parse_disk_arg(text: &str) -> Result<DiskArg, String> {
+    let mut boot = false;
+    let mut rest = Vec::new();
+    for pair in text.split(',') {
+        match pair.split_once('=') {
+            Some(("boot", value)) => boot = on_off("boot", value)?,
+            _ => rest.push(pair),
         }
     }
+    Ok(DiskArg {
+        config: parse_disk(&rest.join(","))?,
+        boot,
+    })
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
@@ -325,17 +413,19 @@ mod tests {
 
     #[test]
     fn the_sandbox_is_on_unless_asked_otherwise() {
-        let config = run_args(&[]).unwrap().into_config();
+        let config = run_args(&[]).unwrap().into_config().unwrap();
         assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::Trap);
         assert!(config.sandbox.landlock);
         let config = run_args(&["--seccomp", "log", "--landlock", "off"])
             .unwrap()
-            .into_config();
+            .into_config()
+            .unwrap();
         assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::Log);
         assert!(!config.sandbox.landlock);
         let config = run_args(&["--seccomp=none", "--landlock=on"])
             .unwrap()
-            .into_config();
+            .into_config()
+            .unwrap();
         assert_eq!(config.sandbox.seccomp, vmm::SeccompMode::None);
         assert!(config.sandbox.landlock);
         for bad in [
@@ -458,7 +548,7 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("not run")
         };
-        let config = args.into_config();
+        let config = args.into_config().unwrap();
         assert_eq!(
             (
                 config.memory_mib,
@@ -468,7 +558,71 @@ mod tests {
             ),
             (256, 2, 1, true)
         );
-        assert!(Cli::try_parse_from(["vmm", "run"]).is_err());
         assert!(Cli::try_parse_from(["vmm", "run", "--kernel", "/k", "--vcpus", "300"]).is_err());
+    }
+
+    fn config_of(args: &[&str]) -> Result<VmConfig, String> {
+        let mut all = vec!["vmm", "run"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Run(run) => run.into_config(),
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_a_kernel_the_first_disk_or_the_one_marked_boots() {
+        let config = config_of(&[
+            "--disk",
+            "path=/a,format=raw",
+            "--disk",
+            "path=/b,format=qcow2",
+        ])
+        .unwrap();
+        assert!(matches!(
+            config.kernel,
+            KernelSource::Disk(BootDisk {
+                disk: 0,
+                firmware: BootFirmware::Bios
+            })
+        ));
+        assert_eq!(config.cmdline, "");
+        let config = config_of(&[
+            "--disk",
+            "path=/a,format=raw",
+            "--disk",
+            "path=/b,format=qcow2,boot=on",
+            "--firmware",
+            "efi",
+            "--cmdline",
+            "extra=1",
+        ])
+        .unwrap();
+        assert!(matches!(
+            config.kernel,
+            KernelSource::Disk(BootDisk {
+                disk: 1,
+                firmware: BootFirmware::Efi
+            })
+        ));
+        assert_eq!(config.cmdline, "extra=1");
+        assert_eq!(config.disks[1].path, PathBuf::from("/b"));
+        let config = config_of(&["--kernel", "/k"]).unwrap();
+        assert_eq!(config.cmdline, vmm::config::DEFAULT_CMDLINE);
+        for bad in [
+            &[][..],
+            &["--firmware", "uefi", "--disk", "path=/a,format=raw"],
+            &[
+                "--disk",
+                "path=/a,format=raw,boot=on",
+                "--disk",
+                "path=/b,format=raw,boot=on",
+            ],
+            &["--kernel", "/k", "--disk", "path=/a,format=raw,boot=on"],
+            &["--initrd", "/i", "--disk", "path=/a,format=raw"],
+            &["--disk", "path=/a,format=raw,boot=maybe"],
+        ] {
+            assert!(config_of(bad).is_err(), "{bad:?}");
+        }
     }
 }

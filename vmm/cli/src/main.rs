@@ -37,15 +37,15 @@ fn main() -> ExitCode {
     let status = match cli.command {
         Command::Run(args) => {
             let shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
-            run(args.into_config(), shutdown_timeout)
-        }
-        Command::TestGuest { output } => match std::fs::write(&output, test_guest::ELF) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("vmm: cannot write {}: {e}", output.display());
-                1
+            match args.into_config() {
+                Ok(config) => run(config, shutdown_timeout),
+                Err(e) => {
+                    eprintln!("vmm run: {e}");
+                    2
+                }
             }
-        },
+        }
+        Command::TestGuest(args) => test_guest_command(&args),
         Command::Selftest(args) => selftest::run(&selftest::Options {
             vcpus: args.vcpus,
             verbose: args.verbose,
@@ -89,6 +89,15 @@ fn run(config: vmm::VmConfig, shutdown_timeout: Duration) -> i32 {
             return INTERNAL_ERROR_EXIT_STATUS;
         }
     };
+    if let Some(report) = handle.boot_report() {
+        eprintln!(
+            "vmm: booting disk {} ({}): {}",
+            report.disk,
+            report.firmware.name(),
+            report.describe()
+        );
+        eprintln!("vmm: command line: {}", report.cmdline);
+    }
     let watched = handle.clone();
     let watcher = std::thread::Builder::new()
         .name("signals".into())
@@ -121,6 +130,40 @@ fn run(config: vmm::VmConfig, shutdown_timeout: Duration) -> i32 {
     }
     eprintln!("vmm: VM ended: {exit}");
     exit.exit_status()
+}
+
+/// `vmm test-guest`: the guest's ELF, or a bootable disk image holding it.
+fn test_guest_command(args: &args::TestGuestArgs) -> i32 {
+    let result = match (&args.output, &args.disk) {
+        (_, Some(disk)) => test_guest::disks::write_boot_disk(
+            disk,
+            args.layout,
+            &test_guest::disks::Kernel {
+                image: test_guest::ELF,
+                initrd: None,
+                cmdline: &args.cmdline,
+            },
+        )
+        .map(|built| {
+            eprintln!(
+                "vmm test-guest: {} ({} layout): kernel {} on partition {}, command line {:?}",
+                disk.display(),
+                args.layout.name(),
+                built.kernel_path,
+                built.kernel_partition,
+                built.cmdline
+            );
+        }),
+        (Some(output), None) => std::fs::write(output, test_guest::ELF),
+        (None, None) => Ok(()),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vmm test-guest: {e}");
+            1
+        }
+    }
 }
 
 /// `VMM_STATS disk=N rd_reqs=.. rd_bytes=.. wr_reqs=.. wr_bytes=.. fl_reqs=..

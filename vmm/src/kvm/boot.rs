@@ -40,21 +40,44 @@ pub(crate) struct KernelEntry {
     pub(crate) end: u64,
 }
 
+/// The kernel to load: as the configuration names it, or already read and prepared
+/// (a boot disk's, see `crate::boot_disk`).
+pub(crate) enum KernelInput<'a> {
+    Source(&'a KernelSource, KernelDecompress),
+    Prepared(&'a Prepared),
+}
+
+/// The initrd to load, if any.
+pub(crate) enum InitrdInput<'a> {
+    None,
+    File(&'a std::path::Path),
+    Bytes(&'a [u8]),
+}
+
 /// Loads the kernel (an ELF `vmlinux` or a `bzImage`, recognised by the ELF
 /// magic) and fills the zero page, command line and initrd. A bzImage's
 /// payload is decompressed here unless `decompress` leaves that to the
 /// guest (see [`super::kernel_image`]). Returns the entry point.
 pub(crate) fn load(
     mem: &GuestMemoryMmap,
-    kernel: &KernelSource,
-    decompress: KernelDecompress,
+    kernel: KernelInput<'_>,
     cmdline: &Cmdline,
-    initrd: Option<&std::path::Path>,
+    initrd: InitrdInput<'_>,
     acpi_rsdp: u64,
 ) -> Result<KernelEntry> {
     let (entry, header) = match kernel {
-        KernelSource::Path(path) => load_kernel_file(mem, path, decompress)?,
-        KernelSource::Bytes(bytes) => load_kernel(mem, bytes, decompress)?,
+        KernelInput::Source(KernelSource::Path(path), decompress) => {
+            load_kernel_file(mem, path, decompress)?
+        }
+        KernelInput::Source(KernelSource::Bytes(bytes), decompress) => {
+            load_kernel(mem, bytes, decompress)?
+        }
+        KernelInput::Source(KernelSource::Disk(_), _) => {
+            return Err(Error::KernelLoad(
+                "a boot disk's kernel is read before it is loaded".into(),
+            ));
+        }
+        KernelInput::Prepared(prepared) => load_prepared(mem, prepared)?,
     };
 
     let mut params = boot_params::default();
@@ -78,9 +101,13 @@ pub(crate) fn load(
     load_cmdline(mem, GuestAddress(CMDLINE_ADDR), cmdline)
         .map_err(|e| Error::Cmdline(e.to_string()))?;
 
-    if let Some(path) = initrd {
-        let (addr, size) = load_initrd(mem, path, &params.hdr, entry.end)?;
-        // load_initrd keeps the initrd below the kernel's initrd_addr_max (a u32).
+    let placed = match initrd {
+        InitrdInput::None => None,
+        InitrdInput::File(path) => Some(load_initrd_file(mem, path, &params.hdr, entry.end)?),
+        InitrdInput::Bytes(bytes) => Some(load_initrd_bytes(mem, bytes, &params.hdr, entry.end)?),
+    };
+    if let Some((addr, size)) = placed {
+        // The initrd is placed below the kernel's initrd_addr_max (a u32).
         params.hdr.ramdisk_image = u32::try_from(addr).map_err(|_| Error::InitrdTooBig(size))?;
         params.hdr.ramdisk_size = u32::try_from(size).map_err(|_| Error::InitrdTooBig(size))?;
     }
@@ -95,6 +122,72 @@ pub(crate) fn load(
     )
     .map_err(|e| Error::BootParams(e.to_string()))?;
     Ok(entry)
+}
+
+/// A kernel image read into memory and made ready to load: an ELF, the ELF inside a
+/// bzImage (decompressed here, on the caller's thread) with the image's setup header, or
+/// a bzImage left for the guest to decompress.
+pub(crate) enum Prepared {
+    Elf(Vec<u8>),
+    Decompressed {
+        elf: Vec<u8>,
+        header: Option<setup_header>,
+    },
+    BzImage(Vec<u8>),
+}
+
+/// Prepares `image` for [`load`]: decompresses a bzImage's payload unless `decompress`
+/// leaves that to the guest. Touches no guest memory, so it can run on a sandboxed thread
+/// of its own (the boot disk's).
+pub(crate) fn prepare(image: Vec<u8>, decompress: KernelDecompress) -> Result<Prepared> {
+    if image.starts_with(b"\x7fELF") {
+        return Ok(Prepared::Elf(image));
+    }
+    if decompress == KernelDecompress::Guest {
+        return Ok(Prepared::BzImage(image));
+    }
+    let header = setup_header_of(&image);
+    let elf = decompress_payload(&image)?;
+    Ok(Prepared::Decompressed { elf, header })
+}
+
+fn load_prepared(
+    mem: &GuestMemoryMmap,
+    prepared: &Prepared,
+) -> Result<(KernelEntry, Option<setup_header>)> {
+    match prepared {
+        Prepared::Elf(elf) => Ok((load_elf(mem, &mut Cursor::new(&elf[..]))?, None)),
+        Prepared::Decompressed { elf, header } => {
+            Ok((load_elf(mem, &mut Cursor::new(&elf[..]))?, *header))
+        }
+        Prepared::BzImage(image) => load_kernel(mem, image, KernelDecompress::Guest),
+    }
+}
+
+fn setup_header_of(image: &[u8]) -> Option<setup_header> {
+    image
+        .get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + std::mem::size_of::<setup_header>())
+        .and_then(|bytes| setup_header::from_slice(bytes).copied())
+}
+
+/// The ELF kernel inside a bzImage, decompressed on the host.
+fn decompress_payload(image: &[u8]) -> Result<Vec<u8>> {
+    let payload = super::kernel_image::payload(image)?;
+    let started = std::time::Instant::now();
+    let vmlinux = super::kernel_image::decompress(&payload)?;
+    tracing::debug!(
+        "bzImage: {} payload of {} bytes decompressed to {} in {:?}",
+        payload.compression.name(),
+        payload.data.len(),
+        vmlinux.len(),
+        started.elapsed()
+    );
+    if !vmlinux.starts_with(b"\x7fELF") {
+        return Err(Error::KernelLoad(
+            "the decompressed payload is not an ELF kernel".into(),
+        ));
+    }
+    Ok(vmlinux)
 }
 
 /// A kernel file: an ELF kernel's segments are read from the file straight into
@@ -127,25 +220,9 @@ fn load_kernel(
     if image.starts_with(b"\x7fELF") {
         return Ok((load_elf(mem, &mut Cursor::new(image))?, None));
     }
-    let header = image
-        .get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + std::mem::size_of::<setup_header>())
-        .and_then(|bytes| setup_header::from_slice(bytes).copied());
+    let header = setup_header_of(image);
     if decompress == KernelDecompress::Host {
-        let payload = super::kernel_image::payload(image)?;
-        let started = std::time::Instant::now();
-        let vmlinux = super::kernel_image::decompress(&payload)?;
-        tracing::debug!(
-            "bzImage: {} payload of {} bytes decompressed to {} in {:?}",
-            payload.compression.name(),
-            payload.data.len(),
-            vmlinux.len(),
-            started.elapsed()
-        );
-        if !vmlinux.starts_with(b"\x7fELF") {
-            return Err(Error::KernelLoad(
-                "the decompressed payload is not an ELF kernel".into(),
-            ));
-        }
+        let vmlinux = decompress_payload(image)?;
         return Ok((load_elf(mem, &mut Cursor::new(&vmlinux[..]))?, header));
     }
     let loaded = BzImage::load(
@@ -199,19 +276,14 @@ fn check_kernel_fits(mem: &GuestMemoryMmap, entry: u64, end: u64) -> Result<()> 
     Ok(())
 }
 
-/// Puts the initrd as high as the kernel allows (`initrd_addr_max`, below the
-/// MMIO hole), page aligned, above the kernel. Returns (address, size).
-fn load_initrd(
+/// Where an initrd of `size` bytes goes: as high as the kernel allows
+/// (`initrd_addr_max`, below the MMIO hole), page aligned, above the kernel.
+fn place_initrd(
     mem: &GuestMemoryMmap,
-    path: &std::path::Path,
+    size: u64,
     hdr: &setup_header,
     kernel_end: u64,
-) -> Result<(u64, u64)> {
-    let mut file = File::open(path).map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?;
-    let size = file
-        .metadata()
-        .map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?
-        .len();
+) -> Result<u64> {
     let lowmem_end = mem
         .iter()
         .next()
@@ -225,15 +297,44 @@ fn load_initrd(
     };
     let top = lowmem_end.min(addr_max.saturating_add(1));
     let start = top.checked_sub(size).map(|s| s & !(PAGE_SIZE - 1));
-    let Some(start) = start.filter(|&s| s >= kernel_end.max(HIMEM_START)) else {
-        return Err(Error::InitrdTooBig(size));
-    };
+    start
+        .filter(|&s| s >= kernel_end.max(HIMEM_START))
+        .ok_or(Error::InitrdTooBig(size))
+}
+
+/// Loads the initrd file at `path`. Returns (address, size).
+fn load_initrd_file(
+    mem: &GuestMemoryMmap,
+    path: &std::path::Path,
+    hdr: &setup_header,
+    kernel_end: u64,
+) -> Result<(u64, u64)> {
+    let mut file = File::open(path).map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?
+        .len();
+    let start = place_initrd(mem, size, hdr, kernel_end)?;
     mem.read_exact_volatile_from(
         GuestAddress(start),
         &mut file,
         block::cast::u64_to_usize(size),
     )
     .map_err(|e| Error::InitrdLoad(e.to_string()))?;
+    Ok((start, size))
+}
+
+/// Loads an initrd already in memory. Returns (address, size).
+fn load_initrd_bytes(
+    mem: &GuestMemoryMmap,
+    bytes: &[u8],
+    hdr: &setup_header,
+    kernel_end: u64,
+) -> Result<(u64, u64)> {
+    let size = block::cast::usize_to_u64(bytes.len());
+    let start = place_initrd(mem, size, hdr, kernel_end)?;
+    mem.write_slice(bytes, GuestAddress(start))
+        .map_err(|e| Error::InitrdLoad(e.to_string()))?;
     Ok((start, size))
 }
 

@@ -152,10 +152,13 @@ pub enum ThreadKind {
     /// The control threads of `vmm run` (main, signal watcher) once the VM
     /// has started.
     Control,
+    /// Reads the boot disk (partition tables, filesystems, boot loader configuration)
+    /// and decompresses its kernel, before the VM runs (`crate::boot_disk`).
+    BootLoader,
 }
 
 impl ThreadKind {
-    pub(crate) const ALL: [ThreadKind; 8] = [
+    pub(crate) const ALL: [ThreadKind; 9] = [
         ThreadKind::Vcpu,
         ThreadKind::VirtioBlock,
         ThreadKind::BlockIo,
@@ -164,6 +167,7 @@ impl ThreadKind {
         ThreadKind::ConsoleAccept,
         ThreadKind::ConsoleInput,
         ThreadKind::Control,
+        ThreadKind::BootLoader,
     ];
 
     /// The kind's name in reports.
@@ -177,6 +181,7 @@ impl ThreadKind {
             ThreadKind::ConsoleAccept => "console accept",
             ThreadKind::ConsoleInput => "console input",
             ThreadKind::Control => "control",
+            ThreadKind::BootLoader => "boot loader",
         }
     }
 
