@@ -23,6 +23,7 @@ fn kind(name: &str) -> ThreadKind {
         "vcpu" => ThreadKind::Vcpu,
         "blk" => ThreadKind::VirtioBlock,
         "rng" => ThreadKind::VirtioRng,
+        "boot" => ThreadKind::BootLoader,
         other => panic!("unknown thread kind {other}"),
     }
 }
@@ -35,18 +36,44 @@ fn child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let (mode, on) = spec.split_once(':').expect("mode:kind");
+    // mode:kind, or mode:kind:nohook to run the same VM without the hook.
+    let mut fields = spec.split(':');
+    let (mode, on) = (
+        fields.next().expect("mode"),
+        fields.next().expect("thread kind"),
+    );
+    let hook = fields.next() != Some("nohook");
     let dir = common::tempdir();
     let disk = dir.path().join("disk.raw");
-    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    let checks = "checks=virtio-blk,virtio-rng exit=poweroff";
+    let mut config = if on == "boot" {
+        // The guest from a Debian-style disk: the boot loader thread reads it.
+        test_guest::disks::write_boot_disk(
+            &disk,
+            test_guest::disks::Layout::Debian,
+            &test_guest::disks::Kernel {
+                image: test_guest::ELF,
+                initrd: None,
+                cmdline: checks,
+            },
+        )
+        .unwrap();
+        VmConfig::new(vmm::KernelSource::Disk(vmm::BootDisk {
+            disk: 0,
+            firmware: vmm::BootFirmware::Bios,
+        }))
+    } else {
+        std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+        let mut config = VmConfig::new(common::test_guest_kernel());
+        config.cmdline = checks.into();
+        config
+    };
     let capture = SerialCapture::new();
-    let mut config = VmConfig::new(common::test_guest_kernel());
-    config.cmdline = "checks=virtio-blk,virtio-rng exit=poweroff".into();
     config.disks.push(DiskConfig::new(&disk, DiskFormat::Raw));
     config.rng = true;
     config.serial = SerialTarget::Capture(capture.clone());
     config.sandbox.seccomp = mode.parse::<SeccompMode>().unwrap();
-    config.sandbox.forbidden_syscall_on = Some(kind(on));
+    config.sandbox.forbidden_syscall_on = hook.then(|| kind(on));
     let vm = Vm::start(config).expect("start the VM");
     let exit = vm
         .wait_timeout(Duration::from_secs(120))
@@ -57,6 +84,15 @@ fn child() {
 
 /// Runs the child; returns its output and process id.
 fn run_child(mode: &str, on: &str) -> (std::process::Output, u32) {
+    run_child_spec(&format!("{mode}:{on}"))
+}
+
+/// Runs the child's VM for `on` without the hook.
+fn run_child_without_hook(mode: &str, on: &str) -> (std::process::Output, u32) {
+    run_child_spec(&format!("{mode}:{on}:nohook"))
+}
+
+fn run_child_spec(spec: &str) -> (std::process::Output, u32) {
     common::require_kvm();
     let child = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -66,7 +102,7 @@ fn run_child(mode: &str, on: &str) -> (std::process::Output, u32) {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD_ENV, format!("{mode}:{on}"))
+        .env(CHILD_ENV, spec)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -97,6 +133,24 @@ fn assert_trapped(on: &str, kind_name: &str) {
 #[test]
 fn a_forbidden_call_on_a_vcpu_thread_ends_the_vmm() {
     assert_trapped("vcpu", "vCPU");
+}
+
+#[test]
+fn a_forbidden_call_on_the_boot_disk_thread_ends_the_vmm() {
+    assert_trapped("boot", "boot loader");
+}
+
+/// The boot disk thread's allowlist is enough to read a disk and boot from it.
+#[test]
+fn a_vm_boots_from_its_disk_under_every_filter() {
+    let (out, _) = run_child_without_hook("trap", "boot");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child: VM ended: guest power-off with exit code 0"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("TEST virtio-rng-read PASS"), "{stdout}");
 }
 
 #[test]
