@@ -207,6 +207,41 @@ pub enum KernelDecompress {
     Guest,
 }
 
+/// The SMBIOS (DMI) tables the guest reads (`/sys/class/dmi/id`, `dmidecode`, cloud-init's
+/// platform checks), as libvirt has QEMU write them for KubeVirt: the system record from
+/// KubeVirt's cluster SMBIOS settings and the VMI's firmware UUID and serial, the chassis
+/// from the VMI's `chassis`; the BIOS, processor and memory records from the VM itself.
+/// Empty strings are left out of the tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Smbios {
+    pub system: SmbiosSystem,
+    pub chassis: SmbiosChassis,
+}
+
+/// SMBIOS type 1, System Information.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SmbiosSystem {
+    pub manufacturer: String,
+    pub product: String,
+    pub version: String,
+    pub serial: String,
+    /// The system UUID in its canonical byte order (as `uuid::Uuid::as_bytes`); the table
+    /// stores its first three fields little-endian, as SMBIOS 2.6+ does. `None`: all zero.
+    pub uuid: Option<[u8; 16]>,
+    pub sku: String,
+    pub family: String,
+}
+
+/// SMBIOS type 3, System Enclosure or Chassis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SmbiosChassis {
+    pub manufacturer: String,
+    pub version: String,
+    pub serial: String,
+    pub asset: String,
+    pub sku: String,
+}
+
 /// A complete VM description.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -227,6 +262,11 @@ pub struct VmConfig {
     pub transport: VirtioTransportKind,
     /// How the VMM's threads are confined (see [`crate::sandbox`]).
     pub sandbox: SandboxConfig,
+    /// The SMBIOS tables' contents.
+    pub smbios: Smbios,
+    /// The CMOS real-time clock's offset from UTC at start, in seconds (KubeVirt's
+    /// `clock.utc.offsetSeconds`; 0 keeps it on UTC, libvirt's default for KubeVirt).
+    pub rtc_offset_seconds: i64,
 }
 
 impl VmConfig {
@@ -252,6 +292,8 @@ impl VmConfig {
             cpu_profile: None,
             transport: VirtioTransportKind::default(),
             sandbox: SandboxConfig::default(),
+            smbios: Smbios::default(),
+            rtc_offset_seconds: 0,
         }
     }
 }

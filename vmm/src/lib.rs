@@ -31,7 +31,8 @@ pub mod vm;
 pub use boot_disk::BootReport;
 pub use config::{
     ApStart, BootDisk, BootFirmware, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat,
-    KernelDecompress, KernelSource, NetConfig, SerialTarget, VirtioTransportKind, VmConfig,
+    KernelDecompress, KernelSource, NetConfig, SerialTarget, Smbios, SmbiosChassis, SmbiosSystem,
+    VirtioTransportKind, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

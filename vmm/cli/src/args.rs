@@ -211,6 +211,8 @@ impl RunArgs {
                 landlock: self.landlock,
                 ..vmm::SandboxConfig::default()
             },
+            smbios: vmm::Smbios::default(),
+            rtc_offset_seconds: 0,
         })
     }
 }
