@@ -46,6 +46,11 @@ struct Args {
     /// VMI's creator asked for a non-root one. Off: always uid 107.
     #[arg(long)]
     root: bool,
+    /// KubeVirt's feature gates that are on, comma-separated (`HostDisk,Root`): what the
+    /// `KubeVirt` CR's `developerConfiguration.featureGates` would say. `hostDisk` volumes
+    /// are refused unless `HostDisk` is on.
+    #[arg(long, default_value = "")]
+    feature_gates: proto::contract::feature_gates::FeatureGates,
 }
 
 #[tokio::main]
@@ -74,7 +79,11 @@ async fn main() -> anyhow::Result<()> {
             launcher_qemu_timeout_seconds: args.launcher_qemu_timeout,
             allow_emulation: args.allow_emulation,
             request_vhost_net: !args.no_vhost_net,
-            root: args.root,
+            root: args.root
+                || args
+                    .feature_gates
+                    .enabled(proto::contract::feature_gates::ROOT),
+            feature_gates: args.feature_gates,
             ..TemplateConfig::default()
         },
         namespace: args.watch_namespace,

@@ -117,6 +117,8 @@ pub struct TemplateConfig {
     pub memory_overcommit: u32,
     pub serial_console_log_disabled: bool,
     pub virt_launcher_log_verbosity: u32,
+    /// Feature gates that decide what a VMI may ask for (`proto::contract::feature_gates`).
+    pub feature_gates: proto::contract::feature_gates::FeatureGates,
     /// Node selectors from the KubeVirt CR, applied before the VMI's own.
     pub node_selectors: BTreeMap<String, String>,
     /// Architecture of the cluster's nodes when the VMI does not say (`amd64`).
@@ -147,6 +149,7 @@ impl Default for TemplateConfig {
             upgrade_ordinal_ifaces: true,
             memory_overhead_report: true,
             root: false,
+            feature_gates: Default::default(),
             cpu_model: None,
             cpu_allocation_ratio: 10,
             memory_overcommit: 100,

@@ -110,6 +110,10 @@ struct Standalone {
     /// Stop gracefully once every VMI's console printed a line containing TEXT.
     #[arg(long, value_name = "TEXT")]
     stop_after_console: Option<String>,
+    /// KubeVirt's feature gates that are on, comma-separated (`HostDisk`): `hostDisk`
+    /// volumes are refused without `HostDisk`, as KubeVirt's admission does.
+    #[arg(long, default_value = "")]
+    feature_gates: proto::contract::feature_gates::FeatureGates,
 }
 
 fn parse_image(text: &str) -> Result<(String, PathBuf), String> {
@@ -189,6 +193,7 @@ async fn run_standalone(common: Common, s: Standalone) -> Result<()> {
         resync_period: Duration::from_secs(common.domain_resync_period_seconds.max(1)),
         watchdog_timeout: Duration::from_secs(common.watchdog_timeout.max(1)),
         metrics: common.metrics_listen,
+        feature_gates: s.feature_gates,
     })
     .await
 }

@@ -59,6 +59,8 @@ pub struct StandaloneOptions {
     pub resync_period: Duration,
     pub watchdog_timeout: Duration,
     pub metrics: Option<SocketAddr>,
+    /// KubeVirt's feature gates that are on (`hostDisk` needs `HostDisk`).
+    pub feature_gates: proto::contract::feature_gates::FeatureGates,
 }
 
 /// The state directory's layout.
@@ -375,7 +377,9 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         // What the launcher cannot run never gets a pod: as the controller reports a
         // failed pod render (`Synchronized=False`, `FailedCreate`, a Warning event), and
         // since no one will change this VMI here, it ends `Failed`.
-        if let Err(refusal) = proto::contract::runnable::check(&manifest_vmi) {
+        let admitted = proto::contract::feature_gates::check(&manifest_vmi, &options.feature_gates)
+            .and_then(|()| proto::contract::runnable::check(&manifest_vmi));
+        if let Err(refusal) = admitted {
             let message = format!("failed to render launch manifest: {refusal}");
             say(&format!("[{key}] refused: {refusal}"));
             let vmi = refuse_vmi(manifest_vmi, &message);

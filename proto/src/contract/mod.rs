@@ -10,11 +10,15 @@
 //! - [`pod_paths`]: where the launcher pod mounts images, sockets and disks.
 //! - [`dhcp_cache`]: the bridge binding's `vif-cache-<iface>.json`, handler → launcher.
 //! - [`kernel_boot`]: reading `spec.domain.firmware.kernelBoot.container` from a VMI.
+//! - [`boot_disk`]: which disk a VMI without kernel boot boots, and as which firmware.
+//! - [`feature_gates`]: KubeVirt's feature gates and the admission rules behind them.
 //! - [`node_labels`]: the node labels launcher pods select on (the node labeller writes them).
 //! - [`runnable`]: which VMIs this project's launcher can run, checked by the controller,
 //!   the launcher and standalone mode alike.
 
+pub mod boot_disk;
 pub mod dhcp_cache;
+pub mod feature_gates;
 pub mod kernel_boot;
 pub mod node_labels;
 pub mod pod_network;
