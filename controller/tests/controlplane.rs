@@ -629,8 +629,8 @@ async fn refused_pod_becomes_a_readable_event() {
     );
 }
 
-/// A VMI this project's launcher cannot run (no kernel boot: it has no firmware to boot a
-/// disk) is refused as KubeVirt reports a failed pod creation: it stays Pending with
+/// A VMI this project's launcher cannot run (EFI with Secure Boot, KubeVirt's default for
+/// `efi`: no signature is checked here) is refused as KubeVirt reports a failed pod creation: it stays Pending with
 /// `Synchronized=False` (reason `FailedCreate`, the message naming the field) and one Warning
 /// event, and no pod is ever created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -638,7 +638,7 @@ async fn a_vmi_the_launcher_cannot_run_gets_a_condition_an_event_and_no_pod() {
     let setup = Setup::new("ctl-refuse", true).await;
     let vmis: Api<VirtualMachineInstance> = setup.api();
     let mut spec = serde_json::to_value(vm("x", "Always").spec.template.spec).unwrap();
-    spec["domain"].as_object_mut().unwrap().remove("firmware");
+    spec["domain"]["firmware"] = json!({"bootloader": {"efi": {}}});
     let vmi: VirtualMachineInstance = serde_json::from_value(json!({
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
         "metadata": {"name": "bios"},
@@ -661,7 +661,8 @@ async fn a_vmi_the_launcher_cannot_run_gets_a_condition_an_event_and_no_pod() {
     assert_eq!(synchronized.reason.as_deref(), Some("FailedCreate"));
     let message = synchronized.message.unwrap_or_default();
     assert!(
-        message.contains("spec.domain.firmware.kernelBoot") && message.contains("kernel boot"),
+        message.contains("spec.domain.firmware.bootloader.efi.secureBoot")
+            && message.contains("Secure Boot"),
         "{message}"
     );
     let events: Api<k8s_openapi::api::events::v1::Event> = setup.api();
@@ -684,7 +685,10 @@ async fn a_vmi_the_launcher_cannot_run_gets_a_condition_an_event_and_no_pod() {
     })
     .await;
     let note = event.note.unwrap_or_default();
-    assert!(note.contains("spec.domain.firmware.kernelBoot"), "{note}");
+    assert!(
+        note.contains("spec.domain.firmware.bootloader.efi.secureBoot"),
+        "{note}"
+    );
     // Later reconciles neither create a pod nor repeat the event.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let vmi = get(&vmis, "bios").await.unwrap();

@@ -713,8 +713,8 @@ async fn two_vms_at_once_and_kubectl_delete_leaves_nothing_behind() {
     }
 }
 
-/// A VM the launcher cannot run (no kernel boot: it has no firmware to boot a disk) is refused
-/// before any pod exists: `Synchronized=False` naming the field, a Warning event, no pod.
+/// A VM the launcher cannot run (EFI with Secure Boot, on unless `secureBoot: false`: no
+/// signature is checked here) is refused before any pod exists: `Synchronized=False` naming the field, a Warning event, no pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
     let cluster = kubevirt().await;
@@ -722,10 +722,8 @@ async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
     let vms = Vms::new(cluster, "e2e-refused").await;
     let mut vm = test_vm("bios", "Always");
     let mut value = serde_json::to_value(&vm).unwrap();
-    value["spec"]["template"]["spec"]["domain"]
-        .as_object_mut()
-        .unwrap()
-        .remove("firmware");
+    value["spec"]["template"]["spec"]["domain"]["firmware"] =
+        serde_json::json!({"bootloader": {"efi": {}}});
     vm = serde_json::from_value(value).unwrap();
     vms.create(&vm).await;
     let vmis = vms.vmis();
@@ -741,7 +739,7 @@ async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
     assert_eq!(refused.reason.as_deref(), Some("FailedCreate"));
     let message = refused.message.unwrap_or_default();
     assert!(
-        message.contains("spec.domain.firmware.kernelBoot"),
+        message.contains("spec.domain.firmware.bootloader.efi.secureBoot"),
         "{message}"
     );
     let events = cluster
@@ -757,7 +755,7 @@ async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
         ])
         .unwrap();
     assert!(
-        events.contains("spec.domain.firmware.kernelBoot"),
+        events.contains("spec.domain.firmware.bootloader.efi.secureBoot"),
         "{events}"
     );
     // Still no pod a while later, and the VMI stays Pending.

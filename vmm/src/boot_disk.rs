@@ -20,7 +20,7 @@ use crate::kvm::boot::{self, Prepared};
 use crate::sandbox::{Sandbox, ThreadKind};
 use crate::vm::{Error, Result};
 
-pub use disk_boot::{BootFile, Loader};
+pub use disk_boot::{BootFile, Error as BootError, Loader};
 
 /// Which entry a VM booted from its disk.
 #[derive(Clone, Debug, PartialEq, Eq)]

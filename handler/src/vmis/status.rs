@@ -230,6 +230,15 @@ pub(crate) fn compute_status(
             err,
             now,
         ));
+    } else if inputs.phase == Phase::Failed
+        && let Some(why) = current
+            .conditions
+            .iter()
+            .find(|c| c.condition_type == "Synchronized" && c.status == "False")
+    {
+        // A VMI that failed keeps the last error that explains it (the launcher's "cannot
+        // boot disk ..."), instead of losing it on the write that makes it Failed.
+        wanted.push(why.clone());
     }
     status.conditions = merge_conditions(&current.conditions, wanted);
     Some(status)
@@ -359,6 +368,52 @@ mod tests {
     fn final_vmi_status_is_left_alone() {
         assert!(
             compute_status(&vmi(Phase::Failed), None, &StatusInputs::default(), now()).is_none()
+        );
+    }
+
+    #[test]
+    fn a_vmi_that_fails_keeps_the_error_that_explains_it() {
+        let v = vmi(Phase::Scheduled);
+        let failing = StatusInputs {
+            phase: Phase::Scheduled,
+            sync_error: Some(
+                "cannot boot disk \"root\": no boot loader configuration found".into(),
+            ),
+            ..Default::default()
+        };
+        let s = compute_status(&v, None, &failing, now()).expect("status");
+        let mut scheduled = v.clone();
+        scheduled.status = Some(s);
+        let mut crashed = running_domain();
+        crashed.status.status = LifeCycle::Shutoff;
+        crashed.status.reason = StateChangeReason::Crashed;
+        let failed = StatusInputs {
+            phase: Phase::Failed,
+            ..Default::default()
+        };
+        let s = compute_status(&scheduled, Some(&crashed), &failed, now()).expect("status");
+        let sync = s
+            .conditions
+            .iter()
+            .find(|c| c.condition_type == "Synchronized")
+            .expect("the error stays on the failed VMI");
+        assert!(
+            sync.message
+                .as_deref()
+                .unwrap_or("")
+                .contains("cannot boot disk")
+        );
+        // A VMI that does not fail loses it once synchronised.
+        let running = StatusInputs {
+            phase: Phase::Running,
+            ..Default::default()
+        };
+        let s =
+            compute_status(&scheduled, Some(&running_domain()), &running, now()).expect("status");
+        assert!(
+            !s.conditions
+                .iter()
+                .any(|c| c.condition_type == "Synchronized")
         );
     }
 

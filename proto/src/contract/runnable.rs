@@ -1,7 +1,8 @@
 //! What this project's launcher can run, written once.
 //!
-//! KubeVirt's launcher runs almost any VMI its API admits; ours boots a kernel directly on a
-//! small VMM, so many VMIs KubeVirt admits can never run here. [`check`] says which, as a pure
+//! KubeVirt's launcher runs almost any VMI its API admits; ours runs a small VMM that boots
+//! a kernel (one the VMI names, or the one its boot disk's boot loader configuration
+//! chooses: [`super::boot_disk`]), so some VMIs KubeVirt admits can never run here. [`check`] says which, as a pure
 //! function of the VMI, and every process that could start a VMI asks it first:
 //!
 //! - the controller, before it renders a launcher pod (a refused VMI gets a condition and an
@@ -31,7 +32,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Refusal {
             field: field.into(),
             reason: reason.into(),
@@ -151,31 +152,32 @@ fn machine(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Kernel boot as KubeVirt admits it, or a disk to boot with a firmware this launcher
+/// stands in for (`boot_disk`).
 fn firmware(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
-    let firmware = vmi.spec.domain.firmware.as_ref();
-    if let Some(loader) = firmware.and_then(|f| f.bootloader.as_ref()) {
-        let which = loader
-            .as_object()
-            .and_then(|o| o.keys().next().cloned())
-            .unwrap_or_default();
-        return Err(Refusal::new(
-            format!("spec.domain.firmware.bootloader.{which}"),
-            "firmware boot is not supported: use firmware.kernelBoot",
-        ));
-    }
     let field = super::kernel_boot::FIELD;
-    let Some(kernel_boot) = firmware.and_then(|f| f.kernel_boot.as_ref()) else {
-        return Err(Refusal::new(
-            field,
-            "required: this launcher boots guests by direct kernel boot only (no BIOS or UEFI to boot a disk)",
-        ));
+    let Some(kernel_boot) = super::kernel_boot::kernel_boot(vmi) else {
+        super::boot_disk::firmware(vmi)?;
+        super::boot_disk::choose(vmi)?;
+        return Ok(());
     };
     let Some(container) = &kernel_boot.container else {
-        return Err(Refusal::new(
-            format!("{field}.container"),
-            "kernel boot needs a container with the kernel",
-        ));
+        // KubeVirt's admission: kernel arguments need a kernel to pass them to.
+        if kernel_boot
+            .kernel_args
+            .as_deref()
+            .is_some_and(|a| !a.is_empty())
+        {
+            return Err(Refusal::new(
+                format!("{field}.kernelArgs"),
+                "kernel arguments cannot be provided without an external kernel",
+            ));
+        }
+        super::boot_disk::firmware(vmi)?;
+        super::boot_disk::choose(vmi)?;
+        return Ok(());
     };
+    super::boot_disk::firmware(vmi)?;
     if container.image.is_empty() {
         return Err(Refusal::new(
             format!("{field}.container.image"),
@@ -185,7 +187,7 @@ fn firmware(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
     let Some(kernel) = container.kernel_path.as_deref() else {
         return Err(Refusal::new(
             format!("{field}.container.kernelPath"),
-            "required: this launcher has no firmware to boot a disk",
+            "required: an initrd alone is not booted (boot the disk instead, without kernelBoot)",
         ));
     };
     let kernel = image_file(kernel, &format!("{field}.container.kernelPath"))?;

@@ -30,6 +30,9 @@ pub struct DomainSpec {
     pub vcpus: Option<Vcpus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Features>,
+    /// The SMBIOS contents (`OS.SMBios` says they are used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sys_info: Option<SysInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<Devices>,
     #[serde(default)]
@@ -58,7 +61,17 @@ impl MemoryAmount {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "PascalCase")]
 pub struct Os {
+    /// `efi` when libvirt selects the firmware (KubeVirt's auto-selection); this project
+    /// writes it for an EFI VMI, which boots its disk without a firmware file.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub firmware: String,
     pub r#type: OsType,
+    /// `{"Mode": "sysinfo"}`: the SMBIOS tables carry [`DomainSpec::sys_info`].
+    #[serde(rename = "SMBios", default, skip_serializing_if = "Option::is_none")]
+    pub smbios: Option<SmBios>,
+    /// SeaBIOS's options (`useserial`).
+    #[serde(rename = "BIOS", default, skip_serializing_if = "Option::is_none")]
+    pub bios: Option<Bios>,
     /// Direct kernel boot: kernel, initrd and command line.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kernel: String,
@@ -68,6 +81,61 @@ pub struct Os {
     pub kernel_args: String,
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct SmBios {
+    pub mode: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct Bios {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub use_serial: String,
+}
+
+/// libvirt's `<sysinfo type='smbios'>`: what the SMBIOS tables say.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct SysInfo {
+    /// `smbios`.
+    pub r#type: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub system: Vec<SysInfoEntry>,
+    #[serde(rename = "BIOS", default, deserialize_with = "null_as_empty")]
+    pub bios: Vec<SysInfoEntry>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub base_board: Vec<SysInfoEntry>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub chassis: Vec<SysInfoEntry>,
+}
+
+impl SysInfo {
+    /// The value of system entry `name` (`uuid`, `serial`, `manufacturer`...).
+    pub fn system(&self, name: &str) -> Option<&str> {
+        self.system
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.value.as_str())
+    }
+}
+
+/// One `<entry name='…'>value</entry>`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct SysInfoEntry {
+    pub name: String,
+    pub value: String,
+}
+
+/// Go writes a nil slice as `null`.
+fn null_as_empty<'de, D>(deserializer: D) -> Result<Vec<SysInfoEntry>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(Option::<Vec<SysInfoEntry>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

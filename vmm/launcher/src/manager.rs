@@ -27,6 +27,45 @@ pub(crate) struct DomainEvent {
     pub(crate) domain: Domain,
 }
 
+/// A Kubernetes event about the VMI, for the handler to record (`K8sEventRequest`), as
+/// KubeVirt's launcher sends them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct VmiEvent {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
+    /// `Normal` or `Warning`.
+    pub(crate) kind: &'static str,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+}
+
+impl VmiEvent {
+    /// The `core/v1 Event` JSON the handler reads.
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::json!({
+            "involvedObject": {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "namespace": self.namespace,
+                "name": self.name,
+                "uid": self.uid,
+            },
+            "type": self.kind,
+            "reason": self.reason,
+            "message": self.message,
+        })
+        .to_string()
+    }
+}
+
+/// What the notifier delivers to the handler, in order.
+#[derive(Clone, Debug)]
+pub(crate) enum Notification {
+    Domain(DomainEvent),
+    Vmi(VmiEvent),
+}
+
 /// Where the launcher is in its life, for the main loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -53,7 +92,7 @@ pub(crate) struct ManagerOptions {
 pub(crate) struct Manager {
     options: ManagerOptions,
     state: Mutex<State>,
-    events: mpsc::UnboundedSender<DomainEvent>,
+    events: mpsc::UnboundedSender<Notification>,
     /// Events handed to the notifier so far (see [`Manager::emitted_events`]).
     emitted: AtomicU64,
     stage: watch::Sender<Stage>,
@@ -96,7 +135,7 @@ impl Manager {
         options: ManagerOptions,
     ) -> (
         Arc<Self>,
-        mpsc::UnboundedReceiver<DomainEvent>,
+        mpsc::UnboundedReceiver<Notification>,
         watch::Receiver<Stage>,
     ) {
         let (events, rx) = mpsc::unbounded_channel();
@@ -125,10 +164,54 @@ impl Manager {
     fn emit(&self, event_type: &'static str, domain: &Domain) {
         // Counted before it is queued: the notifier never gets ahead of it.
         self.emitted.fetch_add(1, Ordering::SeqCst);
-        let _ = self.events.send(DomainEvent {
+        let _ = self.events.send(Notification::Domain(DomainEvent {
             event_type,
             domain: domain.clone(),
-        });
+        }));
+    }
+
+    /// Asks the handler to record a Kubernetes event about the domain's VMI.
+    fn record(&self, domain: &Domain, kind: &'static str, reason: &'static str, message: String) {
+        self.emitted.fetch_add(1, Ordering::SeqCst);
+        let _ = self.events.send(Notification::Vmi(VmiEvent {
+            namespace: domain.object_meta.namespace.clone(),
+            name: domain.object_meta.name.clone(),
+            uid: domain.object_meta.uid.clone(),
+            kind,
+            reason,
+            message,
+        }));
+    }
+
+    /// Reports the entry a VM booted from its disk, as an event on the VMI.
+    fn report_boot(&self, domain: &Domain, vm: &VmHandle) {
+        if let Some(report) = vm.boot_report() {
+            let message = format!(
+                "booted disk {:?} ({}): {}",
+                disk_name(domain, report.disk),
+                report.firmware.name(),
+                report.describe()
+            );
+            tracing::info!("{message}; command line: {}", report.cmdline);
+            self.record(domain, "Normal", BOOTED_FROM_DISK, message);
+        }
+    }
+
+    /// A boot disk with nothing to boot: as a firmware that finds no bootable device, but
+    /// at once. The domain ends `Crashed` (the handler fails the VMI) and an event says
+    /// which disk and why.
+    fn boot_failed(
+        &self,
+        domain: &mut Domain,
+        disk: usize,
+        source: &vmm::boot_disk::BootError,
+    ) -> String {
+        let message = format!("cannot boot disk {:?}: {source}", disk_name(domain, disk));
+        tracing::error!("{message}");
+        self.record(domain, "Warning", BOOT_FAILED, message.clone());
+        domain.status.status = LifeCycle::Shutoff;
+        domain.status.reason = StateChangeReason::Crashed;
+        message
     }
 
     /// How many domain events were queued for the handler so far; the
@@ -186,6 +269,15 @@ impl Manager {
             interface_attachment: options
                 .map(|o| o.interface_domain_attachment.clone().into_iter().collect())
                 .unwrap_or_default(),
+            smbios: options
+                .and_then(|o| o.virtual_machine_sm_bios.as_ref())
+                .map(|s| converter::SmbiosSettings {
+                    manufacturer: s.manufacturer.clone(),
+                    product: s.product.clone(),
+                    version: s.version.clone(),
+                    sku: s.sku.clone(),
+                    family: s.family.clone(),
+                }),
             ..Default::default()
         };
         let mut plans = Vec::new();
@@ -236,7 +328,22 @@ impl Manager {
             None
         };
 
-        let vm = Arc::new(Vm::start(config.clone())?);
+        let vm = match Vm::start(config.clone()) {
+            Ok(vm) => Arc::new(vm),
+            Err(vmm::vm::Error::BootDisk { disk, source, .. }) => {
+                // Defined and ended: the handler sees why the VMI failed.
+                let message = self.boot_failed(&mut domain, disk, &source);
+                state.dhcp = None;
+                state.config = Some(config);
+                self.emit("ADDED", &domain);
+                state.domain = Some(domain);
+                drop(state);
+                self.stage.send_replace(Stage::Defined);
+                return fail(message);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.report_boot(&domain, &vm);
         let console_log = start_console_log(&domain);
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
         if paused {
@@ -297,12 +404,25 @@ impl Manager {
             && !state.killed
             && let Some(config) = state.config.clone()
         {
+            // A boot disk is read again: the guest may have changed its boot entry.
             match Vm::start(config) {
                 Ok(vm) => {
                     let vm = Arc::new(vm);
+                    if let Some(domain) = &state.domain {
+                        self.report_boot(domain, &vm);
+                    }
                     state.generation += 1;
                     state.vm = Some(vm.clone());
                     self.watch_exit(vm, state.generation);
+                    return;
+                }
+                Err(vmm::vm::Error::BootDisk { disk, source, .. }) => {
+                    state.dhcp = None;
+                    state.console_log = None;
+                    if let Some(mut domain) = state.domain.clone() {
+                        let _ = self.boot_failed(&mut domain, disk, &source);
+                        self.set_status(&mut state, domain.status.status, domain.status.reason);
+                    }
                     return;
                 }
                 Err(e) => tracing::error!("cannot restart the VM after a guest reboot: {e}"),
@@ -511,6 +631,23 @@ impl Manager {
             crate::stats::domain_stats(domain, vm.as_ref(), crate::stats::ProcessUsage::current());
         Some(serde_json::to_string(&stats).expect("plain structs serialize"))
     }
+}
+
+/// The reason of the event naming the entry a VM booted from its disk.
+pub(crate) const BOOTED_FROM_DISK: &str = "BootedFromDisk";
+/// The reason of the event saying why a disk could not be booted.
+pub(crate) const BOOT_FAILED: &str = "BootFailed";
+
+/// The boot disk's name in the VMI (its alias), else its position.
+fn disk_name(domain: &Domain, disk: usize) -> String {
+    domain
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.disks.get(disk))
+        .and_then(|d| d.alias.as_ref())
+        .map(|a| a.name.clone())
+        .unwrap_or_else(|| format!("#{disk}"))
 }
 
 /// The states a domain goes through when its VM ends, in order, each one a

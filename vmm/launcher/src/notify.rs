@@ -1,14 +1,16 @@
-//! Sends domain events to the handler's notify socket
-//! (`kubevirt.notify.v1.Notify/HandleDomainEvent`).
+//! Sends domain events and Kubernetes events about the VMI to the handler's notify socket
+//! (`kubevirt.notify.v1.Notify/HandleDomainEvent`, `HandleK8sEvent`).
 //!
 //! The handler injects its notify pipe into the pod only when it first talks
 //! to the launcher, and replaces it when it restarts. So, as the Go launcher
 //! does, every event is retried: re-dial and resend, polling each second,
 //! for up to 20 s; a reply with `success != true` counts as a failure.
 
-use crate::manager::DomainEvent;
+use crate::manager::{DomainEvent, Notification, VmiEvent};
 use proto::grpc::notify::info::{NotifyInfoRequest, notify_info_client::NotifyInfoClient};
-use proto::grpc::notify::v1::{DomainEventRequest, NOTIFY_VERSION, notify_client::NotifyClient};
+use proto::grpc::notify::v1::{
+    DomainEventRequest, K8sEventRequest, NOTIFY_VERSION, notify_client::NotifyClient,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -63,9 +65,13 @@ impl Notifier {
         Ok(self.client.as_mut().expect("client was just set"))
     }
 
-    async fn try_send(&mut self, request: DomainEventRequest) -> Result<(), NotifyError> {
+    async fn try_send(&mut self, request: Request) -> Result<(), NotifyError> {
         let client = self.connect().await?;
-        let reply = client.handle_domain_event(request).await?.into_inner();
+        let reply = match request {
+            Request::Domain(request) => client.handle_domain_event(request).await?,
+            Request::Vmi(request) => client.handle_k8s_event(request).await?,
+        }
+        .into_inner();
         if reply.success {
             Ok(())
         } else {
@@ -73,13 +79,25 @@ impl Notifier {
         }
     }
 
-    /// Sends one event, retrying within the budget.
+    /// Sends one domain event, retrying within the budget.
     pub(crate) async fn send(&mut self, event: &DomainEvent) -> Result<(), NotifyError> {
-        let request = DomainEventRequest {
+        self.send_request(Request::Domain(DomainEventRequest {
             domain_json: event.domain.to_json().into_bytes(),
             status_json: Vec::new(),
             event_type: event.event_type.to_string(),
-        };
+        }))
+        .await
+    }
+
+    /// Sends one Kubernetes event, retrying within the budget.
+    pub(crate) async fn send_vmi_event(&mut self, event: &VmiEvent) -> Result<(), NotifyError> {
+        self.send_request(Request::Vmi(K8sEventRequest {
+            event_json: event.to_json().into_bytes(),
+        }))
+        .await
+    }
+
+    async fn send_request(&mut self, request: Request) -> Result<(), NotifyError> {
         let deadline = tokio::time::Instant::now() + BUDGET;
         loop {
             let attempt = tokio::time::timeout(PER_TRY, self.try_send(request.clone())).await;
@@ -99,6 +117,12 @@ impl Notifier {
     }
 }
 
+#[derive(Clone)]
+enum Request {
+    Domain(DomainEventRequest),
+    Vmi(K8sEventRequest),
+}
+
 /// What the notifier has done so far, for the launcher's exit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Progress {
@@ -114,23 +138,34 @@ pub(crate) struct Progress {
 /// progress after each one.
 pub(crate) async fn run(
     socket: PathBuf,
-    mut events: mpsc::UnboundedReceiver<DomainEvent>,
+    mut events: mpsc::UnboundedReceiver<Notification>,
     progress: watch::Sender<Progress>,
 ) {
     let mut notifier = Notifier::new(socket);
-    while let Some(event) = events.recv().await {
-        match notifier.send(&event).await {
-            Ok(()) => tracing::debug!(
-                "sent {} {:?}/{:?}",
-                event.event_type,
-                event.domain.status.status,
-                event.domain.status.reason
-            ),
-            Err(e) => tracing::warn!("domain event {} dropped: {e}", event.event_type),
-        }
+    while let Some(notification) = events.recv().await {
+        let gone = match &notification {
+            Notification::Domain(event) => {
+                match notifier.send(event).await {
+                    Ok(()) => tracing::debug!(
+                        "sent {} {:?}/{:?}",
+                        event.event_type,
+                        event.domain.status.status,
+                        event.domain.status.reason
+                    ),
+                    Err(e) => tracing::warn!("domain event {} dropped: {e}", event.event_type),
+                }
+                event.domain.is_gone()
+            }
+            Notification::Vmi(event) => {
+                if let Err(e) = notifier.send_vmi_event(event).await {
+                    tracing::warn!("event {} about the VMI dropped: {e}", event.reason);
+                }
+                false
+            }
+        };
         progress.send_modify(|p| {
             p.processed += 1;
-            p.gone |= event.domain.is_gone();
+            p.gone |= gone;
         });
     }
 }

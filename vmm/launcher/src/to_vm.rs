@@ -11,15 +11,17 @@
 //! it is.
 
 use proto::domain::{
-    BackingStore, BackingStoreFormat, Console, ConsoleTarget, Cpu, Devices, Disk, DiskDriver,
-    DiskSource, DiskTarget, Domain, DomainSpec, Features, Interface, InterfaceDriver,
+    BackingStore, BackingStoreFormat, BootOrder, Console, ConsoleTarget, Cpu, Devices, Disk,
+    DiskDriver, DiskSource, DiskTarget, Domain, DomainSpec, Features, Interface, InterfaceDriver,
     InterfaceSource, InterfaceTarget, LinkState, Mac, MemoryAmount, Model, Mtu, Os, OsType, Rng,
-    RngBackend, Serial, SerialSource, SerialTarget as DomainSerialTarget, Vcpu, Vcpus, VcpusVcpu,
+    RngBackend, Serial, SerialSource, SerialTarget as DomainSerialTarget, SmBios, SysInfo,
+    SysInfoEntry, Vcpu, Vcpus, VcpusVcpu,
 };
 use proto::kubevirt::Extra;
 use std::path::{Path, PathBuf};
 use vmm::{
-    DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialTarget, VmConfig,
+    BootDisk, BootFirmware, DiskBacking, DiskCache, DiskConfig, DiskFormat, KernelSource,
+    NetConfig, SerialTarget, Smbios, SmbiosChassis, VmConfig,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -42,7 +44,6 @@ fn refuse<T>(field: impl Into<String>, reason: impl Into<String>) -> Result<T, T
 /// that need no VMM setting, and why.
 pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
     ("Name", "libvirt's domain name; the launcher's business"),
-    ("UUID", "the firmware UUID; the VMM has no SMBIOS tables"),
     ("Metadata", "KubeVirt's bookkeeping stored with the domain"),
     (
         "CPU.Topology",
@@ -59,7 +60,7 @@ pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
     ("VCPUs.VCPU.Order", "no CPU hot-plug"),
     (
         "Features.ACPI",
-        "reported for the handler (soft reboot); the VMM has no ACPI: the guest finds its CPUs in the MP table and reboots through the i8042",
+        "reported for the handler (soft reboot); the VMM always gives the guest its ACPI tables, power button and S5",
     ),
     (
         "Features.APIC",
@@ -67,7 +68,11 @@ pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
     ),
     (
         "OS.Type.Machine",
-        "the VMM has one machine: legacy ports and virtio-mmio, no PCI",
+        "the VMM has one machine, q35-like: a PCI host bridge (ECAM), virtio-pci, legacy ports",
+    ),
+    (
+        "OS.BIOS.UseSerial",
+        "SeaBIOS's own output: no firmware runs (the boot disk's configuration is read, not run)",
     ),
     (
         "Devices.Emulator",
@@ -82,10 +87,6 @@ pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
         "the disk's name in statistics and events",
     ),
     (
-        "Devices.Disks.BootOrder",
-        "kernel boot: no firmware reads a boot order",
-    ),
-    (
         "Devices.Disks.Driver.IO",
         "how QEMU submits I/O (native, threads); the VMM's I/O threads are its own",
     ),
@@ -95,7 +96,7 @@ pub const NO_VMM_EFFECT: &[(&str, &str)] = &[
     ),
     (
         "Devices.Interfaces.BootOrder",
-        "kernel boot: no firmware reads a boot order",
+        "no network (PXE) boot: a disk boots (admission refuses a boot order on interfaces alone)",
     ),
     ("Devices.Interfaces.Rom", "no option ROM: no firmware"),
     (
@@ -152,12 +153,19 @@ pub(crate) fn memory_bytes(amount: &MemoryAmount) -> Option<u64> {
     amount.value.checked_mul(scale)
 }
 
+/// Fields without a VMM setting when the domain boots a kernel directly (they choose or
+/// shape the boot disk's boot otherwise).
+pub const NO_VMM_EFFECT_WITH_KERNEL: &[(&str, &str)] = &[(
+    "Devices.Disks.BootOrder",
+    "a kernel given directly is booted: no disk is chosen",
+)];
+
 /// Builds the VMM configuration of `domain`.
 pub fn vm_config(domain: &Domain) -> Result<VmConfig, ToVmError> {
     let DomainSpec {
         r#type,
         name: _,
-        uuid: _,
+        uuid,
         memory,
         current_memory,
         os,
@@ -165,6 +173,7 @@ pub fn vm_config(domain: &Domain) -> Result<VmConfig, ToVmError> {
         vcpu,
         vcpus,
         features,
+        sys_info,
         devices,
         metadata: _,
         extra,
@@ -173,7 +182,7 @@ pub fn vm_config(domain: &Domain) -> Result<VmConfig, ToVmError> {
     if !(r#type.is_empty() || r#type == "kvm") {
         return refuse("Type", format!("{type:?}: the VMM runs on KVM only"));
     }
-    let mut config = boot(os.as_ref().ok_or(ToVmError::Missing("OS"))?)?;
+    let (mut config, smbios_mode) = boot(os.as_ref().ok_or(ToVmError::Missing("OS"))?)?;
     config.memory_mib = memory_mib(memory.as_ref(), current_memory.as_ref())?;
     if let Some(cpu) = cpu {
         check_cpu(cpu)?;
@@ -190,23 +199,166 @@ pub fn vm_config(domain: &Domain) -> Result<VmConfig, ToVmError> {
     if let Some(devices) = devices {
         map_devices(devices, &mut config)?;
     }
+    if let KernelSource::Disk(boot) = &mut config.kernel {
+        boot.disk = boot_disk(devices.as_ref())?;
+    }
+    config.smbios = smbios(uuid, sys_info.as_ref(), smbios_mode)?;
     Ok(config)
 }
 
-/// Direct kernel boot: kernel, initrd, command line.
-fn boot(os: &Os) -> Result<VmConfig, ToVmError> {
+/// The disk to boot: the lowest boot order, else the first disk (as libvirt hands
+/// KubeVirt's boot order to the firmware).
+fn boot_disk(devices: Option<&Devices>) -> Result<usize, ToVmError> {
+    let disks = devices.map(|d| d.disks.as_slice()).unwrap_or_default();
+    if disks.is_empty() {
+        return refuse("OS.Kernel", "no kernel and no disk to boot");
+    }
+    Ok(disks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| d.boot_order.as_ref().map(|BootOrder { order }| (*order, i)))
+        .min()
+        .map_or(0, |(_, i)| i))
+}
+
+/// The SMBIOS tables: `SysInfo`'s system and chassis entries (libvirt's `sysinfo` mode),
+/// the system UUID the domain's (libvirt refuses a `sysinfo` UUID that differs).
+fn smbios(uuid: &str, info: Option<&SysInfo>, mode: bool) -> Result<Smbios, ToVmError> {
+    let parse = |text: &str, at: &str| {
+        parse_uuid(text).ok_or_else(|| ToVmError::Refused {
+            field: at.to_string(),
+            reason: format!("{text:?} is not a UUID"),
+        })
+    };
+    let domain_uuid = (!uuid.is_empty())
+        .then(|| parse(uuid, "UUID"))
+        .transpose()?;
+    let mut out = Smbios::default();
+    out.system.uuid = domain_uuid;
+    let Some(SysInfo {
+        r#type,
+        system,
+        bios,
+        base_board,
+        chassis,
+    }) = info
+    else {
+        return Ok(out);
+    };
+    if !mode {
+        return refuse("SysInfo", "given, but OS.SMBios does not select sysinfo");
+    }
+    if r#type != "smbios" {
+        return refuse("SysInfo.Type", format!("{type:?}: only smbios"));
+    }
+    for (key, list) in [("BIOS", bios), ("BaseBoard", base_board)] {
+        if !list.is_empty() {
+            return refuse(
+                format!("SysInfo.{key}"),
+                "KubeVirt writes none: the VMM writes its own BIOS record and no baseboard",
+            );
+        }
+    }
+    for (i, SysInfoEntry { name, value }) in system.iter().enumerate() {
+        let at = format!("SysInfo.System[{i}]");
+        let field = match name.as_str() {
+            "manufacturer" => &mut out.system.manufacturer,
+            "product" => &mut out.system.product,
+            "version" => &mut out.system.version,
+            "serial" => &mut out.system.serial,
+            "sku" => &mut out.system.sku,
+            "family" => &mut out.system.family,
+            "uuid" => {
+                let entry = parse(value, &format!("{at}.Value"))?;
+                if domain_uuid.is_some_and(|d| d != entry) {
+                    return refuse("UUID", format!("differs from the sysinfo UUID {value}"));
+                }
+                out.system.uuid = Some(entry);
+                continue;
+            }
+            other => {
+                return refuse(
+                    format!("{at}.Name"),
+                    format!("{other:?}: not a system entry"),
+                );
+            }
+        };
+        *field = value.clone();
+    }
+    for (i, SysInfoEntry { name, value }) in chassis.iter().enumerate() {
+        let SmbiosChassis {
+            manufacturer,
+            version,
+            serial,
+            asset,
+            sku,
+        } = &mut out.chassis;
+        let field = match name.as_str() {
+            "manufacturer" => manufacturer,
+            "version" => version,
+            "serial" => serial,
+            "asset" => asset,
+            "sku" => sku,
+            other => {
+                return refuse(
+                    format!("SysInfo.Chassis[{i}].Name"),
+                    format!("{other:?}: not a chassis entry"),
+                );
+            }
+        };
+        *field = value.clone();
+    }
+    Ok(out)
+}
+
+/// A UUID in its canonical text form (8-4-4-4-12 hex digits), as bytes.
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let hex: String = text.chars().filter(|c| *c != '-').collect();
+    let groups: Vec<usize> = text.split('-').map(str::len).collect();
+    if groups != [8, 4, 4, 4, 12] || hex.len() != 32 {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(bytes)
+}
+
+/// Direct kernel boot (kernel, initrd, command line), or the boot disk as the firmware
+/// `Firmware` names (BIOS by default). Also whether `OS.SMBios` selects `sysinfo`.
+fn boot(os: &Os) -> Result<(VmConfig, bool), ToVmError> {
     let Os {
+        firmware,
         r#type:
             OsType {
                 os: os_type,
                 arch,
                 machine: _,
             },
+        smbios,
+        // SeaBIOS's output option: no firmware runs here (NO_VMM_EFFECT).
+        bios: _,
         kernel,
         initrd,
         kernel_args,
         extra,
     } = os;
+    let smbios_mode = match smbios {
+        None => false,
+        Some(SmBios { mode }) if mode == "sysinfo" => true,
+        Some(SmBios { mode }) => {
+            return refuse(
+                "OS.SMBios.Mode",
+                format!("{mode:?}: only sysinfo (the VMM writes the domain's SysInfo)"),
+            );
+        }
+    };
+    let boot_firmware = match firmware.as_str() {
+        "" | "bios" => BootFirmware::Bios,
+        "efi" => BootFirmware::Efi,
+        other => return refuse("OS.Firmware", format!("{other:?}: bios or efi")),
+    };
     refuse_extra("OS", extra)?;
     if os_type != "hvm" {
         return refuse("OS.Type.OS", format!("{os_type:?}: only hvm"));
@@ -215,7 +367,19 @@ fn boot(os: &Os) -> Result<VmConfig, ToVmError> {
         return refuse("OS.Type.Arch", format!("{arch:?}: only x86_64"));
     }
     if kernel.is_empty() {
-        return Err(ToVmError::Missing("kernel (OS.Kernel)"));
+        // The boot disk's entry brings its own initrd and command line.
+        if !initrd.is_empty() {
+            return refuse("OS.Initrd", "an initrd without a kernel");
+        }
+        if !kernel_args.is_empty() {
+            return refuse("OS.KernelArgs", "kernel arguments without a kernel");
+        }
+        let config = VmConfig::new(KernelSource::Disk(BootDisk {
+            // Chosen once the disks are mapped.
+            disk: 0,
+            firmware: boot_firmware,
+        }));
+        return Ok((config, smbios_mode));
     }
     let mut config = VmConfig::new(KernelSource::Path(PathBuf::from(kernel)));
     config.initrd = (!initrd.is_empty()).then(|| PathBuf::from(initrd));
@@ -225,7 +389,7 @@ fn boot(os: &Os) -> Result<VmConfig, ToVmError> {
     } else {
         kernel_args.clone()
     };
-    Ok(config)
+    Ok((config, smbios_mode))
 }
 
 /// Guest RAM in MiB (rounded up). Without a balloon the guest always has

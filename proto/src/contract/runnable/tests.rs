@@ -111,19 +111,43 @@ fn refusals_name_the_field() {
             Some("spec.domain.launchSecurity.sev"),
         ),
         (
-            "EFI",
+            "EFI with Secure Boot (KubeVirt's default)",
             vec![("/spec/domain/firmware/bootloader", json!({"efi": {}}))],
-            Some("spec.domain.firmware.bootloader.efi"),
+            Some("spec.domain.firmware.bootloader.efi.secureBoot"),
         ),
         (
-            "no kernel boot",
+            "EFI without Secure Boot",
+            vec![(
+                "/spec/domain/firmware/bootloader",
+                json!({"efi": {"secureBoot": false}}),
+            )],
+            None,
+        ),
+        (
+            "no kernel boot: the disk boots",
             vec![("/spec/domain/firmware", json!(null))],
-            Some("spec.domain.firmware.kernelBoot"),
+            None,
         ),
         (
-            "kernel boot without a container",
+            "no kernel boot, a cloud-init disk first",
+            vec![
+                ("/spec/domain/firmware", json!(null)),
+                (
+                    "/spec/volumes/0",
+                    json!({"name": "root", "cloudInitNoCloud": {"userData": "#cloud-config"}}),
+                ),
+            ],
+            Some("spec.domain.devices.disks[0]"),
+        ),
+        (
+            "kernel arguments without a kernel",
             vec![("/spec/domain/firmware/kernelBoot/container", json!(null))],
-            Some("spec.domain.firmware.kernelBoot.container"),
+            Some("spec.domain.firmware.kernelBoot.kernelArgs"),
+        ),
+        (
+            "kernel boot without a container or arguments: the disk boots",
+            vec![("/spec/domain/firmware/kernelBoot", json!({}))],
+            None,
         ),
         (
             "no kernel path",
@@ -690,8 +714,8 @@ fn random_values_never_panic() {
     }
 }
 
-/// The project's demo VMI runs; KubeVirt's kernel-boot example runs; its firmware-booted
-/// examples cannot.
+/// The project's demo VMI runs; KubeVirt's kernel-boot example runs; so do its disk-booted
+/// examples, by BIOS or EFI without Secure Boot; Secure Boot is refused.
 #[test]
 fn examples() {
     let parse = |text| crate::kubevirt::parse_vmi(text).expect("the example parses");
@@ -702,9 +726,13 @@ fn examples() {
     let kernel_boot = parse(include_str!("../../../tests/testdata/vmi-kernel-boot.yaml"));
     assert_eq!(check(&kernel_boot), Ok(()));
     let migratable = parse(include_str!("../../../tests/testdata/vmi-migratable.yaml"));
+    assert_eq!(check(&migratable), Ok(()));
+    let alpine_efi = parse(include_str!("../../../tests/testdata/vmi-alpine-efi.yaml"));
+    assert_eq!(check(&alpine_efi), Ok(()));
+    let secure_boot = parse(include_str!("../../../tests/testdata/vmi-secureboot.yaml"));
     assert_eq!(
-        check(&migratable).unwrap_err().field,
-        "spec.domain.firmware.kernelBoot"
+        check(&secure_boot).unwrap_err().field,
+        "spec.domain.firmware.bootloader.efi.secureBoot"
     );
 }
 

@@ -13,6 +13,7 @@ pub(crate) mod interfaces;
 mod memory;
 mod metadata;
 mod os;
+pub use os::SmbiosSettings;
 mod serial;
 
 use crate::disks::{DiskPlan, KernelBoot};
@@ -61,6 +62,8 @@ pub struct Context {
     pub pod_interface: PodInterface,
     /// Interface name → how it attaches (`tap`), from `VirtualMachineOptions`.
     pub interface_attachment: BTreeMap<String, String>,
+    /// The cluster's SMBIOS settings, from `VirtualMachineOptions` (none without options).
+    pub smbios: Option<SmbiosSettings>,
 }
 
 /// Converts a VMI into the domain the launcher will run.

@@ -567,11 +567,10 @@ pub fn kernel_boot(
         return Ok(None);
     };
     let field = proto::contract::kernel_boot::FIELD;
+    // Without a container the VMI boots its disk (kernel arguments without a kernel are
+    // refused by `proto::contract::runnable`, as KubeVirt's admission does).
     let Some(container) = &kb.container else {
-        return Err(DiskError::Unsupported {
-            field: format!("{field}.container"),
-            reason: "kernel boot needs a container with the kernel".into(),
-        });
+        return Ok(None);
     };
     let resolve = |p: &str, what: &str| -> Result<PathBuf, DiskError> {
         let relative = Path::new(p.trim_start_matches('/'));
@@ -592,7 +591,7 @@ pub fn kernel_boot(
         None => {
             return Err(DiskError::Unsupported {
                 field: format!("{field}.container.kernelPath"),
-                reason: "required: this launcher has no firmware to boot a disk".into(),
+                reason: "required: an initrd alone is not booted (boot the disk instead)".into(),
             });
         }
     };

@@ -1,6 +1,6 @@
 use super::*;
 use proto::domain::{
-    Alias, BackingStore, BackingStoreFormat, BootOrder, Empty, Metadata, Rom, SerialLog,
+    Alias, BackingStore, BackingStoreFormat, Bios, Empty, Metadata, Rom, SerialLog,
 };
 use serde_json::Value;
 
@@ -22,11 +22,18 @@ fn full_domain() -> Domain {
             unit: "KiB".into(),
         }),
         os: Some(Os {
+            firmware: "efi".into(),
             r#type: OsType {
                 os: "hvm".into(),
                 arch: "x86_64".into(),
                 machine: "q35".into(),
             },
+            smbios: Some(SmBios {
+                mode: "sysinfo".into(),
+            }),
+            bios: Some(Bios {
+                use_serial: "yes".into(),
+            }),
             kernel: "/k".into(),
             initrd: "/initrd".into(),
             kernel_args: "console=ttyS0".into(),
@@ -66,6 +73,39 @@ fn full_domain() -> Domain {
             acpi: Some(Empty {}),
             apic: Some(Empty {}),
             extra: Extra::new(),
+        }),
+        sys_info: Some(SysInfo {
+            r#type: "smbios".into(),
+            system: [
+                ("uuid", "5f3c9a4e-8b1d-4c2a-9e7f-0a1b2c3d4e5f"),
+                ("serial", "VMI-SERIAL"),
+                ("manufacturer", "KubeVirt"),
+                ("family", "KubeVirt"),
+                ("product", "None"),
+                ("sku", "sku-1"),
+                ("version", "v1"),
+            ]
+            .into_iter()
+            .map(|(name, value)| SysInfoEntry {
+                name: name.into(),
+                value: value.into(),
+            })
+            .collect(),
+            bios: vec![],
+            base_board: vec![],
+            chassis: [
+                ("manufacturer", "Chassis Inc"),
+                ("version", "c1"),
+                ("serial", "CH-1"),
+                ("asset", "A-1"),
+                ("sku", "C-SKU"),
+            ]
+            .into_iter()
+            .map(|(name, value)| SysInfoEntry {
+                name: name.into(),
+                value: value.into(),
+            })
+            .collect(),
         }),
         devices: Some(Devices {
             emulator: "/usr/bin/qemu-system-x86_64".into(),
@@ -208,6 +248,111 @@ fn full_domain() -> Domain {
     domain
 }
 
+/// The full domain booting its disk instead of a kernel: the first disk has the lowest
+/// boot order (1), the second 5.
+fn disk_boot_domain() -> Domain {
+    let mut domain = full_domain();
+    let os = domain.spec.os.as_mut().unwrap();
+    (os.kernel, os.initrd, os.kernel_args) = Default::default();
+    let disks = &mut domain.spec.devices.as_mut().unwrap().disks;
+    disks[1].boot_order = Some(BootOrder { order: 5 });
+    domain
+}
+
+#[test]
+fn a_domain_without_a_kernel_boots_the_disk_with_the_lowest_boot_order() {
+    assert!(matches!(
+        vm_config(&disk_boot_domain()).unwrap().kernel,
+        KernelSource::Disk(BootDisk { disk: 0, .. })
+    ));
+    let mut domain = disk_boot_domain();
+    domain.spec.devices.as_mut().unwrap().disks[1].boot_order = Some(BootOrder { order: 0 });
+    let config = vm_config(&domain).unwrap();
+    assert!(
+        matches!(
+            config.kernel,
+            KernelSource::Disk(BootDisk {
+                disk: 1,
+                firmware: BootFirmware::Efi
+            })
+        ),
+        "{:?}",
+        config.kernel
+    );
+    assert_eq!(config.cmdline, "");
+    assert!(config.initrd.is_none());
+    // Without any boot order, the first disk; without Firmware, BIOS.
+    let mut domain = disk_boot_domain();
+    domain.spec.os.as_mut().unwrap().firmware = String::new();
+    domain.spec.devices.as_mut().unwrap().disks.swap(0, 1);
+    for disk in &mut domain.spec.devices.as_mut().unwrap().disks {
+        disk.boot_order = None;
+    }
+    assert!(matches!(
+        vm_config(&domain).unwrap().kernel,
+        KernelSource::Disk(BootDisk {
+            disk: 0,
+            firmware: BootFirmware::Bios
+        })
+    ));
+    let mut domain = disk_boot_domain();
+    domain.spec.devices.as_mut().unwrap().disks.clear();
+    assert!(
+        vm_config(&domain)
+            .unwrap_err()
+            .to_string()
+            .contains("no disk to boot")
+    );
+    let mut domain = disk_boot_domain();
+    domain.spec.os.as_mut().unwrap().initrd = "/i".into();
+    assert!(
+        vm_config(&domain)
+            .unwrap_err()
+            .to_string()
+            .starts_with("OS.Initrd")
+    );
+}
+
+#[test]
+fn sysinfo_becomes_the_smbios_tables() {
+    let config = vm_config(&full_domain()).unwrap();
+    let system = &config.smbios.system;
+    assert_eq!(
+        (
+            system.manufacturer.as_str(),
+            system.product.as_str(),
+            system.family.as_str(),
+            system.serial.as_str(),
+            system.sku.as_str(),
+            system.version.as_str()
+        ),
+        ("KubeVirt", "None", "KubeVirt", "VMI-SERIAL", "sku-1", "v1")
+    );
+    assert_eq!(
+        system.uuid,
+        Some([
+            0x5f, 0x3c, 0x9a, 0x4e, 0x8b, 0x1d, 0x4c, 0x2a, 0x9e, 0x7f, 0x0a, 0x1b, 0x2c, 0x3d,
+            0x4e, 0x5f
+        ])
+    );
+    assert_eq!(config.smbios.chassis.asset, "A-1");
+    // libvirt refuses a sysinfo UUID other than the domain's.
+    let mut domain = full_domain();
+    domain.spec.uuid = "00000000-0000-0000-0000-000000000001".into();
+    assert!(
+        vm_config(&domain)
+            .unwrap_err()
+            .to_string()
+            .starts_with("UUID:")
+    );
+    // Without SysInfo: the domain's UUID and nothing else.
+    let mut domain = full_domain();
+    domain.spec.sys_info = None;
+    let smbios = vm_config(&domain).unwrap().smbios;
+    assert_eq!(smbios.system.manufacturer, "");
+    assert!(smbios.system.uuid.is_some());
+}
+
 #[test]
 fn a_full_domain_maps_onto_the_vmm() {
     let config = vm_config(&full_domain()).unwrap();
@@ -331,18 +476,20 @@ fn config_of(spec: Value) -> Result<String, ToVmError> {
     vm_config(&domain).map(|c| format!("{c:?}"))
 }
 
-/// The walk: each field of the full domain, changed, either changes the
-/// VMM's configuration (mapped), makes it refuse the domain naming the
-/// field or one of its parents (refused), or is listed in `NO_VMM_EFFECT`.
-#[test]
-fn every_domain_field_is_mapped_refused_or_explained() {
-    let spec = serde_json::to_value(&full_domain().spec).unwrap();
+/// Changing `path` of `domain` changes the VMM's configuration, is refused naming it, or
+/// is without effect: the paths without effect that are not in `no_effect` are returned,
+/// those in it are added to `seen`.
+fn walk_domain(
+    domain: &Domain,
+    no_effect: &[(&'static str, &'static str)],
+    seen: &mut std::collections::BTreeSet<&'static str>,
+) -> Vec<String> {
+    let spec = serde_json::to_value(&domain.spec).unwrap();
     let baseline = config_of(spec.clone()).unwrap();
     let mut fields = Vec::new();
     leaves(&spec, "", &mut fields);
     assert!(fields.len() > 60, "{}", fields.len());
     let mut unexplained = Vec::new();
-    let mut seen_no_effect = std::collections::BTreeSet::new();
     for (path, bare) in &fields {
         let mut changed = spec.clone();
         mutate(&mut changed, path);
@@ -352,19 +499,19 @@ fn every_domain_field_is_mapped_refused_or_explained() {
         if serde_json::to_value(&reparsed).unwrap() == spec {
             continue;
         }
-        let no_effect = NO_VMM_EFFECT
+        let listed = no_effect
             .iter()
             .find(|(p, _)| bare == p || bare.starts_with(&format!("{p}.")));
         match config_of(changed) {
             Ok(config) if config != baseline => {
                 assert!(
-                    no_effect.is_none(),
+                    listed.is_none(),
                     "{path} changes the VMM but is listed as without effect"
                 );
             }
-            Ok(_) => match no_effect {
+            Ok(_) => match listed {
                 Some((p, _)) => {
-                    seen_no_effect.insert(*p);
+                    seen.insert(*p);
                 }
                 None => unexplained.push(path.clone()),
             },
@@ -380,13 +527,45 @@ fn every_domain_field_is_mapped_refused_or_explained() {
             Err(e) => panic!("changing {path}: {e}"),
         }
     }
-    assert!(unexplained.is_empty(), "silently dropped: {unexplained:?}");
-    // Every entry of the list is a real field of the full domain.
-    for (p, _) in NO_VMM_EFFECT {
-        assert!(
-            seen_no_effect.contains(p),
-            "{p} is not a field the walk found"
-        );
+    unexplained
+}
+
+/// The walk: each field of the full domain, changed, either changes the
+/// VMM's configuration (mapped), makes it refuse the domain naming the
+/// field or one of its parents (refused), or is listed in `NO_VMM_EFFECT`;
+/// for a kernel given directly also `NO_VMM_EFFECT_WITH_KERNEL`. Both a
+/// kernel-booting and a disk-booting domain are walked.
+#[test]
+fn every_domain_field_is_mapped_refused_or_explained() {
+    let mut seen = std::collections::BTreeSet::new();
+    let with_kernel: Vec<(&str, &str)> = NO_VMM_EFFECT
+        .iter()
+        .chain(NO_VMM_EFFECT_WITH_KERNEL)
+        .copied()
+        .collect();
+    let unexplained = walk_domain(&full_domain(), &with_kernel, &mut seen);
+    assert!(
+        unexplained.is_empty(),
+        "silently dropped (kernel boot): {unexplained:?}"
+    );
+    // One boot order staying the lowest and the other staying above it changes nothing;
+    // which disk boots is tested on its own (above).
+    let with_disk: Vec<(&str, &str)> = NO_VMM_EFFECT
+        .iter()
+        .copied()
+        .chain([(
+            "Devices.Disks.BootOrder",
+            "the booted disk keeps the lowest order",
+        )])
+        .collect();
+    let unexplained = walk_domain(&disk_boot_domain(), &with_disk, &mut seen);
+    assert!(
+        unexplained.is_empty(),
+        "silently dropped (disk boot): {unexplained:?}"
+    );
+    // Every entry of the lists is a real field of the full domains.
+    for (p, _) in NO_VMM_EFFECT.iter().chain(NO_VMM_EFFECT_WITH_KERNEL) {
+        assert!(seen.contains(p), "{p} is not a field the walk found");
     }
 }
 
