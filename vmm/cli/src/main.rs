@@ -28,7 +28,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // fatfs warns about FAT layouts other implementations might not read
+                // (a boot disk's EFI system partition): nothing to act on here.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fatfs=error")),
         )
         // Colour only on a terminal: logs in files and pipes stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

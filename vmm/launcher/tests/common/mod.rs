@@ -197,10 +197,15 @@ pub fn vmi_request(json: Vec<u8>) -> proto::grpc::cmd::v1::VmiRequest {
 /// The handler's side: a notify server that hands events to the test.
 pub struct NotifyRecorder {
     pub events: mpsc::UnboundedReceiver<(String, Domain)>,
+    /// The Kubernetes events the launcher asked the handler to record (`core/v1 Event` JSON).
+    pub k8s_events: mpsc::UnboundedReceiver<serde_json::Value>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-struct Recorder(mpsc::UnboundedSender<(String, Domain)>);
+struct Recorder(
+    mpsc::UnboundedSender<(String, Domain)>,
+    mpsc::UnboundedSender<serde_json::Value>,
+);
 
 #[tonic::async_trait]
 impl Notify for Recorder {
@@ -221,8 +226,11 @@ impl Notify for Recorder {
     }
     async fn handle_k8s_event(
         &self,
-        _: tonic::Request<K8sEventRequest>,
+        request: tonic::Request<K8sEventRequest>,
     ) -> Result<tonic::Response<NotifyResponse>, tonic::Status> {
+        let event: serde_json::Value = serde_json::from_slice(&request.into_inner().event_json)
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let _ = self.1.send(event);
         Ok(tonic::Response::new(NotifyResponse {
             success: true,
             message: String::new(),
@@ -250,10 +258,11 @@ impl NotifyRecorder {
         let _ = std::fs::remove_file(socket);
         let listener = tokio::net::UnixListener::bind(socket).unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
+        let (k8s_tx, k8s_rx) = mpsc::unbounded_channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(NotifyServer::new(Recorder(tx)))
+                .add_service(NotifyServer::new(Recorder(tx, k8s_tx)))
                 .add_service(NotifyInfoServer::new(Info))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::UnixListenerStream::new(listener),
@@ -264,7 +273,21 @@ impl NotifyRecorder {
         );
         NotifyRecorder {
             events: rx,
+            k8s_events: k8s_rx,
             shutdown: Some(stop),
+        }
+    }
+
+    /// The next Kubernetes event with `reason`, skipping others; panics after `timeout`.
+    pub async fn k8s_event(&mut self, timeout: Duration, reason: &str) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.k8s_events.recv()).await {
+                Ok(Some(event)) if event["reason"] == reason => return event,
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("notify server stopped while waiting for a {reason} event"),
+                Err(_) => panic!("no {reason} event within {timeout:?}"),
+            }
         }
     }
 
