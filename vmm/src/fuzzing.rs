@@ -11,13 +11,15 @@ use crate::devices::bus::Bus;
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
 use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::rtc::Rtc;
 use crate::devices::legacy::serial::Console;
 use crate::devices::legacy::*;
 use crate::lifecycle::Control;
 
 /// Ports worth hitting: every legacy register and the bytes around them.
-const PORTS: [u16; 12] = [
-    0x3f8, 0x3f9, 0x3fa, 0x3fb, 0x3fc, 0x3fd, 0x3ff, 0x400, 0x60, 0x64, 0x65, 0xf4,
+const PORTS: [u16; 15] = [
+    0x3f8, 0x3f9, 0x3fa, 0x3fb, 0x3fc, 0x3fd, 0x3ff, 0x400, 0x60, 0x64, 0x65, 0xf4, 0x70, 0x71,
+    0x72,
 ];
 
 /// Replays `data` as port accesses (op byte, port index, size, value) on
@@ -42,6 +44,8 @@ pub fn legacy_port_io(data: &[u8]) {
         Arc::new(Mutex::new(ExitPort::new(control))),
     )
     .expect("free range");
+    bus.insert(RTC_PORT, RTC_PORT_LEN, Arc::new(Mutex::new(Rtc::new(0))))
+        .expect("free range");
     for chunk in data.chunks(4) {
         let [op, port, size, value] = <[u8; 4]>::try_from(chunk).unwrap_or([chunk[0], 0, 1, 0]);
         let port = u64::from(PORTS[usize::from(port) % PORTS.len()]);

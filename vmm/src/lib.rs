@@ -7,9 +7,10 @@
 //!
 //! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `boot_disk` (booting what a disk's
 //! boot loader would, through `disk_boot`), `devices` (bus, legacy
-//! devices, virtio wiring), `vm`/`lifecycle` (the API), `vcpu_threads` (vCPUs set up in
-//! parallel with the devices), `sandbox` (what
-//! every VMM thread enters: credentials, no_new_privs, Landlock, seccomp),
+//! devices, virtio wiring), `acpi` and `smbios` (the tables the guest reads),
+//! `vm`/`lifecycle` (the API), `vcpu_threads` (vCPUs set up in parallel with the
+//! devices), `sandbox` (what every VMM thread enters: credentials, no_new_privs,
+//! Landlock, seccomp),
 //! `stats` (device counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
 //! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
 
@@ -23,6 +24,7 @@ pub(crate) mod kvm;
 pub mod lifecycle;
 pub(crate) mod pci;
 pub mod sandbox;
+pub(crate) mod smbios;
 pub mod stats;
 pub mod timing;
 pub(crate) mod vcpu_threads;

@@ -17,10 +17,11 @@ use crate::devices::bus::{Bus, lock};
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
 use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::rtc::Rtc;
 use crate::devices::legacy::serial::Console;
 use crate::devices::legacy::{
-    EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, SERIAL_GSI, SERIAL_PORT,
-    SERIAL_PORT_LEN,
+    EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, RTC_PORT, RTC_PORT_LEN,
+    SERIAL_GSI, SERIAL_PORT, SERIAL_PORT_LEN,
 };
 use crate::kvm::boot::{InitrdInput, KernelInput};
 use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
@@ -116,13 +117,14 @@ impl Vm {
                 sandbox: &sandbox,
             },
         )?;
-        let platform = match build_platform(&config, finding, &vm, &memory, &control, &sandbox) {
-            Ok(platform) => platform,
-            Err(e) => {
-                starting.abort();
-                return Err(e);
-            }
-        };
+        let platform =
+            match build_platform(&config, finding, &vm, &memory, &control, &sandbox, &cpuid) {
+                Ok(platform) => platform,
+                Err(e) => {
+                    starting.abort();
+                    return Err(e);
+                }
+            };
         let buses = Arc::new(platform.buses);
         let threads = starting.release(
             &control,
@@ -173,6 +175,7 @@ fn build_platform(
     memory: &GuestMemoryMmap,
     control: &Arc<Control>,
     sandbox: &Arc<Sandbox>,
+    cpuid: &CpuidPolicy,
 ) -> Result<Platform> {
     let mut pio = Bus::new("port I/O");
     let mut mmio = Bus::new("MMIO");
@@ -195,6 +198,12 @@ fn build_platform(
         EXIT_PORT,
         EXIT_PORT_LEN,
         Arc::new(Mutex::new(ExitPort::new(control.clone()))),
+    )
+    .map_err(bus_err)?;
+    pio.insert(
+        RTC_PORT,
+        RTC_PORT_LEN,
+        Arc::new(Mutex::new(Rtc::new(config.rtc_offset_seconds))),
     )
     .map_err(bus_err)?;
 
@@ -227,6 +236,20 @@ fn build_platform(
         &crate::acpi::Platform {
             vcpus: config.vcpus,
             pci: config.transport == VirtioTransportKind::Pci,
+        },
+    )
+    .map_err(|e| Error::Device(e.to_string()))?;
+    let (cpuid_signature, cpuid_features) = cpuid.signature();
+    crate::smbios::write(
+        memory,
+        &crate::smbios::Machine {
+            smbios: &config.smbios,
+            // The CPUID policy shows one package with a core per vCPU (`kvm::cpuid`).
+            sockets: 1,
+            cores_per_socket: config.vcpus,
+            cpuid_signature,
+            cpuid_features,
+            ram_ranges: layout::ram_ranges(config.memory_mib << 20),
         },
     )
     .map_err(|e| Error::Device(e.to_string()))?;

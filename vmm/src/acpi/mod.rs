@@ -8,8 +8,9 @@
 //! per vCPU, the IOAPIC, LINT1 as NMI) and, with PCI, MCFG. The DSDT
 //! describes the PCI host bridge with its resources (bus 0, the 0xCF8
 //! ports, the I/O space, the 32-bit BAR window), the COM1 serial port,
-//! a power button (PNP0C0C) and the Generic Event Device (ACPI0013) that
-//! signals it, and `_S5` for power-off. See [`platform`] for the registers.
+//! the CMOS RTC (PNP0B00: ports 0x70-0x71, no interrupt), a power button
+//! (PNP0C0C) and the Generic Event Device (ACPI0013) that signals it, and
+//! `_S5` for power-off. See [`platform`] for the registers.
 
 pub(crate) mod platform;
 
@@ -19,7 +20,7 @@ use acpi_tables::sdt::Sdt;
 use acpi_tables::{Aml, fadt, mcfg, rsdp, xsdt};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::devices::legacy::{SERIAL_GSI, SERIAL_PORT};
+use crate::devices::legacy::{RTC_PORT, RTC_PORT_LEN, SERIAL_GSI, SERIAL_PORT};
 use crate::kvm::layout::{IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
 use block::cast;
 use platform::{
@@ -28,12 +29,14 @@ use platform::{
 };
 
 /// Where the tables start (the RSDP must be 16-byte aligned in 0xE0000-0xFFFFF).
-pub(crate) const RSDP_ADDR: u64 = 0xe_0000;
+pub(crate) const RSDP_ADDR: u64 = crate::kvm::layout::BIOS_AREA_START;
 /// The tables end before the MP table.
 const TABLES_END: u64 = crate::kvm::layout::MPTABLE_ADDR;
 const OEM_ID: [u8; 6] = *b"KVRSVM";
 const OEM_TABLE: [u8; 8] = *b"KVRSVMM ";
 const OEM_REVISION: u32 = 1;
+/// The CMOS RTC's century register.
+const RTC_CENTURY: u8 = 0x32;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
@@ -127,6 +130,9 @@ fn fadt(dsdt: u64) -> fadt::FADT {
     f.sleep_status_reg = port(SLEEP_STATUS_PORT);
     f.reset_reg = port(RESET_PORT);
     f.reset_value = RESET_VALUE;
+    // The RTC's century register, which Linux reads when the FADT names it (QEMU's value).
+    // IAPC_BOOT_ARCH stays 0: its bit 5 ("no CMOS RTC") would stop Linux registering it.
+    f.century = RTC_CENTURY;
     // "KVMKVMKVM" is what KVM's CPUID leaf 0x40000000 says too.
     f.hypervisor_vendor_identity = u64::from_le_bytes(*b"KVMKVMKV").into();
     f.finalize()
@@ -179,6 +185,26 @@ fn dsdt(platform: &Platform) -> Sdt {
                     ),
                     &aml::Interrupt::new(true, true, false, false, SERIAL_GSI),
                 ]),
+            ),
+        ],
+    )
+    .to_aml_bytes(&mut table);
+
+    // The CMOS RTC: PNP0B00 on 0x70-0x71, which Linux's rtc_cmos binds to. No IRQ: the
+    // device never raises one, so rtc_cmos goes without alarms (with a hardware-reduced
+    // FADT it assumes no legacy IRQ 8 either) and update interrupts are polled.
+    aml::Device::new(
+        "_SB_.RTC_".into(),
+        vec![
+            &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0B00")),
+            &aml::Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![&aml::IO::new(
+                    const { cast::u16_of_u64(RTC_PORT) },
+                    const { cast::u16_of_u64(RTC_PORT) },
+                    1,
+                    const { cast::u8_of_u64(RTC_PORT_LEN) },
+                )]),
             ),
         ],
     )
@@ -293,4 +319,44 @@ fn pci_host_bridge() -> Vec<u8> {
         names.iter().map(|n| n as &dyn Aml).collect(),
     );
     to_bytes(&device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dsdt_describes_the_rtc_with_its_ports_and_no_interrupt() {
+        let dsdt = to_bytes(&dsdt(&Platform {
+            vcpus: 1,
+            pci: true,
+        }));
+        let at = dsdt
+            .windows(4)
+            .position(|w| w == b"RTC_")
+            .expect("an RTC_ device");
+        // The device: _HID EISAID("PNP0B00"), then a _CRS with one I/O descriptor
+        // (decode16, 0x70-0x70, alignment 1, 2 ports) and the end tag.
+        let device = &dsdt[at..];
+        let hid = [0x0c, 0x41, 0xd0, 0x0b, 0x00];
+        let io = [0x47, 0x01, 0x70, 0x00, 0x70, 0x00, 0x01, 0x02, 0x79];
+        let find = |what: &[u8]| device.windows(what.len()).position(|w| w == what);
+        let hid_at = find(&hid).expect("PNP0B00");
+        let io_at = find(&io).expect("the I/O ports, then the end of the template");
+        assert!(hid_at < 16 && io_at < 40, "{hid_at} {io_at}");
+        // No IRQ descriptor (short 0x22/0x23, extended 0x89) in the template.
+        let crs = &device[hid_at..io_at];
+        assert!(
+            !crs.iter().any(|&b| b == 0x22 || b == 0x23 || b == 0x89),
+            "{crs:x?}"
+        );
+    }
+
+    #[test]
+    fn the_fadt_names_the_century_register_and_does_not_deny_the_rtc() {
+        let fadt = to_bytes(&fadt(0x1000));
+        assert_eq!(fadt[108], 0x32, "century");
+        let iapc_boot_arch = u16::from_le_bytes([fadt[109], fadt[110]]);
+        assert_eq!(iapc_boot_arch & (1 << 5), 0, "CMOS RTC not present");
+    }
 }

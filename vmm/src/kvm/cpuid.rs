@@ -278,6 +278,15 @@ impl CpuidPolicy {
         }
     }
 
+    /// Leaf 1's EAX (family, model, stepping) and EDX (feature flags), the same on every
+    /// vCPU: the processor id of the SMBIOS processor records.
+    pub(crate) fn signature(&self) -> (u32, u32) {
+        self.template
+            .iter()
+            .find(|e| e.function == 1)
+            .map_or((0, 0), |e| (e.eax, e.edx))
+    }
+
     /// The CPUID of vCPU `index`: the template with its APIC id.
     pub(crate) fn for_vcpu(&self, index: u8) -> CpuId {
         let apic_id = u32::from(index);

@@ -24,10 +24,18 @@ pub(crate) const AP_STACKS_ADDR: u64 = 0x30000;
 pub(crate) const AP_STACK_SIZE: u64 = 0x400;
 /// Start of the extended BIOS data area: RAM below it is usable.
 pub(crate) const EBDA_START: u64 = 0x9fc00;
-/// The MP table (floating pointer, then the configuration table) in the
-/// BIOS area, which the e820 map leaves out of RAM.
+/// The BIOS area up to 1 MiB ([`HIMEM_START`]), which the e820 map leaves out
+/// of RAM: the ACPI tables from its start (`acpi::RSDP_ADDR`), then the MP
+/// table and the SMBIOS tables in its last 64 KiB, where Linux looks for their
+/// entry points.
+pub(crate) const BIOS_AREA_START: u64 = 0xe_0000;
+/// The MP table (floating pointer, then the configuration table): 5.4 KiB for
+/// the most vCPUs.
 pub(crate) const MPTABLE_ADDR: u64 = 0xf_0000;
-pub(crate) const MPTABLE_MAX_SIZE: usize = 0x1_0000;
+pub(crate) const MPTABLE_MAX_SIZE: usize = 0x8000;
+/// The SMBIOS entry point, then its structure table (see `smbios`).
+pub(crate) const SMBIOS_ADDR: u64 = 0xf_8000;
+pub(crate) const SMBIOS_MAX_SIZE: usize = 0x8000;
 /// Interrupt controllers (emulated in KVM).
 pub(crate) const IOAPIC_ADDR: u64 = 0xfec0_0000;
 pub(crate) const LAPIC_ADDR: u64 = 0xfee0_0000;
@@ -110,5 +118,45 @@ mod tests {
             assert!(a.0 + a.1 <= EBDA_START);
         }
         const { assert!(BOOT_STACK_ADDR < PML4_ADDR && BOOT_STACK_ADDR > ZERO_PAGE_ADDR + 0x1000) };
+    }
+
+    #[test]
+    fn bios_area_tables_do_not_overlap() {
+        // ACPI ends where the MP table starts (`acpi::write` refuses to pass it).
+        let areas = [
+            (
+                "ACPI",
+                crate::acpi::RSDP_ADDR,
+                MPTABLE_ADDR - crate::acpi::RSDP_ADDR,
+            ),
+            (
+                "MP",
+                MPTABLE_ADDR,
+                block::cast::usize_to_u64(MPTABLE_MAX_SIZE),
+            ),
+            (
+                "SMBIOS",
+                SMBIOS_ADDR,
+                block::cast::usize_to_u64(SMBIOS_MAX_SIZE),
+            ),
+        ];
+        for (i, a) in areas.iter().enumerate() {
+            assert!(a.2 > 0 && a.1 % 16 == 0, "{a:x?}");
+            assert!(
+                a.1 >= BIOS_AREA_START && a.1 + a.2 <= HIMEM_START,
+                "{a:x?} leaves the BIOS area"
+            );
+            for b in &areas[i + 1..] {
+                assert!(
+                    a.1 + a.2 <= b.1 || b.1 + b.2 <= a.1,
+                    "{a:x?} overlaps {b:x?}"
+                );
+            }
+        }
+        // Linux scans 0xf0000-0xfffff for the MP and SMBIOS entry points (the
+        // latter 32 bytes at a time) and 0xe0000-0xfffff for the RSDP.
+        const { assert!(MPTABLE_ADDR >= 0xf_0000 && SMBIOS_ADDR >= 0xf_0000) };
+        const { assert!(SMBIOS_ADDR + 32 <= HIMEM_START - 16) };
+        const { assert!(EBDA_START <= BIOS_AREA_START) };
     }
 }

@@ -3,6 +3,7 @@
 
 pub(crate) mod exit_port;
 pub(crate) mod i8042;
+pub(crate) mod rtc;
 pub(crate) mod serial;
 
 /// COM1.
@@ -16,3 +17,6 @@ pub(crate) const I8042_GSI: u32 = 1;
 /// The debug-exit port (QEMU's isa-debug-exit location).
 pub(crate) const EXIT_PORT: u64 = 0xf4;
 pub(crate) const EXIT_PORT_LEN: u64 = 1;
+/// The CMOS real-time clock: index at 0x70, data at 0x71 (no interrupt: see `rtc`).
+pub(crate) const RTC_PORT: u64 = 0x70;
+pub(crate) const RTC_PORT_LEN: u64 = 2;
