@@ -5,7 +5,9 @@
 //!   Without it the default checks run: `serial,bootparams,idt,mem,mptable,smp` and
 //!   the virtio checks for every device found. Checks that need
 //!   something extra (`initrd`) or end the run (`badio`, `panic`,
-//!   `triplefault`) run only when named.
+//!   `triplefault`) run only when named, as do `cpuid`, `emulation`, `acpi`,
+//!   `pci`, `smbios` (the SMBIOS tables) and `rtc` (the CMOS clock, which
+//!   sleeps 1.1 s to see it tick).
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
 //! - `code=N` — exit code written to port 0xf4 when every check passed
 //!   (default 0; any failure gives 1).

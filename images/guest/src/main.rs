@@ -19,7 +19,9 @@ pub mod io;
 pub mod irq;
 pub mod pci;
 pub mod report;
+mod rtc;
 mod serial;
+mod smbios;
 mod smp;
 mod start;
 mod trampoline;
@@ -78,6 +80,12 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     }
     if cmdline::check_named(cmdline, "pci") {
         pci::check(&mut r);
+    }
+    if cmdline::check_named(cmdline, "smbios") {
+        smbios::check(&mut r);
+    }
+    if cmdline::check_named(cmdline, "rtc") {
+        rtc::check(&mut r);
     }
     if cmdline::check_named(cmdline, "initrd") {
         checks::initrd(&mut r, bp);

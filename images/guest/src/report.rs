@@ -46,7 +46,7 @@ impl Reporter for SerialReporter {
 /// `core::fmt` (thousands of instructions per line at ~1 µs each here).
 /// Text that does not fit is cut off.
 pub struct Detail {
-    buf: [u8; 128],
+    buf: [u8; 256],
     len: usize,
 }
 
@@ -59,7 +59,7 @@ impl Default for Detail {
 impl Detail {
     pub const fn new() -> Self {
         Self {
-            buf: [0; 128],
+            buf: [0; 256],
             len: 0,
         }
     }

@@ -205,6 +205,30 @@ fn memory_above_the_mmio_hole_is_reported_to_the_guest() {
 }
 
 #[test]
+fn a_vm_has_smbios_tables_and_a_ticking_cmos_clock() {
+    // Above the MMIO hole too: the tables map both RAM ranges.
+    let out = run_guest(&[
+        "--memory",
+        "4608",
+        "--vcpus",
+        "2",
+        "--cmdline",
+        "checks=smbios,rtc",
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    // `vmm run` sets no system strings and no UUID.
+    assert!(
+        text.contains(
+            "TEST smbios PASS manufacturer= product= family= serial= \
+             uuid=00000000-0000-0000-0000-000000000000 cpus=2 memory_mib=4608\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("TEST rtc PASS time="), "{text}");
+}
+
+#[test]
 fn serial_output_can_go_to_a_file() {
     let dir = tempdir();
     let log = dir.path().join("console.log");
