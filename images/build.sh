@@ -33,6 +33,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 all=(virt-controller virt-handler virt-launcher pause test-guest-kernel test-disk)
+# What the test guest on the test disk checks (the cluster tests expect each to pass).
+TEST_DISK_CHECKS=serial,bootparams,idt,mem,virtio-blk,virtio-rng
 [[ ${#names[@]} -gt 0 ]] || names=("${all[@]}")
 
 for name in "${names[@]}"; do
@@ -113,9 +115,12 @@ done
 if [[ ! "$stage/guest.elf" -nt "$pod_dir/vmm" ]]; then
     "$pod_dir/vmm" test-guest --output "$stage/guest.elf"
 fi
-if [[ ! "$stage/disk.qcow2" -nt "$pod_dir/vmm" ]]; then
-    rm -f "$stage/disk.qcow2"
-    "$pod_dir/vmm" img create -q -f qcow2 "$stage/disk.qcow2" 64M
+# The test VM's boot disk: the test guest behind GRUB's configuration, on a Debian-style
+# disk; the command line of its boot entry names the checks the guest runs.
+if [[ ! "$stage/disk.raw" -nt "$pod_dir/vmm" || images/build.sh -nt "$stage/disk.raw" ]]; then
+    rm -f "$stage/disk.raw"
+    "$pod_dir/vmm" test-guest --disk "$stage/disk.raw" --layout debian \
+        --cmdline "console=ttyS0 checks=$TEST_DISK_CHECKS exit=halt wait=3600"
 fi
 
 list=$out/images.txt

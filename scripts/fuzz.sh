@@ -16,6 +16,7 @@ targets=(
     "vmm/block qcow2_header"
     "vmm/block qcow2_ops"
     "vmm/block qcow2_concurrent_ops"
+    "vmm/disk-boot boot_disk"
     "vmm/virtio-devices blk_queue"
     "vmm/virtio-devices mmio_registers"
     "vmm/virtio-devices blk_concurrent"

@@ -193,10 +193,16 @@ where
 
 // ---- VMs -----------------------------------------------------------------------------------
 
-/// `images/examples/vm-testguest.yaml`, renamed, with `strategy`.
+/// `images/examples/vm-testguest.yaml` (the test disk booted as KubeVirt users' VMs boot: no
+/// kernel named), renamed, with `strategy`.
 fn test_vm(name: &str, strategy: &str) -> VirtualMachine {
-    let text = std::fs::read_to_string(repo().join("images/examples/vm-testguest.yaml"))
-        .expect("images/examples/vm-testguest.yaml");
+    test_vm_from("vm-testguest.yaml", name, strategy)
+}
+
+/// An example VM of `images/examples/`, renamed, with `strategy`.
+fn test_vm_from(file: &str, name: &str, strategy: &str) -> VirtualMachine {
+    let text = std::fs::read_to_string(repo().join("images/examples").join(file))
+        .unwrap_or_else(|e| panic!("images/examples/{file}: {e}"));
     let mut vm: Value = serde_yaml::from_str(&text).expect("a YAML VirtualMachine");
     vm["metadata"] = json!({"name": name});
     vm["spec"]["runStrategy"] = json!(strategy);
@@ -290,6 +296,30 @@ impl Vms {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Waits for an event about `object` with `reason` and returns its message.
+    async fn event_message(&self, cluster: &Cluster, object: &str, reason: &str) -> String {
+        let namespace = self.namespace.clone();
+        wait_for(&format!("a {reason} event about {object}"), || {
+            let namespace = namespace.clone();
+            async move {
+                let out = cluster
+                    .kubectl_output(&[
+                        "-n",
+                        &namespace,
+                        "get",
+                        "events",
+                        "--field-selector",
+                        &format!("involvedObject.name={object},reason={reason}"),
+                        "-o",
+                        "jsonpath={.items[0].message}",
+                    ])
+                    .ok()?;
+                (!out.trim().is_empty()).then(|| out.trim().to_string())
+            }
+        })
+        .await
     }
 
     /// Waits until VMI `name` and every launcher pod of the namespace are gone.
@@ -639,6 +669,13 @@ async fn a_vm_runs_on_the_node_and_halted_removes_it() {
     .await;
     let console = vms.console_done(cluster, &pod_name).await;
     eprintln!("{console}");
+    // The VM names no kernel: the launcher booted the disk's GRUB entry and said so.
+    let booted = vms.event_message(cluster, "testguest", "BootedFromDisk").await;
+    assert!(
+        booted.starts_with("booted disk \"rootdisk\" (BIOS): GRUB entry \"Debian GNU/Linux\"")
+            && booted.contains("on partition 3 (hd0,gpt3)"),
+        "{booted}"
+    );
 
     // Halted: the VMI and its pod go, the VM stays, Stopped.
     vms.vms()
@@ -660,15 +697,21 @@ async fn a_vm_runs_on_the_node_and_halted_removes_it() {
     .await;
 }
 
-/// Two VMs at once, each in its own pod with its own address; `kubectl delete vm` of both
-/// while they run leaves no pod, process, mount, network namespace, veth or file behind.
+/// Two VMs at once, each in its own pod with its own address, one booting its disk and one a
+/// kernel (`firmware.kernelBoot`); `kubectl delete vm` of both while they run leaves no pod,
+/// process, mount, network namespace, veth or file behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_vms_at_once_and_kubectl_delete_leaves_nothing_behind() {
     let cluster = kubevirt().await;
     let _node = shared_node().await;
     let vms = Vms::new(cluster, "e2e-two").await;
     vms.create(&test_vm("first", "Always")).await;
-    vms.create(&test_vm("second", "Always")).await;
+    vms.create(&test_vm_from(
+        "vm-testguest-kernel-boot.yaml",
+        "second",
+        "Always",
+    ))
+    .await;
     let first = vms.running("first", None).await;
     let second = vms.running("second", None).await;
     let first_pod = vms.launcher_pod(&first).await;
@@ -710,6 +753,142 @@ async fn two_vms_at_once_and_kubectl_delete_leaves_nothing_behind() {
     vms.vmi_and_pods_gone("second").await;
     for trace in &traces {
         trace.gone().await;
+    }
+}
+
+/// KubeVirt v1.9.0's own examples, as a user applies them, with only the container disk image
+/// replaced by the project's test disk: `examples/vm-cirros.yaml` (a VM, `runStrategy: Halted`
+/// until started, a cloud-init NoCloud disk beside the container disk, the default pod
+/// network) and `examples/vmi-alpine-efi.yaml` (a VMI booted by EFI without Secure Boot)
+/// reach Running with the guest's checks in `kubectl logs`; `examples/vmi-secureboot.yaml`
+/// is refused naming the field. The objects are written here with the examples' fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubevirts_examples_boot_from_their_disks() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-examples").await;
+    let disk = "localhost/kubevirt-rs/test-disk:devel";
+    let cirros: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "vm-cirros", "labels": {"kubevirt.io/vm": "vm-cirros"}},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {
+                "metadata": {"labels": {"kubevirt.io/vm": "vm-cirros"}},
+                "spec": {
+                    "domain": {
+                        "devices": {"disks": [
+                            {"name": "containerdisk", "disk": {"bus": "virtio"}},
+                            {"name": "cloudinitdisk", "disk": {"bus": "virtio"}},
+                        ]},
+                        "memory": {"guest": "128Mi"},
+                        "resources": {},
+                    },
+                    "terminationGracePeriodSeconds": 0,
+                    "volumes": [
+                        {"name": "containerdisk", "containerDisk": {"image": disk}},
+                        {"name": "cloudinitdisk", "cloudInitNoCloud": {
+                            "userData": "#!/bin/sh\n\necho 'printed from cloud-init userdata'\n"}},
+                    ],
+                },
+            },
+        },
+    }))
+    .expect("a VirtualMachine");
+    vms.create(&cirros).await;
+    // What `virtctl start` does to a Halted VM.
+    vms.vms()
+        .patch(
+            "vm-cirros",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"runStrategy": "Always"}})),
+        )
+        .await
+        .expect("start vm-cirros");
+    let vmi = vms.running("vm-cirros", None).await;
+    let pod = vms.launcher_pod(&vmi).await;
+    vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+        .await;
+
+    let vmi_api = vms.vmis();
+    let alpine_efi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vmi-alpine-efi", "labels": {"special": "vmi-alpine-efi"}},
+        "spec": {
+            "domain": {
+                "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}]},
+                "firmware": {"bootloader": {"efi": {"secureBoot": false}}},
+                "memory": {"guest": "1Gi"},
+                "resources": {},
+            },
+            "terminationGracePeriodSeconds": 0,
+            "volumes": [{"name": "containerdisk", "containerDisk": {"image": disk}}],
+        },
+    }))
+    .expect("a VirtualMachineInstance");
+    vmi_api
+        .create(&PostParams::default(), &alpine_efi)
+        .await
+        .expect("vmi-alpine-efi");
+    let vmi = vms.running("vmi-alpine-efi", None).await;
+    let pod = vms.launcher_pod(&vmi).await;
+    vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
+        .await;
+    // EFI: the GRUB stub on the EFI system partition chained to the root's grub.cfg.
+    let booted = vms
+        .event_message(cluster, "vmi-alpine-efi", "BootedFromDisk")
+        .await;
+    assert!(booted.contains("(EFI): GRUB entry"), "{booted}");
+
+    let secure_boot: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vmi-secureboot", "labels": {"special": "vmi-secureboot"}},
+        "spec": {
+            "domain": {
+                "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}]},
+                "features": {"acpi": {}, "smm": {"enabled": true}},
+                "firmware": {"bootloader": {"efi": {"secureBoot": true}}},
+                "memory": {"guest": "1Gi"},
+                "resources": {},
+            },
+            "terminationGracePeriodSeconds": 0,
+            "volumes": [{"name": "containerdisk", "containerDisk": {"image": disk}}],
+        },
+    }))
+    .expect("a VirtualMachineInstance");
+    vmi_api
+        .create(&PostParams::default(), &secure_boot)
+        .await
+        .expect("vmi-secureboot");
+    let refused = wait_for("vmi-secureboot refused", || {
+        let vmis = vmi_api.clone();
+        async move {
+            let vmi = vmis.get_opt("vmi-secureboot").await.ok().flatten()?;
+            let c = condition(&vmi, "Synchronized")?;
+            (c.status == "False").then(|| c.clone())
+        }
+    })
+    .await;
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("spec.domain.firmware.bootloader.efi.secureBoot"),
+        "{refused:?}"
+    );
+    for name in ["vmi-alpine-efi", "vmi-secureboot"] {
+        vmi_api
+            .delete(name, &Default::default())
+            .await
+            .expect("delete the VMI");
+    }
+    vms.vms()
+        .delete("vm-cirros", &Default::default())
+        .await
+        .expect("delete vm-cirros");
+    for name in ["vm-cirros", "vmi-alpine-efi", "vmi-secureboot"] {
+        vms.vmi_and_pods_gone(name).await;
     }
 }
 

@@ -75,18 +75,46 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
     }
 }
 
-/// The example VM says what the cluster demo relies on, read through the project's own types
-/// (the CRDs keep unknown fields, so a misspelt field would pass the API server).
-#[test]
-fn the_example_vm_boots_the_test_guest_from_the_projects_images() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/examples/vm-testguest.yaml");
+/// An example VM, read through the project's own types (the CRDs keep unknown fields, so a
+/// misspelt field would pass the API server), as a VMI of its template.
+fn example_vm(file: &str) -> proto::kubevirt::VirtualMachineInstance {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/examples").join(file);
     let vm: proto::kubevirt::VirtualMachine =
         serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let spec = vm.spec.template.spec.clone().expect("a template");
-    let vmi = proto::kubevirt::VirtualMachineInstance {
-        spec: spec.clone(),
-        ..serde_json::from_str(r#"{"metadata": {}, "spec": {"domain": {"devices": {}}}}"#).unwrap()
-    };
+    proto::kubevirt::VirtualMachineInstance {
+        spec: vm.spec.template.spec.clone().expect("a template"),
+        ..serde_json::from_str(
+            r#"{"metadata": {"name": "x"}, "spec": {"domain": {"devices": {}}}}"#,
+        )
+        .unwrap()
+    }
+}
+
+/// The example VM the cluster demo applies boots the test disk as KubeVirt users' VMs boot:
+/// no kernel named, BIOS, its first disk.
+#[test]
+fn the_example_vm_boots_the_test_disk_without_a_kernel() {
+    let vmi = example_vm("vm-testguest.yaml");
+    assert!(proto::contract::kernel_boot::kernel_boot(&vmi).is_none());
+    assert_eq!(
+        proto::contract::boot_disk::firmware(&vmi),
+        Ok(proto::contract::boot_disk::Firmware::Bios { use_serial: false })
+    );
+    let boot = proto::contract::boot_disk::choose(&vmi).unwrap().unwrap();
+    assert_eq!(boot.name, "rootdisk");
+    let disk = vmi.spec.volumes[0]
+        .container_disk
+        .as_ref()
+        .expect("a containerDisk");
+    assert_eq!(disk.image, "localhost/kubevirt-rs/test-disk:devel");
+    assert_eq!(proto::contract::runnable::check(&vmi), Ok(()));
+}
+
+/// The kernel-boot example names the project's kernel-boot image.
+#[test]
+fn the_kernel_boot_example_vm_boots_the_test_guest_from_the_projects_images() {
+    let vmi = example_vm("vm-testguest-kernel-boot.yaml");
+    let spec = vmi.spec.clone();
     let kernel = proto::contract::kernel_boot::container(&vmi).expect("kernelBoot.container");
     assert_eq!(
         kernel.image,

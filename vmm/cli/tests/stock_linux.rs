@@ -1,5 +1,8 @@
 //! Debian's stock kernel, as KubeVirt users boot it: the packaged bzImage
-//! (decompressed on the host, entered directly), virtio over PCI, ACPI, and
+//! (decompressed on the host, entered directly) — with one vCPU from a disk laid out as
+//! Debian's (GPT, EFI system partition, ext4 root with `/boot/grub/grub.cfg` as
+//! `update-grub` writes it, the kernel and initramfs in `/boot`), through that
+//! configuration, with two named directly —, virtio over PCI, ACPI, and
 //! the initramfs `scripts/stock-linux.sh` builds (busybox and the virtio
 //! modules of the same package; its `/init` prints one `STOCK <check>` line
 //! per check: the modules load, the disk's marker, an address by DHCP from
@@ -78,9 +81,19 @@ const USERSPACE: usize = 5;
 /// 1.6 times the CPU time for it, too much for CI (see vmm/docs/stock-kernel.md).
 const FURTHEST_HERE: usize = 3;
 
+/// How the kernel is found.
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    /// `--kernel` and `--initrd`, and a raw disk holding the marker.
+    Files,
+    /// A Debian-layout disk whose GRUB configuration names the kernel and initramfs; the
+    /// marker in its MBR's boot code area (a protective MBR leaves it unused).
+    DebianDisk,
+}
+
 /// Boots the stock kernel with a disk holding the marker, a NIC on a tap
 /// whose host side serves DHCP and is the gateway, and an RNG.
-fn boot(vcpus: u8) -> Boot {
+fn boot(vcpus: u8, source: Source) -> Boot {
     let (kernel, initrd) = artifacts();
     in_new_netns(move || {
         create_tap(TAP);
@@ -113,23 +126,42 @@ fn boot(vcpus: u8) -> Boot {
 
         let dir = tempdir();
         let disk = dir.path().join("disk.raw");
-        let mut image = MARKER.as_bytes().to_vec();
-        image.resize(1 << 20, 0);
-        std::fs::write(&disk, image).unwrap();
         let mut cmd = vmm();
-        cmd.arg("run")
-            .arg("--kernel")
-            .arg(&kernel)
-            .arg("--initrd")
-            .arg(&initrd)
-            .args(["--memory", MEMORY_MIB, "--vcpus", &vcpus.to_string()])
-            .args([
-                "--cmdline",
-                CMDLINE,
-                "--rng",
-                "--net",
-                &format!("tap={TAP}"),
-            ])
+        cmd.arg("run");
+        match source {
+            Source::Files => {
+                let mut image = MARKER.as_bytes().to_vec();
+                image.resize(1 << 20, 0);
+                std::fs::write(&disk, image).unwrap();
+                cmd.arg("--kernel")
+                    .arg(&kernel)
+                    .arg("--initrd")
+                    .arg(&initrd)
+                    .args(["--cmdline", CMDLINE]);
+            }
+            Source::DebianDisk => {
+                let (kernel, initrd) = (std::fs::read(&kernel).unwrap(), std::fs::read(&initrd).unwrap());
+                test_guest::disks::write_boot_disk(
+                    &disk,
+                    test_guest::disks::Layout::Debian,
+                    &test_guest::disks::Kernel {
+                        image: &kernel,
+                        initrd: Some(&initrd),
+                        cmdline: CMDLINE,
+                    },
+                )
+                .unwrap();
+                use std::os::unix::fs::FileExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&disk)
+                    .unwrap()
+                    .write_all_at(MARKER.as_bytes(), 0)
+                    .unwrap();
+            }
+        }
+        cmd.args(["--memory", MEMORY_MIB, "--vcpus", &vcpus.to_string()])
+            .args(["--rng", "--net", &format!("tap={TAP}")])
             .arg("--disk")
             .arg(format!("path={},format=raw", disk.display()));
         let started = Instant::now();
@@ -283,14 +315,21 @@ fn furthest(console: &str, vcpus: u8) -> Option<usize> {
     (0..MILESTONES.len()).rposition(|i| console.contains(&milestone_text(i, vcpus)))
 }
 
-fn check(vcpus: u8) {
+fn check(vcpus: u8, source: Source) {
     let Boot {
         console,
         stderr: err,
         status,
         reached_at,
         stopped,
-    } = boot(vcpus);
+    } = boot(vcpus, source);
+    if source == Source::DebianDisk {
+        assert!(
+            err.contains("vmm: booting disk 0 (BIOS): GRUB entry \"Debian GNU/Linux\"")
+                && err.contains("initrd /boot/initrd.img-"),
+            "{err}"
+        );
+    }
     if let Some(path) = std::env::var_os("STOCK_LINUX_CONSOLE") {
         let _ = std::fs::write(format!("{}.{vcpus}", path.to_string_lossy()), &console);
     }
@@ -349,11 +388,11 @@ fn check(vcpus: u8) {
 }
 
 #[test]
-fn debian_kernel_with_one_vcpu() {
-    check(1);
+fn debian_kernel_from_a_debian_disk_with_one_vcpu() {
+    check(1, Source::DebianDisk);
 }
 
 #[test]
 fn debian_kernel_with_two_vcpus() {
-    check(2);
+    check(2, Source::Files);
 }

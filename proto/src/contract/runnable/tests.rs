@@ -723,6 +723,10 @@ fn examples() {
         "../../../../images/examples/vmi-testguest.yaml"
     ));
     assert_eq!(check(&demo), Ok(()));
+    let demo_kernel_boot = parse(include_str!(
+        "../../../../images/examples/vmi-testguest-kernel-boot.yaml"
+    ));
+    assert_eq!(check(&demo_kernel_boot), Ok(()));
     let kernel_boot = parse(include_str!("../../../tests/testdata/vmi-kernel-boot.yaml"));
     assert_eq!(check(&kernel_boot), Ok(()));
     let migratable = parse(include_str!("../../../tests/testdata/vmi-migratable.yaml"));

@@ -37,8 +37,49 @@ pub(super) fn looks_like_fat(window: &Window) -> Result<bool, crate::Error> {
         && (named(0x36) || named(0x52)))
 }
 
+/// The BPB arithmetic `fatfs` 0.3.6 does without overflow checks (`fats × sectors per FAT`,
+/// the first data sector, the data sectors), done here with them first: a hostile BPB whose
+/// sums wrap is refused instead of panicking the parser (found by the `boot_disk` fuzz
+/// target: `sectors_per_all_fats` overflowed).
+fn check_bpb(sector: &[u8; 512]) -> Result<(), FsError> {
+    let u16_at = |at: usize| u32::from(u16::from_le_bytes([sector[at], sector[at + 1]]));
+    let u32_at = |at: usize| {
+        u32::from_le_bytes([sector[at], sector[at + 1], sector[at + 2], sector[at + 3]])
+    };
+    let bytes_per_sector = u16_at(11);
+    let sectors_per_cluster = u32::from(sector[13]);
+    let (reserved, fats, root_entries) = (u16_at(14), u32::from(sector[16]), u16_at(17));
+    let fat16_size = u16_at(22);
+    let sectors_per_fat = if fat16_size == 0 {
+        u32_at(36)
+    } else {
+        fat16_size
+    };
+    let total = match u16_at(19) {
+        0 => u32_at(32),
+        small => small,
+    };
+    let bad = |what: &str| Err(FsError::Other(format!("invalid FAT boot sector: {what}")));
+    if bytes_per_sector == 0 || !sectors_per_cluster.is_power_of_two() {
+        return bad("sector or cluster size");
+    }
+    let root_dir_sectors = (root_entries * 32).div_ceil(bytes_per_sector);
+    let first_data = fats
+        .checked_mul(sectors_per_fat)
+        .and_then(|fat_sectors| fat_sectors.checked_add(reserved))
+        .and_then(|sum| sum.checked_add(root_dir_sectors));
+    match first_data {
+        Some(first) if first < total => Ok(()),
+        Some(_) => bad("no data sectors"),
+        None => bad("the FATs do not fit 32-bit sector numbers"),
+    }
+}
+
 impl Fat {
     pub(crate) fn load(window: Window) -> Result<Fat, FsError> {
+        if let Some(sector) = window.bytes::<512>(0).map_err(map)? {
+            check_bpb(&sector)?;
+        }
         // No access-date updates: nothing is ever written.
         fatfs::FileSystem::new(window.cursor(), fatfs::FsOptions::new())
             .map(Fat)
@@ -143,5 +184,31 @@ impl Fat {
             names.push(name);
         }
         Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bpb(fats: u8, sectors_per_fat: u32, total: u32) -> [u8; 512] {
+        let mut s = [0u8; 512];
+        s[11..13].copy_from_slice(&512u16.to_le_bytes());
+        s[13] = 1;
+        s[14..16].copy_from_slice(&1u16.to_le_bytes());
+        s[16] = fats;
+        s[36..40].copy_from_slice(&sectors_per_fat.to_le_bytes());
+        s[32..36].copy_from_slice(&total.to_le_bytes());
+        s
+    }
+
+    #[test]
+    fn bpb_sums_that_wrap_are_refused() {
+        assert!(check_bpb(&bpb(2, 100, 10_000)).is_ok());
+        assert!(check_bpb(&bpb(255, u32::MAX / 2, u32::MAX)).is_err());
+        assert!(check_bpb(&bpb(2, 10_000, 10_000)).is_err());
+        let mut odd = bpb(2, 100, 10_000);
+        odd[13] = 3;
+        assert!(check_bpb(&odd).is_err());
     }
 }
