@@ -670,7 +670,9 @@ async fn a_vm_runs_on_the_node_and_halted_removes_it() {
     let console = vms.console_done(cluster, &pod_name).await;
     eprintln!("{console}");
     // The VM names no kernel: the launcher booted the disk's GRUB entry and said so.
-    let booted = vms.event_message(cluster, "testguest", "BootedFromDisk").await;
+    let booted = vms
+        .event_message(cluster, "testguest", "BootedFromDisk")
+        .await;
     assert!(
         booted.starts_with("booted disk \"rootdisk\" (BIOS): GRUB entry \"Debian GNU/Linux\"")
             && booted.contains("on partition 3 (hd0,gpt3)"),

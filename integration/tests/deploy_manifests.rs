@@ -78,7 +78,9 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
 /// An example VM, read through the project's own types (the CRDs keep unknown fields, so a
 /// misspelt field would pass the API server), as a VMI of its template.
 fn example_vm(file: &str) -> proto::kubevirt::VirtualMachineInstance {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/examples").join(file);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../images/examples")
+        .join(file);
     let vm: proto::kubevirt::VirtualMachine =
         serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     proto::kubevirt::VirtualMachineInstance {

@@ -146,7 +146,8 @@ fn a_vm_boots_from_its_disk_under_every_filter() {
     let (out, _) = run_child_without_hook("trap", "boot");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("child: VM ended: guest power-off with exit code 0"),
+        out.status.success()
+            && stdout.contains("child: VM ended: guest power-off with exit code 0"),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -140,7 +140,10 @@ fn boot(vcpus: u8, source: Source) -> Boot {
                     .args(["--cmdline", CMDLINE]);
             }
             Source::DebianDisk => {
-                let (kernel, initrd) = (std::fs::read(&kernel).unwrap(), std::fs::read(&initrd).unwrap());
+                let (kernel, initrd) = (
+                    std::fs::read(&kernel).unwrap(),
+                    std::fs::read(&initrd).unwrap(),
+                );
                 test_guest::disks::write_boot_disk(
                     &disk,
                     test_guest::disks::Layout::Debian,
