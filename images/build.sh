@@ -34,7 +34,7 @@ while [[ $# -gt 0 ]]; do
 done
 all=(virt-controller virt-handler virt-launcher pause test-guest-kernel test-disk)
 # What the test guest on the test disk checks (the cluster tests expect each to pass).
-TEST_DISK_CHECKS=serial,bootparams,idt,mem,virtio-blk,virtio-rng
+TEST_DISK_CHECKS=serial,bootparams,idt,mem,smbios,rtc,virtio-blk,virtio-rng
 [[ ${#names[@]} -gt 0 ]] || names=("${all[@]}")
 
 for name in "${names[@]}"; do

@@ -37,7 +37,7 @@ step "preparing images in $work"
 # command line. The launcher puts a qcow2 overlay over it.
 rm -f "$work/disk.raw"
 "$target/debug/vmm" test-guest --disk "$work/disk.raw" --layout debian \
-    --cmdline "console=ttyS0 checks=serial,bootparams,idt,mem,virtio-blk,virtio-rng exit=halt wait=600"
+    --cmdline "console=ttyS0 checks=serial,bootparams,idt,mem,smbios,rtc,virtio-blk,virtio-rng exit=halt wait=600"
 chmod 0644 "$work/guest.elf" "$work/disk.raw"
 manifest=vmi-testguest.yaml
 [[ ${KERNEL_BOOT:-0} == 1 ]] && manifest=vmi-testguest-kernel-boot.yaml

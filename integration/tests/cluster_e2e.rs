@@ -350,6 +350,8 @@ fn assert_guest_passed(console: &str) {
         "bootparams",
         "idt",
         "mem",
+        "smbios",
+        "rtc",
         "virtio-blk",
         "virtio-rng",
     ] {
@@ -669,6 +671,21 @@ async fn a_vm_runs_on_the_node_and_halted_removes_it() {
     .await;
     let console = vms.console_done(cluster, &pod_name).await;
     eprintln!("{console}");
+    // SMBIOS as libvirt writes it for KubeVirt: the handler's cluster settings and the
+    // firmware UUID the VM controller gave the VMI.
+    let uuid = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.uuid.clone())
+        .expect("a firmware UUID");
+    assert!(
+        console.contains(&format!(
+            "TEST smbios PASS manufacturer=KubeVirt product=None family=KubeVirt serial= uuid={uuid} cpus=1 memory_mib=64"
+        )),
+        "{console}"
+    );
     // The VM names no kernel: the launcher booted the disk's GRUB entry and said so.
     let booted = vms
         .event_message(cluster, "testguest", "BootedFromDisk")

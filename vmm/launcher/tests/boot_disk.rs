@@ -10,7 +10,11 @@ use std::time::Duration;
 use test_guest::disks::{Kernel, Layout, write_boot_disk};
 
 const BOOT: Duration = Duration::from_secs(120);
-const CHECKS: &str = "console=ttyS0 checks=serial,bootparams,virtio-blk,virtio-rng exit=poweroff";
+const CHECKS: &str =
+    "console=ttyS0 checks=serial,bootparams,smbios,rtc,virtio-blk,virtio-rng exit=poweroff";
+/// The VMI's firmware UUID and serial, which the guest reads back from SMBIOS.
+const FIRMWARE_UUID: &str = "6f4e1c2a-9b3d-4e5f-8a7b-1c2d3e4f5a6b";
+const FIRMWARE_SERIAL: &str = "vmi-serial-7";
 
 /// A VMI with the container disk and no kernel boot; `firmware` is merged into the domain.
 fn disk_vmi(firmware: serde_json::Value) -> Vec<u8> {
@@ -18,10 +22,31 @@ fn disk_vmi(firmware: serde_json::Value) -> Vec<u8> {
         serde_json::from_slice(&vmi_json("", serde_json::json!({}))).unwrap();
     let domain = &mut vmi["spec"]["domain"];
     domain.as_object_mut().unwrap().remove("firmware");
-    if !firmware.is_null() {
-        domain["firmware"] = firmware;
-    }
+    let mut firmware = if firmware.is_null() {
+        serde_json::json!({})
+    } else {
+        firmware
+    };
+    firmware["uuid"] = serde_json::json!(FIRMWARE_UUID);
+    firmware["serial"] = serde_json::json!(FIRMWARE_SERIAL);
+    domain["firmware"] = firmware;
     serde_json::to_vec(&vmi).unwrap()
+}
+
+/// `SyncVirtualMachine` as KubeVirt's handler sends it: with the cluster's SMBIOS settings
+/// (KubeVirt's defaults).
+fn sync_request(vmi: Vec<u8>) -> proto::grpc::cmd::v1::VmiRequest {
+    let mut request = vmi_request(vmi);
+    request.options = Some(proto::grpc::cmd::v1::VirtualMachineOptions {
+        virtual_machine_sm_bios: Some(proto::grpc::cmd::v1::SmBios {
+            manufacturer: "KubeVirt".into(),
+            product: "None".into(),
+            family: "KubeVirt".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    request
 }
 
 /// A bootable disk image of `layout` with the test guest, as bytes.
@@ -53,7 +78,7 @@ async fn boots(layout: Layout, firmware: serde_json::Value, expected_entry: &str
     let _launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
     let reply = cmd
-        .sync_virtual_machine(vmi_request(disk_vmi(firmware)))
+        .sync_virtual_machine(sync_request(disk_vmi(firmware)))
         .await
         .unwrap()
         .into_inner();
@@ -84,7 +109,16 @@ async fn boots(layout: Layout, firmware: serde_json::Value, expected_entry: &str
     assert!(
         text.contains("DONE passed=")
             && !text.contains("FAIL")
-            && text.contains("TEST virtio-rng-read PASS"),
+            && text.contains("TEST virtio-rng-read PASS")
+            && text.contains("TEST rtc PASS"),
+        "{text}"
+    );
+    // SMBIOS as libvirt writes it for KubeVirt: the cluster's settings, the VMI's firmware
+    // UUID and serial.
+    assert!(
+        text.contains(&format!(
+            "TEST smbios PASS manufacturer=KubeVirt product=None family=KubeVirt serial={FIRMWARE_SERIAL} uuid={FIRMWARE_UUID} cpus=1 memory_mib=64"
+        )),
         "{text}"
     );
     // The domain says which firmware the VMI asked for, and carries its SMBIOS sysinfo.
