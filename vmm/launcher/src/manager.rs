@@ -62,7 +62,8 @@ impl VmiEvent {
 /// What the notifier delivers to the handler, in order.
 #[derive(Clone, Debug)]
 pub(crate) enum Notification {
-    Domain(DomainEvent),
+    /// Boxed: a domain is large, and the channel holds many of them.
+    Domain(Box<DomainEvent>),
     Vmi(VmiEvent),
 }
 
@@ -164,10 +165,10 @@ impl Manager {
     fn emit(&self, event_type: &'static str, domain: &Domain) {
         // Counted before it is queued: the notifier never gets ahead of it.
         self.emitted.fetch_add(1, Ordering::SeqCst);
-        let _ = self.events.send(Notification::Domain(DomainEvent {
+        let _ = self.events.send(Notification::Domain(Box::new(DomainEvent {
             event_type,
             domain: domain.clone(),
-        }));
+        })));
     }
 
     /// Asks the handler to record a Kubernetes event about the domain's VMI.
