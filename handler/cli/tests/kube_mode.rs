@@ -36,7 +36,7 @@ impl Drop for KillOnDrop {
 
 fn vmi_manifest(name: &str, node: &str, grace: i64) -> VirtualMachineInstance {
     let text = std::fs::read_to_string(
-        common::workspace_root().join("images/examples/vmi-testguest.yaml"),
+        common::workspace_root().join("images/examples/vmi-testguest-kernel-boot.yaml"),
     )
     .expect("example manifest");
     let mut vmi = proto::kubevirt::parse_vmi(&text).expect("example VMI");

@@ -14,7 +14,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
-use common::{Demo, demo, helper_binaries, require_root_and_kvm};
+use common::{Demo, DemoDisk, demo, disk_demo, helper_binaries, require_root_and_kvm};
 
 /// A running `virt-handler standalone` and its stdout lines.
 struct Handler {
@@ -580,7 +580,7 @@ fn bridge_binding_carries_the_guests_frames_to_the_node_and_serves_the_pod_addre
         .unwrap()
         .replace("masquerade: {}", "bridge: {}")
         .replace(
-            "checks=serial,bootparams,idt,mem,virtio-blk,virtio-rng",
+            "checks=serial,bootparams,idt,mem,smbios,rtc,virtio-blk,virtio-rng",
             "checks=serial,virtio-net net.rx_ms=120000",
         );
     assert!(
@@ -789,4 +789,71 @@ fn a_volume_name_that_is_no_dns_label_ends_failed_at_once() {
     std::fs::write(&demo.manifest, climbing).expect("manifest");
     assert_refused_at_once(&demo, "spec.volumes[0].name");
     assert!(!demo.dir.path().join("escape").exists());
+}
+
+/// A VMI as KubeVirt users write them (`vmi-testguest.yaml`: no kernel named) on a
+/// Debian-style disk: the launcher boots the disk's GRUB entry, the handler records the
+/// `BootedFromDisk` event naming disk, partition and entry, the guest's checks pass.
+#[test]
+fn a_vmi_without_a_kernel_boots_its_disk_and_the_entry_is_named() {
+    require_root_and_kvm();
+    let demo = disk_demo("sa-disk", 30, DemoDisk::Bootable);
+    let state = demo.dir.path().join("state");
+    let mut handler = Handler::start(&demo, &state, &["--stop-after-console", "DONE passed="]);
+    let booted = handler.wait_for("event Normal BootedFromDisk", BOOT_TIMEOUT);
+    assert!(
+        booted.contains(
+            "booted disk \"rootdisk\" (BIOS): GRUB entry \"Debian GNU/Linux\" from /boot/grub/grub.cfg on partition 3 (hd0,gpt3): kernel /boot/vmlinuz-"
+        ),
+        "{booted}"
+    );
+    let done = handler.wait_for("console: DONE passed=", BOOT_TIMEOUT);
+    assert!(done.contains("failed=0"), "{done}");
+    handler.wait_for("phase Running -> Succeeded", Duration::from_secs(30));
+    let status = handler.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "virt-handler exited with {status}");
+}
+
+/// A boot disk with nothing to boot: the VMI ends `Failed` at once — no wait for the
+/// launcher's start timeout — with a `BootFailed` event and the `Synchronized=False`
+/// condition naming the disk and the reason, and the run fails.
+#[test]
+fn a_disk_with_nothing_to_boot_ends_failed_at_once_with_the_reason() {
+    require_root_and_kvm();
+    let demo = disk_demo("sa-nodisk", 30, DemoDisk::Unbootable);
+    let state = demo.dir.path().join("state");
+    let started = Instant::now();
+    let mut handler = Handler::start(&demo, &state, &[]);
+    let event = handler.wait_for("event Warning BootFailed", BOOT_TIMEOUT);
+    assert!(
+        event.contains("cannot boot disk \"rootdisk\"")
+            && event.contains("no boot loader configuration found for BIOS boot"),
+        "{event}"
+    );
+    handler.wait_for("-> Failed", Duration::from_secs(30));
+    let exit = handler.wait_exit(Duration::from_secs(60));
+    assert!(!exit.success(), "the run fails when its VMI fails");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "failed at once, not after a start timeout: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(status_phase(&demo), "Failed");
+    let status = status(&demo);
+    let conditions = status["conditions"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c["type"].as_str() == Some("Synchronized")
+                && c["status"].as_str() == Some("False")
+                && c["message"]
+                    .as_str()
+                    // Quoted as KubeVirt's handler quotes a command's error (%q).
+                    .is_some_and(|m| m.contains(r#"cannot boot disk \"rootdisk\""#))),
+        "{status:?}"
+    );
+    assert!(!state.exists(), "state dir left behind");
 }

@@ -82,7 +82,30 @@ pub struct Demo {
     pub disk: PathBuf,
 }
 
+/// The images and the manifest of a test: the test guest by kernel boot
+/// (`vmi-testguest-kernel-boot.yaml`) with an empty data disk.
 pub fn demo(name: &str, grace: u32) -> Demo {
+    make_demo(name, grace, DemoDisk::Data)
+}
+
+/// What the demo's container disk holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum DemoDisk {
+    /// 16 MiB of zeros, a data disk beside a kernel boot.
+    Data,
+    /// The test guest behind GRUB's configuration on a Debian-style disk, booted by
+    /// `vmi-testguest.yaml` (no kernel named).
+    Bootable,
+    /// 16 MiB of zeros as the boot disk of `vmi-testguest.yaml`: nothing to boot.
+    Unbootable,
+}
+
+/// A demo that boots its disk (`vmi-testguest.yaml`), or tries to.
+pub fn disk_demo(name: &str, grace: u32, disk: DemoDisk) -> Demo {
+    make_demo(name, grace, disk)
+}
+
+fn make_demo(name: &str, grace: u32, kind: DemoDisk) -> Demo {
     let (_, vmm) = helper_binaries();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(
@@ -98,15 +121,38 @@ pub fn demo(name: &str, grace: u32) -> Demo {
         .expect("vmm test-guest");
     assert!(out.status.success(), "vmm test-guest: {out:?}");
     let disk = dir.path().join("base.raw");
-    let f = std::fs::File::create(&disk).expect("disk");
-    f.set_len(16 << 20).expect("size");
+    if kind == DemoDisk::Bootable {
+        let out = Command::new(vmm)
+            .args([
+                "test-guest",
+                "--layout",
+                "debian",
+                "--cmdline",
+                "console=ttyS0 checks=serial,bootparams,idt,mem,virtio-blk,virtio-rng exit=halt wait=600",
+                "--disk",
+            ])
+            .arg(&disk)
+            .output()
+            .expect("vmm test-guest --disk");
+        assert!(out.status.success(), "vmm test-guest --disk: {out:?}");
+    } else {
+        let f = std::fs::File::create(&disk).expect("disk");
+        f.set_len(16 << 20).expect("size");
+    }
     for p in [&guest, &disk] {
         std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .expect("chmod");
     }
-    let text = std::fs::read_to_string(workspace_root().join("images/examples/vmi-testguest.yaml"))
+    let (file, example_name) = match kind {
+        DemoDisk::Data => ("vmi-testguest-kernel-boot.yaml", "testguest-kernel-boot"),
+        DemoDisk::Bootable | DemoDisk::Unbootable => ("vmi-testguest.yaml", "testguest"),
+    };
+    let text = std::fs::read_to_string(workspace_root().join("images/examples").join(file))
         .expect("example manifest")
-        .replace("name: testguest", &format!("name: {name}"))
+        .replace(
+            &format!("name: {example_name}\n"),
+            &format!("name: {name}\n"),
+        )
         .replace(
             "terminationGracePeriodSeconds: 30",
             &format!("terminationGracePeriodSeconds: {grace}"),
