@@ -833,35 +833,49 @@ impl<'c, 'a> Grub<'c, 'a> {
         Ok((self.status, flow?))
     }
 
-    /// A GRUB path (`(hd0,gpt2)/boot/x`, `/boot/x` on `$root`) on the boot disk.
+    /// A GRUB path (`(hd0,gpt2)/boot/x`, `/boot/x` on `$root`) on the boot disk; why not,
+    /// noted, otherwise.
     fn resolve(&mut self, path: &str) -> Option<FileRef> {
+        match self.locate(path) {
+            Ok(file) => Some(file),
+            Err(why) => {
+                self.cx.notes.add(why);
+                None
+            }
+        }
+    }
+
+    /// What [`Self::resolve`] finds, or why there is nothing.
+    fn locate(&self, path: &str) -> Result<FileRef, String> {
         let (device, file) = match path.strip_prefix('(') {
             Some(rest) => match rest.split_once(')') {
                 Some((device, file)) => (device.to_string(), file.to_string()),
-                None => {
-                    self.cx.notes.add(format!("malformed GRUB path {path:?}"));
-                    return None;
-                }
+                None => return Err(format!("malformed GRUB path {path:?}")),
             },
             None => (self.get("root"), path.to_string()),
         };
         if file.contains('+') && !file.starts_with('/') {
-            self.cx
-                .notes
-                .add(format!("{path:?}: block lists are not supported"));
-            return None;
+            return Err(format!("{path:?}: block lists are not supported"));
         }
-        match partition_by_grub_name(self.cx.files.partitions(), &device) {
-            Ok(part) => Some(FileRef {
-                part,
-                path: if file.is_empty() { "/".into() } else { file },
-            }),
-            Err(e) => {
-                self.cx.notes.add(format!("{path:?}: {e}"));
+        let part = partition_by_grub_name(self.cx.files.partitions(), &device)
+            .map_err(|e| format!("{path:?}: {e}"))?;
+        Ok(FileRef {
+            part,
+            path: if file.is_empty() { "/".into() } else { file },
+        })
+    }
+
+    /// A file a loading command (`linux`, `initrd`) names: what cannot be resolved makes
+    /// the entry unbootable, with the reason.
+    fn resolve_for_load(&mut self, path: &str) -> Option<FileRef> {
+        match self.locate(path) {
+            Ok(file) => Some(file),
+            Err(why) => {
+                self.cx.notes.add(why.clone());
                 if let Some(load) = self.load.as_mut()
                     && load.refused.is_none()
                 {
-                    load.refused = Some(format!("{path:?}: {e}"));
+                    load.refused = Some(why);
                 }
                 None
             }
@@ -1062,7 +1076,7 @@ impl<'c, 'a> Grub<'c, 'a> {
         let Some(path) = args.first() else {
             return Ok(1);
         };
-        let Some(file) = self.resolve(path) else {
+        let Some(file) = self.resolve_for_load(path) else {
             return Ok(1);
         };
         if !self.cx.is_file(file.part, &file.path)? {
@@ -1085,7 +1099,7 @@ impl<'c, 'a> Grub<'c, 'a> {
     fn initrd(&mut self, args: &[String]) -> Run<i32> {
         let mut files = Vec::new();
         for path in args.iter().filter(|a| !a.starts_with("--")) {
-            let Some(file) = self.resolve(path) else {
+            let Some(file) = self.resolve_for_load(path) else {
                 return Ok(1);
             };
             if !self.cx.is_file(file.part, &file.path)? {
