@@ -11,8 +11,8 @@
 # then the node's and the cluster's),
 # linked statically (the images hold no C library; glibc 2.36 resolves users and hosts from
 # /etc without NSS modules); each program stripped into DIR/stage with its debug info kept
-# apart in DIR/debug/<program>.debug (found through .gnu_debuglink); the test guest and a
-# 64 MiB qcow2 base disk written with `vmm`; then `oci-image` writes DIR/NAME.tar per spec
+# apart in DIR/debug/<program>.debug (found through .gnu_debuglink); the test guest and the
+# test VM's bootable disk written with `vmm`; then `oci-image` writes DIR/NAME.tar per spec
 # and DIR/images.txt lists name, digest, compressed and unpacked bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
