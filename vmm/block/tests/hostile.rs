@@ -606,3 +606,68 @@ fn shared_clusters_are_copied_before_a_write() {
     assert!(all[65536..65536 + 4096].iter().all(|&b| b == 6));
     assert!(all[65536 + 4096..65536 + 8192].iter().all(|&b| b == 7));
 }
+
+#[test]
+fn compressed_entries_that_differ_above_bit_56_are_different_clusters() {
+    // 4 KiB clusters: a compressed entry's offset has 58 bits, so two entries
+    // can differ only in bit 56 of the offset. The second lies past the end of
+    // the file and must be refused, not served from the first one's cache.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=4k",
+        p.to_str().unwrap(),
+        "1M",
+    ]);
+    qemu_io(&[
+        "-f",
+        "qcow2",
+        "-c",
+        "write -c -P 5 0 4k",
+        p.to_str().unwrap(),
+    ]);
+    let h = block::qcow2::check::read_image_header(&p).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    let mut e = [0u8; 8];
+    f.read_exact_at(&mut e, h.l1_table_offset).unwrap();
+    let l2 = u64::from_be_bytes(e) & 0x00ff_ffff_ffff_fe00;
+    f.read_exact_at(&mut e, l2).unwrap();
+    let first = u64::from_be_bytes(e);
+    const COMPRESSED: u64 = 1 << 62;
+    assert_ne!(first & COMPRESSED, 0, "qemu-io wrote a compressed cluster");
+    // One sector (no additional ones), so the old key `offset | sectors << 56`
+    // of both entries is `offset | 1 << 56`.
+    let offset = first & ((1u64 << 58) - 1);
+    f.write_all_at(&(COMPRESSED | offset).to_be_bytes(), l2)
+        .unwrap();
+    f.write_all_at(&(COMPRESSED | offset | 1 << 56).to_be_bytes(), l2 + 8)
+        .unwrap();
+    drop(f);
+    let mut first_cluster = vec![0u8; 4096];
+    let mut second_cluster = vec![0u8; 4096];
+    let mut img = block::open_disk(&p, Format::Qcow2, true).unwrap();
+    img.read_at(&mut first_cluster, 0).unwrap();
+    assert!(first_cluster.iter().all(|&b| b == 5));
+    let e = img
+        .read_at(&mut second_cluster, 4096)
+        .expect_err("the second entry lies past the end of the image");
+    assert!(e.to_string().contains("past the end"), "{e}");
+    drop(img);
+    let ro = block::OpenOptions {
+        read_only: true,
+        ..block::OpenOptions::default()
+    };
+    let disk = block::ConcurrentDisk::open(&p, Format::Qcow2, ro).unwrap();
+    disk.read_at(&mut first_cluster, 0).unwrap();
+    let e = disk.read_at(&mut second_cluster, 4096).unwrap_err();
+    assert!(e.to_string().contains("past the end"), "{e}");
+}

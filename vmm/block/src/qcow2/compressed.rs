@@ -35,9 +35,23 @@ fn inflate_raw(input: &[u8], out: &mut [u8]) -> Result<(), String> {
     }
 }
 
+/// The largest zstd window (log2) a frame of one cluster of `cluster` bytes may
+/// declare: QEMU compresses each cluster as one frame of known size, so its
+/// window is at most the cluster (zstd's smallest is 2^10). Without this bound
+/// a hostile image could make every read reserve zstd's default 128 MiB.
+pub(crate) fn zstd_window_log_max(cluster: usize) -> u32 {
+    cluster
+        .checked_next_power_of_two()
+        .map_or(usize::BITS, usize::trailing_zeros)
+        .max(10)
+}
+
 fn zstd_decompress(input: &[u8], out: &mut [u8]) -> Result<(), String> {
     use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+    use zstd::zstd_safe::DParameter;
     let mut dec = Decoder::new().map_err(|e| format!("zstd: {e}"))?;
+    dec.set_parameter(DParameter::WindowLogMax(zstd_window_log_max(out.len())))
+        .map_err(|e| format!("zstd: {e}"))?;
     let mut inb = InBuffer::around(input);
     let mut outb = OutBuffer::around(out);
     // Bounded: each round either consumes input or produces output.
@@ -89,5 +103,35 @@ mod tests {
         decompress(CompressionType::Zstd, &c, &mut out).unwrap();
         assert_eq!(out, data);
         assert!(decompress(CompressionType::Zstd, &[1, 2, 3, 4], &mut out).is_err());
+    }
+
+    #[test]
+    fn zstd_windows_are_bounded_by_the_cluster() {
+        assert_eq!(zstd_window_log_max(512), 10);
+        assert_eq!(zstd_window_log_max(4096), 12);
+        assert_eq!(zstd_window_log_max(64 << 10), 16);
+        assert_eq!(zstd_window_log_max(2 << 20), 21);
+        // As QEMU writes them (one frame per cluster, its size known): every
+        // cluster size decodes.
+        for bits in 9..=21 {
+            let data: Vec<u8> = (0..1u32 << bits).map(|i| (i % 251) as u8).collect();
+            let c = zstd::bulk::compress(&data, 3).unwrap();
+            let mut out = vec![0u8; data.len()];
+            decompress(CompressionType::Zstd, &c, &mut out).unwrap();
+            assert_eq!(out, data);
+        }
+        // A 4 KiB cluster whose frame declares a 128 MiB window (zstd's default
+        // limit) and no size: refused before the window is reserved.
+        let data = vec![7u8; 4096];
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, (27 - 10) << 3];
+        frame.extend_from_slice(&(4096u32 << 3 | 1).to_le_bytes()[..3]); // last raw block
+        frame.extend_from_slice(&data);
+        let mut out = vec![0u8; 4096];
+        let e = decompress(CompressionType::Zstd, &frame, &mut out).unwrap_err();
+        assert!(e.contains("zstd"), "{e}");
+        // The same frame declaring a 4 KiB window is fine.
+        frame[5] = (12 - 10) << 3;
+        decompress(CompressionType::Zstd, &frame, &mut out).unwrap();
+        assert_eq!(out, data);
     }
 }

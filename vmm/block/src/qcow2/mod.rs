@@ -112,8 +112,9 @@ pub struct Qcow2Image {
     backing: Option<Arc<ConcurrentDisk>>,
     /// Reused buffer for copy-on-write clusters (no allocation per request).
     scratch: Vec<u8>,
-    /// The last decompressed cluster, keyed by its L2 entry.
-    decompressed: Option<(u64, Vec<u8>)>,
+    /// The last decompressed cluster, keyed by its (offset, sectors): both whole, as
+    /// packing them into one u64 let distinct entries share a key.
+    decompressed: Option<((u64, u64), Vec<u8>)>,
     compressed_buf: Vec<u8>,
     /// Whether the dirty bit is set on disk (lazy refcounts only).
     dirty_on_disk: bool,
@@ -449,7 +450,7 @@ impl Qcow2Image {
     }
 
     fn decompress_cluster(&mut self, offset: u64, sectors: u64) -> DiskResult<&[u8]> {
-        let key = offset | sectors << 56;
+        let key = (offset, sectors);
         let fresh = !matches!(&self.decompressed, Some((k, _)) if *k == key);
         if fresh {
             let cs = u64_to_usize(self.cluster_size);
