@@ -38,6 +38,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::device::{DeviceError, VirtioDevice};
 use crate::interrupt::DeviceInterrupt;
+use crate::log_limit::LogLimit;
 
 /// The device, shared by its transport (registers, reset) and its thread.
 pub(crate) type SharedDevice = Arc<Mutex<Box<dyn VirtioDevice>>>;
@@ -98,6 +99,8 @@ struct Shared {
     changed: Condvar,
     interrupt: DeviceInterrupt,
     tid: AtomicI32,
+    /// A guest can break its queue, reset and repeat at will.
+    failures: LogLimit,
 }
 
 impl Shared {
@@ -148,6 +151,7 @@ impl DeviceThread {
             changed: Condvar::new(),
             interrupt,
             tid: AtomicI32::new(0),
+            failures: LogLimit::new(),
         });
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = std::thread::Builder::new().name(name.into()).spawn({
@@ -341,7 +345,13 @@ fn check(shared: &Shared, device: &dyn VirtioDevice, result: Result<(), DeviceEr
         Ok(()) => true,
         Err(DeviceError::NotActivated) => false,
         Err(e) => {
-            tracing::warn!("virtio: device {} failed: {e}", device.device_type());
+            if let Some(suppressed) = shared.failures.admit() {
+                tracing::warn!(
+                    suppressed,
+                    "virtio: device {} failed: {e}",
+                    device.device_type()
+                );
+            }
             shared.control().broken = true;
             shared.interrupt.signal_needs_reset();
             false

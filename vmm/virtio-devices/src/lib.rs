@@ -41,6 +41,9 @@ pub use device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
 pub(crate) use device_thread::Unsandboxed;
 pub use device_thread::{ThreadRole, ThreadSandbox};
 pub use interrupt::{DeviceInterrupt, InterruptTrigger};
+#[doc(hidden)]
+pub use log_limit::LogCapture;
+pub use log_limit::{LOG_BURST, LOG_INTERVAL, LogLimit};
 pub use mmio::MmioTransport;
 pub use pci::{MsiInterrupts, MsiMessage, PciTransport};
 pub use queue::QueueError;

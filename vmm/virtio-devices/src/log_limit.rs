@@ -6,6 +6,74 @@
 //!
 //! These are the guest's doing, not faults of the host: they are logged at
 //! INFO (a host operator's WARN means the host needs attention) and say so.
+//!
+//! A failure that may be the host's (a disk request the image file refused, a
+//! device that stopped, an ioeventfd KVM refused) but that the guest can repeat
+//! at will goes through a [`LogLimit`] instead: the first lines of a burst,
+//! then one per interval that says how many were left out, so an operator
+//! still sees that it goes on. `tracing` has no rate limit of its own, and the
+//! crates that add one (a layer for the whole process) would also thin out
+//! the host's own lines; this one is per site.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Lines a [`LogLimit`] lets through at the start of a burst.
+pub const LOG_BURST: u32 = 10;
+/// After the burst, at most one line per this interval. A burst ends after
+/// this long without an occurrence.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A rate limit for one log site (shared by the threads that log there).
+#[derive(Debug, Default)]
+pub struct LogLimit {
+    state: Mutex<LimitState>,
+}
+
+#[derive(Debug, Default)]
+struct LimitState {
+    /// Lines logged in this burst.
+    logged: u32,
+    last_logged: Option<Instant>,
+    last_seen: Option<Instant>,
+    /// Occurrences not logged since the last line.
+    suppressed: u64,
+}
+
+impl LogLimit {
+    pub const fn new() -> Self {
+        LogLimit {
+            state: Mutex::new(LimitState {
+                logged: 0,
+                last_logged: None,
+                last_seen: None,
+                suppressed: 0,
+            }),
+        }
+    }
+
+    /// Counts one occurrence. `Some(n)`: log it, saying that `n` were left out
+    /// since the last line; `None`: leave it out.
+    pub fn admit(&self) -> Option<u64> {
+        self.admit_at(Instant::now())
+    }
+
+    fn admit_at(&self, now: Instant) -> Option<u64> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let since = |t: Option<Instant>| t.map(|t| now.saturating_duration_since(t));
+        if since(s.last_seen).is_none_or(|d| d >= LOG_INTERVAL) {
+            s.logged = 0;
+        }
+        s.last_seen = Some(now);
+        if s.logged < LOG_BURST || since(s.last_logged).is_none_or(|d| d >= LOG_INTERVAL) {
+            s.logged = s.logged.saturating_add(1);
+            s.last_logged = Some(now);
+            return Some(std::mem::take(&mut s.suppressed));
+        }
+        s.suppressed = s.suppressed.saturating_add(1);
+        None
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct GuestErrorLog {
@@ -36,9 +104,92 @@ macro_rules! guest_error {
 }
 pub(crate) use guest_error;
 
+/// Keeps the text of every event, for tests that count the lines a guest
+/// caused. Device threads log to the global default, so tests of the whole
+/// device use [`LogCapture::global`] and look for their own messages.
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct LogCapture(std::sync::Arc<Mutex<Vec<String>>>);
+
+impl LogCapture {
+    /// The process's global subscriber, installed on first use.
+    pub fn global() -> &'static LogCapture {
+        static GLOBAL: std::sync::OnceLock<LogCapture> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let capture = LogCapture::default();
+            // Fails only if another global subscriber was installed first.
+            let _ = tracing::subscriber::set_global_default(capture.clone());
+            capture
+        })
+    }
+
+    /// The lines so far that contain `needle`.
+    pub fn lines_with(&self, needle: &str) -> Vec<String> {
+        let lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        lines
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+}
+
+impl tracing::Subscriber for LogCapture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                use std::fmt::Write;
+                let _ = write!(self.0, " {}={value:?}", field.name());
+            }
+        }
+        let mut text = Text(format!(
+            "[{}] {} {}:",
+            std::thread::current().name().unwrap_or("?"),
+            event.metadata().level(),
+            event.metadata().target()
+        ));
+        event.record(&mut text);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(text.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_burst_then_one_line_per_interval_with_the_count_left_out() {
+        let limit = LogLimit::new();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 1000 in the first second: the burst only.
+        let logged: Vec<u64> = (0..1000).filter_map(|i| limit.admit_at(at(i))).collect();
+        assert_eq!(logged, vec![0; usize::try_from(LOG_BURST).unwrap()]);
+        // Still going a minute after the last line: one line, with the count.
+        let interval = u64::try_from(LOG_INTERVAL.as_millis()).unwrap();
+        assert_eq!(limit.admit_at(at(interval + 100)), Some(1000 - 10));
+        assert_eq!(limit.admit_at(at(interval + 101)), None);
+        // Quiet for an interval: a new burst, which reports what was left out.
+        let later = 3 * interval;
+        assert_eq!(limit.admit_at(at(later)), Some(1));
+        let rest = (1..LOG_BURST).filter(|&i| limit.admit_at(at(later + u64::from(i))).is_some());
+        assert_eq!(rest.count(), usize::try_from(LOG_BURST - 1).unwrap());
+        assert_eq!(limit.admit_at(at(later + 100)), None);
+    }
 
     #[test]
     fn logs_the_first_ones_then_powers_of_two() {

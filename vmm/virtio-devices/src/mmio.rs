@@ -37,7 +37,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::device::{ActivateContext, VirtioDevice};
 use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxed, lock_device};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
-use crate::log_limit::{GuestErrorLog, guest_error};
+use crate::log_limit::{GuestErrorLog, LogLimit, guest_error};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
 use block::cast::{high_half, low_half};
 
@@ -174,6 +174,8 @@ pub struct MmioTransport {
     queues: Vec<QueueConfig>,
     activated: bool,
     log: GuestErrorLog,
+    /// The device failing or not activating (the guest can repeat both).
+    failures: LogLimit,
 }
 
 impl MmioTransport {
@@ -205,6 +207,7 @@ impl MmioTransport {
             queues,
             activated: false,
             log: GuestErrorLog::default(),
+            failures: LogLimit::new(),
         }
     }
 
@@ -559,7 +562,13 @@ impl MmioTransport {
         }
         let result = self.dev().process_queue(index);
         if let Err(e) = result {
-            tracing::warn!("virtio-mmio: device {} failed: {e}", self.device_type);
+            if let Some(suppressed) = self.failures.admit() {
+                tracing::warn!(
+                    suppressed,
+                    "virtio-mmio: device {} failed: {e}",
+                    self.device_type
+                );
+            }
             self.enter_needs_reset();
         }
     }
@@ -660,10 +669,13 @@ impl MmioTransport {
                 }
             }
             Err(e) => {
-                tracing::warn!(
-                    "virtio-mmio: device {} failed to activate: {e}",
-                    self.device_type
-                );
+                if let Some(suppressed) = self.failures.admit() {
+                    tracing::warn!(
+                        suppressed,
+                        "virtio-mmio: device {} failed to activate: {e}",
+                        self.device_type
+                    );
+                }
                 self.enter_needs_reset();
             }
         }

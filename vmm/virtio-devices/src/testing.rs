@@ -225,6 +225,15 @@ pub(crate) struct MmioDriver {
 
 impl MmioDriver {
     pub(crate) fn new(device: Box<dyn crate::VirtioDevice>, mem: &GuestMemoryMmap) -> Self {
+        Self::named("virtio-test", device, mem)
+    }
+
+    /// The same with the device thread named `name` (to tell its log lines apart).
+    pub(crate) fn named(
+        name: &str,
+        device: Box<dyn crate::VirtioDevice>,
+        mem: &GuestMemoryMmap,
+    ) -> Self {
         let irq = Arc::new(CountingTrigger::default());
         let queues = device.queue_max_sizes().len();
         let (mine, theirs): (Vec<_>, Vec<_>) = (0..queues)
@@ -236,7 +245,7 @@ impl MmioDriver {
             })
             .unzip();
         let transport = MmioTransport::with_thread(
-            "virtio-test",
+            name,
             device,
             mem.clone(),
             irq.clone(),

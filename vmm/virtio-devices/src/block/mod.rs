@@ -34,7 +34,7 @@ use vm_memory::{Address, Bytes, GuestMemoryMmap};
 use crate::chain::{Buffer, ChainError, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
 use crate::feature_bit;
-use crate::log_limit::{GuestErrorLog, guest_error};
+use crate::log_limit::{GuestErrorLog, LogLimit, guest_error};
 use crate::queue::PoppedChain;
 use crate::request_queue::RequestQueue;
 use request::{DiskLimits, Request, RequestKind, SECTOR_SIZE, Segment};
@@ -118,6 +118,9 @@ struct Executor {
     counters: Arc<BlockCounters>,
     serial: [u8; 20],
     write_through: bool,
+    /// Failed requests: the image's fault or the host's, but the guest can
+    /// repeat them (every write on a full host disk fails).
+    failures: LogLimit,
 }
 
 impl Block {
@@ -179,6 +182,7 @@ impl Block {
                 disk,
                 serial: request::device_id_bytes(&options.serial),
                 write_through: options.write_through,
+                failures: LogLimit::new(),
             }),
             config: config_space(&limits),
             limits,
@@ -348,7 +352,9 @@ impl Executor {
         match result {
             Ok(written) => (const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }, written),
             Err((e, written)) => {
-                tracing::warn!("virtio-blk: disk request failed: {e}");
+                if let Some(suppressed) = self.failures.admit() {
+                    tracing::warn!(suppressed, "virtio-blk: disk request failed: {e}");
+                }
                 let status = match e {
                     DiskError::Unsupported(_) => {
                         const { block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }

@@ -766,6 +766,61 @@ fn backend_errors_map_to_statuses() {
     );
 }
 
+/// A guest repeating a request the disk fails (every write on a full host
+/// disk): the first failures are logged, then nothing until the interval is
+/// over, not one line per request.
+#[test]
+fn failed_requests_are_logged_at_a_bounded_rate() {
+    let capture = crate::LogCapture::global();
+    let mem = test_memory();
+    let mut h = Harness::writable(&mem);
+    h.disk.lock().unwrap().fail = Some(|| DiskError::Io(std::io::Error::other("log-limit probe")));
+    for _ in 0..1000 {
+        assert_eq!(
+            h.request(VIRTIO_BLK_T_IN, 0, &[Desc::write(DATA, 512)]).0,
+            IOERR
+        );
+    }
+    let lines = capture.lines_with("log-limit probe");
+    assert_eq!(
+        u32::try_from(lines.len()),
+        Ok(crate::LOG_BURST),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("WARN") && l.contains("disk request failed")),
+        "{lines:#?}"
+    );
+}
+
+/// A guest that breaks its queue, resets the device and does it again, in a
+/// loop: each time the device stops and asks for a reset, and the log gets
+/// the first of these, not one line per round.
+#[test]
+fn a_guest_breaking_its_queue_in_a_loop_gets_a_bounded_log() {
+    let capture = crate::LogCapture::global();
+    let mem = test_memory();
+    let disk = Arc::new(Mutex::new(MemDisk::new(DISK_SIZE)));
+    let dev = Block::new(Box::new(SharedDisk(disk)), BlockOptions::default());
+    let mut mmio = MmioDriver::named("virtio-blk-logloop", Box::new(dev), &mem);
+    for _ in 0..300 {
+        let mut queue = GuestDriver::new(&mem, 16);
+        mmio.bring_up(0, &[&queue]);
+        queue.set_avail_idx(100);
+        mmio.notify(0);
+        assert_ne!(mmio.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+    }
+    let lines = capture.lines_with("[virtio-blk-logloop] WARN");
+    assert_eq!(
+        u32::try_from(lines.len()),
+        Ok(crate::LOG_BURST),
+        "{lines:#?}"
+    );
+    assert!(lines.iter().all(|l| l.contains("failed")), "{lines:#?}");
+}
+
 #[test]
 fn bad_chains_are_returned_and_the_queue_keeps_working() {
     let mem = test_memory();
