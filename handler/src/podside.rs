@@ -1,9 +1,10 @@
 //! What the handler prepares in the launcher's pod before the first `SyncVirtualMachine`
 //! (KubeVirt v1.9.0 `handleStartingVMI`): the pod network's phase 1 through `netsetup`
-//! in the namespace of the launcher's PID (masquerade or bridge binding, as the VMI's
+//! in the launcher's network namespace (masquerade or bridge binding, as the VMI's
 //! interface says), the bridge binding's DHCP cache written into the pod, and device
 //! ownership for the launcher's user. Also the pod-interface cache the status reads the
-//! pod IPs from.
+//! pod IPs from. The namespace and the root are opened through the launcher's pidfd
+//! ([`LauncherProcess`]): a launcher whose PID went to another process fails here.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use netsetup::netns::NetnsTarget;
 use proto::contract::dhcp_cache;
 use proto::kubevirt::VirtualMachineInstance;
 
+use crate::launchers::LauncherProcess;
 use crate::vmis::status::PodInterface;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +46,8 @@ pub enum PodSideError {
     Cache(PathBuf, std::io::Error),
     #[error("bridge binding's DHCP cache {0} in the pod: {1}")]
     DhcpCache(String, std::io::Error),
+    #[error("cannot reach the launcher's pod: {0}")]
+    Launcher(std::io::Error),
 }
 
 /// How the VMI's pod network interface is built.
@@ -57,7 +61,7 @@ pub(crate) enum PodNetworkPlan {
 /// has none.
 pub(crate) fn pod_network_plan(
     vmi: &VirtualMachineInstance,
-    pid: u32,
+    netns: &NetnsTarget,
     owner: u32,
 ) -> Result<Option<(String, PodNetworkPlan)>, PodSideError> {
     let interfaces = &vmi.spec.domain.devices.interfaces;
@@ -89,10 +93,10 @@ pub(crate) fn pod_network_plan(
     if iface.bridge.is_some() {
         return Ok(Some((
             iface.name.clone(),
-            PodNetworkPlan::Bridge(bridge_plan(vmi, index, pid, owner)?),
+            PodNetworkPlan::Bridge(bridge_plan(vmi, index, netns, owner)?),
         )));
     }
-    Ok(masquerade_plan(vmi, pid, owner)?.map(|(name, c)| (name, PodNetworkPlan::Masquerade(c))))
+    Ok(masquerade_plan(vmi, netns, owner)?.map(|(name, c)| (name, PodNetworkPlan::Masquerade(c))))
 }
 
 /// The bridge binding for interface `index`: the tap's owner, the bridge address picked
@@ -102,7 +106,7 @@ pub(crate) fn pod_network_plan(
 fn bridge_plan(
     vmi: &VirtualMachineInstance,
     index: usize,
-    pid: u32,
+    netns: &NetnsTarget,
     owner: u32,
 ) -> Result<BridgeConfig, PodSideError> {
     let iface = &vmi.spec.domain.devices.interfaces[index];
@@ -123,7 +127,7 @@ fn bridge_plan(
             mac: text,
         })?),
     };
-    let mut config = BridgeConfig::new(NetnsTarget::Pid(pid));
+    let mut config = BridgeConfig::new(netns.clone());
     config.tap_owner_uid = owner;
     config.tap_owner_gid = owner;
     config.iface_index = index;
@@ -148,7 +152,7 @@ fn parse_mac(text: &str) -> Option<[u8; 6]> {
 /// The masquerade plan for the VMI's pod network interface, or `None` if it has none.
 fn masquerade_plan(
     vmi: &VirtualMachineInstance,
-    pid: u32,
+    netns: &NetnsTarget,
     owner: u32,
 ) -> Result<Option<(String, MasqueradeConfig)>, PodSideError> {
     let mut pod_ifaces = Vec::new();
@@ -178,7 +182,7 @@ fn masquerade_plan(
         1 => pod_ifaces.remove(0),
         n => return Err(PodSideError::TooManyPodInterfaces(n)),
     };
-    let mut config = MasqueradeConfig::new(NetnsTarget::Pid(pid));
+    let mut config = MasqueradeConfig::new(netns.clone());
     config.tap_owner_uid = owner;
     config.tap_owner_gid = owner;
     if let Some(cidr) = network
@@ -306,13 +310,16 @@ pub(crate) const OWNED_DEVICES: &[&str] = &["/dev/kvm", "/dev/vhost-net", "/dev/
 /// (also stored in `cache`).
 pub(crate) fn prepare(
     vmi: &VirtualMachineInstance,
-    pid: u32,
+    launcher: &LauncherProcess,
     owner: u32,
     cache: &PodInterfaceCache,
 ) -> Result<BTreeMap<String, PodInterface>, PodSideError> {
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    // Held for the whole preparation: what the PID leads to later does not matter.
+    let netns = launcher.netns().map_err(PodSideError::Launcher)?;
+    let root = launcher.root().map_err(PodSideError::Launcher)?;
     let mut ifaces = BTreeMap::new();
-    let entry = match pod_network_plan(vmi, pid, owner)? {
+    let entry = match pod_network_plan(vmi, &NetnsTarget::Path(netns.path()), owner)? {
         None => None,
         Some((name, PodNetworkPlan::Masquerade(config))) => {
             let outcome = masquerade::setup(&config)?;
@@ -330,7 +337,7 @@ pub(crate) fn prepare(
             let path = dhcp_cache::path_in_pod(&config.iface);
             let json = serde_json::to_vec_pretty(&outcome.dhcp).expect("plain struct serializes");
             write_into_pod(
-                &crate::launchers::socket::launcher_root(pid),
+                &root.path(),
                 &path,
                 &json,
                 netsetup::masquerade::NON_ROOT_UID,
@@ -356,7 +363,7 @@ pub(crate) fn prepare(
         ifaces.insert(name, entry);
     }
     if owner != 0 {
-        own_devices(&crate::launchers::socket::launcher_root(pid), owner)?;
+        own_devices(&root.path(), owner)?;
     }
     Ok(ifaces)
 }
@@ -481,7 +488,9 @@ mod tests {
                 "spec":{"domain":{"devices":{"interfaces":[{"name":"default","masquerade":{},
                     "ports":[{"port":80},{"port":53,"protocol":"UDP"}]}]}},
                   "networks":[{"name":"default","pod":{"vmNetworkCIDR":"10.11.0.0/24"}}]}}"#);
-        let (name, plan) = masquerade_plan(&v, 42, 107).expect("plan").expect("some");
+        let (name, plan) = masquerade_plan(&v, &NetnsTarget::Pid(42), 107)
+            .expect("plan")
+            .expect("some");
         assert_eq!(name, "default");
         assert_eq!(plan.netns, NetnsTarget::Pid(42));
         assert_eq!(plan.ipv4_cidr.to_string(), "10.11.0.0/24");
@@ -496,7 +505,7 @@ mod tests {
                 "networks":[{"name":"default","pod":{}}]}}"#,
         );
         assert!(matches!(
-            pod_network_plan(&passt, 1, 107),
+            pod_network_plan(&passt, &NetnsTarget::Pid(1), 107),
             Err(PodSideError::UnsupportedBinding { ref binding, .. }) if binding == "passtBinding"
         ));
         let two = vmi(
@@ -505,7 +514,7 @@ mod tests {
                 "networks":[{"name":"a","pod":{}},{"name":"b","pod":{}}]}}"#,
         );
         assert!(matches!(
-            pod_network_plan(&two, 1, 107),
+            pod_network_plan(&two, &NetnsTarget::Pid(1), 107),
             Err(PodSideError::TooManyPodInterfaces(2))
         ));
         let bad_mac = vmi(
@@ -513,7 +522,7 @@ mod tests {
                 "networks":[{"name":"default","pod":{}}]}}"#,
         );
         assert!(matches!(
-            pod_network_plan(&bad_mac, 1, 107),
+            pod_network_plan(&bad_mac, &NetnsTarget::Pid(1), 107),
             Err(PodSideError::InvalidMac { .. })
         ));
         let bad_cidr = vmi(
@@ -521,7 +530,7 @@ mod tests {
                 "networks":[{"name":"default","pod":{"vmNetworkCIDR":"nonsense"}}]}}"#,
         );
         assert!(matches!(
-            masquerade_plan(&bad_cidr, 1, 107),
+            masquerade_plan(&bad_cidr, &NetnsTarget::Pid(1), 107),
             Err(PodSideError::InvalidCidr { .. })
         ));
         let bad_port = vmi(
@@ -529,18 +538,22 @@ mod tests {
                 "networks":[{"name":"default","pod":{}}]}}"#,
         );
         assert!(matches!(
-            masquerade_plan(&bad_port, 1, 107),
+            masquerade_plan(&bad_port, &NetnsTarget::Pid(1), 107),
             Err(PodSideError::InvalidPort(70000))
         ));
         let no_net = vmi(
             r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[{"name":"x","masquerade":{}}]}}}}"#,
         );
         assert!(matches!(
-            masquerade_plan(&no_net, 1, 107),
+            masquerade_plan(&no_net, &NetnsTarget::Pid(1), 107),
             Err(PodSideError::NoNetwork(_))
         ));
         let none = vmi(r#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}}}"#);
-        assert!(masquerade_plan(&none, 1, 107).expect("ok").is_none());
+        assert!(
+            masquerade_plan(&none, &NetnsTarget::Pid(1), 107)
+                .expect("ok")
+                .is_none()
+        );
     }
 
     #[test]
@@ -551,7 +564,10 @@ mod tests {
                   "networks":[{"name":"net1","multus":{"networkName":"x"}},{"name":"default","pod":{}}]}STATUS}"#;
         let plan = |mac: &str, status: &str| {
             let v = vmi(&spec.replace("MAC", mac).replace("STATUS", status));
-            match pod_network_plan(&v, 42, 0).expect("plan").expect("some") {
+            match pod_network_plan(&v, &NetnsTarget::Pid(42), 0)
+                .expect("plan")
+                .expect("some")
+            {
                 (name, PodNetworkPlan::Bridge(c)) => {
                     assert_eq!(name, "default");
                     c
@@ -712,6 +728,27 @@ mod tests {
                 "{node}"
             );
         }
+    }
+
+    #[test]
+    fn a_launcher_whose_pid_went_to_another_process_gets_no_preparation() {
+        use crate::launchers::process::tests::{kill_and_reap, sleeper};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = PodInterfaceCache::new(dir.path());
+        // No network and a root VMI: the preparation itself would change nothing here.
+        let v = vmi(r#"{"metadata":{"name":"v","namespace":"d","uid":"u"},
+                "spec":{"domain":{"devices":{}}}}"#);
+        let launcher = sleeper(None);
+        let process =
+            LauncherProcess::open(u32::try_from(launcher).expect("a PID")).expect("pidfd");
+        prepare(&v, &process, 0, &cache).expect("prepared while the launcher lives");
+        kill_and_reap(launcher);
+        let impostor = sleeper(Some(launcher));
+        let refused = prepare(&v, &process, 0, &cache);
+        kill_and_reap(impostor);
+        let err = refused.expect_err("the PID is another process's");
+        assert!(matches!(err, PodSideError::Launcher(_)), "{err}");
+        assert!(err.to_string().contains("has exited"), "{err}");
     }
 
     #[test]

@@ -476,9 +476,9 @@ impl Agent {
         );
 
         let client = lookup.as_ref().and_then(|l| l.client.clone());
-        let pid = lookup.as_ref().and_then(|l| l.pid);
+        let process = lookup.as_ref().and_then(|l| l.process.clone());
         let outcome = self
-            .act(key, &action, vmi.as_ref(), domain.as_ref(), client, pid)
+            .act(key, &action, vmi.as_ref(), domain.as_ref(), client, process)
             .await;
         let (after, sync_error) = match outcome {
             Ok(after) => (after, None),
@@ -556,7 +556,7 @@ impl Agent {
         vmi: Option<&VirtualMachineInstance>,
         domain: Option<&Domain>,
         client: Option<LauncherClient>,
-        pid: Option<u32>,
+        process: Option<std::sync::Arc<crate::launchers::LauncherProcess>>,
     ) -> Result<After, ReconcileError> {
         let uid = vmi
             .and_then(|v| v.metadata.uid.clone())
@@ -603,16 +603,16 @@ impl Agent {
                     && self.config.prepare_pod
                     && !self.done_once.is_done(&uid, Once::PodPrepared)
                 {
-                    let pid = pid.ok_or_else(|| ReconcileError::PodPreparation {
+                    let process = process.ok_or_else(|| ReconcileError::PodPreparation {
                         key: key.to_string(),
-                        reason: "the launcher's PID is not known".into(),
+                        reason: "the launcher's process is not known".into(),
                     })?;
                     let owner = runtime_user(vmi);
                     let vmi = vmi.clone();
                     let cache = self.pod_ifaces.clone();
                     takeover::step(
                         "pod_preparation",
-                        prepare_pod(key, move || podside::prepare(&vmi, pid, owner, &cache)),
+                        prepare_pod(key, move || podside::prepare(&vmi, &process, owner, &cache)),
                     )
                     .await?;
                     self.done_once.mark(&uid, Once::PodPrepared);

@@ -1,21 +1,24 @@
-//! Finding and calling launchers (proto/CONTRACT.md §3.1): socket discovery, the peer PID, one
-//! cached cmd client per VMI UID, ghost records, and the notify pipe in each pod.
+//! Finding and calling launchers (proto/CONTRACT.md §3.1): socket discovery, the peer process
+//! (held by a pidfd), one cached cmd client per VMI UID, ghost records, and the notify pipe in
+//! each pod.
 
 pub(crate) mod arrivals;
 pub mod client;
 pub mod ghost;
 pub(crate) mod podfs;
+pub mod process;
 pub mod socket;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proto::kubevirt::{VirtualMachineInstance, well_known};
 
 pub use client::{CmdError, LauncherClient, VmiCommand};
 pub use ghost::{GhostRecord, GhostRecords};
+pub use process::LauncherProcess;
 pub use socket::PodPaths;
 
 use crate::domains::notify::{NotifyHub, VmiIdentity};
@@ -41,7 +44,7 @@ struct Entry {
     key: String,
     socket: PathBuf,
     client: LauncherClient,
-    pid: u32,
+    process: Arc<LauncherProcess>,
     _pipe: Option<NotifyPipe>,
 }
 
@@ -60,7 +63,9 @@ pub struct Launchers {
 pub struct LauncherLookup {
     pub state: LauncherState,
     pub client: Option<LauncherClient>,
-    pub pid: Option<u32>,
+    /// The launcher's process, known since the first contact; every use of its `/proc`
+    /// entries goes through it (checked against a reused PID).
+    pub process: Option<Arc<LauncherProcess>>,
 }
 
 impl LauncherLookup {
@@ -68,14 +73,14 @@ impl LauncherLookup {
         LauncherLookup {
             state: LauncherState::NotReady,
             client: None,
-            pid: None,
+            process: None,
         }
     }
     fn unresponsive() -> Self {
         LauncherLookup {
             state: LauncherState::Unresponsive,
             client: None,
-            pid: None,
+            process: None,
         }
     }
 }
@@ -133,15 +138,16 @@ impl Launchers {
     }
 
     /// Connects to `socket` for VMI `key`/`uid`: pins the socket (no link below the pods
-    /// directory), negotiates, learns the listener's PID through the same socket, records
-    /// a ghost record and places the notify pipe in the pod, bound to that VMI.
+    /// directory), negotiates, takes the listener's process (a pidfd) through the same
+    /// socket, records a ghost record and places the notify pipe in the pod, bound to that
+    /// VMI.
     async fn connect(
         &self,
         key: &str,
         uid: &str,
         socket: &Path,
         owner: u32,
-    ) -> Result<(LauncherClient, u32), CmdError> {
+    ) -> Result<(LauncherClient, Arc<LauncherProcess>), CmdError> {
         let pinned = podfs::PinnedSocket::open(&self.paths.pods_dir, socket).map_err(|e| {
             CmdError::Connect {
                 path: socket.to_path_buf(),
@@ -154,10 +160,12 @@ impl Launchers {
             LauncherClient::connect_pinned(std::sync::Arc::clone(&pinned)),
         )
         .await?;
-        let pid = pinned.peer_pid().map_err(|e| CmdError::Connect {
+        let process = pinned.peer_process().map_err(|e| CmdError::Connect {
             path: socket.to_path_buf(),
-            reason: format!("cannot read the listener's PID: {e}"),
+            reason: format!("cannot identify the listening process: {e}"),
         })?;
+        let process = Arc::new(process);
+        let pid = process.pid();
         let placed = Instant::now();
         let (namespace, name) = key.split_once('/').unwrap_or(("", key));
         if let Err(e) = self.ghosts.add(&GhostRecord {
@@ -171,17 +179,19 @@ impl Launchers {
         let owner = (owner != 0).then_some(owner);
         let pipe = match &self.notify {
             None => None,
-            Some(hub) => match NotifyPipe::start_in_root(
-                &socket::launcher_root(pid),
-                Path::new(socket::NOTIFY_PIPE_IN_POD),
-                hub.clone(),
-                VmiIdentity {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    uid: uid.to_string(),
-                },
-                owner,
-            ) {
+            Some(hub) => match process.root().and_then(|root| {
+                NotifyPipe::start_in_root(
+                    &root.path(),
+                    Path::new(socket::NOTIFY_PIPE_IN_POD),
+                    hub.clone(),
+                    VmiIdentity {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        uid: uid.to_string(),
+                    },
+                    owner,
+                )
+            }) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
@@ -196,11 +206,11 @@ impl Launchers {
                 key: key.to_string(),
                 socket: socket.to_path_buf(),
                 client: client.clone(),
-                pid,
+                process: Arc::clone(&process),
                 _pipe: pipe,
             },
         );
-        Ok((client, pid))
+        Ok((client, process))
     }
 
     /// The launcher of `vmi` (proto/CONTRACT.md §3.1 `GetLauncherClient` + responsiveness).
@@ -210,17 +220,17 @@ impl Launchers {
         let cached = self.connected().get(&uid).map(|e| {
             (
                 e.client.clone(),
-                e.pid,
+                Arc::clone(&e.process),
                 e.socket.clone(),
                 e.socket.with_file_name(socket::UNRESPONSIVE_MARKER),
             )
         });
-        if let Some((client, pid, socket, marker)) = cached {
+        if let Some((client, process, socket, marker)) = cached {
             if podfs::entry_exists(&socket) && !podfs::entry_exists(&marker) {
                 return LauncherLookup {
                     state: LauncherState::Ready,
                     client: Some(client),
-                    pid: Some(pid),
+                    process: Some(process),
                 };
             }
             return LauncherLookup::unresponsive();
@@ -234,10 +244,10 @@ impl Launchers {
                     .connect(&key, &uid, &pod.launcher_socket(), runtime_user(vmi))
                     .await
                 {
-                    Ok((client, pid)) => LauncherLookup {
+                    Ok((client, process)) => LauncherLookup {
                         state: LauncherState::Ready,
                         client: Some(client),
-                        pid: Some(pid),
+                        process: Some(process),
                     },
                     Err(e) => {
                         tracing::info!(%key, error = %e, "launcher socket present but not answering yet");
@@ -337,9 +347,10 @@ impl Launchers {
         }
     }
 
-    /// The launcher's PID, when connected.
+    /// The launcher's PID at the first contact, when connected (for messages: its `/proc`
+    /// entries are reached through [`LauncherLookup::process`]).
     pub fn pid(&self, uid: &str) -> Option<u32> {
-        self.connected().get(uid).map(|e| e.pid)
+        self.connected().get(uid).map(|e| e.process.pid())
     }
 
     /// Forgets the launcher of `uid`: client, notify pipe, ghost record.

@@ -183,11 +183,11 @@ impl PinnedSocket {
         tokio::net::UnixStream::connect(self.dial_path()).await
     }
 
-    /// The PID of the process listening on the socket (`SO_PEERCRED`), in the handler's
-    /// PID namespace: the handler must share the host's (`hostPID`) to see launchers.
-    pub(crate) fn peer_pid(&self) -> std::io::Result<u32> {
+    /// The process listening on the socket, held by a pidfd (its PID is in the handler's
+    /// PID namespace: the handler must share the host's, `hostPID`, to see launchers).
+    pub(crate) fn peer_process(&self) -> std::io::Result<super::process::LauncherProcess> {
         let stream = self.connect()?;
-        peer_pid_of(&stream)
+        super::process::LauncherProcess::of_peer(&stream)
     }
 }
 
@@ -275,7 +275,10 @@ mod tests {
         let path = sockets.join("launcher-sock");
         let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
         let pinned = PinnedSocket::open(&pods, &path).expect("pinned");
-        assert_eq!(pinned.peer_pid().expect("peer"), std::process::id());
+        assert_eq!(
+            pinned.peer_process().expect("peer").pid(),
+            std::process::id()
+        );
         // The name now leads elsewhere: the pinned socket still reaches the listener.
         let other = dir.path().join("other.sock");
         let _other = std::os::unix::net::UnixListener::bind(&other).expect("bind other");
