@@ -65,6 +65,7 @@ async fn run_inner(flags: Flags, sandbox: vmm::SandboxConfig) -> anyhow::Result<
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let options = crate::server::ServerOptions {
         vm_stats_collector: flags.vm_stats_collector,
+        vmi_uid: (!flags.uid.is_empty()).then(|| flags.uid.clone()),
     };
     let server = tokio::spawn(crate::server::serve(
         manager.clone(),

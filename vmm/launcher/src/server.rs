@@ -8,6 +8,12 @@
 //! whose agent is not connected ([`no_agent`]). The RPCs of features this
 //! launcher does not have at all (migration, hot-plug, SEV, ...) answer
 //! gRPC `UNIMPLEMENTED`.
+//!
+//! A launcher runs one VMI: every command that acts on it (sync, pause,
+//! unpause, shutdown, kill, delete, soft reboot, reset) is refused with
+//! `success: false` unless the request's VMI has this launcher's UID
+//! ([`CmdService::own_vmi`]), so a request meant for another VMI never
+//! touches this one.
 
 use crate::manager::{Failure, Manager};
 use crate::no_agent;
@@ -18,21 +24,63 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// Server settings from the launcher's flags.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct ServerOptions {
     /// `--vm-stats-collector` (the VMStatsCollector feature gate): serve
     /// `GetVMStats`.
     pub(crate) vm_stats_collector: bool,
+    /// `--uid`: the VMI this launcher was started for (`None`: the one its
+    /// first accepted `SyncVirtualMachine` defined).
+    pub(crate) vmi_uid: Option<String>,
 }
 
 pub(crate) struct CmdService {
     manager: Arc<Manager>,
     options: ServerOptions,
+    /// Held from the UID check to the end of the command, so that no Sync
+    /// defines another VMI in between.
+    commands: tokio::sync::Mutex<()>,
 }
 
 impl CmdService {
     pub(crate) fn new(manager: Arc<Manager>, options: ServerOptions) -> Self {
-        CmdService { manager, options }
+        CmdService {
+            manager,
+            options,
+            commands: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Runs `command` (off the async runtime) when the request's VMI (its
+    /// UID: [`request_uid`]) is this launcher's own; otherwise answers
+    /// `success: false` and leaves the VM as it is.
+    async fn own_vmi(
+        &self,
+        uid: Result<String, Failure>,
+        name: &'static str,
+        command: impl FnOnce(&Arc<Manager>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<Response<cmd::Response>, Status> {
+        let _one_at_a_time = self.commands.lock().await;
+        let manager = self.manager.clone();
+        let started_for = self.options.vmi_uid.clone();
+        let result = blocking(move || {
+            let uid = uid?;
+            let own =
+                started_for.or_else(|| manager.domain().map(|d| d.spec.metadata.kubevirt.uid));
+            match own {
+                Some(own) if own != uid => Err(Failure(format!(
+                    "refused: this launcher runs VMI UID {own}, not {}",
+                    if uid.is_empty() {
+                        "a VMI without UID"
+                    } else {
+                        &uid
+                    }
+                ))),
+                _ => command(&manager),
+            }
+        })
+        .await?;
+        reply(result, name)
     }
 
     /// `GetDomainStats`, off the async runtime: the manager's lock is
@@ -62,6 +110,27 @@ fn vmi_value(vmi: Option<&cmd::Vmi>) -> Option<serde_json::Value> {
     serde_json::from_slice::<serde_json::Value>(&vmi?.vmi_json)
         .ok()
         .filter(|v| v.is_object())
+}
+
+/// The UID of the request's VMI (`""` when it has none), or why there is
+/// no VMI to read it from.
+fn request_uid(request: &cmd::VmiRequest) -> Result<String, Failure> {
+    let invalid = |why: String| Failure(format!("{NO_VALID_VMI}: {why}"));
+    let json = request
+        .vmi
+        .as_ref()
+        .map(|v| v.vmi_json.as_slice())
+        .ok_or_else(|| invalid("the request carries no VMI".into()))?;
+    let vmi = serde_json::from_slice::<serde_json::Value>(json)
+        .map_err(|e| invalid(format!("cannot parse the VMI JSON: {e}")))?;
+    if !vmi.is_object() {
+        return Err(invalid("cannot parse the VMI JSON: not an object".into()));
+    }
+    Ok(vmi
+        .pointer("/metadata/uid")
+        .and_then(|u| u.as_str())
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// `storage.IsChangedBlockTrackingEnabled`: `status.changedBlockTracking.state`.
@@ -122,90 +191,99 @@ impl Cmd for CmdService {
         request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
         let request = request.into_inner();
-        let manager = self.manager.clone();
-        let result = blocking(move || {
-            let vmi = vmi_of(&request)?;
-            manager.sync(&vmi, request.options.as_ref())
-        })
-        .await?;
-        reply(result, "SyncVirtualMachine")
+        self.own_vmi(
+            request_uid(&request),
+            "SyncVirtualMachine",
+            move |manager| {
+                let vmi = vmi_of(&request)?;
+                manager.sync(&vmi, request.options.as_ref())
+            },
+        )
+        .await
     }
 
     async fn pause_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.pause()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "PauseVirtualMachine",
+            |m| m.pause(),
         )
+        .await
     }
 
     async fn unpause_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.unpause()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "UnpauseVirtualMachine",
+            |m| m.unpause(),
         )
+        .await
     }
 
     async fn shutdown_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.shutdown()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "ShutdownVirtualMachine",
+            |m| m.shutdown(),
         )
+        .await
     }
 
     async fn kill_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.kill()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "KillVirtualMachine",
+            |m| m.kill(),
         )
+        .await
     }
 
     async fn delete_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.delete()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "DeleteVirtualMachine",
+            |m| m.delete(),
         )
+        .await
     }
 
     async fn soft_reboot_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.soft_reboot()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "SoftRebootVirtualMachine",
+            |m| m.soft_reboot(),
         )
+        .await
     }
 
     async fn reset_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let manager = self.manager.clone();
-        reply(
-            blocking(move || manager.reset()).await?,
+        self.own_vmi(
+            request_uid(&request.into_inner()),
             "ResetVirtualMachine",
+            |m| m.reset(),
         )
+        .await
     }
 
     async fn ping(&self, _: Request<cmd::EmptyRequest>) -> Result<Response<cmd::Response>, Status> {
