@@ -464,7 +464,11 @@ impl VmHandle {
         self.control.exit()
     }
 
-    /// Blocks until the VM ends and its vCPU threads are gone.
+    /// Blocks until the VM ends, its vCPU threads are gone and its devices
+    /// are stopped and closed: every disk's writes and metadata flushed, its
+    /// image closed and its locks released. A VM started on the same disks
+    /// after this returns sees all the old VM wrote, whether the guest
+    /// flushed or not, and nothing of the old VM writes to them any more.
     pub fn wait(&self) -> VmExit {
         let exit = self
             .control
@@ -475,7 +479,8 @@ impl VmHandle {
         exit
     }
 
-    /// Like [`VmHandle::wait`], giving up after `timeout` (the VM keeps running).
+    /// Like [`VmHandle::wait`], giving up after `timeout` (the VM keeps
+    /// running). The devices' ending is not bounded by `timeout`.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<VmExit> {
         let exit = self.control.wait_exit(Some(timeout))?;
         self.join_threads();
@@ -490,16 +495,24 @@ impl VmHandle {
         }
     }
 
+    /// The VM's ordered end, once it has ended: the vCPU threads are joined,
+    /// then each device's thread finishes its batch and closes the device (a
+    /// disk flushed and closed). Callers on other threads wait under the
+    /// lock until all of it is done (the launcher's exit watcher and its
+    /// Reset both wait).
     fn join_threads(&self) {
         let mut threads = lock(&self.threads);
-        if threads.is_empty() {
-            return;
-        }
-        self.control.forget_vcpu_threads();
-        for thread in threads.drain(..) {
-            if thread.join().is_err() {
-                tracing::error!("a vCPU thread panicked");
+        if !threads.is_empty() {
+            self.control.forget_vcpu_threads();
+            for thread in threads.drain(..) {
+                if thread.join().is_err() {
+                    tracing::error!("a vCPU thread panicked");
+                }
             }
+        }
+        // No vCPU is left to notify a device; each stops at most once.
+        for transport in &self.virtio {
+            transport.stop();
         }
     }
 }

@@ -171,6 +171,15 @@ impl VirtioTransport {
             VirtioTransport::Pci(t) => lock(t).resume(),
         }
     }
+
+    /// The VM's end: the device's thread finishes its work and ends, the
+    /// device is closed (a disk flushed and closed, its locks released).
+    pub(crate) fn stop(&self) {
+        match self {
+            VirtioTransport::Mmio(t) => lock(t).stop(),
+            VirtioTransport::Pci(t) => lock(t).stop(),
+        }
+    }
 }
 
 /// The devices on the bus, and their counters.

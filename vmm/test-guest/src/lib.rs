@@ -8,6 +8,7 @@
 //! `exit=poweroff|reset|halt|tick`, `code=N`, `cpus=N`, `wait=SECONDS`. It
 //! prints `TEST <name> PASS|FAIL <detail>` lines and `DONE passed=N failed=M`.
 
+pub mod blkfill;
 pub mod disks;
 pub mod stock_linux;
 

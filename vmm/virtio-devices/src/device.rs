@@ -114,6 +114,14 @@ pub trait VirtioDevice: Send + std::any::Any {
 
     /// The VM runs again.
     fn resume(&mut self) {}
+
+    /// The VM has ended: stop the device's background work and let go of
+    /// what it holds on the host (a disk: its writes and metadata flushed,
+    /// the image closed, its locks released). Called once, when the
+    /// transport stops the device: on the device's thread as it ends, after
+    /// its last notification (`crate::device_thread`), or on the caller's
+    /// thread for a transport without one. Nothing is called after it.
+    fn close(&mut self) {}
 }
 
 /// Copies `data.len()` bytes of a config structure starting at `offset`;

@@ -22,7 +22,10 @@
 //!   CVE-2026-45782 was a use-after-free of an in-flight request);
 //! - pauses and resumes through [`DeviceThread::pause`]: after `pause`
 //!   returns, nothing touches guest memory until `resume`; notifications
-//!   meanwhile are remembered and handled at `resume`.
+//!   meanwhile are remembered and handled at `resume`;
+//! - stops the device at the VM's end by dropping the thread: it finishes
+//!   the work in progress, closes the device ([`VirtioDevice::close`]: a
+//!   disk flushed and closed) and ends, and the drop returns after that.
 //!
 //! Each thread is started from the VMM's start-up thread (never from a
 //! vCPU thread, whose sandbox it would inherit) and enters its own sandbox
@@ -116,7 +119,8 @@ impl Shared {
 }
 
 /// The running thread of one device. Dropping it stops the thread (after
-/// the work in progress) and joins it.
+/// the work in progress), which closes the device
+/// ([`VirtioDevice::close`]: a disk flushed and closed), and joins it.
 pub(crate) struct DeviceThread {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -164,6 +168,10 @@ impl DeviceThread {
                 if ok {
                     run(&shared);
                 }
+                // The device is done (stopped, or its thread failed): it
+                // closes on its own thread, whose filter has its disk's
+                // calls, and before `DeviceThread`'s drop returns.
+                lock_device(&shared.device).close();
                 shared.control().gone = true;
                 shared.changed.notify_all();
             }

@@ -176,6 +176,8 @@ pub struct MmioTransport {
     log: GuestErrorLog,
     /// The device failing or not activating (the guest can repeat both).
     failures: LogLimit,
+    /// [`MmioTransport::stop`] closed the device.
+    stopped: bool,
 }
 
 impl MmioTransport {
@@ -208,6 +210,7 @@ impl MmioTransport {
             activated: false,
             log: GuestErrorLog::default(),
             failures: LogLimit::new(),
+            stopped: false,
         }
     }
 
@@ -294,6 +297,21 @@ impl MmioTransport {
         match &self.thread {
             Some(t) => t.resume(),
             None => self.dev().resume(),
+        }
+    }
+
+    /// The VM's end: stops the device's thread after the work in progress
+    /// and closes the device ([`VirtioDevice::close`]: a disk's writes and
+    /// metadata flushed, the image closed). Returns once it is closed; the
+    /// device serves nothing more. Repeats do nothing.
+    pub fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        match self.thread.take() {
+            // The thread closes the device as it ends; the drop joins it.
+            Some(thread) => drop(thread),
+            None => self.dev().close(),
         }
     }
 

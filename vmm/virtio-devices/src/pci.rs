@@ -351,6 +351,11 @@ impl PciTransport {
         self.inner.resume();
     }
 
+    /// The VM's end: stops and closes the device (see [`MmioTransport::stop`]).
+    pub fn stop(&mut self) {
+        self.inner.stop();
+    }
+
     fn build_config(&mut self, device_type: u32, vectors: u16, bar_address: u64) {
         // The low 16 bits of the device type, as the PCI device id carries it.
         let [t0, t1, ..] = device_type.to_le_bytes();

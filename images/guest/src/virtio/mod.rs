@@ -22,7 +22,8 @@
 //!
 //! `checks=` selects device types by those names; without it all run.
 //! `virtio-blk-bench` (only when named) streams requests for measuring the
-//! VMM (see `blkbench`).
+//! VMM (see `blkbench`). `virtio-blk-fill` (only when named) fills the first
+//! disk with checkable blocks across resets (see `blkfill`).
 //! `virtio-evil` (only when named) adds `virtio-blk-evil`: requests a
 //! well-behaved driver never sends (a buffer outside guest memory, a
 //! read-only status byte, a queue register written after DRIVER_OK, a
@@ -31,6 +32,7 @@
 
 mod blk;
 mod blkbench;
+mod blkfill;
 mod net;
 pub mod pci;
 mod queue;
@@ -82,6 +84,8 @@ struct Counts {
     blk: usize,
     net: usize,
     rng: usize,
+    /// Block devices seen (the fill check drives the first).
+    blk_seen: usize,
 }
 
 fn check_device(
@@ -114,6 +118,15 @@ fn check_device(
         }
         if id == ID_BLOCK && cmdline::check_named(cmdline, "virtio-blk-bench") {
             blkbench::run(&dev, irq, cmdline, r);
+        }
+        if id == ID_BLOCK
+            && counts.blk_seen == 0
+            && cmdline::check_named(cmdline, "virtio-blk-fill")
+        {
+            blkfill::run(dev, cmdline, r);
+        }
+        if id == ID_BLOCK {
+            counts.blk_seen += 1;
         }
     }
 }

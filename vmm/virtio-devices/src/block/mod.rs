@@ -107,6 +107,8 @@ pub struct Block {
     /// `HUGE_PAGE_AFTER_BATCHES`, then the buffers are on a huge page).
     batches: u32,
     log: GuestErrorLog,
+    /// The disk was closed at the VM's end (`VirtioDevice::close`).
+    closed: bool,
 }
 
 use counters::Accounted;
@@ -192,6 +194,7 @@ impl Block {
             bounce,
             batches: 0,
             log: GuestErrorLog::default(),
+            closed: false,
         }
     }
 
@@ -272,6 +275,45 @@ impl Block {
         for (i, req) in requests {
             used[i] = self.executor.run(&req, mem, self.bounce.as_mut_slice());
         }
+    }
+}
+
+/// What a device holds once its disk is closed: every request fails (none
+/// comes: the VM has ended).
+struct ClosedDisk {
+    size: u64,
+    read_only: bool,
+}
+
+impl ClosedDisk {
+    fn closed<T>() -> Result<T, DiskError> {
+        Err(DiskError::Io(std::io::Error::other(
+            "the disk is closed: the VM has ended",
+        )))
+    }
+}
+
+impl SharedDisk for ClosedDisk {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&self, _: &mut [u8], _: u64) -> Result<(), DiskError> {
+        Self::closed()
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> Result<(), DiskError> {
+        Self::closed()
+    }
+    fn flush(&self) -> Result<(), DiskError> {
+        Self::closed()
+    }
+    fn discard(&self, _: u64, _: u64) -> Result<(), DiskError> {
+        Self::closed()
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool) -> Result<(), DiskError> {
+        Self::closed()
     }
 }
 
@@ -545,6 +587,41 @@ impl VirtioDevice for Block {
         // too.
         self.requests.reset();
         self.workers.stop();
+    }
+
+    fn close(&mut self) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
+        // Batches complete before the device thread lets go of the device,
+        // so no request is in flight; the I/O threads end here.
+        self.workers.stop();
+        let closed = Arc::new(Executor {
+            disk: Arc::new(ClosedDisk {
+                size: self.executor.disk.size(),
+                read_only: self.executor.disk.read_only(),
+            }),
+            counters: self.executor.counters.clone(),
+            serial: self.executor.serial,
+            write_through: self.executor.write_through,
+            failures: LogLimit::new(),
+        });
+        let executor = std::mem::replace(&mut self.executor, closed);
+        // The I/O threads' jobs are gone with them: this is the last
+        // reference, and the disk's too (the VMM gives it to this device only).
+        let Ok(Executor { disk, .. }) = Arc::try_unwrap(executor) else {
+            tracing::error!("virtio-blk: a request still holds the disk at the end");
+            return;
+        };
+        if let Err(e) = disk.flush() {
+            tracing::error!("virtio-blk: the disk's last flush failed: {e}");
+        }
+        if Arc::strong_count(&disk) > 1 {
+            tracing::error!("virtio-blk: the disk is still shared at the end: not closed");
+        }
+        // The image closes here (a qcow2 image writes what is left of its
+        // metadata), and its locks go with its descriptors.
+        drop(disk);
     }
 
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {

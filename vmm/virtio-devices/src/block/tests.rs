@@ -325,6 +325,31 @@ fn flush_reaches_the_disk() {
 }
 
 #[test]
+fn stopping_the_transport_flushes_the_disk_and_lets_go_of_it() {
+    // The VM's end: the device's thread ends, the disk gets its last flush and is
+    // dropped (an image closes), once, whatever the guest did not flush.
+    let mem = test_memory();
+    let mut h = Harness::writable(&mem);
+    h.fill_guest(DATA, 512, 0x42);
+    assert_eq!(
+        h.request(VIRTIO_BLK_T_OUT, 1, &[Desc::read(DATA, 512)]),
+        (OK, 1)
+    );
+    assert_eq!(h.disk.lock().unwrap().flushes, 0);
+    assert_eq!(Arc::strong_count(&h.disk), 2, "the device holds the disk");
+    h.mmio.transport.stop();
+    assert_eq!(h.disk.lock().unwrap().flushes, 1);
+    assert_eq!(
+        Arc::strong_count(&h.disk),
+        1,
+        "the device let go of the disk"
+    );
+    assert_eq!(h.disk_bytes(512, 512), vec![0x42; 512]);
+    h.mmio.transport.stop();
+    assert_eq!(h.disk.lock().unwrap().flushes, 1, "closed once");
+}
+
+#[test]
 fn write_through_flushes_every_write_and_nothing_else() {
     let mem = test_memory();
     let options = BlockOptions {
