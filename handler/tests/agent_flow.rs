@@ -305,11 +305,14 @@ impl Node {
         configure: impl FnOnce(&mut AgentConfig),
         existing: Option<VirtualMachineInstance>,
     ) -> (Arc<StandaloneStore>, RunningAgent) {
-        let (store, vmi_changes) =
-            StandaloneStore::new(&self.dir.path().join("vmis"), StatusOutput::Stdout);
+        let (store, vmi_changes) = StandaloneStore::new(
+            &self.dir.path().join("vmis"),
+            self.dir.path(),
+            StatusOutput::Stdout,
+        );
         let store = Arc::new(store);
         if let Some(vmi) = existing {
-            store.admit(vmi, None);
+            store.admit(vmi);
         }
         let (cache, cache_changes) = DomainCache::new();
         let cache = Arc::new(cache);
@@ -398,7 +401,7 @@ fn ghosts(dir: &Path) -> usize {
 async fn a_guest_ignoring_shutdown_is_killed_after_the_grace_period() {
     let node = Node::start(true);
     let (store, agent) = node.agent();
-    let key = store.admit(node.vmi(2), None);
+    let key = store.admit(node.vmi(2));
     wait_phase(&store, &key, Phase::Running).await;
     assert_eq!(ghosts(node.dir.path()), 1, "ghost record written");
 
@@ -432,7 +435,7 @@ async fn a_guest_ignoring_shutdown_is_killed_after_the_grace_period() {
 async fn a_guest_honouring_shutdown_succeeds_without_a_kill() {
     let node = Node::start(false);
     let (store, agent) = node.agent();
-    let key = store.admit(node.vmi(30), None);
+    let key = store.admit(node.vmi(30));
     wait_phase(&store, &key, Phase::Running).await;
     store.mark_deleted(&key);
     wait_phase(&store, &key, Phase::Succeeded).await;
@@ -448,7 +451,7 @@ async fn a_guest_honouring_shutdown_succeeds_without_a_kill() {
 async fn a_restarted_agent_rebuilds_from_the_launcher_and_leaves_the_vm_alone() {
     let node = Node::start(false);
     let (store, agent) = node.agent();
-    let key = store.admit(node.vmi(30), None);
+    let key = store.admit(node.vmi(30));
     wait_phase(&store, &key, Phase::Running).await;
     let running = store.get(&key).expect("vmi");
     agent.stop().await;
@@ -479,7 +482,7 @@ async fn a_restarted_agent_rebuilds_from_the_launcher_and_leaves_the_vm_alone() 
 async fn the_periodic_resync_asks_every_launcher_for_its_domain() {
     let node = Node::start(false);
     let (store, agent) = node.agent_with(|c| c.resync_period = Duration::from_millis(200), None);
-    let key = store.admit(node.vmi(30), None);
+    let key = store.admit(node.vmi(30));
     wait_phase(&store, &key, Phase::Running).await;
     let count = || {
         node.fake
@@ -506,7 +509,7 @@ async fn a_domain_of_an_older_vmi_is_cleaned_up_only_once_its_launcher_is_gone()
     let (store, agent) = node.agent();
     let old = node.vmi(30);
     let old_uid = old.metadata.uid.clone().expect("uid");
-    let key = store.admit(old, None);
+    let key = store.admit(old);
     wait_phase(&store, &key, Phase::Running).await;
     assert_eq!(ghosts(node.dir.path()), 1);
 
@@ -540,7 +543,7 @@ async fn a_domain_of_an_older_vmi_is_cleaned_up_only_once_its_launcher_is_gone()
         }
         syncs_before = now;
     }
-    store.admit(fresh, None);
+    store.admit(fresh);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The old launcher answers: its domain is left alone and the new VMI waits.
     assert_eq!(ghosts(node.dir.path()), 1, "old launcher still known");
@@ -563,7 +566,7 @@ async fn a_vmi_changed_while_its_domain_starts_is_not_synced_again() {
     let node = Node::start(false);
     node.fake.state.lock().expect("lock").added_after = Duration::from_millis(1500);
     let (store, agent) = node.agent();
-    let key = store.admit(node.vmi(30), None);
+    let key = store.admit(node.vmi(30));
     wait_for("Sync", || node.fake.calls().contains(&"Sync".to_string())).await;
     // The controller changes the VMI while the VM starts (its pod's readiness).
     for pod in [

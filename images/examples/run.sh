@@ -58,7 +58,7 @@ RUST_LOG=${RUST_LOG:-warn} "$target/debug/virt-handler" standalone "$work/$manif
 rc=${PIPESTATUS[0]}
 set -e
 
-step "status written to $work/$manifest.status.yaml"
+step "status written to $work/state/status/"
 if [[ $rc -ne 0 ]]; then
     echo "run.sh: virt-handler failed ($rc)" >&2
     exit "$rc"

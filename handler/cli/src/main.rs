@@ -104,7 +104,8 @@ struct Standalone {
     /// virt-launcher-monitor (default: next to this program, else /usr/bin).
     #[arg(long)]
     launcher: Option<PathBuf>,
-    /// Print the status on stdout instead of writing <manifest>.status.yaml.
+    /// Print the status on stdout instead of writing
+    /// <state-dir>/status/<namespace>_<name>.status.yaml.
     #[arg(long)]
     status_stdout: bool,
     /// Stop gracefully once every VMI's console printed a line containing TEXT.
@@ -187,7 +188,7 @@ async fn run_standalone(common: Common, s: Standalone) -> Result<()> {
         status_output: if s.status_stdout {
             StatusOutput::Stdout
         } else {
-            StatusOutput::NextToManifest
+            StatusOutput::StateDir
         },
         stop_after_console: s.stop_after_console,
         resync_period: Duration::from_secs(common.domain_resync_period_seconds.max(1)),

@@ -152,23 +152,56 @@ fn link_exists(name: &str) -> bool {
     Path::new("/sys/class/net").join(name).exists()
 }
 
-fn status(demo: &Demo) -> serde_yaml::Value {
-    let mut path = demo.manifest.as_os_str().to_owned();
-    path.push(".status.yaml");
-    let text = std::fs::read_to_string(&path).expect("status file next to the manifest");
+/// The status file of the demo's VMI under `state` (never next to the manifest).
+fn status(demo: &Demo, state: &Path) -> serde_yaml::Value {
+    let manifest: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&demo.manifest).expect("manifest"))
+            .expect("manifest YAML");
+    let key = format!(
+        "{}/{}",
+        manifest["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default"),
+        manifest["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+    );
+    let path = handler_standalone::store::status_file(state, &key).expect("a file name");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("status file {}: {e}", path.display()));
     serde_yaml::from_str(&text).expect("status YAML")
 }
 
-fn status_phase(demo: &Demo) -> String {
-    status(demo)["phase"]
+fn status_phase(demo: &Demo, state: &Path) -> String {
+    status(demo, state)["phase"]
         .as_str()
         .unwrap_or_default()
         .to_string()
 }
 
+/// The state directory holds nothing but the status files (the run's output), and
+/// nothing was written beside the manifest.
+fn assert_only_status_left(demo: &Demo, state: &Path) {
+    let left: Vec<_> = std::fs::read_dir(state)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter().all(|name| name == "status"),
+        "state dir {} left behind: {left:?}",
+        state.display()
+    );
+    let beside: Vec<_> = std::fs::read_dir(demo.manifest.parent().expect("a directory"))
+        .expect("the manifest's directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(".status"))
+        .collect();
+    assert!(beside.is_empty(), "written beside the manifest: {beside:?}");
+}
+
 /// `(status, reason)` of the VMI's `Ready` condition in the status file.
-fn ready(demo: &Demo) -> (String, String) {
-    let status = status(demo);
+fn ready(demo: &Demo, state: &Path) -> (String, String) {
+    let status = status(demo, state);
     let conditions = status["conditions"]
         .as_sequence()
         .cloned()
@@ -200,11 +233,11 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
     assert!(done.contains("failed=0"), "guest checks failed: {done}");
     // The stand-in controller syncs Ready on its next pass over the pods.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ready(&demo).0 != "True" {
+    while ready(&demo, &state).0 != "True" {
         assert!(
             Instant::now() < deadline,
             "a running guest in a ready pod is Ready: {:?}",
-            ready(&demo)
+            ready(&demo, &state)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -230,17 +263,16 @@ fn boots_to_running_runs_the_guest_checks_and_stops_within_the_grace_period() {
         let seen = out.iter().filter(|l| l.contains(event)).count();
         assert_eq!(seen, 1, "{event} seen {seen} times: {out:?}");
     }
-    assert_eq!(status_phase(&demo), "Succeeded");
+    assert_eq!(status_phase(&demo, &state), "Succeeded");
     // As virt-controller: a finished VMI is not Ready (its pod is gone).
-    assert_eq!(ready(&demo), ("False".into(), "PodNotExists".into()));
+    assert_eq!(
+        ready(&demo, &state),
+        ("False".into(), "PodNotExists".into())
+    );
     // Everything it created is gone: launcher, veth, state directory.
     assert!(!alive(pid), "launcher {pid} still running");
     assert!(!link_exists(&veth), "host veth {veth} left behind");
-    assert!(
-        !state.exists(),
-        "state dir left behind: {}",
-        state.display()
-    );
+    assert_only_status_left(&demo, &state);
 }
 
 #[test]
@@ -274,7 +306,7 @@ fn survives_a_handler_restart_and_fails_the_vmi_when_its_launcher_is_killed() {
             .any(|l| l.contains("phase ") || l.contains("event Normal Created")),
         "the restarted handler changed the VMI: {out:?}"
     );
-    assert_eq!(status_phase(&demo), "Running");
+    assert_eq!(status_phase(&demo, &state), "Running");
 
     // Kill the whole launcher pod (its process group, as a container runtime would).
     nix::sys::signal::kill(
@@ -287,9 +319,9 @@ fn survives_a_handler_restart_and_fails_the_vmi_when_its_launcher_is_killed() {
     // Every VMI ended, not all well: the run fails.
     let status = second.wait_exit(Duration::from_secs(30));
     assert!(!status.success(), "virt-handler exited with {status}");
-    assert_eq!(status_phase(&demo), "Failed");
+    assert_eq!(status_phase(&demo, &state), "Failed");
     assert!(!link_exists(&veth), "host veth {veth} left behind");
-    assert!(!state.exists(), "state dir left behind");
+    assert_only_status_left(&demo, &state);
 }
 
 #[test]
@@ -362,8 +394,9 @@ fn stop_after_console_stops_gracefully_once_every_guest_reported() {
     handler.wait_for("phase Running -> Succeeded", Duration::from_secs(30));
     let status = handler.wait_exit(Duration::from_secs(60));
     assert!(status.success(), "virt-handler exited with {status}");
-    assert_eq!(status_phase(&demo), "Succeeded");
-    assert!(!state.exists(), "state dir left behind");
+    assert_eq!(status_phase(&demo, &state), "Succeeded");
+    assert_only_status_left(&demo, &state);
+    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// A raw socket on a host link: whole Ethernet frames in and out, as the node side of the
@@ -699,7 +732,7 @@ fn bridge_binding_carries_the_guests_frames_to_the_node_and_serves_the_pod_addre
     let status = handler.wait_exit(Duration::from_secs(90));
     assert!(status.success(), "virt-handler exited with {status}");
     assert!(!link_exists(&veth), "host veth {veth} left behind");
-    assert!(!state.exists(), "state dir left behind");
+    assert_only_status_left(&demo, &state);
 }
 
 /// Runs `virt-handler standalone` on the demo's manifest, which it must refuse at once:
@@ -745,8 +778,8 @@ fn assert_refused_at_once(demo: &Demo, field: &str) {
         1,
         "{stdout}"
     );
-    assert_eq!(status_phase(demo), "Failed");
-    let status = status(demo);
+    assert_eq!(status_phase(demo, &state), "Failed");
+    let status = status(demo, &state);
     let conditions = status["conditions"]
         .as_sequence()
         .cloned()
@@ -758,8 +791,8 @@ fn assert_refused_at_once(demo: &Demo, field: &str) {
                 && c["reason"].as_str() == Some("FailedCreate")),
         "{status:?}"
     );
-    assert_eq!(ready(demo).0, "False");
-    assert!(!state.exists(), "state dir left behind");
+    assert_eq!(ready(demo, &state).0, "False");
+    assert_only_status_left(demo, &state);
 }
 
 #[test]
@@ -838,8 +871,8 @@ fn a_disk_with_nothing_to_boot_ends_failed_at_once_with_the_reason() {
         "failed at once, not after a start timeout: {:?}",
         started.elapsed()
     );
-    assert_eq!(status_phase(&demo), "Failed");
-    let status = status(&demo);
+    assert_eq!(status_phase(&demo, &state), "Failed");
+    let status = status(&demo, &state);
     let conditions = status["conditions"]
         .as_sequence()
         .cloned()
@@ -855,5 +888,5 @@ fn a_disk_with_nothing_to_boot_ends_failed_at_once_with_the_reason() {
                     .is_some_and(|m| m.contains(r#"cannot boot disk \"rootdisk\""#))),
         "{status:?}"
     );
-    assert!(!state.exists(), "state dir left behind");
+    assert_only_status_left(&demo, &state);
 }

@@ -346,7 +346,13 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
     }
 
     dirs.create()?;
-    let (store, vmi_changes) = StandaloneStore::new(&dirs.vmis, options.status_output);
+    if options.status_output == StatusOutput::StateDir {
+        say(&format!(
+            "status files in {}",
+            dirs.root.join(store::STATUS_DIR).display()
+        ));
+    }
+    let (store, vmi_changes) = StandaloneStore::new(&dirs.vmis, &dirs.root, options.status_output);
     let store = Arc::new(store);
     let (cache, cache_changes) = DomainCache::new();
     let cache = Arc::new(cache);
@@ -372,7 +378,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
     let mut pods: BTreeMap<String, ManagedPod> = BTreeMap::new();
     let earlier = read_records(&dirs);
     let mut started = Vec::new();
-    for (path, manifest_vmi) in manifests {
+    for (_, manifest_vmi) in manifests {
         let key = handler::vmis::key_of(&admit_vmi(manifest_vmi.clone(), &options.node, "x"));
         // What the launcher cannot run never gets a pod: as the controller reports a
         // failed pod render (`Synchronized=False`, `FailedCreate`, a Warning event), and
@@ -383,7 +389,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
             let message = format!("failed to render launch manifest: {refusal}");
             say(&format!("[{key}] refused: {refusal}"));
             let vmi = refuse_vmi(manifest_vmi, &message);
-            store.admit(vmi.clone(), Some(path));
+            store.admit(vmi.clone());
             store.record_event(&vmi, EventKind::Warning, "FailedCreate", &message);
             continue;
         }
@@ -397,7 +403,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
                 "[{key}] adopting running launcher pid {} (pod {})",
                 record.pid, record.pod_uid
             ));
-            store.admit(vmi, Some(path));
+            store.admit(vmi);
             pods.insert(
                 record.pod_uid.clone(),
                 ManagedPod {
@@ -411,7 +417,7 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         }
         let pod_uid = uuid::Uuid::new_v4().to_string();
         let vmi = admit_vmi(manifest_vmi, &options.node, &pod_uid);
-        started.push((path, vmi, pod_uid));
+        started.push((vmi, pod_uid));
     }
     for record in &earlier {
         if pods.contains_key(&record.pod_uid) {
@@ -454,11 +460,11 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         tokio::spawn(Arc::clone(&agent).run(cache_changes, vmi_changes, agent_stopped));
 
     let mut failure = None;
-    for (path, vmi, pod_uid) in started {
+    for (vmi, pod_uid) in started {
         let key = handler::vmis::key_of(&vmi);
         match start_pod(&options, &dirs, &vmi, &pod_uid).await {
             Ok(record) => {
-                store.admit(vmi, Some(path));
+                store.admit(vmi);
                 pods.insert(
                     pod_uid,
                     ManagedPod {
@@ -566,8 +572,8 @@ pub async fn run(options: StandaloneOptions) -> Result<()> {
         .into_iter()
         .filter(|k| store.get(k).is_some_and(|v| v.phase() == Phase::Failed))
         .collect();
-    // Everything created under the state directory goes; status files next to the
-    // manifests stay (they are the output).
+    // Everything created under the state directory goes but the status files (they are
+    // the output; `status/` keeps the state directory itself).
     for key in store.keys() {
         store.remove(&key);
     }

@@ -2,7 +2,9 @@
 //! applies the handler's status writes with resource-version checks (as the API server
 //! would), persists them under the state directory (so a restarted handler continues
 //! from them), and shows the results: phase transitions and events on stdout, the status
-//! next to the manifest (`<manifest>.status.yaml`) or on stdout.
+//! in the state directory (`status/<namespace>_<name>.status.yaml`) or on stdout. Nothing is
+//! written beside the manifests: they may live in a checkout, where `kubectl apply -f` of the
+//! directory would then read the status as an object.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -20,15 +22,14 @@ use handler::vmis::{BoxFuture, EventKind, StatusWriteError, StatusWriter, VmiSto
 /// Where the status goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusOutput {
-    /// `<manifest>.status.yaml`.
-    NextToManifest,
+    /// `<state-dir>/status/<namespace>_<name>.status.yaml`.
+    StateDir,
     /// The status YAML on stdout after each change.
     Stdout,
 }
 
 struct Entry {
     vmi: VirtualMachineInstance,
-    manifest: Option<PathBuf>,
     status_writes: u32,
     /// When this run admitted the VMI (scheduled it), for the phase timing shown.
     admitted: std::time::Instant,
@@ -38,19 +39,37 @@ pub struct StandaloneStore {
     entries: Mutex<BTreeMap<String, Entry>>,
     changes: mpsc::UnboundedSender<String>,
     dir: PathBuf,
+    state_dir: PathBuf,
     output: StatusOutput,
 }
 
-/// `<ns>_<name>.json`: names are DNS labels, but check anyway before using as a file name.
-fn file_name(key: &str) -> Option<String> {
+/// `<ns>_<name>`: names are DNS labels, but check anyway before using as a file name.
+fn file_stem(key: &str) -> Option<String> {
     let name = key.replace('/', "_");
     let ok = !name.is_empty()
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         && !name.starts_with('.');
-    ok.then(|| format!("{name}.json"))
+    ok.then_some(name)
 }
+
+fn file_name(key: &str) -> Option<String> {
+    file_stem(key).map(|stem| format!("{stem}.json"))
+}
+
+/// Where [`StatusOutput::StateDir`] writes the status of `key` (`None` for a key that is
+/// no file name).
+pub fn status_file(state_dir: &Path, key: &str) -> Option<PathBuf> {
+    Some(
+        state_dir
+            .join(STATUS_DIR)
+            .join(format!("{}.status.yaml", file_stem(key)?)),
+    )
+}
+
+/// The status files' directory under the state directory.
+pub const STATUS_DIR: &str = "status";
 
 /// Prints one line for the user (stdout is the standalone mode's interface).
 pub fn say(line: &str) {
@@ -60,13 +79,19 @@ pub fn say(line: &str) {
 }
 
 impl StandaloneStore {
-    pub fn new(dir: &Path, output: StatusOutput) -> (Self, mpsc::UnboundedReceiver<String>) {
+    /// `dir` holds the persisted VMIs; the status files go under `state_dir`.
+    pub fn new(
+        dir: &Path,
+        state_dir: &Path,
+        output: StatusOutput,
+    ) -> (Self, mpsc::UnboundedReceiver<String>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (
             StandaloneStore {
                 entries: Mutex::new(BTreeMap::new()),
                 changes: tx,
                 dir: dir.to_path_buf(),
+                state_dir: state_dir.to_path_buf(),
                 output,
             },
             rx,
@@ -101,11 +126,13 @@ impl StandaloneStore {
     fn show_status(&self, key: &str, entry: &Entry) {
         let status = entry.vmi.status.clone().unwrap_or_default();
         let yaml = serde_yaml::to_string(&status).unwrap_or_default();
-        match (self.output, &entry.manifest) {
-            (StatusOutput::NextToManifest, Some(manifest)) => {
-                let mut path = manifest.as_os_str().to_owned();
-                path.push(".status.yaml");
-                if let Err(e) = std::fs::write(&path, yaml) {
+        match (self.output, status_file(&self.state_dir, key)) {
+            (StatusOutput::StateDir, Some(path)) => {
+                let tmp = path.with_extension("yaml.tmp");
+                if let Err(e) = std::fs::create_dir_all(self.state_dir.join(STATUS_DIR))
+                    .and_then(|_| std::fs::write(&tmp, yaml))
+                    .and_then(|_| std::fs::rename(&tmp, &path))
+                {
                     tracing::warn!(%key, error = %e, "cannot write the status file");
                 }
             }
@@ -114,12 +141,11 @@ impl StandaloneStore {
     }
 
     /// Adds a VMI (as created by the API server: already defaulted).
-    pub fn admit(&self, vmi: VirtualMachineInstance, manifest: Option<PathBuf>) -> String {
+    pub fn admit(&self, vmi: VirtualMachineInstance) -> String {
         let key = key_of(&vmi);
         self.persist(&key, &vmi);
         let entry = Entry {
             vmi,
-            manifest,
             status_writes: 0,
             admitted: std::time::Instant::now(),
         };
@@ -297,15 +323,40 @@ mod tests {
     use proto::kubevirt::Phase;
 
     #[tokio::test]
+    async fn the_status_file_is_in_the_state_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let (store, _rx) =
+            StandaloneStore::new(&state.join("vmis"), &state, StatusOutput::StateDir);
+        let vmi = proto::kubevirt::parse_vmi(
+            r#"{"metadata":{"name":"v","namespace":"d","uid":"u","resourceVersion":"1"},
+                "spec":{"domain":{"devices":{}}},"status":{"phase":"Scheduled"}}"#,
+        )
+        .expect("vmi");
+        store.admit(vmi);
+        let file = state.join("status/d_v.status.yaml");
+        assert_eq!(status_file(&state, "d/v"), Some(file.clone()));
+        let text = std::fs::read_to_string(&file).expect("status file");
+        assert!(text.contains("phase: Scheduled"), "{text}");
+        // Nothing else beside it (no temporary file left).
+        let names: Vec<_> = std::fs::read_dir(state.join(STATUS_DIR))
+            .expect("status dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["d_v.status.yaml"]);
+        assert_eq!(status_file(&state, "../x"), None);
+    }
+
+    #[tokio::test]
     async fn writes_check_resource_version_and_keep_other_fields() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (store, mut rx) = StandaloneStore::new(dir.path(), StatusOutput::Stdout);
+        let (store, mut rx) = StandaloneStore::new(dir.path(), dir.path(), StatusOutput::Stdout);
         let mut vmi = proto::kubevirt::parse_vmi(
             r#"{"metadata":{"name":"v","namespace":"d","uid":"u","resourceVersion":"1"},
                 "spec":{"domain":{"devices":{}}},"status":{"phase":"Scheduled","nodeName":"n"}}"#,
         )
         .expect("vmi");
-        let key = store.admit(vmi.clone(), None);
+        let key = store.admit(vmi.clone());
         assert_eq!(rx.try_recv().as_deref(), Ok("d/v"));
         let mut status = vmi.status.clone().expect("status");
         status.phase = Some(Phase::Running);
