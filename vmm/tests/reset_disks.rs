@@ -1,6 +1,7 @@
 //! A VM's disks across a reset, as a launcher restarts it: the old VM's ending
 //! ([`VmHandle::wait`]) leaves its disks flushed and closed before the new VM opens
-//! them, even when the guest never flushed and the old handle lives on.
+//! them, even when the guest never flushed and the old handle lives on; and an image a
+//! VM holds for writing cannot be opened for writing by another VM.
 
 mod common;
 
@@ -165,4 +166,55 @@ fn a_vm_booting_from_its_disk_after_a_reset_reads_the_old_vms_writes() {
         firmware: vmm::BootFirmware::Bios,
     });
     fill_across_resets(kernel, "", disk, fill);
+}
+
+#[test]
+fn a_second_vm_cannot_open_a_disk_another_vm_writes() {
+    common::require_kvm();
+    let dir = common::tempdir();
+    let image = dir.path().join("disk.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", image.to_str().unwrap(), "1M"]);
+    let disk = DiskConfig::new(&image, DiskFormat::Qcow2);
+    let (first, capture) = config(
+        common::test_guest_kernel(),
+        "checks=serial exit=halt wait=120",
+        disk.clone(),
+    );
+    let first = Vm::start(first).expect("the first VM starts");
+    assert!(capture.wait_for("WAITING", RUN), "{}", capture.text());
+    for read_only in [false, true] {
+        let (second, _) = config(
+            common::test_guest_kernel(),
+            "checks=serial",
+            DiskConfig {
+                read_only,
+                ..disk.clone()
+            },
+        );
+        let err = match Vm::start(second) {
+            Ok(_) => panic!(
+                "a second VM opened {} (read_only: {read_only})",
+                image.display()
+            ),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(&image.display().to_string()), "{err}");
+        assert!(err.contains("\"write\" lock"), "{err}");
+    }
+    first.kill();
+    first.wait();
+    // Once the first VM has ended, its disk is free (its handle still lives).
+    let (again, capture) = config(
+        common::test_guest_kernel(),
+        "checks=serial exit=poweroff",
+        disk,
+    );
+    let again = Vm::start(again).expect("the disk is free once the first VM ended");
+    assert_eq!(
+        again.wait_timeout(RUN),
+        Some(VmExit::PowerOff { code: 0 }),
+        "{}",
+        capture.text()
+    );
+    drop(first);
 }

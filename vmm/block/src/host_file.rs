@@ -17,6 +17,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use crate::DiskResult;
 use crate::power_loss::PowerLossFile;
 
 /// Alignment that O_DIRECT accepts on every device we expect (4 KiB sectors too).
@@ -63,8 +64,13 @@ enum FileIo {
 }
 
 impl HostFile {
-    pub fn open(path: &Path, writable: bool, direct: bool) -> io::Result<HostFile> {
+    /// Opens the image at `path` and locks it as QEMU does (`crate::lock`):
+    /// refused, with the image named, while another opener holds it in a way
+    /// this one cannot share. The locks live on the first descriptor's open
+    /// file description and go when the last descriptor of it closes.
+    pub fn open(path: &Path, writable: bool, direct: bool) -> DiskResult<HostFile> {
         let file = OpenOptions::new().read(true).write(writable).open(path)?;
+        crate::lock::lock(&file, path, crate::lock::Access::of(writable))?;
         let direct = if direct {
             Some(
                 OpenOptions::new()

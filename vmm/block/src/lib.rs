@@ -11,6 +11,7 @@ pub mod concurrent;
 pub mod fuzz_support;
 mod host_file;
 mod io_buffers;
+mod lock;
 mod open;
 #[doc(hidden)]
 pub mod power_loss;
@@ -47,6 +48,14 @@ pub enum DiskError {
     /// The host file could not be read or written.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
+    /// Another opener of the image (a VM, a process, QEMU) holds it in a way
+    /// this open cannot share: a second writer, or a reader of an image
+    /// being written (QEMU's image locks, `lock.rs`).
+    #[error("image {} is in use: {reason}", path.display())]
+    Locked {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 pub type DiskResult<T> = Result<T, DiskError>;

@@ -37,6 +37,8 @@ fn raw_file_reads_writes_zeroes_and_refuses_what_it_must() {
         ro.write_zeroes(0, 512, true),
         Err(DiskError::ReadOnly)
     ));
+    // Closed first: an image open for reading cannot be opened for writing.
+    drop(ro);
     // O_DIRECT: aligned requests use it, unaligned ones still work.
     let mut direct = block::open_disk_with(
         &p,

@@ -164,12 +164,16 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
     }
     {
         use std::os::unix::fs::FileExt;
+        // Locked before it is emptied, as QEMU's `create` does: an image in
+        // use (a VM's overlay) is refused, not truncated under its user.
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .open(path)?;
+        crate::lock::lock(&f, path, crate::lock::Access::of(true))?;
+        f.set_len(0)?;
         f.write_all_at(&header_cluster, 0)?;
         f.write_all_at(&reftable, cs)?;
         f.write_all_at(&block, 2 * cs)?;
