@@ -47,6 +47,11 @@ struct FakeState {
     ignore_shutdown: bool,
     /// How long after a Sync that defines the domain it is reported (a VM starting).
     added_after: Duration,
+    /// A Sync that fails with this message, reporting the domain crashed first (as the
+    /// launcher does for a disk with nothing to boot).
+    fail_sync: Option<String>,
+    /// Run inside Sync, before it answers: another writer changing the VMI meanwhile.
+    during_sync: Option<Arc<dyn Fn() + Send + Sync>>,
     calls: Vec<(String, Instant)>,
 }
 
@@ -137,6 +142,25 @@ impl_fake_cmd!(FakeVm {
             ) -> Result<Response<cmdv1::Response>, Status> {
                 self.record("Sync");
                 let vmi = Self::vmi_of(r.get_ref());
+                let (fail, during) = {
+                    let s = self.state.lock().expect("lock");
+                    (s.fail_sync.clone(), s.during_sync.clone())
+                };
+                if let Some(message) = fail {
+                    let mut d = Domain::new(
+                        vmi.metadata.namespace.as_deref().unwrap_or_default(),
+                        vmi.metadata.name.as_deref().unwrap_or_default(),
+                        vmi.metadata.uid.as_deref().unwrap_or_default(),
+                    );
+                    d.status.status = LifeCycle::Shutoff;
+                    d.status.reason = StateChangeReason::Crashed;
+                    self.state.lock().expect("lock").domain = Some(d.clone());
+                    self.emit("ADDED", &d).await;
+                    if let Some(during) = during {
+                        during();
+                    }
+                    return Ok(Response::new(cmdv1::Response { success: false, message }));
+                }
                 let created = {
                     let mut s = self.state.lock().expect("lock");
                     if s.domain.is_none() {
@@ -273,6 +297,8 @@ impl Node {
                 domain: None,
                 ignore_shutdown,
                 added_after: Duration::ZERO,
+                fail_sync: None,
+                during_sync: None,
                 calls: Vec::new(),
             })),
             notify_socket: dir.path().join("share/domain-notify.sock"),
@@ -585,6 +611,43 @@ async fn a_vmi_changed_while_its_domain_starts_is_not_synced_again() {
     assert_eq!(
         syncs, 1,
         "Sync sent again before the domain was reported: {calls:?}"
+    );
+    agent.stop().await;
+}
+
+/// A launcher that cannot start the VM reports the domain crashed and fails the sync; the
+/// write carrying the error loses to another writer (the controller's `Ready` condition).
+/// The VMI still ends `Failed` with the error in its `Synchronized` condition (before, the
+/// reconcile after the conflict saw only the crash and the reason was lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sync_that_loses_its_write_still_explains_the_failed_vmi() {
+    let node = Node::start(false);
+    let (store, agent) = node.agent();
+    let vmi = node.vmi(30);
+    let key = format!("ns/{}", vmi.metadata.name.as_deref().expect("name"));
+    {
+        let mut s = node.fake.state.lock().expect("lock");
+        s.fail_sync = Some("cannot boot disk \"rootdisk\": nothing to boot".into());
+        let (store, key) = (Arc::clone(&store), key.clone());
+        s.during_sync = Some(Arc::new(move || {
+            store.sync_ready(&key, LauncherPod::Up(Some(("False", "", ""))));
+        }));
+    }
+    store.admit(vmi);
+    wait_phase(&store, &key, Phase::Failed).await;
+    let status = store.get(&key).and_then(|v| v.status).expect("status");
+    let sync = status
+        .conditions
+        .iter()
+        .find(|c| c.condition_type == "Synchronized")
+        .unwrap_or_else(|| panic!("no Synchronized condition: {status:?}"));
+    assert_eq!(sync.status, "False");
+    assert!(
+        sync.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("nothing to boot"),
+        "{sync:?}"
     );
     agent.stop().await;
 }

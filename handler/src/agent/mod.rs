@@ -103,9 +103,37 @@ pub struct Agent {
     done_once: DoneOnce,
     /// VMIs whose launcher accepted SyncVirtualMachine and whose domain is not reported yet.
     domain_awaited: DomainAwaited,
+    /// The last failed sync of each VMI UID, until its status leaves that error behind.
+    last_sync_error: LastSyncError,
     /// Wakes a VMI when its launcher socket appears; `None` when inotify is unavailable
     /// (then only the looks of `launcher_polls` find it).
     arrivals: Option<Arc<SocketArrivals>>,
+}
+
+/// The error of a VMI's last failed sync, by UID. A launcher that cannot start the VM
+/// (a disk with nothing to boot) fails the sync and reports its domain crashed at about
+/// the same time: when the write carrying the error loses to another writer (a
+/// conflict), the reconcile that follows sees the crash, not the error, and the VMI
+/// would end `Failed` without the reason. The write that makes it `Failed` uses this.
+#[derive(Default)]
+struct LastSyncError(Mutex<BTreeMap<String, String>>);
+
+impl LastSyncError {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, uid: &str, error: String) {
+        self.lock().insert(uid.to_string(), error);
+    }
+
+    fn get(&self, uid: &str) -> Option<String> {
+        self.lock().get(uid).cloned()
+    }
+
+    fn forget(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
 }
 
 /// The growing interval at which a VMI looks for its launcher socket: 10 ms, doubling up
@@ -236,6 +264,7 @@ impl Agent {
             takeovers: Takeovers::default(),
             done_once: DoneOnce::default(),
             domain_awaited: DomainAwaited::default(),
+            last_sync_error: LastSyncError::default(),
             arrivals: match SocketArrivals::new() {
                 Ok(a) => Some(Arc::new(a)),
                 Err(e) => {
@@ -503,9 +532,18 @@ impl Agent {
                 .record_event(&vmi, EventKind::Warning, "SyncFailed", &err.to_string());
         }
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let error_text = match &sync_error {
+            Some(e) => {
+                let text = e.to_string();
+                self.last_sync_error.set(&uid, text.clone());
+                Some(text)
+            }
+            None if phase == Phase::Failed => self.last_sync_error.get(&uid),
+            None => None,
+        };
         let inputs = StatusInputs {
             phase,
-            sync_error: sync_error.as_ref().map(|e| e.to_string()),
+            sync_error: error_text,
             pod_interfaces: self.pod_ifaces.load(&uid),
         };
         let current = vmi.status.clone().unwrap_or_default();
@@ -515,6 +553,10 @@ impl Agent {
             takeover::step("status_write", self.writer.write_status(&vmi, &new_status)).await?;
             let old_phase = vmi.phase();
             let new_phase = new_status.phase.unwrap_or_default();
+            if new_phase == Phase::Running || new_phase.is_final() {
+                // Written (final) or outlived (the VM runs): no later write needs it.
+                self.last_sync_error.forget(&uid);
+            }
             if old_phase != new_phase {
                 tracing::info!(%key, from = %old_phase, to = %new_phase, "phase changed");
                 if new_phase == Phase::Running {
