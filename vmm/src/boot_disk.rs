@@ -125,15 +125,16 @@ pub(crate) fn spawn(
                 notes: found.notes,
             };
             tracing::info!(disk = %disk.path.display(), "booting {}", report.describe());
-            let kernel = boot::prepare(found.kernel, decompress).map_err(|e| Error::BootDisk {
-                disk: boot.disk,
-                path: disk.path.clone(),
-                source: disk_boot::Error::File {
-                    what: "kernel",
-                    file: report.kernel.to_string(),
-                    reason: e.to_string(),
-                },
-            })?;
+            let kernel =
+                boot::prepare(found.kernel, decompress, memory).map_err(|e| Error::BootDisk {
+                    disk: boot.disk,
+                    path: disk.path.clone(),
+                    source: disk_boot::Error::File {
+                        what: "kernel",
+                        file: report.kernel.to_string(),
+                        reason: e.to_string(),
+                    },
+                })?;
             Ok(Booted {
                 kernel,
                 initrd: found.initrd,

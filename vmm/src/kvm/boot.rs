@@ -137,9 +137,13 @@ pub(crate) enum Prepared {
 }
 
 /// Prepares `image` for [`load`]: decompresses a bzImage's payload unless `decompress`
-/// leaves that to the guest. Touches no guest memory, so it can run on a sandboxed thread
-/// of its own (the boot disk's).
-pub(crate) fn prepare(image: Vec<u8>, decompress: KernelDecompress) -> Result<Prepared> {
+/// leaves that to the guest, into at most `guest_memory` bytes. Touches no guest memory,
+/// so it can run on a sandboxed thread of its own (the boot disk's).
+pub(crate) fn prepare(
+    image: Vec<u8>,
+    decompress: KernelDecompress,
+    guest_memory: u64,
+) -> Result<Prepared> {
     if image.starts_with(b"\x7fELF") {
         return Ok(Prepared::Elf(image));
     }
@@ -147,7 +151,7 @@ pub(crate) fn prepare(image: Vec<u8>, decompress: KernelDecompress) -> Result<Pr
         return Ok(Prepared::BzImage(image));
     }
     let header = setup_header_of(&image);
-    let elf = decompress_payload(&image)?;
+    let elf = decompress_payload(&image, guest_memory)?;
     Ok(Prepared::Decompressed { elf, header })
 }
 
@@ -170,11 +174,12 @@ fn setup_header_of(image: &[u8]) -> Option<setup_header> {
         .and_then(|bytes| setup_header::from_slice(bytes).copied())
 }
 
-/// The ELF kernel inside a bzImage, decompressed on the host.
-fn decompress_payload(image: &[u8]) -> Result<Vec<u8>> {
+/// The ELF kernel inside a bzImage, decompressed on the host (at most the guest's memory).
+fn decompress_payload(image: &[u8], guest_memory: u64) -> Result<Vec<u8>> {
     let payload = super::kernel_image::payload(image)?;
     let started = std::time::Instant::now();
-    let vmlinux = super::kernel_image::decompress(&payload)?;
+    let limit = super::kernel_image::kernel_limit(guest_memory);
+    let vmlinux = super::kernel_image::decompress(&payload, limit)?;
     tracing::debug!(
         "bzImage: {} payload of {} bytes decompressed to {} in {:?}",
         payload.compression.name(),
@@ -222,7 +227,8 @@ fn load_kernel(
     }
     let header = setup_header_of(image);
     if decompress == KernelDecompress::Host {
-        let vmlinux = decompress_payload(image)?;
+        let ram = mem.iter().map(|r| r.len()).sum();
+        let vmlinux = decompress_payload(image, ram)?;
         return Ok((load_elf(mem, &mut Cursor::new(&vmlinux[..]))?, header));
     }
     let loaded = BzImage::load(

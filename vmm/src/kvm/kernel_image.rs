@@ -12,6 +12,13 @@
 //! bzip2, lzma, xz (with the x86 BCJ filter the kernel build uses), lzo
 //! (lzop framing), lz4 (legacy framing) and zstd. The build appends the
 //! uncompressed size as 4 little-endian bytes; the output must match it.
+//!
+//! The image may come from the guest's own disk, so nothing it claims sizes a
+//! reservation beyond what the VM may hold: the kernel is at most the guest's
+//! memory ([`kernel_limit`]), and no decoder keeps a window larger than the
+//! kernel it produces (zstd decodes into the kernel's own buffer, lzma's
+//! dictionary is cut to the kernel's size, xz's is refused above
+//! [`xz_dictionary_limit`]; gzip, bzip2, lz4 and lzo have small fixed ones).
 
 use std::io::Read;
 
@@ -31,6 +38,25 @@ const SECTOR: usize = 512;
 /// The decompressed kernel may not be larger than this (a hostile image
 /// must not make the VMM allocate without bound).
 pub(crate) const MAX_KERNEL_SIZE: usize = 1 << 30;
+
+/// The largest dictionary of xz's presets (`xz -9`; the kernel build uses
+/// 32 MiB): allowed even when the kernel is smaller.
+const XZ_PRESET_DICTIONARY_MAX: usize = 64 << 20;
+
+/// The most a kernel may decompress to in a VM of `guest_memory` bytes: it
+/// must fit in guest memory, and never more than [`MAX_KERNEL_SIZE`].
+pub(crate) fn kernel_limit(guest_memory: u64) -> usize {
+    usize::try_from(guest_memory)
+        .unwrap_or(usize::MAX)
+        .min(MAX_KERNEL_SIZE)
+}
+
+/// The largest xz dictionary a payload of a kernel of `expected` bytes may
+/// declare. A dictionary larger than the output is never used, but xz's
+/// presets do not shrink theirs to the input, so they are allowed too.
+pub(crate) fn xz_dictionary_limit(expected: usize) -> usize {
+    expected.max(XZ_PRESET_DICTIONARY_MAX)
+}
 
 /// A compression Linux's build can use for the payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,10 +113,20 @@ pub enum Error {
     UnknownCompression(Vec<u8>),
     #[error("the payload is too short")]
     Truncated,
-    #[error("the kernel would be {0} bytes, more than the {MAX_KERNEL_SIZE} allowed")]
-    TooBig(u64),
+    #[error(
+        "the kernel would be {size} bytes, more than the {limit} allowed (the guest's memory, at most {MAX_KERNEL_SIZE})"
+    )]
+    TooBig { size: usize, limit: usize },
     #[error("{0} payload: {1}")]
     Corrupt(&'static str, String),
+    #[error(
+        "{what} payload: its window is larger than the {limit} bytes allowed for a kernel of {expected} bytes"
+    )]
+    WindowTooBig {
+        what: &'static str,
+        limit: usize,
+        expected: usize,
+    },
     #[error("{what} payload decompressed to {got} bytes, the image says {expected}")]
     SizeMismatch {
         what: &'static str,
@@ -144,35 +180,55 @@ pub(crate) fn payload(image: &[u8]) -> Result<Payload<'_>, Error> {
 }
 
 /// Decompresses a payload to the kernel ELF, checking the size the build
-/// appended.
-pub(crate) fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
+/// appended, which may be at most `limit` bytes ([`kernel_limit`]).
+pub(crate) fn decompress(payload: &Payload<'_>, limit: usize) -> Result<Vec<u8>, Error> {
     let data = payload.data;
     let what = payload.compression.name();
     let (stream, size) = data.split_at(data.len().checked_sub(4).ok_or(Error::Truncated)?);
     let expected = u32_to_usize(u32::from_le_bytes([size[0], size[1], size[2], size[3]]));
-    if expected > MAX_KERNEL_SIZE {
-        return Err(Error::TooBig(expected as u64));
+    let limit = limit.min(MAX_KERNEL_SIZE);
+    if expected > limit {
+        return Err(Error::TooBig {
+            size: expected,
+            limit,
+        });
     }
     let corrupt = |e: &dyn std::fmt::Display| Error::Corrupt(what, e.to_string());
     let out = match payload.compression {
         // gzip's own trailer ends with the size: the stream is the whole payload.
         Compression::Gzip => read_limited(what, flate2::read::GzDecoder::new(data), expected)?,
         Compression::Bzip2 => read_limited(what, bzip2::read::BzDecoder::new(stream), expected)?,
-        Compression::Lzma => {
-            let reader = lzma_rust2::LzmaReader::new_mem_limit(stream, u32::MAX, None)
-                .map_err(|e| corrupt(&e))?;
-            read_limited(what, reader, expected)?
+        Compression::Lzma => read_limited(what, lzma_reader(stream, expected)?, expected)?,
+        Compression::Xz => {
+            let dictionary = xz_dictionary_limit(expected);
+            // KiB, with room for the decoder's own buffers (lzma-rust2 counts ~104 KiB).
+            let mem_limit_kb = u32::try_from(dictionary.div_ceil(1024) + 256).unwrap_or(u32::MAX);
+            let reader = lzma_rust2::XzReader::new_mem_limit(stream, false, mem_limit_kb);
+            // lzma-rust2 refuses a block's dictionary over the limit before reserving it.
+            read_to_limit(reader, expected).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::OutOfMemory {
+                    Error::WindowTooBig {
+                        what,
+                        limit: dictionary,
+                        expected,
+                    }
+                } else {
+                    Error::Corrupt(what, e.to_string())
+                }
+            })?
         }
-        Compression::Xz => read_limited(what, lzma_rust2::XzReader::new(stream, false), expected)?,
         Compression::Lzo => lzop(stream, expected)?,
         Compression::Lz4 => lz4_legacy(stream, expected)?,
+        // In one call into the kernel's buffer, which is the decoder's window: a
+        // streaming decoder would reserve the window the frame declares (up to 2 GiB
+        // for the `zstd -22 --ultra` of the kernel build's format, whatever the size).
         Compression::Zstd => {
-            let mut decoder = zstd::stream::read::Decoder::new(stream)
-                .map_err(|e| corrupt(&e))?
-                .single_frame();
-            // The kernel build compresses with `zstd -22 --ultra`: windows up to 2^27.
-            decoder.window_log_max(31).map_err(|e| corrupt(&e))?;
-            read_limited(what, decoder, expected)?
+            // One byte more than claimed: a longer kernel shows as a size mismatch.
+            let mut out = Vec::with_capacity(expected + 1);
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(stream, &mut out))
+                .map_err(|e| corrupt(&e))?;
+            out
         }
     };
     if out.len() != expected {
@@ -185,13 +241,33 @@ pub(crate) fn decompress(payload: &Payload<'_>) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
+/// An lzma (`.lzma`, "alone") reader whose dictionary is at most the kernel's
+/// size: no match reaches further back than what was decoded, so a larger
+/// declared one (up to 4 GiB) is never needed. (lzma-rust2 0.25 also grows its
+/// window with the output; this does not depend on it.)
+fn lzma_reader(stream: &[u8], expected: usize) -> Result<impl Read + '_, Error> {
+    let corrupt = |e: &dyn std::fmt::Display| Error::Corrupt("lzma", e.to_string());
+    // Properties (1 byte), dictionary size (4), uncompressed size (8, all ones: unknown).
+    let (header, body) = stream.split_first_chunk::<13>().ok_or(Error::Truncated)?;
+    let props = header[0];
+    let declared = u32::from_le_bytes([header[1], header[2], header[3], header[4]]);
+    let uncompressed = u64::from_le_bytes([
+        header[5], header[6], header[7], header[8], header[9], header[10], header[11], header[12],
+    ]);
+    let dictionary = declared.min(u32::try_from(expected).unwrap_or(u32::MAX));
+    lzma_rust2::LzmaReader::new_with_props(body, uncompressed, props, dictionary, None)
+        .map_err(|e| corrupt(&e))
+}
+
 /// Reads a decoder to its end, refusing more than `expected` bytes.
 fn read_limited(what: &'static str, reader: impl Read, expected: usize) -> Result<Vec<u8>, Error> {
+    read_to_limit(reader, expected).map_err(|e| Error::Corrupt(what, e.to_string()))
+}
+
+/// Reads at most `expected` + 1 bytes (one more shows the size was a lie).
+fn read_to_limit(reader: impl Read, expected: usize) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(expected);
-    reader
-        .take(expected as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| Error::Corrupt(what, e.to_string()))?;
+    reader.take(expected as u64 + 1).read_to_end(&mut out)?;
     Ok(out)
 }
 
@@ -405,7 +481,11 @@ mod tests {
             let image = wrap(&payload);
             let found = super::payload(&image).unwrap();
             assert_eq!(found.compression, compression);
-            assert_eq!(decompress(&found).unwrap(), k, "{compression:?}");
+            assert_eq!(
+                decompress(&found, MAX_KERNEL_SIZE).unwrap(),
+                k,
+                "{compression:?}"
+            );
         }
     }
 
@@ -429,7 +509,11 @@ mod tests {
             let image = wrap(&payload);
             let found = super::payload(&image).unwrap();
             assert_eq!(found.compression, compression);
-            assert_eq!(decompress(&found).unwrap(), k, "{compression:?}");
+            assert_eq!(
+                decompress(&found, MAX_KERNEL_SIZE).unwrap(),
+                k,
+                "{compression:?}"
+            );
         }
     }
 
@@ -486,18 +570,18 @@ mod tests {
             usize::MAX >> 1,
         ));
         assert!(matches!(
-            decompress(&payload(&huge).unwrap()),
-            Err(Error::TooBig(_))
+            decompress(&payload(&huge).unwrap(), MAX_KERNEL_SIZE),
+            Err(Error::TooBig { .. })
         ));
         let garbage = wrap(&with_size(vec![0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3, 4], 100));
-        assert!(decompress(&payload(&garbage).unwrap()).is_err());
+        assert!(decompress(&payload(&garbage).unwrap(), MAX_KERNEL_SIZE).is_err());
         let k = kernel();
         let lying = wrap(&with_size(
             zstd::bulk::compress(&k, 1).unwrap(),
             k.len() - 1,
         ));
         assert!(matches!(
-            decompress(&payload(&lying).unwrap()),
+            decompress(&payload(&lying).unwrap(), MAX_KERNEL_SIZE),
             Err(Error::SizeMismatch { .. })
         ));
         // Random bytes after each magic never panic.
@@ -518,9 +602,179 @@ mod tests {
                 }));
                 p.extend_from_slice(&4096u32.to_le_bytes());
                 if let Ok(found) = payload(&wrap(&p)) {
-                    let _ = decompress(&found);
+                    let _ = decompress(&found, MAX_KERNEL_SIZE);
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_kernel_is_bounded_by_guest_memory_and_windows_by_the_kernel() {
+        assert_eq!(kernel_limit(64 << 20), 64 << 20);
+        assert_eq!(kernel_limit(8 << 30), MAX_KERNEL_SIZE);
+        assert_eq!(kernel_limit(u64::MAX), MAX_KERNEL_SIZE);
+        assert_eq!(xz_dictionary_limit(1 << 20), 64 << 20);
+        assert_eq!(xz_dictionary_limit(200 << 20), 200 << 20);
+        // A real payload claiming 900 MiB in a 64 MiB guest: refused before anything
+        // is reserved for it.
+        let k = kernel();
+        let claims = wrap(&with_size(zstd::bulk::compress(&k, 1).unwrap(), 900 << 20));
+        let err = decompress(&payload(&claims).unwrap(), kernel_limit(64 << 20)).unwrap_err();
+        assert!(
+            matches!(err, Error::TooBig { size, limit } if size == 900 << 20 && limit == 64 << 20),
+            "{err}"
+        );
+        // The same kernel, honestly sized, fits.
+        let honest = wrap(&with_size(zstd::bulk::compress(&k, 1).unwrap(), k.len()));
+        assert_eq!(
+            decompress(&payload(&honest).unwrap(), kernel_limit(64 << 20)).unwrap(),
+            k
+        );
+    }
+
+    /// A zstd frame of raw blocks declaring a window of 2^`window_log` bytes and no
+    /// content size (as `zstd` writes when it reads a pipe, as the kernel build does).
+    fn zstd_frame_with_window(data: &[u8], window_log: u8) -> Vec<u8> {
+        let mut f = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, (window_log - 10) << 3];
+        let chunks: Vec<&[u8]> = data.chunks(128 << 10).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = u32::from(i + 1 == chunks.len());
+            let len = u32::try_from(chunk.len()).expect("128 KiB chunks");
+            f.extend_from_slice(&(len << 3 | last).to_le_bytes()[..3]);
+            f.extend_from_slice(chunk);
+        }
+        f
+    }
+
+    /// CRC-32 (IEEE), as the xz block header carries.
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    crc >> 1 ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    /// An xz stream of `data` whose block declares the LZMA2 dictionary `dict_byte`
+    /// (40: 4 GiB - 1), its header checksum fixed.
+    fn xz_with_dictionary(data: &[u8], dict_byte: u8) -> Vec<u8> {
+        use lzma_rust2::{XzOptions, XzWriter};
+        use std::io::Write;
+        let mut xz = XzWriter::new(Vec::new(), XzOptions::with_preset(1)).unwrap();
+        xz.write_all(data).unwrap();
+        let mut s = xz.finish().unwrap();
+        // Stream header (12 bytes), then the block header: size, flags (one filter, no
+        // sizes), LZMA2 (0x21), 1 property byte, the dictionary, padding, CRC-32.
+        let size = (usize::from(s[12]) + 1) * 4;
+        assert_eq!(&s[13..16], &[0x00, 0x21, 0x01], "one LZMA2 filter");
+        s[16] = dict_byte;
+        let crc = crc32(&s[12..12 + size - 4]);
+        s[12 + size - 4..12 + size].copy_from_slice(&crc.to_le_bytes());
+        s
+    }
+
+    /// An `.lzma` stream of `data` whose header declares a `dictionary`-byte window.
+    fn lzma_with_dictionary(data: &[u8], dictionary: u32) -> Vec<u8> {
+        use lzma_rust2::{LzmaOptions, LzmaWriter};
+        use std::io::Write;
+        let mut lz =
+            LzmaWriter::new_use_header(Vec::new(), &LzmaOptions::with_preset(1), None).unwrap();
+        lz.write_all(data).unwrap();
+        let mut s = lz.finish().unwrap();
+        s[1..5].copy_from_slice(&dictionary.to_le_bytes());
+        s
+    }
+
+    #[test]
+    fn hostile_windows_are_refused_or_never_reserved() {
+        let k = kernel();
+        // xz: a 3 GiB dictionary for a kernel of 800 KB is refused by name.
+        let xz = wrap(&with_size(xz_with_dictionary(&k, 39), k.len()));
+        let err = decompress(&payload(&xz).unwrap(), MAX_KERNEL_SIZE).unwrap_err();
+        assert!(
+            matches!(err, Error::WindowTooBig { limit, .. } if limit == 64 << 20),
+            "{err}"
+        );
+        // A dictionary as large as xz's presets use still decodes (24: 16 MiB).
+        let xz = wrap(&with_size(xz_with_dictionary(&k, 24), k.len()));
+        assert_eq!(
+            decompress(&payload(&xz).unwrap(), MAX_KERNEL_SIZE).unwrap(),
+            k
+        );
+        // lzma: a 4 GiB dictionary is cut to the kernel's size, which loses nothing.
+        let lzma = wrap(&with_size(lzma_with_dictionary(&k, 0xffff_0000), k.len()));
+        assert_eq!(
+            decompress(&payload(&lzma).unwrap(), MAX_KERNEL_SIZE).unwrap(),
+            k
+        );
+        // zstd: a 2 GiB window decodes into the kernel's buffer.
+        let zstd = wrap(&with_size(zstd_frame_with_window(&k, 31), k.len()));
+        assert_eq!(
+            decompress(&payload(&zstd).unwrap(), MAX_KERNEL_SIZE).unwrap(),
+            k
+        );
+    }
+
+    const SMALL_ADDRESS_SPACE_CHILD: &str = "VMM_KERNEL_IMAGE_SMALL_ADDRESS_SPACE";
+
+    /// The hostile payloads above, in a child whose address space is limited to 1 GiB
+    /// (`RLIMIT_AS`): a decoder that reserved the 2-4 GiB its header declares fails
+    /// there, one bounded by the kernel's size does not.
+    #[test]
+    fn hostile_windows_fit_in_a_small_address_space() {
+        if std::env::var_os(SMALL_ADDRESS_SPACE_CHILD).is_some() {
+            let k = kernel();
+            for stream in [
+                zstd_frame_with_window(&k, 31),
+                lzma_with_dictionary(&k, 0xffff_0000),
+            ] {
+                let image = wrap(&with_size(stream, k.len()));
+                assert_eq!(
+                    decompress(&payload(&image).unwrap(), MAX_KERNEL_SIZE).unwrap(),
+                    k
+                );
+            }
+            let xz = wrap(&with_size(xz_with_dictionary(&k, 40), k.len()));
+            assert!(matches!(
+                decompress(&payload(&xz).unwrap(), MAX_KERNEL_SIZE),
+                Err(Error::WindowTooBig { .. })
+            ));
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args([
+                "--exact",
+                "kvm::kernel_image::tests::hostile_windows_fit_in_a_small_address_space",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(SMALL_ADDRESS_SPACE_CHILD, "1");
+        // SAFETY: only setrlimit, which is async-signal-safe, runs between fork and exec.
+        unsafe {
+            child.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 1 << 30,
+                    rlim_max: 1 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = child.output().expect("run the child");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran the test: {text}");
     }
 }
