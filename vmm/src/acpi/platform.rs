@@ -14,6 +14,8 @@
 
 use std::sync::Arc;
 
+use virtio_devices::LogLimit;
+
 use crate::devices::bus::BusDevice;
 use crate::devices::irq::IrqLine;
 use crate::lifecycle::{Control, VmExit};
@@ -37,6 +39,8 @@ pub(crate) struct AcpiPlatform {
     control: Arc<Control>,
     ged: IrqLine,
     events: u8,
+    /// Sleep states the guest asks for and does not get: it may ask in a loop.
+    unsupported_sleep: LogLimit,
 }
 
 impl AcpiPlatform {
@@ -45,6 +49,7 @@ impl AcpiPlatform {
             control,
             ged,
             events: 0,
+            unsupported_sleep: LogLimit::new(),
         }
     }
 
@@ -74,8 +79,13 @@ impl BusDevice for AcpiPlatform {
                 let sleep_type = (value >> 2) & 0x7;
                 if value & SLP_EN != 0 && sleep_type == SLP_TYP_S5 {
                     self.control.finish(VmExit::PowerOff { code: 0 });
-                } else if value & SLP_EN != 0 {
-                    tracing::warn!("ACPI: sleep type {sleep_type} is not supported; ignored");
+                } else if value & SLP_EN != 0
+                    && let Some(suppressed) = self.unsupported_sleep.admit()
+                {
+                    tracing::warn!(
+                        suppressed,
+                        "ACPI: sleep type {sleep_type} is not supported; ignored"
+                    );
                 }
             }
             o if o == u64::from(RESET_PORT) && value == RESET_VALUE => {
@@ -119,6 +129,25 @@ mod tests {
         assert_eq!(control.exit(), None);
         p.write(0, &[(SLP_TYP_S5 << 2) | SLP_EN]);
         assert_eq!(control.exit(), Some(VmExit::PowerOff { code: 0 }));
+    }
+
+    /// A guest asking for S3 in a loop: the first lines, not one per request.
+    #[test]
+    fn unsupported_sleep_states_are_logged_at_a_bounded_rate() {
+        let (mut p, control, ..) = platform();
+        let capture = virtio_devices::LogCapture::default();
+        tracing::subscriber::with_default(capture.clone(), || {
+            for _ in 0..1000 {
+                p.write(0, &[(3 << 2) | SLP_EN]);
+            }
+        });
+        let lines = capture.lines_with("sleep type 3 is not supported");
+        assert_eq!(
+            u32::try_from(lines.len()),
+            Ok(virtio_devices::LOG_BURST),
+            "{lines:#?}"
+        );
+        assert_eq!(control.exit(), None);
     }
 
     #[test]

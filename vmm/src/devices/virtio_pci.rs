@@ -17,8 +17,8 @@
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use virtio_devices::PciTransport;
 use virtio_devices::pci::{BAR_SIZE, notify_offset};
+use virtio_devices::{LogLimit, PciTransport};
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -75,6 +75,9 @@ struct QueueNotifiers {
     events: Vec<EventFd>,
     /// Where BAR 0 was when they were registered; `None`: not registered.
     registered_at: Option<u64>,
+    /// KVM refusing a registration: a guest moving BAR 0 onto another
+    /// device's, back and forth, would otherwise log every move.
+    refused: LogLimit,
 }
 
 impl QueueNotifiers {
@@ -92,8 +95,10 @@ impl QueueNotifiers {
                 if let Err(e) =
                     self.vm
                         .unregister_ioevent(event, &Self::address(old, queue), NoDatamatch)
+                    && let Some(suppressed) = self.refused.admit()
                 {
                     tracing::error!(
+                        suppressed,
                         "virtio-pci: cannot remove the ioeventfd of queue {queue} at BAR {old:#x}: {e}"
                     );
                 }
@@ -109,9 +114,12 @@ impl QueueNotifiers {
             {
                 // The queues registered so far go; every notification to
                 // this BAR then exits and is forwarded by the transport.
-                tracing::warn!(
-                    "virtio-pci: no ioeventfd for queue {queue} at BAR {new:#x} ({e}): its notifications exit to the VMM"
-                );
+                if let Some(suppressed) = self.refused.admit() {
+                    tracing::warn!(
+                        suppressed,
+                        "virtio-pci: no ioeventfd for queue {queue} at BAR {new:#x} ({e}): its notifications exit to the VMM"
+                    );
+                }
                 for (done, event) in (0u16..).zip(&self.events).take(usize::from(queue)) {
                     let _ =
                         self.vm
@@ -187,6 +195,7 @@ pub(crate) fn attach(
                 vm: vm.clone(),
                 events: registered,
                 registered_at: None,
+                refused: LogLimit::new(),
             },
         };
         bus.add(Arc::new(Mutex::new(function)))
@@ -248,6 +257,7 @@ mod tests {
             vm: vm.clone(),
             events,
             registered_at: None,
+            refused: LogLimit::new(),
         };
         let (first, moved) = (PCI_MMIO_BASE, PCI_MMIO_BASE + BAR_SIZE);
         let queues = |bar: u64| (0..2).map(move |q| bar + notify_offset(q));
@@ -266,5 +276,35 @@ mod tests {
         assert!(queues(moved).all(|a| !registered(&vm, a)));
         notifiers.follow(Some(moved));
         assert!(queues(moved).all(|a| registered(&vm, a)));
+    }
+
+    /// A guest moving a BAR onto another device's, again and again: KVM refuses
+    /// each registration, and the log gets the first refusals, not one per move.
+    #[test]
+    fn bar_moves_onto_another_device_are_logged_at_a_bounded_rate() {
+        let kvm = kvm_ioctls::Kvm::new().expect("these tests need /dev/kvm");
+        let vm = Arc::new(kvm.create_vm().expect("KVM_CREATE_VM"));
+        let notifiers = |vm: &Arc<VmFd>| QueueNotifiers {
+            vm: vm.clone(),
+            events: queue_events(1).unwrap().1,
+            registered_at: None,
+            refused: LogLimit::new(),
+        };
+        let (mut first, mut second) = (notifiers(&vm), notifiers(&vm));
+        first.follow(Some(PCI_MMIO_BASE));
+        let capture = virtio_devices::LogCapture::default();
+        tracing::subscriber::with_default(capture.clone(), || {
+            for _ in 0..1000 {
+                second.follow(Some(PCI_MMIO_BASE));
+                second.follow(None);
+            }
+        });
+        assert_eq!(second.registered_at, None);
+        let lines = capture.lines_with("no ioeventfd for queue 0");
+        assert_eq!(
+            u32::try_from(lines.len()),
+            Ok(virtio_devices::LOG_BURST),
+            "{lines:#?}"
+        );
     }
 }
