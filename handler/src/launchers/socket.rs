@@ -118,11 +118,6 @@ pub(crate) fn peer_pid(socket: &Path) -> std::io::Result<u32> {
     super::podfs::peer_pid_of(&connect(socket)?)
 }
 
-/// The launcher's root filesystem as the handler sees it.
-pub(crate) fn launcher_root(pid: u32) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root"))
-}
-
 /// Most symlinks followed in one resolution (Linux's limit).
 const MAX_SYMLINKS: usize = 40;
 
@@ -180,11 +175,6 @@ pub(crate) fn resolve_in_root(root: &Path, path: &Path) -> std::io::Result<PathB
         }
     }
     Ok(resolved.iter().fold(root.to_path_buf(), |p, c| p.join(c)))
-}
-
-/// A path inside the launcher's pod, resolved as the pod sees it.
-pub fn in_launcher(pid: u32, path: &str) -> std::io::Result<PathBuf> {
-    resolve_in_root(&launcher_root(pid), Path::new(path))
 }
 
 #[cfg(test)]
