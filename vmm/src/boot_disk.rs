@@ -95,7 +95,7 @@ pub(crate) fn spawn(
             // Read-only and through the page cache, whatever the device's mode: nothing
             // is written, and O_DIRECT would need aligned buffers.
             let image = block::open_disk_with(
-                &disk.path,
+                &disk.open_path(),
                 disk.format,
                 block::OpenOptions {
                     read_only: true,

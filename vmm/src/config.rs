@@ -47,6 +47,9 @@ pub use block::Format as DiskFormat;
 /// Where a disk's qcow2 backing file may come from (the `block` crate's).
 pub use block::BackingPolicy as DiskBacking;
 
+/// A disk file the caller opened once (the `block` crate's `OpenedFile`).
+pub use block::OpenedFile as DiskFile;
+
 /// A virtio-blk disk: the image and how the guest sees it.
 #[derive(Clone, Debug)]
 pub struct DiskConfig {
@@ -67,6 +70,11 @@ pub struct DiskConfig {
     /// The default opens none: an image naming one is refused, since its
     /// name could point at any host file.
     pub backing: DiskBacking,
+    /// The image, already opened by the caller: every open of the VM (devices, boot disk,
+    /// each restart) goes through it, and `path` only names it. For files the caller
+    /// looked up under its own rules (a PVC's, a host disk's), which must not be looked up
+    /// by name again. A qcow2 image opened so resolves no relative backing name.
+    pub file: Option<DiskFile>,
 }
 
 impl DiskConfig {
@@ -81,7 +89,15 @@ impl DiskConfig {
             serial: String::new(),
             discard: true,
             backing: DiskBacking::Forbid,
+            file: None,
         }
+    }
+
+    /// The path the engines open: the opened file's, else `path`.
+    pub(crate) fn open_path(&self) -> PathBuf {
+        self.file
+            .as_ref()
+            .map_or_else(|| self.path.clone(), DiskFile::path)
     }
 }
 
@@ -315,6 +331,30 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The engines open an opened disk through its descriptor, never by its name: a name
+    /// reused after the open does not change which file the VM gets.
+    #[test]
+    fn an_opened_disk_is_opened_through_its_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = dir.path().join("disk.img");
+        std::fs::write(&name, vec![0x11; 4096]).unwrap();
+        let mut disk = DiskConfig::new(&name, DiskFormat::Raw);
+        assert_eq!(disk.open_path(), name);
+        let fd = std::fs::File::open(&name).unwrap();
+        disk.file = Some(DiskFile::new(fd.into(), &name));
+        std::fs::rename(&name, dir.path().join("moved.img")).unwrap();
+        std::fs::write(&name, vec![0x22; 4096]).unwrap();
+        let engine = block::ConcurrentDisk::open(
+            &disk.open_path(),
+            disk.format,
+            block::OpenOptions::default(),
+        )
+        .unwrap();
+        let mut buf = [0u8; 512];
+        engine.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [0x11; 512]);
+    }
 
     #[test]
     fn mac_addresses_parse_strictly() {

@@ -32,9 +32,9 @@ pub mod vm;
 
 pub use boot_disk::BootReport;
 pub use config::{
-    ApStart, BootDisk, BootFirmware, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFormat,
-    KernelDecompress, KernelSource, NetConfig, SerialTarget, Smbios, SmbiosChassis, SmbiosSystem,
-    VirtioTransportKind, VmConfig,
+    ApStart, BootDisk, BootFirmware, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFile,
+    DiskFormat, KernelDecompress, KernelSource, NetConfig, SerialTarget, Smbios, SmbiosChassis,
+    SmbiosSystem, VirtioTransportKind, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
 pub use lifecycle::{VmExit, VmState};

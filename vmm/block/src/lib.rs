@@ -13,6 +13,7 @@ mod host_file;
 mod io_buffers;
 mod lock;
 mod open;
+mod opened;
 #[doc(hidden)]
 pub mod power_loss;
 pub mod qcow2;
@@ -23,6 +24,7 @@ pub use concurrent::ConcurrentDisk;
 pub use host_file::DirectBuf;
 pub use io_buffers::{HUGE_PAGE, IoBuffer, Pages, io_buffers};
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};
+pub use opened::OpenedFile;
 pub use qcow2::{BackingPolicy, Qcow2Image};
 pub use shared::{SerializedDisk, SharedDisk};
 

@@ -671,3 +671,69 @@ fn compressed_entries_that_differ_above_bit_56_are_different_clusters() {
     let e = disk.read_at(&mut second_cluster, 4096).unwrap_err();
     assert!(e.to_string().contains("past the end"), "{e}");
 }
+
+/// `BackingPolicy::Opened`: the backing file is the one the caller opened, reached through
+/// its descriptor: a name switched to a link after the open changes nothing, at creation
+/// (the size) or at open; an image naming another file or format is refused.
+#[test]
+fn an_opened_backing_file_is_used_whatever_its_name_becomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.raw");
+    let secret = dir.path().join("secret.raw");
+    std::fs::write(&base, vec![0x11; 1 << 20]).unwrap();
+    std::fs::write(&secret, vec![0x5e; 2 << 20]).unwrap();
+    let opened = block::OpenedFile::new(std::fs::File::open(&base).unwrap().into(), &base);
+    std::fs::rename(&base, dir.path().join("moved.raw")).unwrap();
+    std::os::unix::fs::symlink(&secret, &base).unwrap();
+
+    let top = dir.path().join("top.qcow2");
+    create(
+        &top,
+        &CreateOptions {
+            backing_file: Some(base.to_str().unwrap().into()),
+            backing_format: Some(Format::Raw),
+            backing_opened: Some(opened.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let open = |backing| {
+        let opts = block::OpenOptions {
+            read_only: true,
+            direct: false,
+            backing,
+        };
+        block::ConcurrentDisk::open(&top, Format::Qcow2, opts)
+    };
+    let disk = open(BackingPolicy::Opened {
+        file: opened.clone(),
+        format: Format::Raw,
+    })
+    .unwrap();
+    assert_eq!(disk.size(), 1 << 20, "the opened base's size");
+    let mut buf = vec![0u8; 4096];
+    disk.read_at(&mut buf, 0).unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 0x11),
+        "the opened base shows through"
+    );
+
+    let err = open(BackingPolicy::Opened {
+        file: opened.clone(),
+        format: Format::Qcow2,
+    })
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("records format raw"), "{err}");
+    let other = block::OpenedFile::new(std::fs::File::open(&secret).unwrap().into(), &secret);
+    let err = open(BackingPolicy::Opened {
+        file: other,
+        format: Format::Raw,
+    })
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string().contains("the disk's configuration opened"),
+        "{err}"
+    );
+}

@@ -340,6 +340,7 @@ pub(crate) fn parse_disk(text: &str) -> Result<DiskConfig, String> {
                 );
             }
         },
+        file: None,
     })
 }
 

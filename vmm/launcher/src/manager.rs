@@ -294,13 +294,17 @@ impl Manager {
 
         // Pod-local files only, each created once: a sync that fails
         // further on and is retried reuses them.
+        let mut opened = Vec::new();
         for plan in &plans {
-            let base_format = disks::materialize(plan, vmi, paths, None)?;
-            if let (Some(format), Some((base, _)), Some(devices)) =
-                (base_format, &plan.backing, domain.spec.devices.as_mut())
-            {
+            let done = disks::materialize(plan, vmi, paths, None)?;
+            if let (Some(format), Some((base, _)), Some(devices)) = (
+                done.base_format,
+                &plan.backing,
+                domain.spec.devices.as_mut(),
+            ) {
                 disks::record_backing_format(&mut devices.disks, base, format);
             }
+            opened.push(done);
         }
         if let Some(kb) = &ctx.kernel_boot {
             disks::link_kernel_boot(paths, kb)?;
@@ -308,15 +312,19 @@ impl Manager {
         // The files exist now: decide each disk's cache mode (reported in
         // the domain, as KubeVirt's domain XML does).
         if let Some(devices) = domain.spec.devices.as_mut() {
-            disks::cache_mode::set_driver_cache_modes(
-                &mut devices.disks,
-                disks::cache_mode::supports_direct_io,
-            )?;
+            // A file opened by materialize is probed through its descriptor.
+            disks::cache_mode::set_driver_cache_modes(&mut devices.disks, |path| {
+                let opened = opened.iter().find_map(|o| o.opened_path(path));
+                disks::cache_mode::supports_direct_io(opened.as_deref().unwrap_or(path))
+            })?;
         }
         crate::live::as_libvirt_defines(&mut domain);
         // The one VMM configuration of this domain (also for reboots and
         // resets).
         let mut config = to_vm::vm_config(&domain)?;
+        for done in &opened {
+            done.hand_to(&mut config.disks);
+        }
         config.sandbox = self.options.sandbox.clone();
         let private = paths.vmi_private_dir(
             &PathName::vmi_uid(&uid).map_err(|e| Failure(format!("metadata.uid: {e}")))?,

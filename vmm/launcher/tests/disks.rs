@@ -363,7 +363,9 @@ fn the_vmm_opens_only_the_backing_file_the_domain_names() {
     ctx.disks.insert(plan.volume.clone(), plan.clone());
     ctx.kernel_boot = disks::kernel_boot(&paths, &v).unwrap();
     let mut domain = launcher::converter::convert(&v, &ctx).unwrap();
-    let format = disks::materialize(&plan, &v, &paths, None).unwrap();
+    let format = disks::materialize(&plan, &v, &paths, None)
+        .unwrap()
+        .base_format;
     assert_eq!(format, Some(block::Format::Qcow2));
     let devices = domain.spec.devices.as_mut().unwrap();
     let (base, _) = plan.backing.as_ref().unwrap();
@@ -392,5 +394,235 @@ fn the_vmm_opens_only_the_backing_file_the_domain_names() {
     assert!(
         err.to_string().contains("may not have a backing file"),
         "{err}"
+    );
+}
+
+/// A VMI whose volume `name` is `source`; `mode` is the claim's `volumeMode` as KubeVirt's
+/// controller records it in the VMI's status (`None`: no record).
+fn claim_vmi(
+    name: &str,
+    source: &str,
+    mode: Option<&str>,
+) -> proto::kubevirt::VirtualMachineInstance {
+    let mut v = vmi(&format!("  - name: \"{name}\"\n    {source}\n"));
+    if let Some(mode) = mode {
+        let status = serde_json::json!({"volumeStatus": [{"name": name, "target": "",
+            "persistentVolumeClaimInfo": {"claimName": "claim", "volumeMode": mode}}]});
+        v.status = Some(serde_json::from_value(status).unwrap());
+    }
+    v
+}
+
+const PVC: &str = "persistentVolumeClaim:\n      claimName: claim";
+const DATA_VOLUME: &str = "dataVolume:\n      name: claim";
+const EPHEMERAL: &str = "ephemeral:\n      persistentVolumeClaim:\n        claimName: claim";
+
+/// A PVC is written by others (the tenant's other pods): its `disk.img` may be a link. One
+/// that leads out of the volume (absolute, or climbing with `..`) is refused when the
+/// launcher opens it, for every PVC kind, and the file it names is never written; a link
+/// that stays inside the volume is followed, and the disk is the file it reaches.
+#[test]
+fn pvc_disks_that_lead_out_of_their_volume_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let secret = root.path().join("launcher-secret");
+    std::fs::write(&secret, vec![0x5e; 1 << 20]).unwrap();
+    let dir = paths.vmi_disks_dir(&volume("pvc"));
+    let up = "../".repeat(dir.strip_prefix(root.path()).unwrap().components().count());
+    for target in [secret.clone(), format!("{up}launcher-secret").into()] {
+        for source in [PVC, DATA_VOLUME, EPHEMERAL] {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::os::unix::fs::symlink(&target, dir.join("disk.img")).unwrap();
+            assert_eq!(std::fs::read(dir.join("disk.img")).unwrap().len(), 1 << 20);
+            let v = claim_vmi("pvc", source, Some("Filesystem"));
+            let plan = disks::plan(&paths, &v, 0).unwrap();
+            let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+            assert!(matches!(err, DiskError::Volume { .. }), "{err}");
+            let text = err.to_string();
+            assert!(
+                text.starts_with(&format!("volume pvc: {}: ", dir.join("disk.img").display()))
+                    && text.ends_with("it leads out of its volume"),
+                "{target:?} {source}: {text}"
+            );
+            assert!(
+                !paths.overlay(&volume("pvc")).exists(),
+                "no overlay over it"
+            );
+        }
+    }
+    assert_eq!(std::fs::read(&secret).unwrap(), vec![0x5e; 1 << 20]);
+
+    // A link inside the volume is the volume's business.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("images")).unwrap();
+    std::fs::write(dir.join("images/real.img"), vec![0x11; 1 << 20]).unwrap();
+    std::os::unix::fs::symlink("images/real.img", dir.join("disk.img")).unwrap();
+    let v = claim_vmi("pvc", PVC, Some("Filesystem"));
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    let done = disks::materialize(&plan, &v, &paths, None).unwrap();
+    let file = done.file.expect("the PVC's file is opened");
+    assert_eq!(file.name(), dir.join("disk.img"));
+    assert_eq!(std::fs::read(file.path()).unwrap(), vec![0x11; 1 << 20]);
+}
+
+/// A host disk's directory is a node directory: `DiskOrCreate` never creates, truncates or
+/// extends a file through a link in it (dangling or not, out of the directory or inside),
+/// and `Disk` never opens one that leads out.
+#[test]
+fn host_disks_are_never_created_or_opened_through_a_link() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let outside = root.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let existing = outside.join("existing.img");
+    std::fs::write(&existing, b"not a disk").unwrap();
+    let dir = paths.vmi_disks_dir(&volume("host"));
+    let up = "../".repeat(dir.strip_prefix(root.path()).unwrap().components().count());
+    let host = |kind: &str| {
+        claim_vmi(
+            "host",
+            &format!(
+                "hostDisk:\n      path: /data/host.img\n      type: {kind}\n      capacity: 3Mi"
+            ),
+            None,
+        )
+    };
+    let cases: [(std::path::PathBuf, &str); 5] = [
+        (outside.join("created.img"), "DiskOrCreate"),
+        (format!("{up}outside/created.img").into(), "DiskOrCreate"),
+        ("missing.img".into(), "DiskOrCreate"),
+        (existing.clone(), "DiskOrCreate"),
+        (existing.clone(), "Disk"),
+    ];
+    for (target, kind) in cases {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("host.img")).unwrap();
+        let v = host(kind);
+        let plan = disks::plan(&paths, &v, 0).unwrap();
+        let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "volume host: {}: ",
+                dir.join("host.img").display()
+            )),
+            "{target:?} {kind}: {err}"
+        );
+        assert!(!outside.join("created.img").exists(), "{target:?}: created");
+        assert!(!dir.join("missing.img").exists(), "{target:?}: created");
+        assert_eq!(std::fs::read(&existing).unwrap(), b"not a disk");
+    }
+    // Without a link the file is created, once, and kept.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let v = host("DiskOrCreate");
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    let done = disks::materialize(&plan, &v, &paths, None).unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.join("host.img")).unwrap().len(),
+        3 << 20
+    );
+    std::fs::write(dir.join("host.img"), b"guest data").unwrap();
+    disks::materialize(&plan, &v, &paths, None).unwrap();
+    assert_eq!(std::fs::read(dir.join("host.img")).unwrap(), b"guest data");
+    assert_eq!(
+        std::fs::read(done.file.unwrap().path()).unwrap(),
+        b"guest data"
+    );
+}
+
+/// `/dev/<volume>` is the disk only for a block volume: by the claim's `volumeMode` when
+/// the VMI's status records it, else when a block device is there (as KubeVirt's launcher
+/// decides). What is opened must be a block device: a volume named `null` never makes
+/// `/dev/null` (a character device) the VM's disk.
+#[test]
+fn dev_volume_is_the_disk_only_for_a_block_claim() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let file = paths.vmi_disks_dir(&volume("null")).join("disk.img");
+    for (mode, planned) in [
+        (None, file.clone()),
+        (Some("Filesystem"), file.clone()),
+        (Some("Block"), "/dev/null".into()),
+    ] {
+        let v = claim_vmi("null", PVC, mode);
+        let plan = disks::plan(&paths, &v, 0).unwrap();
+        assert_eq!(plan.path, planned, "{mode:?}");
+        assert_eq!(
+            plan.kind,
+            if mode == Some("Block") {
+                "block"
+            } else {
+                "file"
+            }
+        );
+    }
+    let v = claim_vmi("null", PVC, Some("Block"));
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "volume null: /dev/null: it is a character device, not a block device"
+    );
+    // A filesystem claim's file must be a regular file.
+    std::fs::create_dir_all(&file).unwrap();
+    let v = claim_vmi("null", PVC, Some("Filesystem"));
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    let err = disks::materialize(&plan, &v, &paths, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("it is a directory, not a regular file"),
+        "{err}"
+    );
+}
+
+/// An ephemeral PVC's base is opened once, below its volume, and the VMM's overlay may open
+/// that file only: a base renamed and replaced by a link to a launcher file after the
+/// launcher opened it still reads as the base it opened (the domain, converted after the
+/// switch, names the link).
+#[test]
+fn an_ephemeral_overlay_reads_the_base_the_launcher_opened() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::under(root.path());
+    let secret = root.path().join("launcher-secret");
+    std::fs::write(&secret, vec![0x5e; 1 << 20]).unwrap();
+    let dir = paths.vmi_disks_dir(&volume("eph"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("disk.img"), vec![0x11; 1 << 20]).unwrap();
+    let mut v = container_disk_vmi();
+    v.spec.domain.devices.disks[0].name = "eph".into();
+    v.spec.volumes = claim_vmi("eph", EPHEMERAL, None).spec.volumes;
+    let mut ctx = launcher::converter::Context {
+        paths: paths.clone(),
+        pod_interface: launcher::converter::PodInterface {
+            mtu: 1500,
+            mac: Some("0a:58:0a:f4:00:1b".into()),
+            tap_exists: true,
+        },
+        ..Default::default()
+    };
+    let plan = disks::plan(&paths, &v, 0).unwrap();
+    ctx.disks.insert(plan.volume.clone(), plan.clone());
+    ctx.kernel_boot = disks::kernel_boot(&paths, &v).unwrap();
+    let domain = launcher::converter::convert(&v, &ctx).unwrap();
+    let done = disks::materialize(&plan, &v, &paths, None).unwrap();
+    assert!(done.base.is_some(), "the base is opened");
+
+    std::fs::rename(dir.join("disk.img"), dir.join("first.img")).unwrap();
+    std::os::unix::fs::symlink(&secret, dir.join("disk.img")).unwrap();
+    let mut config = launcher::to_vm::vm_config(&domain).unwrap();
+    done.hand_to(&mut config.disks);
+    let disk = &config.disks[0];
+    let opts = block::OpenOptions {
+        read_only: true,
+        direct: false,
+        backing: disk.backing.clone(),
+    };
+    let image = block::ConcurrentDisk::open(&disk.path, disk.format, opts).unwrap();
+    let mut buf = vec![0u8; 4096];
+    image.read_at(&mut buf, 0).unwrap();
+    assert!(
+        buf.iter().all(|&b| b == 0x11),
+        "the base opened shows through"
     );
 }

@@ -104,8 +104,9 @@ pub(crate) fn build_devices(
             direct: disk.cache == DiskCache::None,
             backing: disk.backing.clone(),
         };
+        let open_path = disk.open_path();
         let backend =
-            block::ConcurrentDisk::open(&disk.path, disk.format, opts).map_err(|source| {
+            block::ConcurrentDisk::open(&open_path, disk.format, opts).map_err(|source| {
                 Error::Disk {
                     path: disk.path.clone(),
                     source,

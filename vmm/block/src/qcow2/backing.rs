@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::{Qcow2Image, Qcow2Options};
 use crate::host_file::HostFile;
 use crate::raw::RawFile;
-use crate::{ConcurrentDisk, DiskError, DiskResult, Format};
+use crate::{ConcurrentDisk, DiskError, DiskResult, Format, OpenedFile};
 
 /// Which backing file an image may open. The default, [`Forbid`], opens
 /// none: the safe choice for images a guest or a tenant controls.
@@ -36,6 +36,11 @@ pub enum BackingPolicy {
     /// one of its own. This is the launcher's case: an overlay it made over
     /// a base it verified.
     Within { dir: PathBuf, format: Format },
+    /// The backing file is `file`, which the caller opened (a PVC's base, looked up once
+    /// under its own rules), as `format`; the image must name it (its recorded name,
+    /// resolved, is `file.name()`). Nothing is looked up by name; the backing file may not
+    /// name one of its own.
+    Opened { file: OpenedFile, format: Format },
     /// What qemu-img does: follow the names and formats the images record,
     /// down the chain (formats must be recorded, never guessed). Only for
     /// tools run on the user's own images (`vmm img`), never for images
@@ -130,6 +135,7 @@ pub(crate) fn open(
 ) -> DiskResult<Arc<ConcurrentDisk>> {
     let recorded: Option<Format> = recorded_format.map(str::parse).transpose()?;
     let path = resolve(image_path, name);
+    let mut opened = None;
     let canonical = |path: &Path| {
         path.canonicalize().map_err(|e| {
             DiskError::Io(std::io::Error::new(
@@ -177,6 +183,27 @@ pub(crate) fn open(
             }
             (*format, BackingPolicy::Forbid)
         }
+        BackingPolicy::Opened { file, format } => {
+            if recorded.is_some_and(|r| r != *format) {
+                return Err(refused(
+                    image_path,
+                    name,
+                    format!(
+                        "the image records format {}, the disk's configuration says {format}",
+                        recorded_format.unwrap_or_default()
+                    ),
+                ));
+            }
+            if path != file.name() {
+                return Err(refused(
+                    image_path,
+                    name,
+                    format!("the disk's configuration opened {}", file.name().display()),
+                ));
+            }
+            opened = Some(file);
+            (*format, BackingPolicy::Forbid)
+        }
         BackingPolicy::FollowImage => match recorded {
             Some(f) => (f, BackingPolicy::FollowImage),
             None => {
@@ -192,14 +219,22 @@ pub(crate) fn open(
             "backing chain deeper than {MAX_CHAIN_DEPTH}"
         )));
     }
-    let file = canonical(&path)?;
-    if chain.files.contains(&file) {
+    // The name the chain records and the path opened: an opened file is never looked up
+    // by its name, only through its descriptor.
+    let (name_in_chain, file) = match opened {
+        Some(opened) => (opened.name().to_path_buf(), opened.path()),
+        None => {
+            let file = canonical(&path)?;
+            (file.clone(), file)
+        }
+    };
+    if chain.files.contains(&name_in_chain) {
         return Err(DiskError::Corrupt(format!(
             "backing chain loops back to {}",
-            file.display()
+            name_in_chain.display()
         )));
     }
-    chain.files.push(file.clone());
+    chain.files.push(name_in_chain);
     let layer = match format {
         Format::Raw => ConcurrentDisk::from_raw(RawFile::open(&file, true, direct)?)?,
         Format::Qcow2 => {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::header::{self, CompressionType, Header};
 use super::{BackingPolicy, Qcow2Image, Qcow2Options, backing, corrupt, refcount};
-use crate::{DiskError, DiskResult, Format, OpenOptions, open_disk_with};
+use crate::{DiskError, DiskResult, Format, OpenOptions, OpenedFile, open_disk_with};
 
 /// Options of `qemu-img create -f qcow2`; `Default` gives QEMU's defaults.
 #[derive(Debug, Clone)]
@@ -21,6 +21,9 @@ pub struct CreateOptions {
     /// How the backing file's own chain is opened to check it (and to
     /// take its size). Default: the backing file may name none.
     pub backing_policy: BackingPolicy,
+    /// The backing file, already opened by the caller: its size and check go through it,
+    /// and `backing_file` is only the name the image records (never looked up here).
+    pub backing_opened: Option<OpenedFile>,
     pub lazy_refcounts: bool,
     pub refcount_bits: u32,
     /// `compat=0.10` (version 2) instead of `1.1` (version 3).
@@ -36,6 +39,7 @@ impl Default for CreateOptions {
             backing_file: None,
             backing_format: None,
             backing_policy: BackingPolicy::Forbid,
+            backing_opened: None,
             lazy_refcounts: false,
             refcount_bits: 16,
             compat_v2: false,
@@ -72,12 +76,16 @@ pub fn create(path: &Path, opts: &CreateOptions) -> DiskResult<()> {
         return Err(bad("compat=0.10 supports only zlib compression"));
     }
     let open_backing = |name: &str, format: Format| {
+        let backing = match &opts.backing_opened {
+            Some(file) => file.path(),
+            None => backing::resolve(path, name),
+        };
         let opts = OpenOptions {
             read_only: true,
             direct: false,
             backing: opts.backing_policy.clone(),
         };
-        open_disk_with(&backing::resolve(path, name), format, opts)
+        open_disk_with(&backing, format, opts)
     };
     let size = match (opts.size, &opts.backing_file) {
         (Some(s), _) => s,

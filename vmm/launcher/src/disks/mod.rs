@@ -5,13 +5,16 @@
 //! needs: qcow2 overlays over read-only bases, empty disks, the cloud-init
 //! ISO. It never touches a base image: container disks are only read, and
 //! verified first (raw, or qcow2 without a backing file: the image is the
-//! tenant's, and a backing file it names could be any host file).
+//! tenant's, and a backing file it names could be any host file). The files
+//! of PVCs and host disks are opened there once, below their volume
+//! (`volume_file`), and the VMM gets the descriptors ([`Materialized`]).
 
 pub(crate) mod cache_mode;
 pub mod cloudinit;
+mod volume_file;
 
 use crate::paths::{BadName, PathName, Paths};
-use block::Format;
+use block::{Format, OpenedFile};
 use proto::kubevirt::{VirtualMachineInstance, Volume, quantity};
 use std::path::{Path, PathBuf};
 
@@ -71,6 +74,13 @@ pub enum DiskError {
     },
     #[error("container disk {volume}: {reason}")]
     ContainerDisk { volume: String, reason: String },
+    /// A PVC's or host disk's file that cannot be used (outside its volume, the wrong kind).
+    #[error("volume {volume}: {path}: {source}")]
+    Volume {
+        volume: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -115,6 +125,24 @@ fn volume_name(vmi: &VirtualMachineInstance, index: usize) -> Result<PathName, D
         });
     }
     Ok(checked)
+}
+
+/// Whether a PVC or DataVolume is a block volume by its claim: the `volumeMode` KubeVirt's
+/// controller records in `status.volumeStatus[].persistentVolumeClaimInfo` (unset is
+/// `Filesystem`). Without that record (this project's controller writes none) as KubeVirt's
+/// launcher decides (`isBlockDeviceVolume`): a block device at `/dev/<volume>`, the link
+/// itself not followed. Either way [`materialize`] opens only a file of that kind.
+fn claim_is_block(vmi: &VirtualMachineInstance, volume: &str, dev: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let claim = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.volume_status.iter().find(|v| v.name == volume))
+        .and_then(|v| v.persistent_volume_claim_info.as_ref());
+    match claim {
+        Some(info) => info.get("volumeMode").and_then(|m| m.as_str()) == Some("Block"),
+        None => std::fs::symlink_metadata(dev).is_ok_and(|m| m.file_type().is_block_device()),
+    }
 }
 
 /// Resolves volume number `index` of the VMI.
@@ -170,7 +198,7 @@ pub fn plan(
         // Filesystem PVCs normally arrive rewritten as hostDisk; a block PVC
         // is a device at /dev/<volume>.
         let dev = paths.block_device(&name);
-        let (path, kind) = if dev.exists() {
+        let (path, kind) = if claim_is_block(vmi, &volume.name, &dev) {
             (dev, "block")
         } else {
             (paths.vmi_disks_dir(&name).join("disk.img"), "file")
@@ -266,31 +294,105 @@ pub fn plan(
     })
 }
 
+/// What [`materialize`] made and opened for one plan.
+#[derive(Clone, Debug, Default)]
+pub struct Materialized {
+    /// The plan's path: the disk the VMM gets.
+    pub path: PathBuf,
+    /// An overlay's base format (a container disk's is the image's, verified here each
+    /// time; the domain names it, see [`record_backing_format`]).
+    pub base_format: Option<Format>,
+    /// A PVC's or host disk's file, opened once below its volume: the VMM opens it through
+    /// this descriptor, never by its name.
+    pub file: Option<OpenedFile>,
+    /// An ephemeral PVC's base, likewise: the overlay's one backing file.
+    pub base: Option<OpenedFile>,
+}
+
+impl Materialized {
+    /// Gives the VMM the files opened here: the disk at [`Self::path`] uses the opened file,
+    /// and an overlay over an opened base may open that base only.
+    pub fn hand_to(&self, disks: &mut [vmm::DiskConfig]) {
+        for disk in disks.iter_mut().filter(|d| d.path == self.path) {
+            if let Some(file) = &self.file {
+                disk.file = Some(file.clone());
+            }
+            if let Some(base) = &self.base {
+                disk.backing = vmm::DiskBacking::Opened {
+                    file: base.clone(),
+                    format: self.base_format.unwrap_or(Format::Raw),
+                };
+            }
+        }
+    }
+
+    /// The path that opens `name` if it is one of the files opened here (its
+    /// `/proc/self/fd` path), for the direct I/O probe.
+    pub(crate) fn opened_path(&self, name: &Path) -> Option<PathBuf> {
+        [&self.file, &self.base]
+            .into_iter()
+            .flatten()
+            .find(|f| f.name() == name)
+            .map(OpenedFile::path)
+    }
+}
+
+/// Opens `path`, a file of `volume`, with `open(dir, name)` below its directory.
+fn in_volume(
+    volume: &str,
+    path: &Path,
+    open: impl FnOnce(&Path, &Path) -> std::io::Result<OpenedFile>,
+) -> Result<OpenedFile, DiskError> {
+    let err = |source| DiskError::Volume {
+        volume: volume.to_string(),
+        path: path.to_path_buf(),
+        source,
+    };
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => open(dir, Path::new(name)).map_err(err),
+        _ => Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "no file name",
+        ))),
+    }
+}
+
 /// Creates what `plan` needs. Idempotent: an existing overlay, empty disk or
 /// ISO is kept (the VM may have written to it before a launcher restart).
-/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs). For an
-/// overlay, returns its base's format (a container disk's is the image's,
-/// verified here each time; the domain names it, see
-/// [`record_backing_format`]).
+/// `owner` is the uid/gid the VM runs as (107 for non-root VMIs). The files of
+/// PVCs and host disks are opened here, once, and returned with an overlay's
+/// base format.
 pub fn materialize(
     plan: &DiskPlan,
     vmi: &VirtualMachineInstance,
     paths: &Paths,
     owner: Option<(u32, u32)>,
-) -> Result<Option<Format>, DiskError> {
-    let mut base_format = None;
-    if let Some(dir) = plan.path.parent() {
+) -> Result<Materialized, DiskError> {
+    let mut done = Materialized {
+        path: plan.path.clone(),
+        ..Materialized::default()
+    };
+    // A PVC's directory (or /dev) is the pod's mount: it is there, or the disk is missing.
+    if plan.action != Action::UseAsIs
+        && let Some(dir) = plan.path.parent()
+    {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
     match &plan.action {
         Action::UseAsIs => {
-            std::fs::metadata(&plan.path).map_err(io_err(&plan.path))?;
+            let (resolve, kind) = if plan.kind == "block" {
+                (volume_file::NO_LINKS, volume_file::Kind::BlockDevice)
+            } else {
+                (volume_file::IN_VOLUME, volume_file::Kind::File)
+            };
+            done.file = Some(in_volume(&plan.volume, &plan.path, |dir, name| {
+                volume_file::open(dir, name, resolve, kind)
+            })?);
         }
         Action::CreateRawIfMissing(size) => {
-            if !plan.path.exists() {
-                let file = std::fs::File::create(&plan.path).map_err(io_err(&plan.path))?;
-                file.set_len(*size).map_err(io_err(&plan.path))?;
-            }
+            done.file = Some(in_volume(&plan.volume, &plan.path, |dir, name| {
+                volume_file::open_or_create(dir, name, *size)
+            })?);
         }
         Action::Overlay { base_source } => {
             let (base, planned_format) =
@@ -308,15 +410,26 @@ pub fn materialize(
                     )?;
                     verify_container_disk(&plan.volume, base)?
                 }
-                BaseSource::Existing => *planned_format,
+                BaseSource::Existing => {
+                    done.base = Some(in_volume(&plan.volume, base, |dir, name| {
+                        volume_file::open(
+                            dir,
+                            name,
+                            volume_file::IN_VOLUME,
+                            volume_file::Kind::File,
+                        )
+                    })?);
+                    *planned_format
+                }
             };
-            base_format = Some(format);
+            done.base_format = Some(format);
             if !plan.path.exists() {
                 // The base must name no backing file of its own (the
                 // default policy when `create` opens it).
                 let opts = block::qcow2::create::CreateOptions {
                     backing_file: Some(base.to_string_lossy().into_owned()),
                     backing_format: Some(format),
+                    backing_opened: done.base.clone(),
                     ..Default::default()
                 };
                 block::qcow2::create::create(&plan.path, &opts).map_err(|source| {
@@ -376,9 +489,24 @@ pub fn materialize(
         }
     }
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::lchown(&plan.path, Some(uid), Some(gid)).map_err(io_err(&plan.path))?;
+        match &done.file {
+            // Through the descriptor: the name may be someone else's link by now.
+            Some(file) => nix::unistd::fchownat(
+                file,
+                "",
+                Some(uid.into()),
+                Some(gid.into()),
+                nix::fcntl::AtFlags::AT_EMPTY_PATH,
+            )
+            .map_err(|e| DiskError::Io {
+                path: plan.path.clone(),
+                source: e.into(),
+            })?,
+            None => std::os::unix::fs::lchown(&plan.path, Some(uid), Some(gid))
+                .map_err(io_err(&plan.path))?,
+        }
     }
-    Ok(base_format)
+    Ok(done)
 }
 
 /// Sets the format of the domain disks whose backing store is `base` to
