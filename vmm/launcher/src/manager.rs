@@ -407,7 +407,9 @@ impl Manager {
             return;
         }
         tracing::info!("VM ended: {exit}");
-        // A guest reboot restarts the VM, unless a shutdown was asked for.
+        // A guest reboot restarts the VM, unless a shutdown was asked for. The old
+        // VM's `wait` (in `watch_exit`) returned only once its disks were flushed and
+        // closed: the new VM (its boot loader thread first) opens them after that.
         if exit == VmExit::Reset
             && !state.shutdown_requested
             && !state.killed
@@ -584,8 +586,28 @@ impl Manager {
             .ok_or_else(|| Failure("no VM configuration".into()))?;
         state.generation += 1; // the old VM's exit is not an ending of the domain
         old.kill();
-        let _ = old.wait_timeout(Duration::from_secs(10));
-        let vm = Arc::new(Vm::start(config)?);
+        // The old VM's ordered end: its devices' batches done, its disks flushed and
+        // closed (their locks released) before the new VM opens them; a kill ends the
+        // vCPUs at once, the devices after their work in progress.
+        old.wait();
+        let vm = match Vm::start(config) {
+            Ok(vm) => Arc::new(vm),
+            Err(e) => {
+                // The old VM is gone and no new one runs: the domain is down.
+                tracing::error!("cannot restart the VM after a reset: {e}");
+                state.dhcp = None;
+                state.console_log = None;
+                if let (vmm::vm::Error::BootDisk { disk, source, .. }, Some(mut domain)) =
+                    (&e, state.domain.clone())
+                {
+                    let _ = self.boot_failed(&mut domain, *disk, source);
+                    self.set_status(&mut state, domain.status.status, domain.status.reason);
+                } else {
+                    self.set_status(&mut state, LifeCycle::Shutoff, StateChangeReason::Failed);
+                }
+                return Err(e.into());
+            }
+        };
         state.vm = Some(vm.clone());
         state.paused_by_user = false;
         self.watch_exit(vm, state.generation);
