@@ -441,3 +441,88 @@ fn the_benchmark_reads_sequentially_over_pci_and_the_vmm_counts_them() {
         "reads only"
     );
 }
+
+/// `qemu-img create -f qcow2 <dir>/<name> <size>`.
+fn qcow2_image(dir: &tempfile::TempDir, name: &str, size: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&path)
+        .arg(size)
+        .output()
+        .expect("qemu-img is required for this test (Debian package qemu-utils)");
+    assert!(out.status.success(), "{out:?}");
+    path
+}
+
+#[test]
+fn a_guest_reset_ends_vmm_run_with_the_unflushed_writes_in_the_image() {
+    // `vmm run` exits at a guest reset: the disks are flushed and closed before it
+    // does, or the qcow2 metadata of writes the guest never flushed is lost with the
+    // process. A second run (the guest's next generation) must find them.
+    use test_guest::blkfill::{Fill, Reset};
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let image = qcow2_image(&dir, "disk.qcow2", "64M");
+    let fill = Fill::TWO_GENERATIONS;
+    let cmdline = format!("{} exit=poweroff", fill.cmdline(Reset::Guest));
+    let disk = format!("path={},format=qcow2,cache=none", image.display());
+    let run = || run_kernel(&kernel, &["--cmdline", &cmdline, "--disk", &disk]);
+    let first = run();
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("VM ended: guest reset"),
+        "{}",
+        stderr(&first)
+    );
+    assert!(
+        stdout(&first).contains("BLKFILL gen=1 written"),
+        "{}",
+        stdout(&first)
+    );
+    let second = run();
+    assert_eq!(second.status.code(), Some(0), "{}", stdout(&second));
+    assert_pass(&second, "virtio-blk-fill");
+    assert!(
+        stdout(&second).contains("PASS gen=2 "),
+        "the second run did not find the first one's writes:\n{}",
+        stdout(&second)
+    );
+    fill.verify_qcow2(&image)
+        .unwrap_or_else(|e| panic!("{}: {e}", image.display()));
+}
+
+#[test]
+fn a_second_vmm_run_on_a_disk_in_use_is_refused_naming_it() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let image = qcow2_image(&dir, "disk.qcow2", "1M");
+    let disk = format!("path={},format=qcow2", image.display());
+    let mut first = spawn_run(
+        &kernel,
+        &[
+            "--cmdline",
+            "checks=serial exit=halt wait=120",
+            "--disk",
+            &disk,
+        ],
+    );
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.starts_with("WAITING"))),
+        "the first VM did not come up"
+    );
+    for disk in [disk.clone(), format!("{disk},readonly=on")] {
+        let second = run_kernel(&kernel, &["--cmdline", "checks=serial", "--disk", &disk]);
+        let err = stderr(&second);
+        assert_ne!(second.status.code(), Some(0), "{err}");
+        assert!(
+            err.contains(&format!("image {} is in use", image.display())),
+            "{err}"
+        );
+        assert!(err.contains("\"write\" lock"), "{err}");
+    }
+    let _ = first.kill();
+    let _ = first.wait();
+}
