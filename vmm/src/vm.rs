@@ -209,7 +209,7 @@ fn build_platform(
 
     let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
         control.clone(),
-        IrqLine::new(vm, platform::GED_GSI)?,
+        crate::devices::irq::LevelIrqLine::new(vm, platform::GED_GSI, "acpi-ged", sandbox.clone())?,
     )));
     pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
         .map_err(bus_err)?;

@@ -108,6 +108,37 @@ fn a_graceful_shutdown_request_is_the_power_button_and_s5_powers_off() {
     );
 }
 
+/// KubeVirt's handler asks for the shutdown right after the domain starts,
+/// before the guest's ACPI is up: the press stays pending (the GED's status
+/// and its interrupt) until the guest enables the power button, which then
+/// sees it and powers off through S5.
+#[test]
+fn a_power_button_pressed_before_the_guest_enables_it_is_seen_when_it_does() {
+    let (vm, capture) = start("checks=serial exit=halt wait=60 acpi_delay=300", 1);
+    vm.request_shutdown().expect("shutdown request");
+    assert!(
+        capture.wait_for("ACPI power button enabled later", BOOT),
+        "{}",
+        capture.text()
+    );
+    assert_eq!(
+        vm.wait_timeout(BOOT),
+        Some(VmExit::PowerOff { code: 0 }),
+        "{}",
+        capture.text()
+    );
+    let text = capture.text();
+    // The press came before the guest enabled the button, and the guest
+    // saw it only after (its status read is the only way it learns of it).
+    let enabled_later = text.find("ACPI power button enabled later");
+    let waiting = text.find("WAITING for Ctrl-Alt-Del");
+    let seen = text.find("SHUTDOWN requested\nPOWEROFF acpi-s5");
+    assert!(
+        enabled_later.is_some() && enabled_later < waiting && waiting < seen,
+        "{text}"
+    );
+}
+
 #[test]
 fn ctrl_alt_del_still_resets_the_guest() {
     let (vm, capture) = start("checks=serial exit=halt wait=120", 1);

@@ -6,8 +6,9 @@
 use crate::io::{inb, mmio_read8, mmio_read32, outb};
 use crate::report::{Detail, Reporter};
 
-/// The GED's interrupt (IOAPIC pin) and status port, as the VMM's DSDT
-/// declares them (AML is not interpreted here).
+/// The GED's interrupt (IOAPIC pin, level-triggered, active high) and
+/// status port, as the VMM's DSDT declares them (AML is not interpreted
+/// here).
 pub const GED_PIN: u32 = 23;
 const GED_STATUS_PORT: u16 = 0x608;
 const GED_POWER_BUTTON: u8 = 1;
@@ -113,9 +114,21 @@ pub fn check(r: &mut dyn Reporter, cpus: u32) {
     r.result("acpi", ok, d.as_str());
 }
 
+/// Enables the power button: routes the GED's interrupt (unmasks its
+/// IOAPIC pin) level-triggered, as the DSDT's `_CRS` says and as Linux's
+/// GED driver does when it probes.
+pub fn enable_power_button() {
+    crate::irq::route_level(GED_PIN);
+}
+
 /// Whether the GED reports a power-button press (reading clears it).
+/// Called once the GED interrupted: opens its pin again, which the
+/// interrupt handler masked (the line is a level, up while the status has
+/// a bit set).
 pub fn power_button_pressed() -> bool {
-    inb(GED_STATUS_PORT) & GED_POWER_BUTTON != 0
+    let pressed = inb(GED_STATUS_PORT) & GED_POWER_BUTTON != 0;
+    crate::irq::unmask(GED_PIN);
+    pressed
 }
 
 /// Enters S5 through the FADT's sleep control register. Returns only if

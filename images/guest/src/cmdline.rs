@@ -9,6 +9,9 @@
 //!   `pci`, `smbios` (the SMBIOS tables) and `rtc` (the CMOS clock, which
 //!   sleeps 1.1 s to see it tick).
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
+//! - `acpi_delay=MS` — in the waiting exit modes, enable the power button
+//!   (route the GED's interrupt) only MS milliseconds after the checks, as
+//!   a guest whose ACPI comes up late: a press before must still arrive.
 //! - `code=N` — exit code written to port 0xf4 when every check passed
 //!   (default 0; any failure gives 1).
 //! - `smp=direct|sipi` — how the `smp` check gets secondary vCPUs running:

@@ -88,14 +88,22 @@ pub fn reset() -> ! {
 /// arrives or `wait_s` seconds pass, then end the run (S5 power-off for the
 /// button, reset on Ctrl-Alt-Del, `WAIT_TIMEOUT_CODE` on timeout). Other
 /// modes return at once.
-pub fn wait_for_shutdown_request(wait_s: u32) {
+///
+/// The GED's interrupt is routed (the power button enabled, as Linux's GED
+/// driver does when it probes) only after `acpi_delay_ms`: a press that
+/// came before must still arrive then, as the pending status it is.
+pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
     let tick = match mode() {
         ExitMode::Halt => false,
         ExitMode::Tick => true,
         _ => return,
     };
     crate::irq::route(KEYBOARD_PIN);
-    crate::irq::route(crate::acpi::GED_PIN);
+    if acpi_delay_ms > 0 {
+        crate::serial::write_str("ACPI power button enabled later\n");
+        crate::irq::sleep_ms(acpi_delay_ms);
+    }
+    crate::acpi::enable_power_button();
     crate::serial::write_str("WAITING for Ctrl-Alt-Del or the power button\n");
     let step_ms = 10;
     let mut previous = 0u8;

@@ -235,7 +235,12 @@ extern "C" fn guest_trap(frame: &mut TrapFrame) {
         return;
     }
     if vector >= u64::from(IRQ_BASE) && vector <= u64::from(TIMER_VECTOR) {
-        PENDING.fetch_or(1 << (vector - u64::from(IRQ_BASE)), Ordering::SeqCst);
+        let pin = (vector - u64::from(IRQ_BASE)) as u32;
+        PENDING.fetch_or(1 << pin, Ordering::SeqCst);
+        if crate::irq::is_level(pin) {
+            // Until its device's status is read (`irq::unmask`).
+            crate::irq::mask(pin);
+        }
         crate::irq::end_of_interrupt();
         return;
     }

@@ -7,6 +7,7 @@
 use crate::idt::{self, IRQ_BASE, IRQ_PINS, SPURIOUS_VECTOR, TIMER_VECTOR};
 use crate::io::{mmio_read32, mmio_write32};
 use core::arch::asm;
+use core::sync::atomic::{AtomicU32, Ordering};
 
 const LAPIC: u64 = 0xfee0_0000;
 const LAPIC_TPR: u64 = LAPIC + 0x80;
@@ -17,6 +18,12 @@ const LAPIC_TIMER_INITIAL: u64 = LAPIC + 0x380;
 const LAPIC_TIMER_DIVIDE: u64 = LAPIC + 0x3e0;
 const IOAPIC: u64 = 0xfec0_0000;
 const IOAPIC_VERSION: u32 = 0x01;
+/// Redirection entry: trigger mode level, and the mask.
+const LEVEL_TRIGGERED: u32 = 1 << 15;
+const MASKED: u32 = 1 << 16;
+
+/// The pins routed level-triggered (one bit each).
+static LEVEL_PINS: AtomicU32 = AtomicU32::new(0);
 
 /// KVM's local APIC timer counts at 1 GHz with divide-by-1.
 const TIMER_TICKS_PER_MS: u32 = 1_000_000;
@@ -55,6 +62,48 @@ pub fn route(pin: u32) -> bool {
     mmio_write32(IOAPIC, register);
     mmio_write32(IOAPIC + 0x10, u32::from(IRQ_BASE) + pin);
     true
+}
+
+/// Routes IOAPIC pin `pin` level-triggered, active high, to this guest's
+/// vector for it. Its interrupt handler masks the pin before the EOI (as
+/// Linux's one-shot interrupts do) and [`unmask`] opens it again once the
+/// device's status has been read: a level still up would interrupt again
+/// at once otherwise. Returns false for a pin out of range.
+pub fn route_level(pin: u32) -> bool {
+    if pin >= u32::from(IRQ_PINS) || pin >= ioapic_pins() {
+        return false;
+    }
+    LEVEL_PINS.fetch_or(1 << pin, Ordering::SeqCst);
+    let register = 0x10 + 2 * pin;
+    mmio_write32(IOAPIC, register + 1);
+    mmio_write32(IOAPIC + 0x10, 0);
+    mmio_write32(IOAPIC, register);
+    mmio_write32(IOAPIC + 0x10, (u32::from(IRQ_BASE) + pin) | LEVEL_TRIGGERED);
+    true
+}
+
+/// Whether pin `pin` was routed level-triggered.
+pub fn is_level(pin: u32) -> bool {
+    pin < 32 && LEVEL_PINS.load(Ordering::SeqCst) & (1 << pin) != 0
+}
+
+fn set_masked(pin: u32, masked: bool) {
+    let register = 0x10 + 2 * pin;
+    mmio_write32(IOAPIC, register);
+    let entry = mmio_read32(IOAPIC + 0x10);
+    let entry = if masked { entry | MASKED } else { entry & !MASKED };
+    mmio_write32(IOAPIC, register);
+    mmio_write32(IOAPIC + 0x10, entry);
+}
+
+/// Masks pin `pin` (from its interrupt handler, before the EOI).
+pub fn mask(pin: u32) {
+    set_masked(pin, true);
+}
+
+/// Unmasks pin `pin`: a level still up interrupts again.
+pub fn unmask(pin: u32) {
+    set_masked(pin, false);
 }
 
 /// Takes the pending flag of IOAPIC pin `pin`.

@@ -126,7 +126,11 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
         .and_then(cmdline::parse_u64)
         .map(|s| s.min(u64::from(u32::MAX)) as u32)
         .unwrap_or(DEFAULT_WAIT_S);
-    exit::wait_for_shutdown_request(wait_s);
+    let acpi_delay_ms = cmdline::value(cmdline, "acpi_delay")
+        .and_then(cmdline::parse_u64)
+        .map(|ms| ms.min(600_000) as u32)
+        .unwrap_or(0);
+    exit::wait_for_shutdown_request(wait_s, acpi_delay_ms);
 
     let code = if r.failed > 0 {
         exit::FAILED_CODE

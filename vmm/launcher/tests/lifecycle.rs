@@ -407,6 +407,68 @@ async fn kill_reports_destroyed() {
     assert_eq!(d.status.status, LifeCycle::Shutoff);
 }
 
+/// KubeVirt's handler, driving the launcher as it drives a stock one, sends
+/// SIGTERM and then ShutdownVirtualMachine right after the domain starts,
+/// while the guest still boots and has not enabled ACPI: the power-button
+/// press stays pending until the guest enables the GED, which then powers
+/// off through S5. The domain ends Shutoff/Shutdown, as with libvirt, not
+/// Destroyed at the end of the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_right_after_the_sync_reaches_the_guest_when_its_acpi_comes_up() {
+    require_root_and_kvm();
+    let pod = Pod::new();
+    pod.container_disk(0, &vec![0; 1 << 20]);
+    let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
+    let launcher = pod.start_launcher(&[]);
+    let mut cmd = cmd_client(&pod).await;
+    // The guest enables its power button 2 s after its checks: long after
+    // the requests below.
+    let vmi = vmi_json(
+        "console=ttyS0 checks=serial exit=halt wait=600 acpi_delay=2000",
+        serde_json::json!({}),
+    );
+    let reply = cmd
+        .sync_virtual_machine(vmi_request(vmi.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "{}", reply.message);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(
+            libc::pid_t::try_from(launcher.child.id()).expect("a Linux pid fits a pid_t"),
+        ),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    let (_, off) = notify
+        .expect(BOOT, "Shutoff", |_, d| {
+            d.status.status == LifeCycle::Shutoff
+        })
+        .await;
+    let uid = launcher::paths::PathName::vmi_uid(UID).unwrap();
+    let console = std::fs::read_to_string(pod.paths.serial_log(&uid)).unwrap_or_default();
+    assert_eq!(
+        off.status.reason,
+        StateChangeReason::Shutdown,
+        "the guest did not see the power button:\n{console}"
+    );
+    // The press came before the guest enabled the button, and it saw the
+    // press only then.
+    let enabled = console.find("WAITING for Ctrl-Alt-Del or the power button");
+    let seen = console.find("SHUTDOWN requested\nPOWEROFF acpi-s5");
+    assert!(
+        console.contains("ACPI power button enabled later") && enabled.is_some() && enabled < seen,
+        "{console}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_vmis_are_refused_while_the_vm_keeps_running() {
     require_root_and_kvm();

@@ -65,7 +65,10 @@ fn is_kernel_thread(name: &str) -> bool {
 }
 
 fn is_vmm_thread(name: &str) -> bool {
-    name.starts_with("vcpu") || name.starts_with("virtio-") || name.starts_with("serial-")
+    name.starts_with("vcpu")
+        || name.starts_with("virtio-")
+        || name.starts_with("serial-")
+        || name.starts_with("acpi-")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,6 +140,7 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
         "virtio-rng",
         "serial-accept",
         "serial-input",
+        "acpi-ged",
     ] {
         assert!(
             names.contains(&expected),

@@ -222,6 +222,8 @@ fn dsdt(platform: &Platform) -> Sdt {
 
     // GED: its interrupt says "read the status port"; bit 0 is the power
     // button: `_EVT` reads GDAT and notifies PWRB (0x80: button pressed).
+    // The interrupt is a level, up while the status has a bit set (see
+    // `platform`): a press before the guest enables it is not lost.
     let ged_port = usize::from(GED_STATUS_PORT);
     aml::Device::new(
         "_SB_.GED_".into(),
@@ -230,8 +232,9 @@ fn dsdt(platform: &Platform) -> Sdt {
             &aml::Name::new("_UID".into(), &aml::ZERO),
             &aml::Name::new(
                 "_CRS".into(),
+                // Consumer, level-triggered, active high, exclusive.
                 &aml::ResourceTemplate::new(vec![&aml::Interrupt::new(
-                    true, true, false, false, GED_GSI,
+                    true, false, false, false, GED_GSI,
                 )]),
             ),
             &aml::OpRegion::new(
@@ -350,6 +353,26 @@ mod tests {
             !crs.iter().any(|&b| b == 0x22 || b == 0x23 || b == 0x89),
             "{crs:x?}"
         );
+    }
+
+    #[test]
+    fn the_ged_interrupt_is_a_level_active_high() {
+        let dsdt = to_bytes(&dsdt(&Platform {
+            vcpus: 1,
+            pci: true,
+        }));
+        let at = dsdt
+            .windows(4)
+            .position(|w| w == b"GED_")
+            .expect("a GED_ device");
+        // Extended interrupt descriptor: 0x89, length 6, flags (bit 0
+        // consumer, bit 1 edge, bit 2 active low, bit 3 shared), one GSI.
+        let mut descriptor = vec![0x89, 6, 0, 0b0001, 1];
+        descriptor.extend_from_slice(&GED_GSI.to_le_bytes());
+        let found = dsdt[at..]
+            .windows(descriptor.len())
+            .position(|w| w == descriptor.as_slice());
+        assert!(found.is_some_and(|p| p < 64), "{:x?}", &dsdt[at..at + 64]);
     }
 
     #[test]

@@ -6,18 +6,28 @@
 //! - 0x601, sleep status: reads 0 (no wake events).
 //! - 0x604, reset register: writing [`RESET_VALUE`] resets the VM.
 //! - 0x608, GED status: the pending events (bit 0: power button), cleared
-//!   by the read; their interrupt is GSI [`GED_GSI`] (edge, active high).
+//!   by the read; their interrupt is GSI [`GED_GSI`] (level, active high),
+//!   up while an event is pending.
 //!
 //! [`AcpiPlatform::press_power_button`] is the VMM's graceful shutdown
 //! (KubeVirt's default): the GED's `_EVT` notifies the power button, and
 //! Linux (acpid or its own handler) powers off through `_S5`.
+//!
+//! A press stays pending until the guest reads the status, as a status bit
+//! does on real hardware (PM1's PWRBTN_STS, QEMU's GED selector): a guest
+//! that enables the GED's interrupt only later (KubeVirt asks for the
+//! shutdown right after the domain starts, while the guest still boots)
+//! gets the interrupt when it unmasks the pin, because the line is a level
+//! held up while the status is non-zero ([`LevelIrqLine`]). An edge, as
+//! before, was dropped by the IOAPIC while the pin was masked, and the
+//! guest never learned of the press.
 
 use std::sync::Arc;
 
 use virtio_devices::LogLimit;
 
 use crate::devices::bus::BusDevice;
-use crate::devices::irq::IrqLine;
+use crate::devices::irq::LevelIrqLine;
 use crate::lifecycle::{Control, VmExit};
 
 pub(crate) const PORT_BASE: u64 = 0x600;
@@ -37,14 +47,15 @@ pub(crate) const EVENT_POWER_BUTTON: u8 = 1;
 
 pub(crate) struct AcpiPlatform {
     control: Arc<Control>,
-    ged: IrqLine,
+    /// Up while `events` is non-zero.
+    ged: LevelIrqLine,
     events: u8,
     /// Sleep states the guest asks for and does not get: it may ask in a loop.
     unsupported_sleep: LogLimit,
 }
 
 impl AcpiPlatform {
-    pub(crate) fn new(control: Arc<Control>, ged: IrqLine) -> Self {
+    pub(crate) fn new(control: Arc<Control>, ged: LevelIrqLine) -> Self {
         AcpiPlatform {
             control,
             ged,
@@ -53,12 +64,11 @@ impl AcpiPlatform {
         }
     }
 
-    /// Presses the power button: an event for the guest's GED.
+    /// Presses the power button: an event for the guest's GED, pending
+    /// (and its interrupt up) until the guest reads the status.
     pub(crate) fn press_power_button(&mut self) {
         self.events |= EVENT_POWER_BUTTON;
-        if let Err(e) = self.ged.trigger() {
-            tracing::error!("ACPI: cannot raise the GED interrupt: {e}");
-        }
+        self.ged.set(true);
     }
 }
 
@@ -69,6 +79,7 @@ impl BusDevice for AcpiPlatform {
             && let Some(first) = data.first_mut()
         {
             *first = std::mem::take(&mut self.events);
+            self.ged.set(false);
         }
     }
 
@@ -99,20 +110,27 @@ impl BusDevice for AcpiPlatform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+    use crate::devices::irq::tests::{line, raised};
+    use vmm_sys_util::eventfd::EventFd;
 
-    fn platform() -> (AcpiPlatform, Arc<Control>, EventFd) {
+    /// The platform, its control, and the GED line's irqfd and resamplefd
+    /// as KVM sees them.
+    fn platform() -> (AcpiPlatform, Arc<Control>, EventFd, EventFd) {
         let control = Arc::new(Control::new(1));
-        let event = EventFd::new(EFD_NONBLOCK).unwrap();
-        let line = IrqLine::from_eventfd(GED_GSI, event.try_clone().unwrap());
-        (AcpiPlatform::new(control.clone(), line), control, event)
+        let (line, irq, resample) = line();
+        (
+            AcpiPlatform::new(control.clone(), line),
+            control,
+            irq,
+            resample,
+        )
     }
 
     #[test]
     fn the_power_button_raises_the_ged_and_reads_once() {
-        let (mut p, _, event) = platform();
+        let (mut p, _, irq, _) = platform();
         p.press_power_button();
-        assert_eq!(event.read().unwrap(), 1);
+        assert!(raised(&irq));
         let mut status = [0u8];
         p.read(u64::from(GED_STATUS_PORT) - PORT_BASE, &mut status);
         assert_eq!(status, [EVENT_POWER_BUTTON]);
@@ -120,9 +138,33 @@ mod tests {
         assert_eq!(status, [0]);
     }
 
+    /// The press before the guest enabled the GED: KVM dropped the pending
+    /// level when the guest unmasked the pin and signalled the resamplefd;
+    /// the line goes up again for as long as the status is unread.
+    #[test]
+    fn a_press_stays_pending_and_its_interrupt_up_until_the_status_is_read() {
+        let (mut p, _, irq, resample) = platform();
+        p.press_power_button();
+        assert!(raised(&irq));
+        // The guest unmasks the pin (or EOIs without reading): up again.
+        resample.write(1).unwrap();
+        assert!(raised(&irq), "the pending press must raise the GED again");
+        resample.write(1).unwrap();
+        assert!(raised(&irq));
+        let mut status = [0u8];
+        p.read(u64::from(GED_STATUS_PORT) - PORT_BASE, &mut status);
+        assert_eq!(status, [EVENT_POWER_BUTTON]);
+        // Read: the EOI that follows lowers the line for good.
+        resample.write(1).unwrap();
+        assert!(!raised(&irq), "nothing pending, yet the GED went up again");
+        // A second press after the read is a new event.
+        p.press_power_button();
+        assert!(raised(&irq));
+    }
+
     #[test]
     fn s5_powers_off_other_sleep_states_do_not() {
-        let (mut p, control, _) = platform();
+        let (mut p, control, _, _) = platform();
         // S3 (type 3) and SLP_TYP without SLP_EN change nothing.
         p.write(0, &[(3 << 2) | SLP_EN]);
         p.write(0, &[SLP_TYP_S5 << 2]);
@@ -152,7 +194,7 @@ mod tests {
 
     #[test]
     fn the_reset_register_resets() {
-        let (mut p, control, _) = platform();
+        let (mut p, control, _, _) = platform();
         p.write(u64::from(RESET_PORT) - PORT_BASE, &[0]);
         assert_eq!(control.exit(), None);
         p.write(u64::from(RESET_PORT) - PORT_BASE, &[RESET_VALUE]);
