@@ -139,3 +139,31 @@ fn the_configured_rtc_offset_moves_the_guests_clock() {
         "the guest's clock is {skew} s off an hour ahead"
     );
 }
+
+/// Interrupts raised by instructions, which this KVM leaves to the VMM
+/// (`kvm::emulation`), arrive as the CPU delivers them: `int 2` runs the
+/// NMI handler (KVM's NMI injection) and returns, `int3` reaches a DPL-0
+/// gate from ring 0, `int 21` pushes no error code although #CP's hardware
+/// exception does (Intel SDM vol. 3, §6.4.2), and the gate checks fault with
+/// the IDT selector as error code: #NP for a gate not present, #GP beyond
+/// the IDT's limit; from ring 3, `int n` to a DPL-0 gate never reaches it.
+#[test]
+fn software_interrupts_reach_their_gates_as_on_the_cpu() {
+    let result = run_check(guest(64, 1), "checks=interrupts", "interrupts");
+    assert_eq!(field(&result, "int2_nmi"), "returned", "{result:?}");
+    assert_eq!(field(&result, "int3"), "returned", "{result:?}");
+    assert_eq!(field(&result, "int21_error_code"), "none", "{result:?}");
+    assert_eq!(field(&result, "not_present"), "0x282", "{result:?}");
+    assert_eq!(field(&result, "beyond_limit"), "0x302", "{result:?}");
+    // From ring 3 (`vector/error code`): `int n` to a DPL-0 gate and `int 2`
+    // never reach the vector or the NMI handler: #GP with the selector from
+    // the VMM, or #UD where KVM answers itself (kvm_pvm does, at CPL 3,
+    // without asking the VMM). What this KVM does with a user `int3` and a
+    // DPL-3 gate is reported, not the VMM's doing (guest-platform.md).
+    let user_0x30 = field(&result, "user_int0x30");
+    assert!(["13/0x182", "6/0x0"].contains(&user_0x30), "{result:?}");
+    let user_int2 = field(&result, "user_int2");
+    assert!(["13/0x12", "6/0x0"].contains(&user_int2), "{result:?}");
+    field(&result, "user_int3");
+    field(&result, "user_dpl3_gate");
+}

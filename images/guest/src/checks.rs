@@ -302,6 +302,76 @@ pub fn emulation(r: &mut dyn Reporter) {
     r.result("emulation", bp_rip == after && soft_int && ac_ok, d.as_str());
 }
 
+/// `interrupts`: interrupts raised by instructions, which KVM's emulator
+/// leaves to the VMM, reach the guest as on the CPU: `int 2` runs the NMI
+/// handler and returns past it; `int3` reaches a DPL-0 gate from ring 0;
+/// `int 21` (a vector whose hardware exception pushes an error code) pushes
+/// none; `int n` through a gate marked not present is #NP, and beyond the
+/// IDT's limit #GP, each with the IDT entry's selector as error code
+/// (`vector << 3 | 2`). From ring 3 (`<vector>/<error code>` of what
+/// arrived): `int 0x30` to a DPL-0 gate and `int 2` are #GP with that error
+/// code, or #UD where KVM answers itself; never the vector, never an NMI.
+pub fn interrupts(r: &mut dyn Reporter) {
+    use crate::idt::{from_user, set_gate_dpl};
+    use crate::user::{user_int2, user_int3, user_int_0x30};
+    let (nmi_rip, nmi_after) = crate::idt::int2_nmi();
+    let (bp_rip, bp_after) = crate::idt::trigger_breakpoint();
+    let no_error_code = crate::idt::int21_pushes_no_error_code();
+    let np = crate::idt::int_not_present();
+    let limit = crate::idt::int_beyond_limit();
+
+    crate::user::setup();
+    crate::user::user_pages(true);
+    let user_0x30 = from_user(user_int_0x30);
+    let user_int3 = from_user(user_int3);
+    let user_int2 = from_user(user_int2);
+    let dpl = set_gate_dpl(0x30, 3);
+    let user_dpl3 = from_user(user_int_0x30);
+    set_gate_dpl(0x30, dpl);
+    crate::user::user_pages(false);
+    // A user `int n` to a DPL-0 gate, `int 2` included, must never reach
+    // the vector (or the NMI handler) nor end the VM: the VMM answers #GP
+    // with the selector where KVM leaves the instruction to it; KVM here
+    // (kvm_pvm) answers #UD itself at CPL 3. `int3` and a DPL-3 gate are
+    // reported as they come: this KVM delivers a user `int3` as #BP through
+    // even a DPL-0 gate, and a user `int n` to a DPL-3 gate as #UD, neither
+    // through the VMM.
+    const UD: (u64, u64) = (6, 0);
+    let user_ok = (user_0x30 == (13, 0x182) || user_0x30 == UD)
+        && (user_int2 == (13, 0x12) || user_int2 == UD);
+
+    let mut d = Detail::new();
+    d.str("int2_nmi=")
+        .str(if nmi_rip == nmi_after { "returned" } else { "missed" })
+        .str(" int3=")
+        .str(if bp_rip == bp_after { "returned" } else { "missed" })
+        .str(" int21_error_code=")
+        .str(match no_error_code {
+            Some(true) => "none",
+            Some(false) => "pushed",
+            None => "missed",
+        })
+        .str(" not_present=")
+        .hex(np)
+        .str(" beyond_limit=")
+        .hex(limit)
+        .str(" user_int0x30=")
+        .dec(user_0x30.0).str("/").hex(user_0x30.1)
+        .str(" user_int3=")
+        .dec(user_int3.0).str("/").hex(user_int3.1)
+        .str(" user_int2=")
+        .dec(user_int2.0).str("/").hex(user_int2.1)
+        .str(" user_dpl3_gate=")
+        .dec(user_dpl3.0).str("/").hex(user_dpl3.1);
+    let ok = nmi_rip == nmi_after
+        && bp_rip == bp_after
+        && no_error_code == Some(true)
+        && np == 0x282
+        && limit == 0x302
+        && user_ok;
+    r.result("interrupts", ok, d.as_str());
+}
+
 /// `unemulated`: an SSE instruction with a memory operand in MMIO, which
 /// KVM must emulate (on hardware too) and whose emulator lacks it; neither
 /// can the VMM finish it, so the VM ends as a guest crash naming the

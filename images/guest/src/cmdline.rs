@@ -5,7 +5,8 @@
 //!   Without it the default checks run: `serial,bootparams,idt,mem,mptable,smp` and
 //!   the virtio checks for every device found. Checks that need
 //!   something extra (`initrd`) or end the run (`badio`, `panic`,
-//!   `triplefault`) run only when named, as do `cpuid`, `emulation`, `acpi`,
+//!   `triplefault`) run only when named, as do `cpuid`, `emulation`,
+//!   `interrupts` (`int n`, `int3`, `int 2` and their gate checks), `acpi`,
 //!   `pci`, `smbios` (the SMBIOS tables) and `rtc` (the CMOS clock, which
 //!   sleeps 1.1 s to see it tick).
 //! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).

@@ -15,6 +15,7 @@ pub const SPURIOUS_VECTOR: u8 = 0xff;
 
 const UD_VECTOR: u64 = 6;
 const BP_VECTOR: u64 = 3;
+const NMI_VECTOR: u64 = 2;
 
 // One stub per vector 0..=48 pushes a dummy error code where the CPU does not
 // push one, then the vector, and jumps to the common path. Vectors above 48
@@ -37,6 +38,25 @@ isr_other:
     push 0
     push 255
     jmp isr_common
+
+// The error-code probe: installed for a moment on the vector a check
+// raises with `int n`. If the word on top of the stack is the return address
+// the check expected, no error code was pushed; else one was, and it is
+// dropped so that iretq returns all the same.
+    .global isr_probe
+isr_probe:
+    push rax
+    mov rax, [rsp + 8]
+    cmp rax, [rip + {expected}]
+    je 2f
+    mov qword ptr [rip + {result}], 2
+    pop rax
+    add rsp, 8
+    iretq
+2:
+    mov qword ptr [rip + {result}], 1
+    pop rax
+    iretq
 
 isr_common:
     push rax
@@ -73,7 +93,12 @@ isr_table:
     .global isr_other_addr
 isr_other_addr:
     .quad isr_other
-    "#
+    .global isr_probe_addr
+isr_probe_addr:
+    .quad isr_probe
+    "#,
+    expected = sym PROBE_EXPECTED_RIP,
+    result = sym PROBE_RESULT,
 );
 
 const STUBS: usize = 57;
@@ -81,7 +106,13 @@ const STUBS: usize = 57;
 unsafe extern "C" {
     static isr_table: [u64; STUBS];
     static isr_other_addr: u64;
+    static isr_probe_addr: u64;
 }
+
+/// The return address the error-code probe expects on top of the stack.
+static mut PROBE_EXPECTED_RIP: u64 = 0;
+/// What the probe found: 0 nothing yet, 1 no error code, 2 an error code.
+static mut PROBE_RESULT: u64 = 0;
 
 /// What the common stub saved, lowest address first.
 #[repr(C)]
@@ -119,6 +150,22 @@ static BP_RIP: AtomicU64 = AtomicU64::new(0);
 static UD_SEEN: AtomicU32 = AtomicU32::new(0);
 /// One bit per IOAPIC pin (and the timer) that raised an interrupt.
 static PENDING: AtomicU32 = AtomicU32::new(0);
+/// Set while a check expects the NMI handler (`int 2`).
+static EXPECT_NMI: AtomicBool = AtomicBool::new(false);
+/// RIP the NMI handler saw, 0 before any.
+static NMI_RIP: AtomicU64 = AtomicU64::new(0);
+/// A fault a check provokes: its vector + 1 (0: none expected), the length
+/// of the instruction the handler skips, and the error code it saw.
+static EXPECT_FAULT: AtomicU64 = AtomicU64::new(0);
+static FAULT_SKIP: AtomicU64 = AtomicU64::new(0);
+static FAULT_ERROR: AtomicU64 = AtomicU64::new(NO_FAULT);
+/// Set while ring 3 runs for a check: the first event from ring 3 is
+/// recorded (vector, error code) and returns to the kernel.
+static FROM_USER: AtomicBool = AtomicBool::new(false);
+static USER_VECTOR: AtomicU64 = AtomicU64::new(0);
+static USER_ERROR: AtomicU64 = AtomicU64::new(0);
+/// No expected fault arrived.
+pub const NO_FAULT: u64 = u64::MAX;
 
 fn gate(handler: u64, cs: u16) -> [u64; 2] {
     // 64-bit interrupt gate, present, DPL 0.
@@ -215,9 +262,153 @@ pub fn take_pending(bit: u32) -> bool {
     PENDING.fetch_and(!(1 << bit), Ordering::SeqCst) & (1 << bit) != 0
 }
 
+fn idt() -> *mut Idt {
+    core::ptr::addr_of_mut!(IDT)
+}
+
+/// The access byte (P, DPL, type) of `vector`'s gate.
+fn gate_access(vector: u8) -> u8 {
+    // SAFETY: only the boot vCPU touches the IDT, between installing it and
+    // the end of the run; the entry exists (256 of them).
+    let low = unsafe { (*idt()).0[usize::from(vector)][0] };
+    (low >> 40) as u8
+}
+
+fn set_gate_access(vector: u8, access: u8) {
+    // SAFETY: as in `gate_access`; interrupts are off while checks run.
+    unsafe {
+        let entry = &mut (*idt()).0[usize::from(vector)][0];
+        *entry = (*entry & !(0xff << 40)) | (u64::from(access) << 40);
+    }
+}
+
+fn full_limit() -> u16 {
+    (core::mem::size_of::<Idt>() - 1) as u16
+}
+
+/// Runs `int 2`: returns (RIP the NMI handler saw, the address after `int 2`).
+pub fn int2_nmi() -> (u64, u64) {
+    NMI_RIP.store(0, Ordering::SeqCst);
+    EXPECT_NMI.store(true, Ordering::SeqCst);
+    let after: u64;
+    // SAFETY: the NMI handler records RIP and returns past `int 2`.
+    unsafe { asm!("lea {0}, [rip + 2f]", "int 2", "2:", out(reg) after, options(nostack)) };
+    EXPECT_NMI.store(false, Ordering::SeqCst);
+    (NMI_RIP.load(Ordering::SeqCst), after)
+}
+
+/// Runs `int 21` (#CP's vector, whose hardware exception pushes an error
+/// code) with the error-code probe on that gate: whether the CPU pushed
+/// none (`Some(true)`), one (`Some(false)`), or the probe never ran.
+pub fn int21_pushes_no_error_code() -> Option<bool> {
+    const VECTOR: usize = 21;
+    let cs: u16;
+    // SAFETY: reading CS has no side effects.
+    unsafe { asm!("mov {0:x}, cs", out(reg) cs, options(nomem, nostack, preserves_flags)) };
+    // SAFETY: as in `gate_access`; the probe's address is defined in the assembly above.
+    let saved = unsafe {
+        let saved = (*idt()).0[VECTOR];
+        (*idt()).0[VECTOR] = gate(isr_probe_addr, cs);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!(PROBE_RESULT), 0);
+        saved
+    };
+    // SAFETY: the probe returns past `int 21` whether or not an error code
+    // was pushed; rax is the scratch register named.
+    unsafe {
+        asm!(
+            "lea rax, [rip + 2f]",
+            "mov [rip + {expected}], rax",
+            "int 21",
+            "2:",
+            expected = sym PROBE_EXPECTED_RIP,
+            out("rax") _,
+            options(nostack),
+        )
+    };
+    // SAFETY: as above.
+    let result = unsafe {
+        (*idt()).0[VECTOR] = saved;
+        core::ptr::read_volatile(core::ptr::addr_of!(PROBE_RESULT))
+    };
+    match result {
+        1 => Some(true),
+        2 => Some(false),
+        _ => None,
+    }
+}
+
+/// Expects fault `vector` from the next instruction, of `skip` bytes.
+fn expect_fault(vector: u64, skip: u64) {
+    FAULT_ERROR.store(NO_FAULT, Ordering::SeqCst);
+    FAULT_SKIP.store(skip, Ordering::SeqCst);
+    EXPECT_FAULT.store(vector + 1, Ordering::SeqCst);
+}
+
+/// The error code of the expected fault ([`NO_FAULT`] if none came).
+fn fault_error() -> u64 {
+    EXPECT_FAULT.store(0, Ordering::SeqCst);
+    FAULT_ERROR.load(Ordering::SeqCst)
+}
+
+/// Runs `entry` in ring 3 until it enters the kernel, by whatever vector:
+/// (vector, error code) of that first event, which sends the vCPU back to
+/// ring 0.
+pub fn from_user(entry: unsafe extern "C" fn()) -> (u64, u64) {
+    FROM_USER.store(true, Ordering::SeqCst);
+    crate::user::run(entry);
+    (USER_VECTOR.load(Ordering::SeqCst), USER_ERROR.load(Ordering::SeqCst))
+}
+
+/// Sets the DPL of `vector`'s gate; returns the one it had.
+pub fn set_gate_dpl(vector: u8, dpl: u8) -> u8 {
+    let access = gate_access(vector);
+    set_gate_access(vector, (access & !0x60) | ((dpl & 3) << 5));
+    (access >> 5) & 3
+}
+
+/// `int 0x50` through a gate marked not present: the #NP error code.
+pub fn int_not_present() -> u64 {
+    let access = gate_access(0x50);
+    set_gate_access(0x50, access & 0x7f);
+    expect_fault(11, 2);
+    // SAFETY: the #NP handler skips the 2-byte instruction.
+    unsafe { asm!("int 0x50", options(nostack)) };
+    set_gate_access(0x50, access);
+    fault_error()
+}
+
+/// `int 0x60` with the IDT's limit cut to vectors 0..=0x5f: the #GP
+/// error code.
+pub fn int_beyond_limit() -> u64 {
+    let base = idt() as u64;
+    load(base, 0x60 * 16 - 1);
+    expect_fault(13, 2);
+    // SAFETY: the #GP handler (vector 13, within the limit) skips the 2-byte
+    // instruction; the full table is loaded again right after.
+    unsafe { asm!("int 0x60", options(nostack)) };
+    load(base, full_limit());
+    fault_error()
+}
+
 #[unsafe(no_mangle)]
 extern "C" fn guest_trap(frame: &mut TrapFrame) {
     let vector = frame.vector;
+    if vector == NMI_VECTOR && EXPECT_NMI.swap(false, Ordering::SeqCst) {
+        NMI_RIP.store(frame.rip, Ordering::SeqCst);
+        return;
+    }
+    if frame.cs & 3 == 3 && FROM_USER.swap(false, Ordering::SeqCst) {
+        USER_VECTOR.store(vector, Ordering::SeqCst);
+        USER_ERROR.store(frame.error, Ordering::SeqCst);
+        (frame.rip, frame.cs, frame.rflags, frame.rsp, frame.ss) = crate::user::return_frame();
+        return;
+    }
+    if EXPECT_FAULT.load(Ordering::SeqCst) == vector + 1 {
+        EXPECT_FAULT.store(0, Ordering::SeqCst);
+        FAULT_ERROR.store(frame.error, Ordering::SeqCst);
+        frame.rip += FAULT_SKIP.load(Ordering::SeqCst);
+        return;
+    }
     if vector == UD_VECTOR && EXPECT_UD.swap(false, Ordering::SeqCst) {
         frame.rip += 2;
         UD_SEEN.fetch_add(1, Ordering::SeqCst);

@@ -25,6 +25,7 @@ mod smbios;
 mod smp;
 mod start;
 mod trampoline;
+mod user;
 pub mod virtio;
 
 use bootparams::BootParams;
@@ -74,6 +75,9 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
     }
     if cmdline::check_named(cmdline, "emulation") {
         checks::emulation(&mut r);
+    }
+    if cmdline::check_named(cmdline, "interrupts") {
+        checks::interrupts(&mut r);
     }
     if cmdline::check_named(cmdline, "acpi") {
         acpi::check(&mut r, checks::expected_cpus(cmdline));

@@ -64,6 +64,9 @@ bzimage_entry_64:
     // (present, writable, large page): physical = virtual for 0..4 GiB.
     .section .data.page_tables, "aw"
     .balign 4096
+    .global guest_pml4
+    .global guest_pdpt
+    .global guest_pd
 guest_pml4:
     .quad guest_pdpt + 0x3
     .fill 511, 8, 0
