@@ -3,7 +3,8 @@
 //! - The process (its tokio runtime: the cmd gRPC server, notify client,
 //!   DHCP server, console log, disk and VM set-up) runs under a seccomp
 //!   denylist installed first thing in `main` ([`vmm::sandbox::apply_host_denylist`]:
-//!   no exec, ptrace, mounts, namespaces, module loading, bpf, ...).
+//!   no exec, fork (`clone` only for threads, `clone3` answered `ENOSYS`), ptrace,
+//!   mounts, namespaces, module loading, bpf, ...).
 //! - The VMM's threads (vCPUs, device threads, block I/O threads, console
 //!   threads) each enter the VMM's sandbox ([`vmm::sandbox`]): in a root
 //!   launcher (a root VMI) they first switch to KubeVirt's unprivileged

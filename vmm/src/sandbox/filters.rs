@@ -5,19 +5,36 @@
 //! `strace -f` on every device path and with `--seccomp=log`), grouped by
 //! why. Arguments are filtered where a system call could do far more than
 //! the thread needs: `ioctl` only with the request numbers used, `mmap` and
-//! `mprotect` never executable, `prctl` and `seccomp` only to name a thread
-//! and to add a filter, `clone` only for threads, signals only the vCPU
-//! kick. Nothing opens a file, creates a socket, executes a program or
-//! changes credentials.
+//! `mprotect` never executable, `futex` only the operations glibc and std
+//! use (no PI or requeue operations), `madvise` only the advice glibc and
+//! the block engine give, `prctl` and `seccomp` only to name a thread and
+//! to add a filter, `clone` only for threads, `tgkill` only the vCPU kick
+//! and only to this process's threads. Nothing opens a file, creates a
+//! socket, executes a program or changes credentials.
 //!
-//! One exception, and why it opens nothing: glibc reads files lazily from
-//! whichever thread gets there first (`/sys/devices/system/cpu/online` when
-//! a thread needs a new malloc arena, `/proc/sys/vm/overcommit_memory` when
-//! an arena's heap shrinks; Cloud Hypervisor met both). Trapping those
-//! would end the VMM at random. So every allowlist lets a read-only
-//! `openat` through, and a second filter on every thread
-//! ([`compile_refused_reads`]) answers it with `EACCES`: glibc falls back,
-//! no file is ever opened, and any other `openat` still traps.
+//! Under every allowlist lie two refusal layers ([`compile_layers`]): calls
+//! that must fail with an error the caller handles rather than trap.
+//!
+//! - glibc reads files lazily from whichever thread gets there first
+//!   (`/sys/devices/system/cpu/online` when a thread needs a new malloc
+//!   arena, `/proc/sys/vm/overcommit_memory` when an arena's heap shrinks;
+//!   Cloud Hypervisor met both). Trapping those would end the VMM at
+//!   random. So every allowlist lets a read-only `openat` through, and a
+//!   layer answers it `EACCES`: glibc falls back, no file is ever opened,
+//!   and any other `openat` still traps.
+//! - `clone3` takes its flags in a structure seccomp cannot read, so it
+//!   cannot be limited to threads as `clone` is: a layer answers it
+//!   `ENOSYS` (as Chromium's and the container runtimes' default profiles
+//!   do), glibc's `pthread_create` then falls back to `clone`, whose flags
+//!   the allowlists check. Kinds that never start threads do not list
+//!   `clone3` at all: there it traps.
+//!
+//! seccompiler gives one program one answer for every call it matches, so
+//! each errno is its own small program. The kernel runs every filter of a
+//! thread and keeps the strongest answer (kill, then trap, then errno, then
+//! log, then allow; between two errnos, the newer filter's): the layers
+//! answer only what the allowlist lets through, and the allowlist goes on
+//! last.
 
 use std::collections::BTreeMap;
 
@@ -59,6 +76,62 @@ ioctl_iow_nr!(
 );
 ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_bindings::kvm_ioeventfd);
 
+/// The `ioctl` requests of a vCPU thread: `KVM_RUN`, what the VMM's
+/// emulation reads and writes, and the VM's routing and ioeventfd updates
+/// that follow the guest's MSI-X and BAR programming.
+pub(super) fn vcpu_ioctls() -> [u64; 10] {
+    [
+        KVM_RUN(),
+        KVM_GET_REGS(),
+        KVM_SET_REGS(),
+        KVM_GET_SREGS(),
+        KVM_TRANSLATE(),
+        KVM_GET_FPU(),
+        KVM_GET_VCPU_EVENTS(),
+        KVM_SET_VCPU_EVENTS(),
+        KVM_SET_GSI_ROUTING(),
+        KVM_IOEVENTFD(),
+    ]
+}
+
+/// A non-negative libc constant as the 64-bit value seccomp compares an
+/// argument with (in const context: a negative one fails the build).
+pub(super) const fn arg(value: libc::c_int) -> u64 {
+    match value.to_le_bytes() {
+        [a, b, c, d] if d < 0x80 => u64::from_le_bytes([a, b, c, d, 0, 0, 0, 0]),
+        _ => panic!("a negative constant as a system call argument"),
+    }
+}
+
+/// The `futex` operations glibc and std make (seen under `strace -f` on
+/// every thread kind, and glibc 2.36's sources): std's `Mutex`, `Condvar`,
+/// `Once` and thread parking wait with `FUTEX_WAIT_BITSET_PRIVATE` and wake
+/// with `FUTEX_WAKE_PRIVATE`; glibc's internal locks (malloc arenas, the
+/// loader's) wait with `FUTEX_WAIT_PRIVATE`; `pthread_join` waits on the
+/// thread's id word with a shared `FUTEX_WAIT_BITSET | FUTEX_CLOCK_REALTIME`
+/// (the kernel wakes it when the thread ends). Firecracker allows the same
+/// private ones plus shared `FUTEX_WAIT`/`FUTEX_WAKE` for musl's join. Not
+/// the priority-inheritance and requeue operations (`FUTEX_LOCK_PI`,
+/// `FUTEX_CMP_REQUEUE_PI`, ...), the futex code behind most of its
+/// privilege escalations (CVE-2014-3153, CVE-2021-3347).
+pub(super) const FUTEX_OPS: [u64; 4] = [
+    arg(libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG),
+    arg(libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG),
+    arg(libc::FUTEX_WAIT_BITSET | libc::FUTEX_PRIVATE_FLAG),
+    arg(libc::FUTEX_WAIT_BITSET | libc::FUTEX_CLOCK_REALTIME),
+];
+
+/// The `madvise` advice any thread gives: `MADV_DONTNEED` (glibc returns a
+/// finished thread's stack and trims a malloc arena's heap with it) and
+/// `MADV_HUGEPAGE` (glibc's malloc with `glibc.malloc.hugetlb=1`). Not
+/// `MADV_REMOVE`, `MADV_HWPOISON`, `MADV_MERGEABLE`, `MADV_DONTFORK`, ...
+pub(super) const MADVISE: [u64; 2] = [arg(libc::MADV_DONTNEED), arg(libc::MADV_HUGEPAGE)];
+
+/// And on a virtio-blk device thread: its bounce buffers move onto a huge
+/// page once batches come (`IoBuffer::make_huge`: `MADV_HUGEPAGE`, then
+/// `MADV_COLLAPSE`).
+pub(super) const MADVISE_BLOCK: [u64; 1] = [arg(libc::MADV_COLLAPSE)];
+
 /// What a call outside the filter gets, or `None` for no filter.
 pub(super) fn mismatch_action(mode: SeccompMode) -> Option<SeccompAction> {
     match mode {
@@ -89,20 +162,22 @@ fn arg_in(arg: u8, values: &[u64]) -> Vec<SeccompRule> {
         .collect()
 }
 
+/// Never executable memory: a guest exploit cannot map shellcode.
+pub(super) const PROT_EXEC: u64 = arg(libc::PROT_EXEC);
+
 /// Memory management, locks, time, logging and ending a thread: what any
 /// Rust thread of this program does (the allocator, std's synchronisation,
 /// `tracing` to stderr, the thread's own exit).
 fn base() -> Rules {
-    // Never executable memory: a guest exploit cannot map shellcode.
-    let no_exec = || vec![rule(vec![cond(2, Op::MaskedEq(libc::PROT_EXEC as u64), 0)])];
+    let no_exec = || vec![rule(vec![cond(2, Op::MaskedEq(PROT_EXEC), 0)])];
     vec![
         (libc::SYS_brk, vec![]),
         (libc::SYS_mmap, no_exec()),
         (libc::SYS_mprotect, no_exec()),
         (libc::SYS_munmap, vec![]),
         (libc::SYS_mremap, vec![]),
-        (libc::SYS_madvise, vec![]),
-        (libc::SYS_futex, vec![]),
+        (libc::SYS_madvise, arg_in(2, &MADVISE)),
+        (libc::SYS_futex, arg_in(1, &FUTEX_OPS)),
         (libc::SYS_sched_yield, vec![]),
         // Also the CMOS RTC's reads on the vCPU threads (normally through the vDSO).
         (libc::SYS_clock_gettime, vec![]),
@@ -113,7 +188,7 @@ fn base() -> Rules {
         // glibc sizes a new thread's malloc arena by the CPUs it may run on.
         (libc::SYS_sched_getaffinity, vec![]),
         // Closing a descriptor: std checks it is open first (debug builds).
-        (libc::SYS_fcntl, arg_in(1, &[libc::F_GETFD as u64])),
+        (libc::SYS_fcntl, arg_in(1, &[arg(libc::F_GETFD)])),
         (libc::SYS_write, vec![]),
         (libc::SYS_close, vec![]),
         (libc::SYS_rt_sigprocmask, vec![]),
@@ -123,29 +198,30 @@ fn base() -> Rules {
         (libc::SYS_exit, vec![]),
         (libc::SYS_exit_group, vec![]),
         // glibc's lazy reads (see the module's doc): let through here,
-        // refused with EACCES by `compile_refused_reads`.
+        // refused with EACCES by a layer.
         (libc::SYS_openat, read_only_open()),
     ]
 }
 
 /// The flags of glibc's internal reads (and of `File::open`).
-const READ_ONLY_OPEN: u64 = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+const READ_ONLY_OPEN: u64 = arg(libc::O_RDONLY | libc::O_CLOEXEC);
 
 /// `openat(_, _, O_RDONLY | O_CLOEXEC)` and no other flags.
 fn read_only_open() -> Vec<SeccompRule> {
     vec![rule(vec![cond(2, Op::Eq, READ_ONLY_OPEN)])]
 }
 
-/// The second filter of every VMM thread: a read-only `openat` fails with
-/// `EACCES`, every other call passes on to the thread's allowlist (the
-/// kernel applies the strictest answer of all filters).
-pub(super) fn compile_refused_reads() -> seccompiler::Result<BpfProgram> {
-    let map: BTreeMap<i64, Vec<SeccompRule>> =
-        [(libc::SYS_openat, read_only_open())].into_iter().collect();
+/// A refusal layer: the calls of `map` fail with `errno`, every other call
+/// passes on to the filters below and above it.
+fn errno_layer(
+    map: BTreeMap<i64, Vec<SeccompRule>>,
+    errno: libc::c_int,
+) -> seccompiler::Result<BpfProgram> {
+    let errno = u32::try_from(errno).expect("errno values are positive");
     let filter = SeccompFilter::new(
         map,
         SeccompAction::Allow,
-        SeccompAction::Errno(libc::EACCES as u32),
+        SeccompAction::Errno(errno),
         std::env::consts::ARCH
             .try_into()
             .map_err(seccompiler::Error::Backend)?,
@@ -154,15 +230,40 @@ pub(super) fn compile_refused_reads() -> seccompiler::Result<BpfProgram> {
     filter.try_into().map_err(seccompiler::Error::Backend)
 }
 
+/// A read-only `openat` fails with `EACCES` (glibc's lazy reads fall back).
+fn compile_refused_reads() -> seccompiler::Result<BpfProgram> {
+    errno_layer(
+        [(libc::SYS_openat, read_only_open())].into_iter().collect(),
+        libc::EACCES,
+    )
+}
+
+/// `clone3` fails with `ENOSYS` (glibc falls back to `clone`). Also under
+/// the launcher's denylist, whose other answers are a trap.
+pub(super) fn compile_no_clone3() -> seccompiler::Result<BpfProgram> {
+    errno_layer(
+        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        libc::ENOSYS,
+    )
+}
+
+/// The refusal layers every VMM thread gets under its allowlist, in the
+/// order installed (see the module's doc).
+pub(super) fn compile_layers() -> seccompiler::Result<Vec<BpfProgram>> {
+    Ok(vec![compile_refused_reads()?, compile_no_clone3()?])
+}
+
 /// Starting a thread that adds its own, narrower, filter: the parent's
-/// `clone3`/`mmap`, the child's set-up by glibc and std (robust list, rseq,
-/// alternate signal stack, name) before it enters its sandbox.
+/// `clone3`/`clone`/`mmap`, the child's set-up by glibc and std (robust
+/// list, rseq, alternate signal stack, name) before it enters its sandbox.
 fn spawns_threads() -> Rules {
-    let clone_thread = libc::CLONE_THREAD as u64;
+    let clone_thread = arg(libc::CLONE_THREAD);
     vec![
-        // clone3 takes its flags in a structure seccomp cannot read; plain
-        // clone (glibc's fallback) only with CLONE_THREAD: no fork.
+        // Listed so that the layer's ENOSYS answers it, not a trap: glibc
+        // then falls back to clone.
         (libc::SYS_clone3, vec![]),
+        // Only with CLONE_THREAD: no fork, and no new namespaces (which a
+        // thread cannot have).
         (
             libc::SYS_clone,
             vec![rule(vec![cond(
@@ -175,10 +276,7 @@ fn spawns_threads() -> Rules {
         (libc::SYS_rseq, vec![]),
         (
             libc::SYS_prctl,
-            arg_in(
-                0,
-                &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
-            ),
+            arg_in(0, &[arg(libc::PR_SET_NAME), arg(libc::PR_SET_NO_NEW_PRIVS)]),
         ),
         // Only adding a filter to oneself: no TSYNC, no listener.
         (
@@ -211,13 +309,22 @@ fn console_clients() -> Rules {
     ]
 }
 
-/// The vCPU kick (a real-time signal to a vCPU thread of this process).
-fn kicks_vcpus() -> Rules {
+/// The vCPU kick: a real-time signal to a thread of this process, thread
+/// group `pid` (glibc's `pthread_kill` sends `tgkill(getpid(), tid, sig)`).
+/// seccomp compares with constants only, so the filter is built for the
+/// process it runs in (see `Sandbox::new`).
+fn kicks_vcpus(pid: u32) -> Rules {
     // Real-time signal numbers are positive: the same bits as a sign extension.
     let kick = u64::from(crate::kvm::kick::signal_number().cast_unsigned());
     vec![
         (libc::SYS_getpid, vec![]),
-        (libc::SYS_tgkill, vec![rule(vec![cond(2, Op::Eq, kick)])]),
+        (
+            libc::SYS_tgkill,
+            vec![rule(vec![
+                cond(0, Op::Eq, u64::from(pid)),
+                cond(2, Op::Eq, kick),
+            ])],
+        ),
     ]
 }
 
@@ -237,32 +344,17 @@ fn disk_io() -> Rules {
     ]
 }
 
-fn rules(kind: ThreadKind) -> Rules {
+/// The rules of `kind` in process `pid`.
+fn rules(kind: ThreadKind, pid: u32) -> Rules {
     let mut rules = base();
     match kind {
         ThreadKind::Vcpu => {
-            rules.push((
-                libc::SYS_ioctl,
-                arg_in(
-                    1,
-                    &[
-                        KVM_RUN(),
-                        KVM_GET_REGS(),
-                        KVM_SET_REGS(),
-                        KVM_GET_SREGS(),
-                        KVM_TRANSLATE(),
-                        KVM_GET_FPU(),
-                        KVM_GET_VCPU_EVENTS(),
-                        KVM_SET_VCPU_EVENTS(),
-                        KVM_SET_GSI_ROUTING(),
-                        KVM_IOEVENTFD(),
-                    ],
-                ),
-            ));
-            rules.extend(kicks_vcpus());
+            rules.push((libc::SYS_ioctl, arg_in(1, &vcpu_ioctls())));
+            rules.extend(kicks_vcpus(pid));
             rules.extend(console_clients());
         }
         ThreadKind::VirtioBlock => {
+            rules.push((libc::SYS_madvise, arg_in(2, &MADVISE_BLOCK)));
             rules.extend(event_loop());
             rules.extend(disk_io());
             rules.extend(spawns_threads());
@@ -287,9 +379,9 @@ fn rules(kind: ThreadKind) -> Rules {
                 arg_in(
                     1,
                     &[
-                        libc::F_DUPFD_CLOEXEC as u64,
-                        libc::F_GETFL as u64,
-                        libc::F_SETFL as u64,
+                        arg(libc::F_DUPFD_CLOEXEC),
+                        arg(libc::F_GETFL),
+                        arg(libc::F_SETFL),
                     ],
                 ),
             ));
@@ -315,7 +407,7 @@ fn rules(kind: ThreadKind) -> Rules {
             rules.push((libc::SYS_unlink, vec![]));
             rules.push((libc::SYS_unlinkat, vec![]));
             rules.push((libc::SYS_shutdown, vec![]));
-            rules.extend(kicks_vcpus());
+            rules.extend(kicks_vcpus(pid));
         }
         ThreadKind::BootLoader => {
             // Reads of the boot disk opened before (its backing files too), nothing else:
@@ -333,8 +425,10 @@ fn rules(kind: ThreadKind) -> Rules {
 /// DHCP server, file and VM set-up) must never do. A denylist, not an
 /// allowlist: that process's legitimate calls are open-ended (it creates
 /// files, sockets, VMs), while these have no use in it and are the usual
-/// ways out of a sandbox or into the host.
-const HOST_DENYLIST: &[i64] = &[
+/// ways out of a sandbox or into the host. Also denied: `clone` without
+/// `CLONE_THREAD` (a fork); and `clone3` fails with `ENOSYS` (a layer of
+/// its own, see [`host_denylist_programs`]).
+pub(super) const HOST_DENYLIST: &[i64] = &[
     libc::SYS_execve,
     libc::SYS_execveat,
     libc::SYS_fork,
@@ -386,7 +480,7 @@ const HOST_DENYLIST: &[i64] = &[
 ];
 
 /// The denylist program: the calls above get `action`, the rest pass.
-pub(super) fn compile_host_denylist(action: SeccompAction) -> seccompiler::Result<BpfProgram> {
+fn compile_host_denylist(action: SeccompAction) -> seccompiler::Result<BpfProgram> {
     let mut map: BTreeMap<i64, Vec<SeccompRule>> =
         HOST_DENYLIST.iter().map(|&nr| (nr, Vec::new())).collect();
     // clone without CLONE_THREAD is a fork.
@@ -394,7 +488,7 @@ pub(super) fn compile_host_denylist(action: SeccompAction) -> seccompiler::Resul
         libc::SYS_clone,
         vec![rule(vec![cond(
             0,
-            Op::MaskedEq(libc::CLONE_THREAD as u64),
+            Op::MaskedEq(arg(libc::CLONE_THREAD)),
             0,
         )])],
     );
@@ -410,13 +504,25 @@ pub(super) fn compile_host_denylist(action: SeccompAction) -> seccompiler::Resul
     filter.try_into().map_err(seccompiler::Error::Backend)
 }
 
-/// The BPF program of `kind`: its calls allowed, the rest `mismatch`.
+/// The launcher's programs, in the order installed: the denylist (its calls
+/// get `action`) and the `clone3` layer. `clone3` cannot be denied with the
+/// rest: a trap would end the launcher at its first thread, where `ENOSYS`
+/// makes glibc fall back to `clone`, which the denylist checks.
+pub(super) fn host_denylist_programs(
+    action: SeccompAction,
+) -> seccompiler::Result<Vec<BpfProgram>> {
+    Ok(vec![compile_host_denylist(action)?, compile_no_clone3()?])
+}
+
+/// The BPF program of `kind` in process `pid`: its calls allowed, the rest
+/// `mismatch`.
 pub(super) fn compile(
     kind: ThreadKind,
     mismatch: SeccompAction,
+    pid: u32,
 ) -> seccompiler::Result<BpfProgram> {
     let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for (nr, mut conditions) in rules(kind) {
+    for (nr, mut conditions) in rules(kind, pid) {
         // A syscall listed twice: unconditional wins, else rules add up.
         match map.get_mut(&nr) {
             Some(existing) if existing.is_empty() || conditions.is_empty() => existing.clear(),
@@ -441,7 +547,10 @@ pub(super) fn compile(
 /// The system calls `kind` may make, for tests.
 #[cfg(test)]
 pub(super) fn allowed(kind: ThreadKind) -> Vec<i64> {
-    let mut v: Vec<i64> = rules(kind).into_iter().map(|(nr, _)| nr).collect();
+    let mut v: Vec<i64> = rules(kind, std::process::id())
+        .into_iter()
+        .map(|(nr, _)| nr)
+        .collect();
     v.sort_unstable();
     v.dedup();
     v

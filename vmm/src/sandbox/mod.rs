@@ -26,8 +26,11 @@
 //!    TCP; the VMM threads open nothing after start-up. A kernel without
 //!    Landlock is logged once and the thread goes on.
 //! 4. **seccomp**: the system calls of its [`ThreadKind`] and no more
-//!    ([`filters`]), with ioctl numbers and `mmap`/`mprotect` protections
-//!    filtered by argument. A call outside the filter is, by
+//!    ([`filters`]), with ioctl numbers, `mmap`/`mprotect` protections,
+//!    `clone` flags, `futex` operations, `madvise` advice and the target and
+//!    signal of `tgkill` filtered by argument, over two refusal layers
+//!    (read-only opens fail with `EACCES`, `clone3` with `ENOSYS`). A call
+//!    outside the filter is, by
 //!    [`SeccompMode`]: `trap` (default, as Firecracker's and Cloud
 //!    Hypervisor's): SIGSYS, the process reports the call and exits with
 //!    status 159 (as a shell reports a SIGSYS death); `log`: allowed and
@@ -39,8 +42,12 @@
 //! filter.
 
 pub(crate) mod filters;
+#[doc(hidden)]
+pub mod inspect;
 mod landlock;
 mod sigsys;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::io;
@@ -185,10 +192,26 @@ impl ThreadKind {
         }
     }
 
-    /// Started by another sandboxed thread, whose credentials, Landlock
-    /// domain and filter it inherits.
+    /// The kind of thread that starts this one, whose credentials, Landlock
+    /// domain and filters it inherits.
+    pub fn parent(self) -> Option<ThreadKind> {
+        match self {
+            ThreadKind::BlockIo => Some(ThreadKind::VirtioBlock),
+            ThreadKind::ConsoleInput => Some(ThreadKind::ConsoleAccept),
+            _ => None,
+        }
+    }
+
+    /// Started by another sandboxed thread (see [`ThreadKind::parent`]).
     fn inherits(self) -> bool {
-        matches!(self, ThreadKind::BlockIo | ThreadKind::ConsoleInput)
+        self.parent().is_some()
+    }
+
+    /// Whether threads of this kind start threads (each with its own
+    /// narrower filter): only they may `clone` (with `CLONE_THREAD`) and
+    /// add a seccomp filter.
+    pub fn spawns_threads(self) -> bool {
+        matches!(self, ThreadKind::VirtioBlock | ThreadKind::ConsoleAccept)
     }
 
     fn from_role(role: ThreadRole) -> io::Result<ThreadKind> {
@@ -217,10 +240,12 @@ pub enum SandboxError {
 /// The compiled filters and settings, shared by every thread of a VM.
 pub struct Sandbox {
     config: SandboxConfig,
+    /// Each kind's allowlist.
     filters: HashMap<ThreadKind, BpfProgram>,
-    /// Installed with every thread's filter: read-only opens fail with
-    /// `EACCES` instead of trapping (`filters::compile_refused_reads`).
-    refused_reads: Option<BpfProgram>,
+    /// Installed under the allowlist of every thread that inherits none:
+    /// read-only opens fail with `EACCES`, `clone3` with `ENOSYS`
+    /// (`filters::compile_layers`). Empty without seccomp.
+    layers: Vec<BpfProgram>,
     /// Directories the control threads may remove files from (the console
     /// socket's, which `vmm run` removes at the end).
     removable_in: Vec<PathBuf>,
@@ -229,44 +254,76 @@ pub struct Sandbox {
 impl Sandbox {
     /// Compiles every filter (on the start-up thread: compiling allocates
     /// and must not fail later on a sandboxed thread).
+    ///
+    /// The filters are this process's: `tgkill` reaches only thread group
+    /// `getpid()` as it is now (seccomp compares arguments with constants).
+    /// A `Sandbox` is per process: one built before a `fork` is not for the
+    /// child, whose vCPU kicks its filters would refuse (and VMM threads
+    /// cannot fork).
     pub fn new(
         config: SandboxConfig,
         removable_in: Vec<PathBuf>,
     ) -> Result<Arc<Sandbox>, SandboxError> {
+        let action = filters::mismatch_action(config.seccomp);
+        if action == Some(seccompiler::SeccompAction::Trap) {
+            sigsys::install().map_err(SandboxError::Signal)?;
+        }
+        Sandbox::build(config, removable_in, std::process::id(), action).map(Arc::new)
+    }
+
+    /// The filters of process `pid`, calls outside an allowlist getting
+    /// `mismatch` (`None`: no filters).
+    fn build(
+        config: SandboxConfig,
+        removable_in: Vec<PathBuf>,
+        pid: u32,
+        mismatch: Option<seccompiler::SeccompAction>,
+    ) -> Result<Sandbox, SandboxError> {
         let mut compiled = HashMap::new();
-        let mut refused_reads = None;
-        if let Some(action) = filters::mismatch_action(config.seccomp) {
-            refused_reads =
-                Some(
-                    filters::compile_refused_reads().map_err(|e| SandboxError::Filter {
-                        kind: ThreadKind::Control,
-                        message: format!("refused reads: {e}"),
-                    })?,
-                );
-            if config.seccomp == SeccompMode::Trap {
-                sigsys::install().map_err(SandboxError::Signal)?;
-            }
+        let mut layers = Vec::new();
+        if let Some(action) = mismatch {
+            layers = filters::compile_layers().map_err(|e| SandboxError::Filter {
+                kind: ThreadKind::Control,
+                message: format!("refusal layers: {e}"),
+            })?;
             for kind in ThreadKind::ALL {
-                let program =
-                    filters::compile(kind, action.clone()).map_err(|e| SandboxError::Filter {
+                let program = filters::compile(kind, action.clone(), pid).map_err(|e| {
+                    SandboxError::Filter {
                         kind,
                         message: e.to_string(),
-                    })?;
+                    }
+                })?;
                 compiled.insert(kind, program);
             }
         }
-        Ok(Arc::new(Sandbox {
+        Ok(Sandbox {
             config,
             filters: compiled,
-            refused_reads,
+            layers,
             removable_in,
-        }))
+        })
     }
 
     /// The compiled filter of `kind` (`None` without seccomp), for
     /// measuring what it costs (`cargo bench -p vmm --bench seccomp`).
     pub fn filter(&self, kind: ThreadKind) -> Option<&BpfProgram> {
         self.filters.get(&kind)
+    }
+
+    /// The programs [`Sandbox::enter`] installs on a thread of `kind`, in
+    /// order: the refusal layers and the allowlist, or only the allowlist
+    /// for a thread that inherits its parent's.
+    fn own_programs(&self, kind: ThreadKind) -> Vec<&BpfProgram> {
+        let Some(allowlist) = self.filters.get(&kind) else {
+            return Vec::new();
+        };
+        let mut programs: Vec<&BpfProgram> = if kind.inherits() {
+            Vec::new()
+        } else {
+            self.layers.iter().collect()
+        };
+        programs.push(allowlist);
+        programs
     }
 
     /// Confines the calling thread as a thread of `kind`. On error the
@@ -288,12 +345,8 @@ impl Sandbox {
             }
         }
         sigsys::set_thread_kind(kind.name());
-        if let Some(program) = self.filters.get(&kind) {
-            // An inheriting thread has its parent's already.
-            if let (Some(reads), false) = (&self.refused_reads, kind.inherits()) {
-                seccompiler::apply_filter(reads)
-                    .map_err(|e| io::Error::other(format!("seccomp refused reads: {e}")))?;
-            }
+        // An inheriting thread has its parent's layers already.
+        for program in self.own_programs(kind) {
             seccompiler::apply_filter(program)
                 .map_err(|e| io::Error::other(format!("seccomp filter for {kind:?}: {e}")))?;
         }
@@ -312,20 +365,36 @@ impl ThreadSandbox for Sandbox {
 
 /// Installs, on the calling thread and every thread it starts from now on,
 /// the denylist of a process that embeds the VMM (the launcher): no exec,
+/// fork (`clone` without `CLONE_THREAD`; `clone3` fails with `ENOSYS`),
 /// ptrace, mounts, namespaces, module loading, bpf, keyrings... (see
 /// `filters::HOST_DENYLIST`). Call it first thing in `main`, before any other
 /// thread exists. Its VMM threads add their own allowlists on top.
 pub fn apply_host_denylist(mode: SeccompMode) -> io::Result<()> {
-    let Some(action) = filters::mismatch_action(mode) else {
+    let programs = host_denylist_programs(mode)?;
+    if programs.is_empty() {
         return Ok(());
-    };
+    }
     if mode == SeccompMode::Trap {
         sigsys::install()?;
     }
-    let program = filters::compile_host_denylist(action)
-        .map_err(|e| io::Error::other(format!("host denylist: {e}")))?;
     set_no_new_privs()?;
-    seccompiler::apply_filter(&program).map_err(|e| io::Error::other(format!("host denylist: {e}")))
+    for program in &programs {
+        seccompiler::apply_filter(program)
+            .map_err(|e| io::Error::other(format!("host denylist: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The programs [`apply_host_denylist`] installs, in order (none under
+/// [`SeccompMode::None`]). Public for tests that read a launcher thread's
+/// filters back.
+#[doc(hidden)]
+pub fn host_denylist_programs(mode: SeccompMode) -> io::Result<Vec<BpfProgram>> {
+    let Some(action) = filters::mismatch_action(mode) else {
+        return Ok(Vec::new());
+    };
+    filters::host_denylist_programs(action)
+        .map_err(|e| io::Error::other(format!("host denylist: {e}")))
 }
 
 /// Switches this thread (only) to `to` if it runs as root: supplementary
@@ -419,161 +488,4 @@ fn forbidden_syscall(kind: ThreadKind) {
         "sandbox test hook: {kind:?} thread created a file: {:?}",
         result.as_ref().map(|_| ()).map_err(|e| e.to_string())
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::FileExt;
-
-    #[test]
-    fn every_filter_compiles_in_every_mode() {
-        for mode in [SeccompMode::Log, SeccompMode::Trap] {
-            let action = filters::mismatch_action(mode).unwrap();
-            for kind in ThreadKind::ALL {
-                assert!(!filters::compile(kind, action.clone()).unwrap().is_empty());
-            }
-            assert!(!filters::compile_host_denylist(action).unwrap().is_empty());
-        }
-        assert!(filters::mismatch_action(SeccompMode::None).is_none());
-    }
-
-    #[test]
-    fn no_vmm_thread_may_open_connect_exec_or_change_credentials() {
-        let forbidden = [
-            libc::SYS_open,
-            // openat only read-only, and refused by the second filter
-            // (`read_only_opens_fail_with_eacces_on_every_thread`).
-            libc::SYS_openat2,
-            libc::SYS_creat,
-            libc::SYS_socket,
-            libc::SYS_connect,
-            libc::SYS_bind,
-            libc::SYS_execve,
-            libc::SYS_execveat,
-            libc::SYS_fork,
-            libc::SYS_vfork,
-            libc::SYS_kill,
-            libc::SYS_ptrace,
-            libc::SYS_setuid,
-            libc::SYS_setresuid,
-            libc::SYS_setgid,
-            libc::SYS_setresgid,
-            libc::SYS_setgroups,
-            libc::SYS_capset,
-            libc::SYS_mount,
-            libc::SYS_unshare,
-            libc::SYS_setns,
-            libc::SYS_bpf,
-            libc::SYS_process_vm_writev,
-        ];
-        for kind in ThreadKind::ALL {
-            let allowed = filters::allowed(kind);
-            for nr in forbidden {
-                assert!(!allowed.contains(&nr), "{kind:?} may make system call {nr}");
-            }
-        }
-        // Only the thread kinds that start other threads may add filters.
-        for kind in ThreadKind::ALL {
-            let spawns = matches!(kind, ThreadKind::VirtioBlock | ThreadKind::ConsoleAccept);
-            assert_eq!(
-                filters::allowed(kind).contains(&libc::SYS_clone3),
-                spawns,
-                "{kind:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_thread_started_by_another_may_only_need_what_its_parent_allows() {
-        // It inherits its parent's filter: a call outside it would trap even
-        // if the child's own filter allowed it.
-        for (child, parent) in [
-            (ThreadKind::BlockIo, ThreadKind::VirtioBlock),
-            (ThreadKind::ConsoleInput, ThreadKind::ConsoleAccept),
-        ] {
-            let parent_allows = filters::allowed(parent);
-            for nr in filters::allowed(child) {
-                assert!(
-                    parent_allows.contains(&nr),
-                    "{child:?} needs {nr}, {parent:?} refuses it"
-                );
-            }
-        }
-    }
-
-    /// A filter really stops a call: the block I/O filter, built to return
-    /// EPERM instead of trapping, on a thread of this test process.
-    #[test]
-    fn the_block_io_filter_allows_disk_io_and_refuses_opening_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("disk");
-        std::fs::write(&path, b"0123456789").unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let program = filters::compile(
-            ThreadKind::BlockIo,
-            seccompiler::SeccompAction::Errno(libc::EPERM as u32),
-        )
-        .unwrap();
-        let (read, opened) = std::thread::spawn(move || {
-            seccompiler::apply_filter(&program).unwrap();
-            let mut buf = [0u8; 4];
-            let read = file.read_at(&mut buf, 3).map(|_| buf);
-            let opened = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map(|_| ());
-            (
-                read.map_err(|e| e.kind()),
-                opened.map_err(|e| e.raw_os_error()),
-            )
-        })
-        .join()
-        .unwrap();
-        assert_eq!(read, Ok(*b"3456"));
-        assert_eq!(opened, Err(Some(libc::EPERM)));
-    }
-
-    /// glibc's lazy reads must fail cleanly, not trap; and no VMM thread
-    /// may open a file, read-only or not. Both filters as `enter` installs
-    /// them, with `EPERM` for the allowlist's refusals instead of a trap.
-    #[test]
-    fn read_only_opens_fail_with_eacces_on_every_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("file");
-        std::fs::write(&path, b"x").unwrap();
-        let reads = filters::compile_refused_reads().unwrap();
-        for kind in ThreadKind::ALL {
-            let program =
-                filters::compile(kind, seccompiler::SeccompAction::Errno(libc::EPERM as u32))
-                    .unwrap();
-            let (reads, path) = (reads.clone(), path.clone());
-            let (read_only, writable) = std::thread::spawn(move || {
-                seccompiler::apply_filter(&reads).unwrap();
-                seccompiler::apply_filter(&program).unwrap();
-                let read_only = std::fs::File::open(&path).map(|_| ());
-                let writable = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map(|_| ());
-                (
-                    read_only.map_err(|e| e.raw_os_error()),
-                    writable.map_err(|e| e.raw_os_error()),
-                )
-            })
-            .join()
-            .unwrap();
-            assert_eq!(read_only, Err(Some(libc::EACCES)), "{kind:?}");
-            assert_eq!(writable, Err(Some(libc::EPERM)), "{kind:?}");
-        }
-    }
-
-    #[test]
-    fn seccomp_modes_parse() {
-        assert_eq!("none".parse::<SeccompMode>(), Ok(SeccompMode::None));
-        assert_eq!("log".parse::<SeccompMode>(), Ok(SeccompMode::Log));
-        assert_eq!("trap".parse::<SeccompMode>(), Ok(SeccompMode::Trap));
-        assert!("kill".parse::<SeccompMode>().is_err());
-        assert_eq!(SeccompMode::default(), SeccompMode::Trap);
-    }
 }
