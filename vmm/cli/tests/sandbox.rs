@@ -1,7 +1,9 @@
 //! `vmm run`'s threads in their sandbox, seen from outside: while the
-//! guest runs, `/proc/<pid>/task/*/status` shows every thread (vCPU, each
-//! device thread, the block I/O threads, the console threads, the signal
-//! watcher and the main thread) with a seccomp filter (`Seccomp: 2`),
+//! guest runs, every thread (vCPU, each device thread, the block I/O
+//! threads, the console threads, the signal watcher and the main thread)
+//! runs under exactly its kind's seccomp programs (read back with
+//! `PTRACE_SECCOMP_GET_FILTER` and compared with what the VMM builds for
+//! that process), and `/proc/<pid>/task/*/status` shows `Seccomp: 2`,
 //! `NoNewPrivs: 1` and, since the tests run as root, not root any more.
 //!
 //! Needs root (a tap in a private network namespace) and /dev/kvm.
@@ -14,11 +16,13 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use virtio_devices::net::test_tap::{create_tap, in_new_netns};
+use vmm::sandbox::{SeccompMode, ThreadKind, inspect};
 
 /// One thread's sandbox as its status file shows it.
 #[derive(Debug)]
 struct ThreadStatus {
     name: String,
+    tid: u32,
     seccomp: String,
     no_new_privs: String,
     /// Effective and permitted capabilities.
@@ -45,8 +49,16 @@ fn threads(pid: u32) -> Vec<ThreadStatus> {
         ) else {
             continue; // ended meanwhile
         };
+        let Some(tid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse().ok())
+        else {
+            continue;
+        };
         out.push(ThreadStatus {
             name: comm.trim().to_string(),
+            tid,
             seccomp: field(&status, "Seccomp:"),
             no_new_privs: field(&status, "NoNewPrivs:"),
             uids: field(&status, "Uid:"),
@@ -91,6 +103,41 @@ fn is_kernel_thread(name: &str) -> bool {
     name.starts_with("kvm-")
 }
 
+/// The kind of a thread of `vmm run`: the VMM's own, or its main thread and
+/// signal watcher, which enter the control threads' sandbox.
+fn kind(name: &str) -> Option<ThreadKind> {
+    match name {
+        "vmm" | "signals" => Some(ThreadKind::Control),
+        other => inspect::kind_of_thread(other),
+    }
+}
+
+/// The lengths of a thread's programs, oldest first (for reports).
+fn lengths<T>(programs: &[Vec<T>]) -> Vec<usize> {
+    programs.iter().map(Vec::len).collect()
+}
+
+/// Checks that thread `tid` of `vmm run` (process `pid`) runs under exactly
+/// the programs of its kind: the refusal layers and its allowlist, or for a
+/// thread started by another, its parent's layers and allowlist, then its
+/// own.
+fn check_filters(pid: u32, name: &str, tid: u32) -> Result<(), String> {
+    let kind = kind(name).ok_or_else(|| format!("thread {name}: not a VMM thread"))?;
+    let got = inspect::thread_filters(tid).map_err(|e| format!("{name}: {e}"))?;
+    let vmm = inspect::programs_for_process(SeccompMode::Trap, pid).unwrap();
+    let mut want = vmm.layers;
+    want.extend(kind.parent().map(|parent| vmm.allowlists[&parent].clone()));
+    want.push(vmm.allowlists[&kind].clone());
+    if got == want {
+        return Ok(());
+    }
+    Err(format!(
+        "thread {name} ({kind:?}) runs under programs of lengths {:?}, want {:?}",
+        lengths(&got),
+        lengths(&want),
+    ))
+}
+
 #[test]
 fn every_thread_of_vmm_run_is_filtered_and_unprivileged() {
     in_new_netns(|| {
@@ -129,12 +176,17 @@ fn every_thread_of_vmm_run_is_filtered_and_unprivileged() {
         // device stops them afterwards).
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut io_threads = Vec::new();
-        while io_threads.is_empty() {
-            assert!(Instant::now() < deadline, "no block I/O thread appeared");
+        // Read back while it lives.
+        let mut io_filters = Err("no block I/O thread appeared".to_string());
+        while io_filters.is_err() {
+            assert!(Instant::now() < deadline, "{io_filters:?}");
             io_threads = threads(pid)
                 .into_iter()
                 .filter(|t| t.name.starts_with("virtio-blk-io"))
                 .collect();
+            if let Some(t) = io_threads.first() {
+                io_filters = check_filters(pid, &t.name, t.tid);
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         drop(console_stream);
@@ -142,6 +194,11 @@ fn every_thread_of_vmm_run_is_filtered_and_unprivileged() {
         // started an input thread.
         let (_console, text) = wait_console(&console, "DONE passed=", Duration::from_secs(300));
         let mut threads = threads(pid);
+        let wrong: Vec<String> = threads
+            .iter()
+            .filter(|t| !is_kernel_thread(&t.name))
+            .filter_map(|t| check_filters(pid, &t.name, t.tid).err())
+            .collect();
         let _ = Command::new("kill").arg(pid.to_string()).status();
         let mut stderr = String::new();
         let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
@@ -177,6 +234,7 @@ fn every_thread_of_vmm_run_is_filtered_and_unprivileged() {
             let none = "0000000000000000".to_string();
             assert_eq!(t.caps, (none.clone(), none), "{t:?}: capabilities left");
         }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
         assert!(text.contains("TEST virtio-blk-batch PASS"), "{text}");
         assert!(text.contains("TEST virtio-blk-bench PASS"), "{text}");
         // The guest reset on the shutdown request (SIGTERM): no trapped

@@ -1,15 +1,18 @@
 //! The launcher's VMM threads in their sandbox, seen from outside while the
 //! test guest runs: every VMM thread (vCPU, device threads, block I/O
-//! threads, console threads) has a seccomp filter, `NoNewPrivs: 1` and runs
-//! as KubeVirt's unprivileged `qemu` user (107) although the launcher runs
-//! as root; the rest of the launcher (its tokio runtime, the gRPC server)
-//! stays root under the launcher's denylist filter.
+//! threads, console threads) runs under the launcher's denylist and exactly
+//! its kind's seccomp programs (read back with `PTRACE_SECCOMP_GET_FILTER`
+//! and compared with what the VMM builds for this process), has
+//! `NoNewPrivs: 1` and runs as KubeVirt's unprivileged `qemu` user (107)
+//! although the launcher runs as root; the rest of the launcher (its tokio
+//! runtime, the gRPC server) stays root under the denylist alone.
 
 mod common;
 
 use common::*;
 use proto::domain::{LifeCycle, StateChangeReason};
 use std::time::Duration;
+use vmm::sandbox::{SeccompMode, ThreadKind, inspect};
 
 /// The block bench sends two requests per notification for a while: the
 /// device thread starts its I/O threads (the disk is cache=none).
@@ -19,10 +22,8 @@ const ARGS: &str = "console=ttyS0 checks=serial,virtio-blk,virtio-blk-bench,virt
 #[derive(Debug)]
 struct ThreadStatus {
     name: String,
+    tid: u32,
     seccomp: String,
-    /// How many filters the thread runs under: the launcher's denylist,
-    /// plus a VMM thread's own allowlist (and its parent's, if inherited).
-    filters: String,
     no_new_privs: String,
     /// Effective and permitted capabilities.
     caps: (String, String),
@@ -46,10 +47,17 @@ fn threads(pid: u32) -> Vec<ThreadStatus> {
         ) else {
             continue;
         };
+        let Some(tid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse().ok())
+        else {
+            continue;
+        };
         out.push(ThreadStatus {
             name: comm.trim().to_string(),
+            tid,
             seccomp: field(&status, "Seccomp:"),
-            filters: field(&status, "Seccomp_filters:"),
             no_new_privs: field(&status, "NoNewPrivs:"),
             uids: field(&status, "Uid:"),
             caps: (field(&status, "CapEff:"), field(&status, "CapPrm:")),
@@ -64,11 +72,50 @@ fn is_kernel_thread(name: &str) -> bool {
     name.starts_with("kvm-")
 }
 
-fn is_vmm_thread(name: &str) -> bool {
-    name.starts_with("vcpu")
-        || name.starts_with("virtio-")
-        || name.starts_with("serial-")
-        || name.starts_with("acpi-")
+/// The lengths of a thread's programs, oldest first (for reports: the
+/// programs themselves are thousands of instructions).
+fn lengths<T>(programs: &[Vec<T>]) -> Vec<usize> {
+    programs.iter().map(Vec::len).collect()
+}
+
+/// Checks that thread `tid` runs under exactly the programs it should: the
+/// launcher's denylist, and for a VMM thread of `kind` the programs the VMM
+/// builds for this launcher process (pid: `tgkill` only within it).
+fn check_filters(pid: u32, name: &str, tid: u32, kind: Option<ThreadKind>) -> Result<(), String> {
+    let got = match inspect::thread_filters(tid) {
+        Ok(got) => got,
+        // A launcher thread that ended meanwhile (tokio's blocking pool).
+        Err(_)
+            if kind.is_none()
+                && !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() =>
+        {
+            return Ok(());
+        }
+        Err(e) => return Err(format!("{name}: {e}")),
+    };
+    // What each thread should hold, oldest first: the denylist; on a VMM
+    // thread, the refusal layers and its allowlist, or for a thread started
+    // by another, its parent's layers and allowlist, then its own.
+    let mut want = vmm::sandbox::host_denylist_programs(SeccompMode::Trap).unwrap();
+    if let Some(kind) = kind {
+        let vmm = inspect::programs_for_process(SeccompMode::Trap, pid).unwrap();
+        want.extend(vmm.layers);
+        want.extend(kind.parent().map(|parent| vmm.allowlists[&parent].clone()));
+        want.push(vmm.allowlists[&kind].clone());
+    }
+    if got == want {
+        return Ok(());
+    }
+    Err(format!(
+        "thread {name} ({kind:?}) runs under programs of lengths {:?}, want {:?}{}",
+        lengths(&got),
+        lengths(&want),
+        if lengths(&got) == lengths(&want) {
+            " (same lengths, other instructions)"
+        } else {
+            ""
+        }
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,15 +158,18 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
     }
     let pid = launcher.child.id();
     let mut io_threads = Vec::new();
-    while io_threads.is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no block I/O thread appeared"
-        );
+    // Read back while it lives: an I/O thread under its own allowlist on
+    // top of the device thread's.
+    let mut io_filters = Err("no block I/O thread appeared".to_string());
+    while io_filters.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{io_filters:?}");
         io_threads = threads(pid)
             .into_iter()
             .filter(|t| t.name.starts_with("virtio-blk-io"))
             .collect();
+        if let Some(t) = io_threads.first() {
+            io_filters = check_filters(pid, &t.name, t.tid, Some(ThreadKind::BlockIo));
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     while !console().contains("DONE passed=") {
@@ -147,14 +197,19 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
             "no thread {expected:?} in {names:?}"
         );
     }
+    let mut wrong = Vec::new();
     for t in &threads {
         // The denylist covers the whole launcher; VMM threads add their own.
         assert_eq!(t.seccomp, "2", "{t:?}");
         assert_eq!(t.no_new_privs, "1", "{t:?}");
-        if is_vmm_thread(&t.name) {
-            // `Seccomp: 2` alone would hold with the denylist only.
-            let filters: u32 = t.filters.parse().unwrap_or(0);
-            assert!(filters >= 2, "{t:?}: no allowlist of its own");
+        let kind = inspect::kind_of_thread(&t.name);
+        // The I/O thread was read back above (it may be gone by now).
+        if kind != Some(ThreadKind::BlockIo)
+            && let Err(e) = check_filters(pid, &t.name, t.tid, kind)
+        {
+            wrong.push(e);
+        }
+        if kind.is_some() {
             assert_eq!(
                 t.uids, "107\t107\t107\t107",
                 "{t:?}: a VMM thread runs as root"
@@ -168,7 +223,9 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
             );
         }
     }
-    // The VM still works: a kill ends it the usual way.
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The VM still works (reading the filters stopped each thread for a
+    // moment): a kill ends it the usual way.
     let vmi = vmi_json(ARGS, serde_json::json!({}));
     assert!(
         cmd.kill_virtual_machine(vmi_request(vmi))
