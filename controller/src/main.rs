@@ -4,7 +4,7 @@ use clap::Parser;
 use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
 use controller::metrics::Metrics;
 use controller::run::{Options, run};
-use controller::template::TemplateConfig;
+use controller::template::{TemplateConfig, VmiSeccompProfile};
 use controller::writes::Writes;
 use std::sync::Arc;
 
@@ -51,6 +51,15 @@ struct Args {
     /// are refused unless `HostDisk` is on.
     #[arg(long, default_value = "")]
     feature_gates: proto::contract::feature_gates::FeatureGates,
+    /// Launcher pods get the container runtime's default seccomp profile: the `KubeVirt`
+    /// CR's `seccompConfiguration.virtualMachineInstanceProfile.customProfile.
+    /// runtimeDefaultProfile: true`. Without it or the next, no profile (KubeVirt's default).
+    #[arg(long, conflicts_with = "vmi_seccomp_localhost_profile")]
+    vmi_seccomp_runtime_default: bool,
+    /// Launcher pods get this node-local seccomp profile (relative to the kubelet's seccomp
+    /// directory): the CR's `...customProfile.localhostProfile`.
+    #[arg(long)]
+    vmi_seccomp_localhost_profile: Option<String>,
 }
 
 #[tokio::main]
@@ -84,6 +93,14 @@ async fn main() -> anyhow::Result<()> {
                     .feature_gates
                     .enabled(proto::contract::feature_gates::ROOT),
             feature_gates: args.feature_gates,
+            vmi_seccomp_profile: match (
+                args.vmi_seccomp_runtime_default,
+                args.vmi_seccomp_localhost_profile,
+            ) {
+                (_, Some(path)) => Some(VmiSeccompProfile::Localhost(path)),
+                (true, None) => Some(VmiSeccompProfile::RuntimeDefault),
+                (false, None) => None,
+            },
             ..TemplateConfig::default()
         },
         namespace: args.watch_namespace,

@@ -626,3 +626,59 @@ fn downward_metrics_and_sysprep_volumes() {
         &json!({"name": "unattend", "mountPath": "/var/run/kubevirt-private/sysprep/unattend", "readOnly": true})
     ));
 }
+
+/// `computePodSecurityContext` with the KubeVirt CR's
+/// `seccompConfiguration.virtualMachineInstanceProfile.customProfile`: the pod's profile
+/// (the containers' security contexts keep none), for non-root and root pods; without the
+/// setting, no profile (the default pods of `tests.rs`).
+#[test]
+fn seccomp_profile_from_the_kubevirt_cr() {
+    let vmi = migratable();
+    for (profile, rendered) in [
+        (
+            VmiSeccompProfile::RuntimeDefault,
+            json!({"type": "RuntimeDefault"}),
+        ),
+        (
+            VmiSeccompProfile::Localhost("kubevirt/kubevirt.json".into()),
+            json!({"type": "Localhost", "localhostProfile": "kubevirt/kubevirt.json"}),
+        ),
+    ] {
+        for root in [false, true] {
+            let with = TemplateConfig {
+                vmi_seccomp_profile: Some(profile.clone()),
+                root,
+                ..config()
+            };
+            let mut vmi = vmi.clone();
+            if root {
+                vmi.status.get_or_insert_with(Default::default).runtime_user = Some(0);
+            }
+            let pod = render_launcher_pod(&vmi, &with, &RenderContext::default()).unwrap();
+            let pod = serde_json::to_value(pod).unwrap();
+            let expected = if root {
+                json!({"fsGroup": 107, "runAsUser": 0, "seccompProfile": rendered})
+            } else {
+                json!({"fsGroup": 107, "runAsUser": 107, "runAsGroup": 107,
+                       "runAsNonRoot": true, "seccompProfile": rendered})
+            };
+            assert_eq!(
+                pod["spec"]["securityContext"], expected,
+                "{profile:?}, root {root}"
+            );
+            for container in pod["spec"]["containers"].as_array().unwrap() {
+                assert!(
+                    container["securityContext"].get("seccompProfile").is_none(),
+                    "{}",
+                    container["name"]
+                );
+            }
+        }
+    }
+    let pod = render(&vmi);
+    assert!(
+        pod["spec"]["securityContext"]
+            .get("seccompProfile")
+            .is_none()
+    );
+}

@@ -21,7 +21,7 @@ pub(crate) use volumes::claim_name;
 use crate::quantity::Qty;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
-    PodReadinessGate, PodSecurityContext, PodSpec, SecurityContext,
+    PodReadinessGate, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use overhead::Side;
@@ -125,6 +125,37 @@ pub struct TemplateConfig {
     pub default_architecture: String,
     /// Binding of the default pod interface: `bridge` (KubeVirt's default) or `masquerade`.
     pub default_network_interface: String,
+    /// The launcher pod's seccomp profile (`seccompConfiguration.virtualMachineInstanceProfile`
+    /// of the KubeVirt CR); none unless configured, as in KubeVirt.
+    pub vmi_seccomp_profile: Option<VmiSeccompProfile>,
+}
+
+/// `seccompConfiguration.virtualMachineInstanceProfile.customProfile` of the KubeVirt CR,
+/// which v1.9.0's template service renders as the pod's `securityContext.seccompProfile`
+/// (virt-operator's admission refuses a profile with both set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmiSeccompProfile {
+    /// `runtimeDefaultProfile: true`: the container runtime's default profile.
+    RuntimeDefault,
+    /// `localhostProfile`: a profile file on the node, relative to the kubelet's seccomp
+    /// directory (KubeVirt's handler installs `kubevirt/kubevirt.json` there with the
+    /// `KubevirtSeccompProfile` gate).
+    Localhost(String),
+}
+
+impl VmiSeccompProfile {
+    fn to_pod(&self) -> SeccompProfile {
+        match self {
+            VmiSeccompProfile::RuntimeDefault => SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            },
+            VmiSeccompProfile::Localhost(path) => SeccompProfile {
+                type_: "Localhost".into(),
+                localhost_profile: Some(path.clone()),
+            },
+        }
+    }
 }
 
 impl Default for TemplateConfig {
@@ -158,6 +189,7 @@ impl Default for TemplateConfig {
             node_selectors: BTreeMap::new(),
             default_architecture: "amd64".into(),
             default_network_interface: "bridge".into(),
+            vmi_seccomp_profile: None,
         }
     }
 }
@@ -403,7 +435,10 @@ pub fn render_launcher_pod(
         spec: Some(PodSpec {
             hostname: Some(host_name),
             subdomain: spec.subdomain.clone(),
-            security_context: Some(pod_security_context(non_root)),
+            security_context: Some(pod_security_context(
+                non_root,
+                config.vmi_seccomp_profile.as_ref(),
+            )),
             termination_grace_period_seconds: Some(pod_grace),
             restart_policy: Some("Never".into()),
             containers: vec![compute],
@@ -586,13 +621,15 @@ fn container_security_context(user_id: i64, capabilities: Option<Capabilities>) 
     }
 }
 
-fn pod_security_context(non_root: bool) -> PodSecurityContext {
+/// Pod security context (`computePodSecurityContext`).
+fn pod_security_context(non_root: bool, seccomp: Option<&VmiSeccompProfile>) -> PodSecurityContext {
     let uid = i64::from(NON_ROOT_UID);
     PodSecurityContext {
         fs_group: Some(uid),
         run_as_user: Some(if non_root { uid } else { 0 }),
         run_as_group: non_root.then_some(uid),
         run_as_non_root: non_root.then_some(true),
+        seccomp_profile: seccomp.map(VmiSeccompProfile::to_pod),
         ..Default::default()
     }
 }
