@@ -121,11 +121,7 @@ impl Fill {
     /// `qemu-img check` of a qcow2 image (its backing file named in it), then
     /// [`Fill::verify`] of its contents as `qemu-img convert` reads them.
     pub fn verify_qcow2(&self, image: &Path) -> Result<(), String> {
-        let check = Command::new("qemu-img")
-            .arg("check")
-            .arg(image)
-            .output()
-            .map_err(|e| format!("qemu-img (Debian's qemu-utils) is needed: {e}"))?;
+        let check = qemu_img(Command::new("qemu-img").arg("check").arg(image))?;
         if !check.status.success() {
             return Err(format!(
                 "qemu-img check {}: {}{}",
@@ -136,12 +132,12 @@ impl Fill {
         }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let flat = dir.path().join("flat.raw");
-        let convert = Command::new("qemu-img")
-            .args(["convert", "-f", "qcow2", "-O", "raw"])
-            .arg(image)
-            .arg(&flat)
-            .output()
-            .map_err(|e| e.to_string())?;
+        let convert = qemu_img(
+            Command::new("qemu-img")
+                .args(["convert", "-f", "qcow2", "-O", "raw"])
+                .arg(image)
+                .arg(&flat),
+        )?;
         if !convert.status.success() {
             return Err(format!(
                 "qemu-img convert: {}",
@@ -149,6 +145,25 @@ impl Fill {
             ));
         }
         self.verify(&std::fs::read(&flat).map_err(|e| e.to_string())?)
+    }
+}
+
+/// Runs `qemu-img`, again for up to 2 s while it is refused for an image lock: a
+/// descriptor the test process closed lives on for a moment in a child another test
+/// thread is starting (until its `exec`), and QEMU sees its lock.
+fn qemu_img(cmd: &mut Command) -> Result<std::process::Output, String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let out = cmd
+            .output()
+            .map_err(|e| format!("qemu-img (Debian's qemu-utils) is needed: {e}"))?;
+        if out.status.success()
+            || !String::from_utf8_lossy(&out.stderr).contains("Is another process using the image")
+            || std::time::Instant::now() > deadline
+        {
+            return Ok(out);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -16,9 +16,26 @@ pub fn qemu_tool(name: &str) -> PathBuf {
     p
 }
 
+/// Runs a command. A QEMU tool refused for an image lock is run again for up to 2 s:
+/// the engines lock images as QEMU does, and a descriptor this process has closed
+/// lives on in a child another test thread is starting (until its `exec`), so QEMU
+/// can see a lock for a moment that no one holds any more (see the block design's
+/// image locks).
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success()
+            || !stderr.contains("Is another process using the image")
+            || std::time::Instant::now() > deadline
+        {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Runs a command and requires exit code 0.
