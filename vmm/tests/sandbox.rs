@@ -24,6 +24,7 @@ fn kind(name: &str) -> ThreadKind {
         "blk" => ThreadKind::VirtioBlock,
         "rng" => ThreadKind::VirtioRng,
         "boot" => ThreadKind::BootLoader,
+        "ged" => ThreadKind::IrqResample,
         other => panic!("unknown thread kind {other}"),
     }
 }
@@ -158,6 +159,8 @@ fn a_vm_boots_from_its_disk_under_every_filter() {
 fn a_forbidden_call_on_a_device_thread_ends_the_vmm() {
     assert_trapped("blk", "virtio-blk");
     assert_trapped("rng", "virtio-rng");
+    // The ACPI GED's resample thread, started with the VM's platform devices.
+    assert_trapped("ged", "irq resample");
 }
 
 #[test]

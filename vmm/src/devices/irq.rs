@@ -55,12 +55,9 @@ impl vm_superio::Trigger for IrqLine {
     }
 }
 
-/// The sandbox of a [`LevelIrqLine`]'s thread: the allowlist of the threads
-/// that wait on eventfds and read them (`read`, `poll`, `ppoll` and the base
-/// set, `write` among it), which is all that thread does. The sandbox has no
-/// kind named for it yet, so a forbidden call there is reported as on a
-/// `virtio-rng` thread.
-const RESAMPLE_THREAD_KIND: ThreadKind = ThreadKind::VirtioRng;
+/// The sandbox of a [`LevelIrqLine`]'s thread: it waits on eventfds, reads them
+/// and writes the irqfd (`read`, `poll`, `ppoll` and the base set).
+const RESAMPLE_THREAD_KIND: ThreadKind = ThreadKind::IrqResample;
 
 /// A level-triggered line: up while its device has something pending (an
 /// ACPI status bit), as a device's interrupt output is on real hardware, so

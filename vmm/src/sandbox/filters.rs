@@ -363,7 +363,7 @@ fn rules(kind: ThreadKind, pid: u32) -> Rules {
             rules.push((libc::SYS_read, vec![]));
             rules.extend(disk_io());
         }
-        ThreadKind::VirtioNet | ThreadKind::VirtioRng => {
+        ThreadKind::VirtioNet | ThreadKind::VirtioRng | ThreadKind::IrqResample => {
             rules.extend(event_loop());
         }
         ThreadKind::ConsoleAccept => {

@@ -143,9 +143,7 @@ pub fn kind_of_thread(name: &str) -> Option<ThreadKind> {
         "serial-accept" => Some(ThreadKind::ConsoleAccept),
         "serial-input" => Some(ThreadKind::ConsoleInput),
         "boot-disk" => Some(ThreadKind::BootLoader),
-        // The ACPI GED's resample thread waits on eventfds as the virtio-rng
-        // thread does and enters that kind's sandbox (`devices::irq`).
-        "acpi-ged" => Some(ThreadKind::VirtioRng),
+        "acpi-ged" => Some(ThreadKind::IrqResample),
         _ if numbered("vcpu") => Some(ThreadKind::Vcpu),
         _ if numbered("virtio-blk-io") => Some(ThreadKind::BlockIo),
         _ => None,

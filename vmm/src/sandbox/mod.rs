@@ -151,6 +151,9 @@ pub enum ThreadKind {
     VirtioNet,
     /// A virtio-rng device's thread.
     VirtioRng,
+    /// Holds a level-triggered interrupt line up (the ACPI GED's `acpi-ged`): waits on
+    /// KVM's resample eventfd and raises the line again (`devices::irq::LevelIrqLine`).
+    IrqResample,
     /// Accepts clients of the serial console socket.
     ConsoleAccept,
     /// Types one console client's input into the guest (started by the
@@ -165,12 +168,13 @@ pub enum ThreadKind {
 }
 
 impl ThreadKind {
-    pub(crate) const ALL: [ThreadKind; 9] = [
+    pub(crate) const ALL: [ThreadKind; 10] = [
         ThreadKind::Vcpu,
         ThreadKind::VirtioBlock,
         ThreadKind::BlockIo,
         ThreadKind::VirtioNet,
         ThreadKind::VirtioRng,
+        ThreadKind::IrqResample,
         ThreadKind::ConsoleAccept,
         ThreadKind::ConsoleInput,
         ThreadKind::Control,
@@ -185,6 +189,7 @@ impl ThreadKind {
             ThreadKind::BlockIo => "block I/O",
             ThreadKind::VirtioNet => "virtio-net",
             ThreadKind::VirtioRng => "virtio-rng",
+            ThreadKind::IrqResample => "irq resample",
             ThreadKind::ConsoleAccept => "console accept",
             ThreadKind::ConsoleInput => "console input",
             ThreadKind::Control => "control",

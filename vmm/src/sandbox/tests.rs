@@ -1137,7 +1137,7 @@ fn thread_names_give_their_kinds() {
         Some(ThreadKind::ConsoleInput)
     );
     assert_eq!(kind_of_thread("boot-disk"), Some(ThreadKind::BootLoader));
-    assert_eq!(kind_of_thread("acpi-ged"), Some(ThreadKind::VirtioRng));
+    assert_eq!(kind_of_thread("acpi-ged"), Some(ThreadKind::IrqResample));
     for other in [
         "vcpu",
         "vcpux",
