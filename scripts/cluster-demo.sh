@@ -6,8 +6,9 @@
 #   sudo PROFILE=dev bash scripts/cluster-demo.sh      # the tests' unoptimised images (faster build)
 #
 # Steps: the images (images/build.sh: static, stripped release programs), the node
-# (scripts/cluster.sh up), the images imported with ctr into the node's containerd and
-# `kubectl apply -f images/deploy/` (CRDs, virt-controller, virt-handler), `kubectl apply -f
+# (scripts/cluster.sh up), the images imported with ctr into the node's containerd,
+# `kubectl apply -f images/deploy/` (CRDs, virt-controller, virt-handler) and `-f
+# images/deploy/cr/` (the KubeVirt CR; wait for its phase Deployed), `kubectl apply -f
 # images/examples/vm-testguest.yaml`, wait for the VM Ready and its VMI Running, print the
 # guest's `TEST ... PASS` lines from `kubectl logs <launcher pod> -c guest-console-log`, then
 # delete what it made: the VM, the deployment (unless it was there before) and the cluster
@@ -107,6 +108,9 @@ done
 
 # ---- KubeVirt (ours) -----------------------------------------------------------------------
 kubectl apply -f images/deploy/ >&2
+# The KubeVirt CR once its CRD is served (kubectl cannot map it in the same apply).
+kubectl wait crd/kubevirts.kubevirt.io --for condition=established --timeout=60s >/dev/null
+kubectl apply -f images/deploy/cr/ >&2
 if ((deployed_before)); then
     # Pods of images that were there before the import: start them on the new ones.
     kubectl -n kubevirt rollout restart deployment/virt-controller daemonset/virt-handler >&2
@@ -115,6 +119,9 @@ kubectl -n kubevirt rollout status deployment/virt-controller --timeout="${TIMEO
     die "virt-controller did not become available"
 kubectl -n kubevirt rollout status daemonset/virt-handler --timeout="${TIMEOUT}s" >&2 ||
     die "virt-handler did not become ready"
+kubectl -n kubevirt wait kv/kubevirt --for=jsonpath='{.status.phase}'=Deployed \
+    --timeout="${TIMEOUT}s" >/dev/null || die "the KubeVirt CR never reached phase Deployed"
+kubectl -n kubevirt get kv >&2
 kubectl wait node --all --for=jsonpath='{.metadata.labels.kubevirt\.io/schedulable}'=true \
     --timeout="${TIMEOUT}s" >/dev/null || die "the node was never labelled kubevirt.io/schedulable=true"
 log "virt-controller and virt-handler are running; the node is schedulable:"

@@ -25,6 +25,9 @@ pub(crate) const DEFAULT_CPU_MODEL: &str = "host-model";
 /// The model of an arm64 VMI that names none (`defaultCPUModelArm64`).
 pub(crate) const DEFAULT_CPU_MODEL_ARM64: &str = "host-passthrough";
 
+/// `virtconfig.DefaultCPURequest` (`100m`), in milli-CPUs.
+const DEFAULT_CPU_REQUEST_MILLI: u128 = 100;
+
 /// The machine type for an architecture (`GetMachineType` defaults).
 pub(crate) fn default_machine_type(arch: &str) -> &'static str {
     match arch {
@@ -100,6 +103,35 @@ pub fn apply(spec: &mut VirtualMachineInstanceSpec, config: &TemplateConfig) {
         }
     }
 
+    // The cluster's `cpuRequest`, unless it is KubeVirt's default, for VMIs that request
+    // no CPU and do not want dedicated CPUs.
+    if let Some(cpu_request) = config
+        .cpu_request
+        .as_ref()
+        .filter(|q| quantity::to_milli(q).is_ok_and(|m| m != DEFAULT_CPU_REQUEST_MILLI))
+    {
+        let dedicated = spec
+            .domain
+            .cpu
+            .as_ref()
+            .and_then(|c| c.dedicated_cpu_placement)
+            == Some(true);
+        let requested = spec
+            .domain
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .is_some_and(|r| r.contains_key("cpu"));
+        if !requested && !dedicated {
+            spec.domain
+                .resources
+                .get_or_insert_with(Default::default)
+                .requests
+                .get_or_insert_with(Default::default)
+                .insert("cpu".into(), cpu_request.clone());
+        }
+    }
+
     // Guest memory from the memory request, else the limit.
     let memory = spec.domain.memory.get_or_insert_with(Memory::default);
     if memory.guest.is_none() {
@@ -139,6 +171,11 @@ pub fn apply(spec: &mut VirtualMachineInstanceSpec, config: &TemplateConfig) {
             let always = disk.image.ends_with(":latest") || !disk.image.contains([':', '@']);
             disk.image_pull_policy = Some(if always { "Always" } else { "IfNotPresent" }.into());
         }
+    }
+
+    // The cluster's eviction strategy (`None` by default).
+    if spec.eviction_strategy.is_none() {
+        spec.eviction_strategy = config.eviction_strategy.clone();
     }
 
     // The pod network with the cluster's default binding when nothing is listed.
@@ -274,6 +311,46 @@ mod tests {
             json!([{"name": "root", "disk": {}}, {"name": "latest", "disk": {}}])
         );
         assert_eq!(v["domain"]["features"], json!({"acpi": {"enabled": true}}));
+        assert_eq!(v["evictionStrategy"], json!("None"));
+    }
+
+    /// `cpuRequest` and `evictionStrategy` of the cluster (`setDefaultResourceRequests`,
+    /// `setDefaultEvictionStrategy`); KubeVirt's default `100m` changes nothing.
+    #[test]
+    fn the_clusters_cpu_request_and_eviction_strategy() {
+        let config = TemplateConfig {
+            cpu_request: Some(proto::kubevirt::Quantity("2".into())),
+            eviction_strategy: Some("LiveMigrate".into()),
+            ..TemplateConfig::default()
+        };
+        let mut s = spec(json!({"domain": {"devices": {}}}));
+        apply(&mut s, &config);
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["domain"]["resources"]["requests"]["cpu"], json!("2"));
+        // The topology comes after it, from the request.
+        assert_eq!(v["domain"]["cpu"]["sockets"], json!(2));
+        assert_eq!(v["evictionStrategy"], json!("LiveMigrate"));
+        for kept in [
+            json!({"domain": {"devices": {}, "resources": {"requests": {"cpu": "500m"}}}, "evictionStrategy": "None"}),
+            json!({"domain": {"devices": {}, "cpu": {"dedicatedCpuPlacement": true}}, "evictionStrategy": "None"}),
+        ] {
+            let mut s = spec(kept.clone());
+            apply(&mut s, &config);
+            let v = serde_json::to_value(&s).unwrap();
+            assert_eq!(
+                v["domain"]["resources"]["requests"]["cpu"],
+                kept["domain"]["resources"]["requests"]["cpu"],
+                "{kept}"
+            );
+            assert_eq!(v["evictionStrategy"], json!("None"));
+        }
+        let default = TemplateConfig {
+            cpu_request: Some(proto::kubevirt::Quantity("0.1".into())),
+            ..TemplateConfig::default()
+        };
+        let mut s = spec(json!({"domain": {"devices": {}}}));
+        apply(&mut s, &default);
+        assert!(s.domain.resources.is_none());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod defaults;
+pub mod kubevirt_cr;
 pub mod leader;
 pub mod metrics;
 pub mod quantity;

@@ -26,6 +26,10 @@ struct Args {
     /// Namespace of the leader-election Lease.
     #[arg(long, default_value = "kubevirt")]
     leader_namespace: String,
+    /// Namespace of the `KubeVirt` CR (the configuration, which wins over the flags below)
+    /// and of virt-handler's DaemonSet (default: the leader namespace); empty: read no CR.
+    #[arg(long)]
+    kubevirt_namespace: Option<String>,
     #[arg(long, default_value = "virt-controller")]
     lease_name: String,
     /// This replica's identity (default: $POD_NAME, else the host name).
@@ -43,12 +47,13 @@ struct Args {
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
     /// KubeVirt's `Root` feature gate: launcher pods run as root (uid 0, SYS_NICE) unless a
-    /// VMI's creator asked for a non-root one. Off: always uid 107.
+    /// VMI's creator asked for a non-root one. Off: always uid 107. A default: the
+    /// `KubeVirt` CR's feature gates, when it lists any, decide.
     #[arg(long)]
     root: bool,
-    /// KubeVirt's feature gates that are on, comma-separated (`HostDisk,Root`): what the
-    /// `KubeVirt` CR's `developerConfiguration.featureGates` would say. `hostDisk` volumes
-    /// are refused unless `HostDisk` is on.
+    /// KubeVirt's feature gates that are on, comma-separated (`HostDisk,Root`), when the
+    /// `KubeVirt` CR lists none (`developerConfiguration.featureGates` wins). `hostDisk`
+    /// volumes are refused unless `HostDisk` is on.
     #[arg(long, default_value = "")]
     feature_gates: proto::contract::feature_gates::FeatureGates,
     /// Launcher pods get the container runtime's default seccomp profile: the `KubeVirt`
@@ -105,6 +110,11 @@ async fn main() -> anyhow::Result<()> {
         },
         namespace: args.watch_namespace,
         identity: identity.clone(),
+        kubevirt_namespace: match args.kubevirt_namespace {
+            Some(namespace) if namespace.is_empty() => None,
+            Some(namespace) => Some(namespace),
+            None => Some(args.leader_namespace.clone()),
+        },
     };
     let writes = Arc::new(Writes::default());
     let metrics = Arc::new(Metrics::new(writes.clone()));

@@ -1,15 +1,18 @@
 //! Wiring: one watch per resource kind, the two controllers on top, until shutdown.
 
+use crate::kubevirt_cr::{ClusterConfig, HANDLER_DAEMONSET, StatusWriter};
 use crate::template::TemplateConfig;
 use crate::vm::Expectations;
 use crate::writes::Writes;
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
+use proto::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,17 +20,24 @@ use std::time::{Duration, Instant};
 /// Settings of one controller process.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The configuration without a `KubeVirt` CR (the command-line flags); a CR's fields
+    /// replace these.
     pub template: TemplateConfig,
     /// Only this namespace (tests), or all namespaces.
     pub namespace: Option<String>,
     /// Name for events (`reportingInstance`).
     pub identity: String,
+    /// The namespace of the `KubeVirt` CR and virt-handler's DaemonSet (KubeVirt's install
+    /// namespace); `None`: no CR is read and `template` is the configuration.
+    pub kubevirt_namespace: Option<String>,
 }
 
 /// What every reconcile can use.
 pub struct Context {
     pub client: Client,
     pub options: Options,
+    /// The cluster configuration in force (the `KubeVirt` CR over `options.template`).
+    pub cluster_config: Arc<ClusterConfig>,
     pub writes: Arc<Writes>,
     pub vmis: Store<VirtualMachineInstance>,
     pub pods: Store<Pod>,
@@ -79,6 +89,11 @@ fn requeue_after(api_error: Option<&kube::Error>) -> Duration {
 }
 
 impl Context {
+    /// The configuration to render and admit with, now; one reconcile uses one.
+    pub fn config(&self) -> Arc<TemplateConfig> {
+        self.cluster_config.current()
+    }
+
     pub fn api<K>(&self, namespace: &str) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -195,7 +210,11 @@ fn kube_reason(e: &kube::Error) -> String {
 ///
 /// No reconcile runs before every store has its first full list, as KubeVirt waits for
 /// its informers' caches: a VMI reconciled against an empty pod cache would look as if its
-/// pod had vanished and be failed (seen: a restarted controller failing every running VMI).
+/// pod had vanished and be failed (seen: a restarted controller failing every running VMI),
+/// and one admitted before the `KubeVirt` CR is known would be judged by the defaults.
+///
+/// With `kubevirt_namespace`, the CRs there are the configuration (read at each reconcile)
+/// and their status is written here: this runs on the leader only.
 pub async fn run(
     client: Client,
     options: Options,
@@ -269,7 +288,7 @@ pub async fn run(
         vm_writer,
         watcher(
             api_all::<VirtualMachine>(&client, &options.namespace),
-            watch_config,
+            watch_config.clone(),
         )
         .default_backoff(),
     )
@@ -279,6 +298,88 @@ pub async fn run(
         }
         async {}
     });
+
+    // The KubeVirt CRs and virt-handler's DaemonSet; each change wakes the status writer.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let (kubevirt_reader, kubevirt_writer) = reflector::store::<KubeVirt>();
+    let (daemonset_reader, daemonset_writer) = reflector::store::<DaemonSet>();
+    let (cluster_config, install_watches): (Arc<ClusterConfig>, BoxFuture<'static, ()>) =
+        match &options.kubevirt_namespace {
+            None => (
+                Arc::new(ClusterConfig::fixed(options.template.clone())),
+                futures::future::pending().boxed(),
+            ),
+            Some(namespace) => {
+                let kubevirt_watch = reflector(
+                    kubevirt_writer,
+                    watcher(
+                        Api::<KubeVirt>::namespaced(client.clone(), namespace),
+                        watch_config.clone(),
+                    )
+                    .default_backoff(),
+                )
+                .for_each({
+                    let wake = wake.clone();
+                    let namespace = namespace.clone();
+                    move |event| {
+                        match event {
+                            Ok(_) => wake.notify_one(),
+                            Err(e) => tracing::warn!(
+                                %namespace, error = %e,
+                                "watching KubeVirt CRs (is the kubevirts.kubevirt.io CRD installed?)"
+                            ),
+                        }
+                        async {}
+                    }
+                });
+                let daemonset_watch = reflector(
+                    daemonset_writer,
+                    watcher(
+                        Api::<DaemonSet>::namespaced(client.clone(), namespace),
+                        watch_config
+                            .clone()
+                            .fields(&format!("metadata.name={HANDLER_DAEMONSET}")),
+                    )
+                    .default_backoff(),
+                )
+                .for_each({
+                    let wake = wake.clone();
+                    move |event| {
+                        match event {
+                            Ok(_) => wake.notify_one(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "watching virt-handler's DaemonSet")
+                            }
+                        }
+                        async {}
+                    }
+                });
+                (
+                    Arc::new(ClusterConfig::new(
+                        options.template.clone(),
+                        namespace,
+                        kubevirt_reader.clone(),
+                    )),
+                    async move {
+                        futures::join!(kubevirt_watch, daemonset_watch);
+                    }
+                    .boxed(),
+                )
+            }
+        };
+    let status_writer = options
+        .kubevirt_namespace
+        .clone()
+        .map(|namespace| StatusWriter {
+            client: client.clone(),
+            namespace,
+            config: cluster_config.clone(),
+            kubevirts: kubevirt_reader.clone(),
+            daemonsets: daemonset_reader,
+            launcher_image: options.template.launcher_image.clone(),
+            writes: writes.clone(),
+        });
+    let reads_kubevirt = options.kubevirt_namespace.is_some();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -290,6 +391,7 @@ pub async fn run(
     let context = Arc::new(Context {
         client,
         options,
+        cluster_config,
         writes,
         vmis: vmi_reader.clone(),
         pods: pod_reader.clone(),
@@ -303,16 +405,25 @@ pub async fn run(
     });
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_rx_status = stop_rx.clone();
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let controllers = async move {
-        let (vmis, pods, vms) = futures::join!(
+        let kubevirts = async {
+            if reads_kubevirt {
+                kubevirt_reader.wait_until_ready().await
+            } else {
+                Ok(())
+            }
+        };
+        let (vmis, pods, vms, kubevirts) = futures::join!(
             vmi_reader.wait_until_ready(),
             pod_reader.wait_until_ready(),
-            vm_reader.wait_until_ready()
+            vm_reader.wait_until_ready(),
+            kubevirts,
         );
-        if vmis.is_err() || pods.is_err() || vms.is_err() {
+        if vmis.is_err() || pods.is_err() || vms.is_err() || kubevirts.is_err() {
             return; // a watch ended before its first list; `watches` reports it
         }
         tracing::info!("caches synced: starting the VM and VMI controllers");
@@ -358,13 +469,22 @@ pub async fn run(
                 error_policy,
                 context.clone(),
             );
+        let status = async {
+            if let Some(writer) = status_writer {
+                tokio::select! {
+                    _ = writer.run(wake) => {}
+                    _ = stopped(stop_rx_status) => {}
+                }
+            }
+        };
         futures::join!(
             vmi_controller.for_each(|_| async {}),
-            vm_controller.for_each(|_| async {})
+            vm_controller.for_each(|_| async {}),
+            status,
         );
     };
     let watches = async {
-        futures::join!(vmi_watch, pod_watch, vm_watch);
+        futures::join!(vmi_watch, pod_watch, vm_watch, install_watches);
     };
     let shutdown = async move {
         shutdown.await;

@@ -18,9 +18,11 @@ pub enum Write {
     RevisionCreate,
     RevisionDelete,
     Event,
+    /// The `KubeVirt` CR's status (phase and conditions).
+    KubeVirtStatusPatch,
 }
 
-const KINDS: usize = 12;
+const KINDS: usize = 13;
 
 impl Write {
     /// Every kind, in declaration order.
@@ -37,6 +39,7 @@ impl Write {
         Write::RevisionCreate,
         Write::RevisionDelete,
         Write::Event,
+        Write::KubeVirtStatusPatch,
     ];
 }
 

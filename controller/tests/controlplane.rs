@@ -114,6 +114,8 @@ impl Setup {
             },
             namespace: Some(self.namespace.clone()),
             identity: identity.into(),
+            // Each test's namespace is its install: its KubeVirt CR, if it makes one.
+            kubevirt_namespace: Some(self.namespace.clone()),
         }
     }
 
@@ -1063,8 +1065,10 @@ impl Drop for KillOnDrop {
 /// `images/deploy/10-virt-controller.yaml` is all the controller needs: with its namespace,
 /// ServiceAccount and RBAC applied, the binary started with the Deployment's arguments and
 /// acting as that ServiceAccount (impersonated through its kubeconfig) takes the Lease
-/// `kubevirt/virt-controller`, brings a VM with a PVC volume to Scheduled (VMI, revision, pod,
-/// readiness gate, PVC look-up, events) and removes it again. A right missing from the
+/// `kubevirt/virt-controller`, reads `cr/kubevirt-cr.yaml`'s KubeVirt CR and writes its
+/// status (watching virt-handler's DaemonSet by name), brings a VM with a PVC volume to
+/// Scheduled (VMI, revision, pod, readiness gate, PVC look-up, events) and removes it
+/// again. A right missing from the
 /// ClusterRole or Role makes it fail. (That the API server accepts every manifest in
 /// images/deploy is `integration/tests/deploy_manifests.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1156,6 +1160,22 @@ async fn deploy_manifest_rights_and_arguments_are_enough() {
             .await
             .and_then(|l| l.spec?.holder_identity)
             .filter(|h| *h == identity)
+    })
+    .await;
+    // The install's CR, applied after the rest as the manifest says: the leader reads it
+    // and writes its status (no virt-handler DaemonSet here: Deploying).
+    let text = std::fs::read_to_string(format!("{deploy}/cr/kubevirt-cr.yaml")).expect("CR");
+    for object in integration::manifests::parse(&text).expect("cr/kubevirt-cr.yaml") {
+        integration::manifests::apply(&setup.client, &object, None, false)
+            .await
+            .unwrap_or_else(|e| panic!("cr/kubevirt-cr.yaml: {e:#}"));
+    }
+    let kubevirts: Api<proto::kubevirt::KubeVirt> =
+        Api::namespaced(setup.client.clone(), "kubevirt");
+    wait_for("the KubeVirt CR's phase Deploying", || async {
+        kubevirt_status(&kubevirts, "kubevirt")
+            .await
+            .filter(|s| s.phase == "Deploying")
     })
     .await;
 
@@ -1507,4 +1527,267 @@ async fn a_new_controller_leaves_running_vmis_running() {
     }
     let launchers = pods.list(&ListParams::default()).await.unwrap();
     assert_eq!(launchers.items.len(), names.len() + others);
+}
+
+/// A VMI of `vm("x")`'s template, `volume` (with a virtio disk) added when given.
+fn vmi_with(name: &str, volume: Option<serde_json::Value>) -> VirtualMachineInstance {
+    let mut spec = serde_json::to_value(vm("x", "Always").spec.template.spec).unwrap();
+    if let Some(volume) = volume {
+        let disk = json!({"name": volume["name"], "disk": {"bus": "virtio"}});
+        spec["domain"]["devices"]["disks"]
+            .as_array_mut()
+            .unwrap()
+            .push(disk);
+        spec["volumes"].as_array_mut().unwrap().push(volume);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// The launcher pod of VMI `name`, once it exists.
+async fn pod_of(pods: &Api<Pod>, name: &str) -> Pod {
+    wait_for(&format!("the launcher pod of {name}"), || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|p| {
+                p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.kind == "VirtualMachineInstance" && r.name == name)
+            })
+    })
+    .await
+}
+
+fn cpu_request(pod: &Pod) -> String {
+    let compute = &pod.spec.as_ref().unwrap().containers[0];
+    compute
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()["cpu"]
+        .0
+        .clone()
+}
+
+async fn kubevirt_status(
+    api: &Api<proto::kubevirt::KubeVirt>,
+    name: &str,
+) -> Option<proto::kubevirt::KubeVirtStatus> {
+    get(api, name).await.and_then(|kv| kv.status)
+}
+
+fn kv_condition<'a>(
+    status: &'a proto::kubevirt::KubeVirtStatus,
+    kind: &str,
+) -> Option<(&'a str, &'a str)> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.condition_type == kind)
+        .map(|c| (c.status.as_str(), c.reason.as_deref().unwrap_or_default()))
+}
+
+/// The KubeVirt CR is the configuration, as in KubeVirt v1.9.0, and changing it needs no
+/// restart: without `HostDisk` in its feature gates a hostDisk VMI is refused (no pod); with
+/// it added, a new one gets its pod; `cpuAllocationRatio` 10 → 2 takes a new VMI's CPU
+/// request from 100m to 500m while the old pod keeps its own. The leader writes the CR's
+/// status as virt-operator does: `Deploying` until virt-handler's DaemonSet (made here, its
+/// status written by the test: there is no DaemonSet controller) has every pod ready, then
+/// `Deployed` with `observedGeneration`, which also tells the test the controller saw each
+/// change. A second CR is told there is an install and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubevirt_cr_is_the_configuration_and_applies_without_a_restart() {
+    let setup = Setup::new("ctl-kvcr", true).await;
+    let kubevirts: Api<proto::kubevirt::KubeVirt> = setup.api();
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let pods: Api<Pod> = setup.api();
+    let cr = |name: &str, configuration: serde_json::Value| -> proto::kubevirt::KubeVirt {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": name},
+            "spec": {"configuration": configuration},
+        }))
+        .unwrap()
+    };
+    kubevirts
+        .create(
+            &PostParams::default(),
+            &cr(
+                "kubevirt",
+                json!({"developerConfiguration": {"featureGates": [], "cpuAllocationRatio": 10}}),
+            ),
+        )
+        .await
+        .expect("KubeVirt CR");
+    let handler: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "virt-handler"},
+        "spec": {"selector": {"matchLabels": {"kubevirt.io": "virt-handler"}},
+                 "template": {"metadata": {"labels": {"kubevirt.io": "virt-handler"}},
+                              "spec": {"containers": [{"name": "virt-handler", "image": "none"}]}}},
+    }))
+    .unwrap();
+    daemonsets
+        .create(&PostParams::default(), &handler)
+        .await
+        .expect("DaemonSet");
+    let handler_pods = |ready: i32| {
+        json!({"status": {"desiredNumberScheduled": 1, "numberReady": ready,
+                          "currentNumberScheduled": 1, "numberMisscheduled": 0}})
+    };
+    daemonsets
+        .patch_status(
+            "virt-handler",
+            &PatchParams::default(),
+            &Patch::Merge(&handler_pods(0)),
+        )
+        .await
+        .expect("DaemonSet status");
+    let deploying = wait_for(
+        "phase Deploying while virt-handler is not ready",
+        || async {
+            kubevirt_status(&kubevirts, "kubevirt")
+                .await
+                .filter(|s| s.phase == "Deploying" && kv_condition(s, "Created").is_some())
+        },
+    )
+    .await;
+    assert_eq!(
+        kv_condition(&deploying, "Available"),
+        Some(("False", "DeploymentInProgress"))
+    );
+    assert_eq!(deploying.observed_generation, None);
+    daemonsets
+        .patch_status(
+            "virt-handler",
+            &PatchParams::default(),
+            &Patch::Merge(&handler_pods(1)),
+        )
+        .await
+        .expect("DaemonSet status");
+    let deployed = wait_for("phase Deployed once virt-handler is ready", || async {
+        kubevirt_status(&kubevirts, "kubevirt")
+            .await
+            .filter(|s| s.phase == "Deployed")
+    })
+    .await;
+    assert_eq!(
+        kv_condition(&deployed, "Available"),
+        Some(("True", "AllComponentsReady"))
+    );
+    assert_eq!(
+        kv_condition(&deployed, "Degraded"),
+        Some(("False", "AllComponentsReady"))
+    );
+    assert_eq!(deployed.observed_generation, Some(1));
+
+    // The CR lists no HostDisk: refused, naming the field, no pod.
+    let host_disk = |file: &str| {
+        Some(json!({"name": "host", "hostDisk": {
+            "path": format!("/var/lib/kubevirt-rs-test/{file}"), "type": "DiskOrCreate", "capacity": "64Mi"}}))
+    };
+    vmis.create(&PostParams::default(), &vmi_with("hd1", host_disk("1.img")))
+        .await
+        .expect("VMI");
+    vmis.create(&PostParams::default(), &vmi_with("ratio10", None))
+        .await
+        .expect("VMI");
+    let refused = wait_for("hd1's Synchronized=False", || async {
+        get(&vmis, "hd1").await.and_then(|v| {
+            v.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.condition_type == "Synchronized")
+        })
+    })
+    .await;
+    assert_eq!(refused.status, "False");
+    assert_eq!(refused.reason.as_deref(), Some("FailedCreate"));
+    let message = refused.message.unwrap_or_default();
+    assert!(
+        message.contains("spec.volumes[1]: HostDisk feature gate is not enabled"),
+        "{message}"
+    );
+    let old_pod = pod_of(&pods, "ratio10").await;
+    assert_eq!(cpu_request(&old_pod), "100m");
+
+    // HostDisk on, one vCPU per two host CPUs: the next VMIs, no restart.
+    kubevirts
+        .patch(
+            "kubevirt",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"configuration": {"developerConfiguration": {
+                "featureGates": ["HostDisk"], "cpuAllocationRatio": 2}}}}),
+            ),
+        )
+        .await
+        .expect("CR patch");
+    wait_for("the controller to see generation 2", || async {
+        kubevirt_status(&kubevirts, "kubevirt")
+            .await
+            .filter(|s| s.observed_generation == Some(2))
+    })
+    .await;
+    vmis.create(&PostParams::default(), &vmi_with("hd2", host_disk("2.img")))
+        .await
+        .expect("VMI");
+    vmis.create(&PostParams::default(), &vmi_with("ratio2", None))
+        .await
+        .expect("VMI");
+    let pod = pod_of(&pods, "hd2").await;
+    let host_path = pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.host_path.as_ref())
+        .expect("the hostDisk's hostPath");
+    assert_eq!(host_path.path, "/var/lib/kubevirt-rs-test");
+    assert_eq!(cpu_request(&pod_of(&pods, "ratio2").await), "500m");
+    let old_pod = get(&pods, &old_pod.metadata.name.unwrap()).await.unwrap();
+    assert_eq!(cpu_request(&old_pod), "100m", "existing pods keep theirs");
+
+    // A second CR: both are told there is an install; the first stays the configuration.
+    kubevirts
+        .create(
+            &PostParams::default(),
+            &cr(
+                "second",
+                json!({"developerConfiguration": {"featureGates": []}}),
+            ),
+        )
+        .await
+        .expect("second CR");
+    for name in ["second", "kubevirt"] {
+        wait_for(&format!("{name}'s Synchronized=False"), || async {
+            kubevirt_status(&kubevirts, name).await.filter(|s| {
+                kv_condition(s, "Synchronized") == Some(("False", "ExistingDeployment"))
+            })
+        })
+        .await;
+    }
+    let second = kubevirt_status(&kubevirts, "second").await.unwrap();
+    assert_eq!(second.phase, "", "a second install is never deployed");
+    assert_eq!(
+        kubevirt_status(&kubevirts, "kubevirt").await.unwrap().phase,
+        "Deployed"
+    );
+    vmis.create(&PostParams::default(), &vmi_with("hd3", host_disk("3.img")))
+        .await
+        .expect("VMI");
+    pod_of(&pods, "hd3").await;
 }

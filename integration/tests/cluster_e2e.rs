@@ -73,6 +73,14 @@ async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
     let redeploy = daemonsets.get_opt("virt-handler").await?.is_some();
     let deploy_dir = repo().join("images/deploy");
     cluster.kubectl_output(&["apply", "-f", &deploy_dir.to_string_lossy()])?;
+    // The KubeVirt CR once its CRD is served (kubectl cannot map it in the same apply).
+    cluster.kubectl_output(&[
+        "wait",
+        "crd/kubevirts.kubevirt.io",
+        "--for=condition=established",
+        "--timeout=60s",
+    ])?;
+    cluster.kubectl_output(&["apply", "-f", &deploy_dir.join("cr").to_string_lossy()])?;
     if redeploy {
         cluster.kubectl_output(&[
             "-n",
@@ -93,6 +101,15 @@ async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
             "--timeout=300s",
         ])?;
     }
+    // What tools wait on: the leader marks the install Deployed once virt-handler is ready.
+    cluster.kubectl_output(&[
+        "-n",
+        KUBEVIRT_NAMESPACE,
+        "wait",
+        "kv/kubevirt",
+        "--for=jsonpath={.status.phase}=Deployed",
+        "--timeout=300s",
+    ])?;
     wait_for(
         "the node to be schedulable with device-plugin resources",
         || {

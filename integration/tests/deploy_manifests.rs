@@ -2,7 +2,10 @@
 //! object of every manifest there, in kubectl's order, is first checked by the API server
 //! (server-side dry run, strict field validation) and then applied, on a fresh control plane
 //! without the kubevirt.io CRDs. Applying them for real is what shows the order works: each
-//! object is dry-run only once the namespace and the CRDs before it exist.
+//! object is dry-run only once the namespace and the CRDs before it exist. Then the second
+//! step, `kubectl apply -f images/deploy/cr/`: the KubeVirt CR, which kubectl can only map
+//! once its CRD is served (in the same `apply` it fails with "ensure CRDs are installed
+//! first", so it is not in images/deploy/ itself).
 
 use integration::controlplane::{ControlPlane, Options};
 use integration::manifests;
@@ -34,6 +37,7 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
         "the namespace comes first"
     );
     for ours in [
+        "CustomResourceDefinition/kubevirts.kubevirt.io",
         "CustomResourceDefinition/virtualmachineinstances.kubevirt.io",
         "CustomResourceDefinition/virtualmachines.kubevirt.io",
         "ServiceAccount/kubevirt/virt-controller",
@@ -41,10 +45,26 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
         "ClusterRoleBinding/kubevirt-rs-virt-controller",
         "Role/kubevirt/virt-controller-leader-election",
         "RoleBinding/kubevirt/virt-controller-leader-election",
+        "Role/kubevirt/virt-controller-install",
+        "RoleBinding/kubevirt/virt-controller-install",
         "Deployment/kubevirt/virt-controller",
     ] {
         assert!(applied.iter().any(|a| a == ours), "{ours} in {applied:?}");
     }
+    assert!(
+        !applied.iter().any(|a| a.starts_with("KubeVirt/")),
+        "the KubeVirt CR cannot be applied with its CRD: {applied:?}"
+    );
+    let install = manifests::read_dir(&dir.join("cr")).expect("images/deploy/cr");
+    let mut installed = Vec::new();
+    for manifest in &install {
+        let file = manifest.path.file_name().unwrap().to_string_lossy();
+        for object in &manifest.objects {
+            apply_when_served(&client, object, &file, false).await;
+            installed.push(manifests::describe(object));
+        }
+    }
+    assert_eq!(installed, ["KubeVirt/kubevirt/kubevirt"], "one KubeVirt CR");
 
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/examples");
     let examples = manifests::read_dir(&examples).expect("images/examples");
@@ -52,18 +72,7 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
     for manifest in &examples {
         let file = manifest.path.file_name().unwrap().to_string_lossy();
         for object in &manifest.objects {
-            // The CRDs were just created: their kinds appear in discovery once Established.
-            let start = std::time::Instant::now();
-            loop {
-                match manifests::apply(&client, object, None, true).await {
-                    Ok(_) => break,
-                    Err(e) if start.elapsed() < std::time::Duration::from_secs(60) => {
-                        eprintln!("{file}: {e:#}; retrying");
-                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                    }
-                    Err(e) => panic!("{file}: {e:#}"),
-                }
-            }
+            apply_when_served(&client, object, &file, true).await;
             kinds.push(manifests::describe(object));
         }
     }
@@ -72,6 +81,27 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
         "VirtualMachineInstance/default/testguest",
     ] {
         assert!(kinds.iter().any(|k| k == example), "{example} in {kinds:?}");
+    }
+}
+
+/// Applies `object` (a dry run if `dry_run`) once its kind is served: CRDs just created
+/// appear in discovery once Established.
+async fn apply_when_served(
+    client: &kube::Client,
+    object: &kube::api::DynamicObject,
+    file: &str,
+    dry_run: bool,
+) {
+    let start = std::time::Instant::now();
+    loop {
+        match manifests::apply(client, object, None, dry_run).await {
+            Ok(_) => return,
+            Err(e) if start.elapsed() < std::time::Duration::from_secs(60) => {
+                eprintln!("{file}: {e:#}; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{file}: {e:#}"),
+        }
     }
 }
 

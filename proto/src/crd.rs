@@ -1,16 +1,17 @@
 //! CustomResourceDefinitions for the kubevirt.io/v1 resources we serve.
 //!
 //! `cargo run -p proto --bin crdgen -- images/deploy/crds` writes them.
-//! Both CRDs get the status subresource, so status is written through
+//! Every CRD gets the status subresource, so status is written through
 //! `/status` and a spec writer can never clobber it (and the other way round).
 
-use crate::kubevirt::{VirtualMachine, VirtualMachineInstance};
+use crate::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
 /// Every CRD, with the file name it is written under.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
+        ("kubevirt.io_kubevirts.yaml", KubeVirt::crd()),
         (
             "kubevirt.io_virtualmachineinstances.yaml",
             VirtualMachineInstance::crd(),

@@ -6,7 +6,7 @@
 //!   kubelet's device-plugin API `v1beta1` the handler serves to provide
 //!   `devices.kubevirt.io/*` resources.
 //! - [`kubevirt`]: the kubevirt.io/v1 resources (`VirtualMachineInstance`,
-//!   `VirtualMachine`) with the labels, annotations and finalizers around them.
+//!   `VirtualMachine`, `KubeVirt`) with the labels, annotations and finalizers around them.
 //! - [`domain`]: the domain object the launcher reports, in KubeVirt's JSON
 //!   (Go field names as keys).
 //! - [`domain_stats`]: the statistics `GetDomainStats` returns (`stats.DomainStats`).

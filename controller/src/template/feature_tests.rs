@@ -627,6 +627,48 @@ fn downward_metrics_and_sysprep_volumes() {
     ));
 }
 
+/// The gates that are launcher flags (`template.go`: in this order, after
+/// `--upgrade-ordinal-ifaces`), and the beta ones turned off in the KubeVirt CR.
+#[test]
+fn launcher_flags_follow_the_feature_gates() {
+    let command = |config: &TemplateConfig| -> Vec<String> {
+        let pod =
+            render_launcher_pod(&migratable(), config, &RenderContext::default()).expect("renders");
+        serde_json::from_value(
+            serde_json::to_value(pod).unwrap()["spec"]["containers"][0]["command"].clone(),
+        )
+        .unwrap()
+    };
+    let flags = [
+        "--image-volume",
+        "--libvirt-hook-server-and-client",
+        "--upgrade-ordinal-ifaces",
+        "--vgpu-dedicated-hook",
+        "--vm-stats-collector",
+        "--firmware-auto-selection",
+    ];
+    let present = |command: &[String]| -> Vec<&str> {
+        flags
+            .iter()
+            .copied()
+            .filter(|f| command.iter().any(|c| c == f))
+            .collect()
+    };
+    assert_eq!(present(&command(&config())), &flags[..3]);
+    let all = TemplateConfig {
+        feature_gates: proto::contract::feature_gates::FeatureGates::parse(
+            "VGPULiveMigration,VMStatsCollector,FirmwareAutoSelection",
+        ),
+        ..config()
+    };
+    let rendered = command(&all);
+    assert_eq!(present(&rendered), flags);
+    let at = |flag: &str| rendered.iter().position(|c| c == flag).unwrap();
+    assert!(at("--upgrade-ordinal-ifaces") < at("--vgpu-dedicated-hook"));
+    assert!(at("--vgpu-dedicated-hook") < at("--vm-stats-collector"));
+    assert!(at("--vm-stats-collector") < at("--firmware-auto-selection"));
+}
+
 /// `computePodSecurityContext` with the KubeVirt CR's
 /// `seccompConfiguration.virtualMachineInstanceProfile.customProfile`: the pod's profile
 /// (the containers' security contexts keep none), for non-root and root pods; without the

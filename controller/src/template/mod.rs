@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use overhead::Side;
+use proto::contract::feature_gates;
 use proto::kubevirt::well_known::{
     APP_LABEL, APP_LABEL_LAUNCHER, CREATED_BY_LABEL, DOMAIN_ANNOTATION, NON_ROOT_UID,
     VM_NAME_LABEL, VMI_ID_LABEL,
@@ -125,6 +126,13 @@ pub struct TemplateConfig {
     pub default_architecture: String,
     /// Binding of the default pod interface: `bridge` (KubeVirt's default) or `masquerade`.
     pub default_network_interface: String,
+    /// `evictionStrategy`: what the webhook stores in VMIs that name none (`None`).
+    pub eviction_strategy: Option<String>,
+    /// `additionalGuestMemoryOverheadRatio`: the memory overhead is multiplied by it (≥ 1).
+    pub additional_guest_memory_overhead_ratio: Option<f64>,
+    /// `cpuRequest`: the CPU request the webhook gives VMIs without one, unless it is
+    /// KubeVirt's default (`100m`, which changes nothing).
+    pub cpu_request: Option<proto::kubevirt::Quantity>,
     /// The launcher pod's seccomp profile (`seccompConfiguration.virtualMachineInstanceProfile`
     /// of the KubeVirt CR); none unless configured, as in KubeVirt.
     pub vmi_seccomp_profile: Option<VmiSeccompProfile>,
@@ -189,6 +197,9 @@ impl Default for TemplateConfig {
             node_selectors: BTreeMap::new(),
             default_architecture: "amd64".into(),
             default_network_interface: "bridge".into(),
+            eviction_strategy: Some("None".into()),
+            additional_guest_memory_overhead_ratio: None,
+            cpu_request: None,
             vmi_seccomp_profile: None,
         }
     }
@@ -270,7 +281,7 @@ pub fn render_launcher_pod(
         .architecture
         .clone()
         .unwrap_or_else(|| config.default_architecture.clone());
-    let overhead = memory_overhead(vmi, &arch)?;
+    let overhead = memory_overhead(vmi, &arch, config.additional_guest_memory_overhead_ratio)?;
     let resources = resources::render(vmi, config, overhead)?;
     let volumes = volumes::render(vmi, config, context)?;
 
@@ -523,6 +534,18 @@ fn launcher_command(
     }
     if config.upgrade_ordinal_ifaces {
         command.push("--upgrade-ordinal-ifaces".into());
+    }
+    for (gate, flag) in [
+        (feature_gates::VGPU_LIVE_MIGRATION, "--vgpu-dedicated-hook"),
+        (feature_gates::VM_STATS_COLLECTOR, "--vm-stats-collector"),
+        (
+            feature_gates::FIRMWARE_AUTO_SELECTION,
+            "--firmware-auto-selection",
+        ),
+    ] {
+        if config.feature_gates.enabled(gate) {
+            command.push(flag.into());
+        }
     }
     let annotations = vmi.metadata.annotations.clone().unwrap_or_default();
     if let Some(filters) = annotations.get("kubevirt.io/libvirt-log-filters") {

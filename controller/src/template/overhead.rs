@@ -12,10 +12,12 @@ const MI: u64 = 1 << 20;
 pub(crate) const FIXED_OVERHEAD_MIB: u64 = 25 + 100 + 25 + 40 + 30;
 
 /// The overhead as apimachinery computes it, including the format its sum ends up with (the
-/// first non-zero term decides it; see [`Qty::plus`]).
+/// first non-zero term decides it; see [`Qty::plus`]), multiplied by the cluster's
+/// `additionalGuestMemoryOverheadRatio` if there is one.
 pub(crate) fn memory_overhead(
     vmi: &VirtualMachineInstance,
     arch: &str,
+    ratio: Option<f64>,
 ) -> Result<Qty, TemplateError> {
     let domain = &vmi.spec.domain;
     let mut overhead = Qty::ZERO;
@@ -110,7 +112,24 @@ pub(crate) fn memory_overhead(
         overhead = overhead.plus(added);
     }
 
+    if let Some(ratio) = ratio {
+        overhead = overhead.plus(ratio_addition(overhead, ratio));
+    }
     Ok(overhead)
+}
+
+/// `MultiplyMemory`: what multiplying by `ratio` adds, computed on the overhead in whole
+/// kilobytes (rounded up) and truncated to a whole kilobyte, as KubeVirt does in floats.
+fn ratio_addition(overhead: Qty, ratio: f64) -> Qty {
+    let kilo = overhead.milli.div_ceil(1_000_000);
+    // Saturating float-to-integer conversion; the configuration allows only finite
+    // ratios of at least 1, so the product is finite and not negative.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let added_kilo = (kilo as f64 * (ratio - 1.0)) as u64;
+    Qty {
+        milli: u128::from(added_kilo) * 1_000_000,
+        format: Format::DecimalSi,
+    }
 }
 
 /// Which map of `spec.domain.resources` to read.
@@ -143,17 +162,20 @@ mod tests {
     fn worked_examples_of_the_contract() {
         // vmi-migratable: only memory.guest, one vCPU: no page tables.
         let migratable = vmi(json!({"domain": {"devices": {}, "memory": {"guest": "128Mi"}}}));
-        assert_eq!(mib(memory_overhead(&migratable, "amd64").unwrap()), 268.0);
+        assert_eq!(
+            mib(memory_overhead(&migratable, "amd64", None).unwrap()),
+            268.0
+        );
 
         let two = vmi(json!({"domain": {
             "devices": {}, "cpu": {"cores": 2},
             "memory": {"guest": "2Gi"}, "resources": {"requests": {"memory": "2Gi"}}}}));
-        assert_eq!(mib(memory_overhead(&two, "amd64").unwrap()), 280.0);
+        assert_eq!(mib(memory_overhead(&two, "amd64", None).unwrap()), 280.0);
 
         let eight = vmi(json!({"domain": {
             "devices": {}, "cpu": {"sockets": 2, "cores": 4, "threads": 1},
             "memory": {"guest": "8Gi"}, "resources": {"requests": {"memory": "8Gi"}}}}));
-        assert_eq!(mib(memory_overhead(&eight, "amd64").unwrap()), 340.0);
+        assert_eq!(mib(memory_overhead(&eight, "amd64", None).unwrap()), 340.0);
     }
 
     #[test]
@@ -162,11 +184,11 @@ mod tests {
         let mut no_video = base.clone();
         no_video["devices"]["autoattachGraphicsDevice"] = json!(false);
         assert_eq!(
-            mib(memory_overhead(&vmi(json!({"domain": no_video})), "amd64").unwrap()),
+            mib(memory_overhead(&vmi(json!({"domain": no_video})), "amd64", None).unwrap()),
             236.0
         );
         assert_eq!(
-            mib(memory_overhead(&vmi(json!({"domain": base.clone()})), "arm64").unwrap()),
+            mib(memory_overhead(&vmi(json!({"domain": base.clone()})), "arm64", None).unwrap()),
             396.0
         );
 
@@ -174,29 +196,49 @@ mod tests {
             "livenessProbe": {"exec": {"command": ["true"]}},
             "readinessProbe": {"httpGet": {"port": 80}}}));
         assert_eq!(
-            mib(memory_overhead(&probed, "amd64").unwrap()),
+            mib(memory_overhead(&probed, "amd64", None).unwrap()),
             268.0 + 110.0
         );
 
         let mut tpm = base.clone();
         tpm["devices"]["tpm"] = json!({});
         assert_eq!(
-            mib(memory_overhead(&vmi(json!({"domain": tpm})), "amd64").unwrap()),
+            mib(memory_overhead(&vmi(json!({"domain": tpm})), "amd64", None).unwrap()),
             321.0
         );
 
         let mut dedicated = base.clone();
         dedicated["cpu"] = json!({"cores": 2, "dedicatedCpuPlacement": true});
         assert_eq!(
-            mib(memory_overhead(&vmi(json!({"domain": dedicated})), "amd64").unwrap()),
+            mib(memory_overhead(&vmi(json!({"domain": dedicated})), "amd64", None).unwrap()),
             376.0
         );
 
         let mut reserved = base;
         reserved["memory"]["reservedOverhead"] = json!({"addedOverhead": "1Gi"});
         assert_eq!(
-            mib(memory_overhead(&vmi(json!({"domain": reserved})), "amd64").unwrap()),
+            mib(memory_overhead(&vmi(json!({"domain": reserved})), "amd64", None).unwrap()),
             1292.0
+        );
+    }
+
+    /// `additionalGuestMemoryOverheadRatio: "1.5"` on vmi-migratable's 268 Mi: 281019 kB
+    /// (rounded up) × 0.5 = 140509 kB added, truncated as KubeVirt's float conversion does.
+    #[test]
+    fn the_overhead_ratio_multiplies_the_overhead() {
+        let migratable = vmi(json!({"domain": {"devices": {}, "memory": {"guest": "128Mi"}}}));
+        let base = memory_overhead(&migratable, "amd64", None).unwrap();
+        let raised = memory_overhead(&migratable, "amd64", Some(1.5)).unwrap();
+        assert_eq!(base.value(), 268 * u128::from(MI));
+        assert_eq!(raised.value(), 268 * u128::from(MI) + 140_509_000);
+        assert_eq!(
+            raised.format,
+            Format::BinarySi,
+            "the sum keeps the overhead's format"
+        );
+        assert_eq!(
+            memory_overhead(&migratable, "amd64", Some(1.0)).unwrap(),
+            base
         );
     }
 
@@ -205,13 +247,16 @@ mod tests {
         let from_limit = vmi(json!({"domain": {"devices": {},
             "resources": {"limits": {"cpu": "3"}, "requests": {"cpu": "1"}}}}));
         // 3 vCPUs: 220 + 24 + 8 + 32.
-        assert_eq!(mib(memory_overhead(&from_limit, "amd64").unwrap()), 284.0);
+        assert_eq!(
+            mib(memory_overhead(&from_limit, "amd64", None).unwrap()),
+            284.0
+        );
     }
 
     #[test]
     fn bad_request_memory_is_an_error() {
         let bad =
             vmi(json!({"domain": {"devices": {}, "resources": {"requests": {"memory": "lots"}}}}));
-        assert!(memory_overhead(&bad, "amd64").is_err());
+        assert!(memory_overhead(&bad, "amd64", None).is_err());
     }
 }

@@ -288,7 +288,7 @@ async fn start_vmi(
 
     let mut vmi = vmi_from_vm(vm).map_err(Error::Sync)?;
     // What virt-api's webhook would add on create (there is none in this deployment).
-    crate::defaults::apply_vmi(&mut vmi, &ctx.options.template);
+    crate::defaults::apply_vmi(&mut vmi, &ctx.config());
     let vmi_name = vmi.name_any();
     ctx.vm_expectations
         .expect(&key(vm), Expectation::Creation(vmi_name.clone()));

@@ -108,6 +108,9 @@ pub async fn reconcile(
     tracing::debug!(vmi = %name, ?plan, "VMI plan");
     let api: Api<VirtualMachineInstance> = ctx.api(&namespace);
     let mut current: VirtualMachineInstance = (*vmi).clone();
+    // The cluster configuration as it is now (the KubeVirt CR): new pods get it, existing
+    // ones keep theirs.
+    let config = ctx.config();
 
     if plan.add_foreground_finalizer {
         let mut finalizers = current.finalizers().to_vec();
@@ -121,7 +124,7 @@ pub async fn reconcile(
     // interface, ACPI, ...). VMIs the VM controller creates are stored defaulted already.
     if plan.create_pod {
         let mut defaulted = current.clone();
-        crate::defaults::apply_vmi(&mut defaulted, &ctx.options.template);
+        crate::defaults::apply_vmi(&mut defaulted, &config);
         if defaulted.spec != current.spec
             || defaulted.metadata.annotations != current.metadata.annotations
         {
@@ -132,14 +135,14 @@ pub async fn reconcile(
     let mut created_pod = None;
     let mut sync_failure = None;
     if plan.create_pod {
-        let attempt = match crate::admission::refusal(&current, &ctx.options.template) {
+        let attempt = match crate::admission::refusal(&current, &config) {
             // What virt-api would have refused at creation: no pod, ever, for this spec.
             Some(refusal) => Err(SyncFailure {
                 reason: FAILED_CREATE.into(),
                 message: format!("{RENDER_FAILED}: {refusal}"),
                 permanent: true,
             }),
-            None => create_pod(&ctx, &current).await,
+            None => create_pod(&ctx, &current, &config).await,
         };
         match attempt {
             Ok(pod) => created_pod = Some(pod),
@@ -156,7 +159,7 @@ pub async fn reconcile(
         &pods,
         created_pod.as_ref(),
         sync_failure.as_ref(),
-        &ctx.options.template,
+        &config,
     );
     // A refusal is said once, when its condition first appears.
     let refusal_known = sync_failure.as_ref().is_some_and(|f| {
@@ -367,7 +370,11 @@ impl SyncFailure {
 
 /// Renders and creates the launcher pod; on failure, KubeVirt's events
 /// (`lifecycle.go` `sync`) and the sync failure for the VMI's conditions.
-async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, SyncFailure> {
+async fn create_pod(
+    ctx: &Context,
+    vmi: &VirtualMachineInstance,
+    config: &TemplateConfig,
+) -> Result<Pod, SyncFailure> {
     let namespace = vmi.namespace().unwrap_or_default();
     let mut pvcs = BTreeMap::new();
     let claims = vmi
@@ -397,7 +404,7 @@ async fn create_pod(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<Pod, 
             0..crate::template::QEMU_TIMEOUT_JITTER_RANGE,
         ),
     };
-    let pod = match render_launcher_pod(vmi, &ctx.options.template, &render_context) {
+    let pod = match render_launcher_pod(vmi, config, &render_context) {
         Ok(pod) => pod,
         Err(e) => {
             let message = format!("{RENDER_FAILED}: {e}");

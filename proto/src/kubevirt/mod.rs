@@ -1,9 +1,11 @@
-//! kubevirt.io/v1 resources, the subset the node side and the thin controller use.
+//! kubevirt.io/v1 resources, the subset the node side and the thin controller use: VMIs, VMs
+//! and the `KubeVirt` install with its configuration.
 //!
 //! JSON names follow `staging/src/kubevirt.io/api/core/v1/types.go` (v1.9.0).
 //! Every struct keeps the fields it does not model in `extra`, so that a
 //! read-modify-write never drops what another writer put there.
 
+pub mod kv;
 pub mod quantity;
 pub mod ready;
 mod schema;
@@ -12,6 +14,7 @@ pub mod vm;
 pub mod vmi;
 pub mod well_known;
 
+pub use kv::{KubeVirt, KubeVirtConfiguration, KubeVirtSpec, KubeVirtStatus};
 pub use vm::{RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus};
 pub use vmi::*;
 

@@ -50,3 +50,8 @@ open_resource_schema!(
     "VirtualMachine",
     "VirtualMachine keeps a VirtualMachineInstance running according to its run strategy."
 );
+open_resource_schema!(
+    super::KubeVirt,
+    "KubeVirt",
+    "KubeVirt is the one install of KubeVirt in a cluster: its configuration (spec.configuration) and the install's progress (status)."
+);
