@@ -43,18 +43,13 @@ pub struct BootReport {
 impl BootReport {
     /// One line: loader, entry, configuration, kernel and initrds.
     pub fn describe(&self) -> String {
-        let mut text = format!(
-            "{} entry {:?} from {}: kernel {}",
-            self.loader.name(),
-            self.title,
-            self.config,
-            self.kernel.path
-        );
-        for initrd in &self.initrds {
-            text.push_str(", initrd ");
-            text.push_str(&initrd.path);
-        }
-        text
+        disk_boot::describe_entry(
+            self.loader,
+            &self.title,
+            &self.config,
+            &self.kernel,
+            &self.initrds,
+        )
     }
 }
 

@@ -133,18 +133,35 @@ pub struct Boot {
 impl Boot {
     /// One line for logs and events: loader, entry, files.
     pub fn describe(&self) -> String {
-        let mut text = format!(
-            "{} entry {:?} from {}: kernel {}",
-            self.loader.name(),
-            self.title,
-            self.config,
-            self.kernel_file.path
-        );
-        for initrd in &self.initrd_files {
-            text.push_str(&format!(", initrd {}", initrd.path));
-        }
-        text
+        describe_entry(
+            self.loader,
+            &self.title,
+            &self.config,
+            &self.kernel_file,
+            &self.initrd_files,
+        )
     }
+}
+
+/// One line naming a boot entry: loader, title, the configuration that chose it, kernel
+/// and initrds (also for a caller that kept only these of a [`Boot`]).
+pub fn describe_entry(
+    loader: Loader,
+    title: &str,
+    config: &BootFile,
+    kernel: &BootFile,
+    initrds: &[BootFile],
+) -> String {
+    let mut text = format!(
+        "{} entry {title:?} from {config}: kernel {}",
+        loader.name(),
+        kernel.path
+    );
+    for initrd in initrds {
+        text.push_str(", initrd ");
+        text.push_str(&initrd.path);
+    }
+    text
 }
 
 /// Why a disk cannot be booted.
