@@ -103,36 +103,43 @@ pub struct Agent {
     done_once: DoneOnce,
     /// VMIs whose launcher accepted SyncVirtualMachine and whose domain is not reported yet.
     domain_awaited: DomainAwaited,
-    /// The last failed sync of each VMI UID, until its status leaves that error behind.
+    /// The last failed sync of each VMI, until its status leaves that error behind.
     last_sync_error: LastSyncError,
     /// Wakes a VMI when its launcher socket appears; `None` when inotify is unavailable
     /// (then only the looks of `launcher_polls` find it).
     arrivals: Option<Arc<SocketArrivals>>,
 }
 
-/// The error of a VMI's last failed sync, by UID. A launcher that cannot start the VM
+/// The error of a VMI's last failed sync, by key, with the UID it was for. A launcher that cannot start the VM
 /// (a disk with nothing to boot) fails the sync and reports its domain crashed at about
 /// the same time: when the write carrying the error loses to another writer (a
 /// conflict), the reconcile that follows sees the crash, not the error, and the VMI
 /// would end `Failed` without the reason. The write that makes it `Failed` uses this.
+/// Keyed by the VMI's key, so a VMI deleted before it ran or failed leaves no entry behind
+/// (its key is forgotten when the VMI is gone); the UID keeps a newer VMI of the same name
+/// from inheriting the error.
 #[derive(Default)]
-struct LastSyncError(Mutex<BTreeMap<String, String>>);
+struct LastSyncError(Mutex<BTreeMap<String, (String, String)>>);
 
 impl LastSyncError {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, String)>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn set(&self, uid: &str, error: String) {
-        self.lock().insert(uid.to_string(), error);
+    fn set(&self, key: &str, uid: &str, error: String) {
+        self.lock()
+            .insert(key.to_string(), (uid.to_string(), error));
     }
 
-    fn get(&self, uid: &str) -> Option<String> {
-        self.lock().get(uid).cloned()
+    fn get(&self, key: &str, uid: &str) -> Option<String> {
+        self.lock()
+            .get(key)
+            .filter(|(for_uid, _)| for_uid == uid)
+            .map(|(_, error)| error.clone())
     }
 
-    fn forget(&self, uid: &str) {
-        self.lock().remove(uid);
+    fn forget(&self, key: &str) {
+        self.lock().remove(key);
     }
 }
 
@@ -522,6 +529,7 @@ impl Agent {
 
         let Some(vmi) = vmi else {
             self.metrics.set_phase(key, None);
+            self.last_sync_error.forget(key);
             return sync_error.map_or(Ok(after), Err);
         };
         if !action.updates_status() {
@@ -535,10 +543,10 @@ impl Agent {
         let error_text = match &sync_error {
             Some(e) => {
                 let text = e.to_string();
-                self.last_sync_error.set(&uid, text.clone());
+                self.last_sync_error.set(key, &uid, text.clone());
                 Some(text)
             }
-            None if phase == Phase::Failed => self.last_sync_error.get(&uid),
+            None if phase == Phase::Failed => self.last_sync_error.get(key, &uid),
             None => None,
         };
         let inputs = StatusInputs {
@@ -555,7 +563,7 @@ impl Agent {
             let new_phase = new_status.phase.unwrap_or_default();
             if new_phase == Phase::Running || new_phase.is_final() {
                 // Written (final) or outlived (the VM runs): no later write needs it.
-                self.last_sync_error.forget(&uid);
+                self.last_sync_error.forget(key);
             }
             if old_phase != new_phase {
                 tracing::info!(%key, from = %old_phase, to = %new_phase, "phase changed");
@@ -849,6 +857,21 @@ fn ignore_disconnect(result: Result<(), CmdError>) -> Result<(), CmdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_sync_error_is_its_vmis_only_and_goes_with_it() {
+        let kept = LastSyncError::default();
+        kept.set("ns/a", "uid-1", "cannot boot disk".into());
+        assert_eq!(
+            kept.get("ns/a", "uid-1").as_deref(),
+            Some("cannot boot disk")
+        );
+        // A newer VMI of the same name does not inherit it.
+        assert_eq!(kept.get("ns/a", "uid-2"), None);
+        kept.forget("ns/a");
+        assert_eq!(kept.get("ns/a", "uid-1"), None);
+        assert!(kept.lock().is_empty());
+    }
 
     #[tokio::test]
     async fn a_failed_pod_preparation_says_so() {
