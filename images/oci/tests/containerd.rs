@@ -287,8 +287,8 @@ fn ctr_imports_the_images_and_unpacks_files_owners_links_and_capabilities() {
     }
 
     // The container disk: /disk and the image owned by qemu, read-only.
-    let root = unpacked(&containerd, "disk/disk.qcow2");
-    for (path, mode) in [("disk", 0o755), ("disk/disk.qcow2", 0o440)] {
+    let root = unpacked(&containerd, "disk/disk.img");
+    for (path, mode) in [("disk", 0o755), ("disk/disk.img", 0o440)] {
         let meta = std::fs::metadata(root.join(path)).unwrap();
         assert_eq!(
             (meta.permissions().mode() & 0o7777, meta.uid(), meta.gid()),
