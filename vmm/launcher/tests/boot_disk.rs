@@ -77,12 +77,11 @@ async fn boots(layout: Layout, firmware: serde_json::Value, expected_entry: &str
     let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
     let _launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
-    let reply = cmd
-        .sync_virtual_machine(sync_request(disk_vmi(firmware)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(
+        cmd.sync_virtual_machine(sync_request(disk_vmi(firmware))),
+        "sync",
+    )
+    .await;
     // The entry, its configuration and partition, on the VMI's disk.
     let event = notify
         .k8s_event(Duration::from_secs(20), "BootedFromDisk")
@@ -193,10 +192,9 @@ async fn a_disk_with_nothing_to_boot_ends_the_domain_at_once_with_the_reason() {
         )
         .await;
     // A later sync neither starts a VM nor fails differently: the domain is defined.
-    let again = cmd
-        .sync_virtual_machine(vmi_request(disk_vmi(serde_json::Value::Null)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(again.success, "{}", again.message);
+    ok(
+        cmd.sync_virtual_machine(vmi_request(disk_vmi(serde_json::Value::Null))),
+        "sync",
+    )
+    .await;
 }

@@ -54,13 +54,7 @@ async fn sync_pause_unpause_shutdown_delete() {
     assert_eq!(versions.supported_cmd_versions, vec![1]);
 
     let mut cmd = cmd_client(&pod).await;
-    assert!(
-        cmd.ping(EmptyRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.ping(EmptyRequest {}), "ping").await;
     // No domain yet: GetDomain answers success with an empty domain.
     let none = cmd.get_domain(EmptyRequest {}).await.unwrap().into_inner();
     assert_eq!(none.domain, "");
@@ -74,12 +68,7 @@ async fn sync_pause_unpause_shutdown_delete() {
             "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}, "serial": "D1SK-SERIAL"}]}
         }}),
     );
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "sync failed: {}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let (t, added) = notify
         .expect(
             BOOT,
@@ -222,21 +211,10 @@ async fn sync_pause_unpause_shutdown_delete() {
     assert_eq!(stats["Net"].as_array().map(Vec::len), Some(0));
 
     // Sync again: idempotent, no restart.
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
 
     // Pause and unpause.
-    assert!(
-        cmd.pause_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.pause_virtual_machine(vmi_request(vmi.clone())), "pause").await;
     notify
         .expect(
             Duration::from_secs(20),
@@ -245,13 +223,7 @@ async fn sync_pause_unpause_shutdown_delete() {
         )
         .await;
     // A sync must not unpause a user-paused VM.
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let d = Domain::from_json(
         &cmd.get_domain(EmptyRequest {})
             .await
@@ -261,13 +233,11 @@ async fn sync_pause_unpause_shutdown_delete() {
     )
     .unwrap();
     assert_eq!(d.status.status, LifeCycle::Paused);
-    assert!(
-        cmd.unpause_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.unpause_virtual_machine(vmi_request(vmi.clone())),
+        "unpause",
+    )
+    .await;
     notify
         .expect(
             Duration::from_secs(20),
@@ -280,13 +250,11 @@ async fn sync_pause_unpause_shutdown_delete() {
     // reports it: the deletion timestamp while still Running (the handler
     // keeps asking until the state changes), then ShuttingDown/Unknown once
     // the guest goes down, then Shutoff/Shutdown.
-    assert!(
-        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+        "shutdown",
+    )
+    .await;
     let (t, asked) = notify.next(Duration::from_secs(20)).await;
     assert_eq!(t, "MODIFIED");
     assert!(has_deletion_timestamp(&asked));
@@ -306,13 +274,11 @@ async fn sync_pause_unpause_shutdown_delete() {
         (LifeCycle::Shutoff, StateChangeReason::Shutdown)
     );
     // A repeated request changes nothing.
-    assert!(
-        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+        "shutdown",
+    )
+    .await;
 
     // The base image is untouched; the overlay is a valid qcow2 over it.
     assert_eq!(
@@ -332,13 +298,11 @@ async fn sync_pause_unpause_shutdown_delete() {
     );
 
     // Delete: the gone event, an empty GetDomain, and the launcher exits.
-    assert!(
-        cmd.delete_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.delete_virtual_machine(vmi_request(vmi.clone())),
+        "delete",
+    )
+    .await;
     let (t, gone) = notify
         .expect(Duration::from_secs(20), "gone", |_, d| d.is_gone())
         .await;
@@ -369,12 +333,7 @@ async fn kill_reports_destroyed() {
     let _launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     notify
         .expect(
             BOOT,
@@ -382,13 +341,7 @@ async fn kill_reports_destroyed() {
             status_is(LifeCycle::Running, StateChangeReason::Unknown),
         )
         .await;
-    assert!(
-        cmd.kill_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.kill_virtual_machine(vmi_request(vmi.clone())), "kill").await;
     notify
         .expect(
             Duration::from_secs(20),
@@ -427,12 +380,7 @@ async fn a_shutdown_right_after_the_sync_reaches_the_guest_when_its_acpi_comes_u
         "console=ttyS0 checks=serial exit=halt wait=600 acpi_delay=2000",
         serde_json::json!({}),
     );
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(
             libc::pid_t::try_from(launcher.child.id()).expect("a Linux pid fits a pid_t"),
@@ -440,13 +388,11 @@ async fn a_shutdown_right_after_the_sync_reaches_the_guest_when_its_acpi_comes_u
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert!(
-        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+        "shutdown",
+    )
+    .await;
     let (_, off) = notify
         .expect(BOOT, "Shutoff", |_, d| {
             d.status.status == LifeCycle::Shutoff
@@ -587,13 +533,7 @@ async fn bad_vmis_are_refused_while_the_vm_keeps_running() {
 
     // Now a good VMI, then garbage again: the VM keeps running.
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi)), "sync").await;
     notify
         .expect(
             BOOT,
@@ -644,13 +584,7 @@ async fn events_reach_a_notify_socket_that_appears_late() {
     let _launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi)), "sync").await;
     // The handler shows up three seconds later.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());

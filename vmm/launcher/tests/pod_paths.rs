@@ -103,12 +103,7 @@ async fn the_vm_keeps_the_pvc_file_it_opened_when_the_name_is_reused() {
     let _launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
     let vmi = pvc_vmi();
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let wait = |what: &str, done: &dyn Fn() -> bool| {
         let deadline = Instant::now() + BOOT;
         while !done() {
@@ -129,12 +124,7 @@ async fn the_vm_keeps_the_pvc_file_it_opened_when_the_name_is_reused() {
         file.write_all_at(&[0; 512], 512).unwrap();
     }
     std::fs::write(&name, vec![0; 1 << 20]).unwrap();
-    let reply = cmd
-        .reset_virtual_machine(vmi_request(vmi))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(cmd.reset_virtual_machine(vmi_request(vmi)), "reset").await;
     wait("the guest wrote to a PVC disk after the reset", &|| {
         has_magic(&first) || has_magic(&name)
     });

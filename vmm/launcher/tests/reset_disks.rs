@@ -56,12 +56,7 @@ async fn fill_across_a_reset(reset: Reset) {
     let mut cmd = cmd_client(&pod).await;
     let args = format!("console=ttyS0 {} exit=poweroff", fill.cmdline(reset));
     let vmi = vmi_json(&args, serde_json::json!({}));
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "sync failed: {}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let (_, added) = notify
         .expect(
             RUN,
@@ -82,12 +77,7 @@ async fn fill_across_a_reset(reset: Reset) {
     wait_for_log(&pod, "BLKFILL gen=1 written").await;
     if reset == Reset::Host {
         // The guest goes on rewriting its region: requests are in flight.
-        let reply = cmd
-            .reset_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(reply.success, "reset failed: {}", reply.message);
+        ok(cmd.reset_virtual_machine(vmi_request(vmi.clone())), "reset").await;
     }
     let (_, off) = notify
         .expect(RUN, "Shutoff after the second generation", |_, d| {
@@ -138,12 +128,7 @@ async fn a_reset_whose_new_vm_cannot_start_leaves_the_domain_shut_off_failed() {
         "console=ttyS0 checks=serial exit=halt wait=600",
         serde_json::json!({}),
     );
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi.clone()))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "sync failed: {}", reply.message);
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     wait_for_log(&pod, "WAITING").await;
     // The kernel-boot image's kernel disappears: the next VM has nothing to load.
     std::fs::remove_file(pod.paths.kernel_boot_dir.join("boot/guest.elf")).unwrap();
@@ -161,10 +146,5 @@ async fn a_reset_whose_new_vm_cannot_start_leaves_the_domain_shut_off_failed() {
         )
         .await;
     // The launcher goes on serving.
-    let reply = cmd
-        .ping(proto::grpc::cmd::v1::EmptyRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success);
+    ok(cmd.ping(proto::grpc::cmd::v1::EmptyRequest {}), "ping").await;
 }

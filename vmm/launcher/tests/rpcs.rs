@@ -181,13 +181,7 @@ async fn vm_stats_are_served_with_the_collector_flag() {
         "console=ttyS0 checks=serial,virtio-blk exit=halt wait=600",
         serde_json::json!({}),
     );
-    assert!(
-        c.sync_virtual_machine(vmi_request(vmi))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(c.sync_virtual_machine(vmi_request(vmi)), "sync").await;
     notify.next(Duration::from_secs(60)).await;
 
     // Domain statistics alone: a successful answer with GetDomainStats' JSON.

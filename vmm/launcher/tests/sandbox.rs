@@ -126,12 +126,11 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
     let mut notify = NotifyRecorder::start(&pod.paths.notify_socket());
     let launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
-    let reply = cmd
-        .sync_virtual_machine(vmi_request(vmi_json(ARGS, serde_json::json!({}))))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{}", reply.message);
+    ok(
+        cmd.sync_virtual_machine(vmi_request(vmi_json(ARGS, serde_json::json!({})))),
+        "sync",
+    )
+    .await;
     notify
         .expect(
             Duration::from_secs(60),
@@ -227,11 +226,5 @@ async fn vmm_threads_are_filtered_and_run_as_qemu_while_the_launcher_stays_root(
     // The VM still works (reading the filters stopped each thread for a
     // moment): a kill ends it the usual way.
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    assert!(
-        cmd.kill_virtual_machine(vmi_request(vmi))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.kill_virtual_machine(vmi_request(vmi)), "kill").await;
 }

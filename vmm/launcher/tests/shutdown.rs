@@ -65,33 +65,19 @@ async fn a_shutdown_the_guest_does_not_act_on_leaves_it_running_until_killed() {
     let _launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let (t, _) = notify.next(BOOT).await;
     assert_eq!(t, "ADDED");
     // A paused guest cannot act on the request; libvirt does not resume it.
-    assert!(
-        cmd.pause_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.pause_virtual_machine(vmi_request(vmi.clone())), "pause").await;
     let (_, paused) = notify.next(Duration::from_secs(20)).await;
     assert_eq!(state(&paused), (LifeCycle::Paused, StateChangeReason::User));
 
-    assert!(
-        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+        "shutdown",
+    )
+    .await;
     // Only the deletion timestamp, in the state the domain is in.
     let (t, asked) = notify.next(Duration::from_secs(20)).await;
     assert_eq!(t, "MODIFIED");
@@ -100,13 +86,11 @@ async fn a_shutdown_the_guest_does_not_act_on_leaves_it_running_until_killed() {
     // The handler asks again (every 5 s in KubeVirt): nothing changes, no
     // event, the domain is not ShuttingDown.
     for _ in 0..2 {
-        assert!(
-            cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-                .await
-                .unwrap()
-                .into_inner()
-                .success
-        );
+        ok(
+            cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+            "shutdown",
+        )
+        .await;
     }
     notify.expect_none(Duration::from_secs(4)).await;
     let d = Domain::from_json(
@@ -119,13 +103,7 @@ async fn a_shutdown_the_guest_does_not_act_on_leaves_it_running_until_killed() {
     .unwrap();
     assert_eq!(state(&d), (LifeCycle::Paused, StateChangeReason::User));
     // The grace period is over: the handler kills.
-    assert!(
-        cmd.kill_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.kill_virtual_machine(vmi_request(vmi.clone())), "kill").await;
     let (_, off) = notify.next(Duration::from_secs(20)).await;
     assert_eq!(
         state(&off),
@@ -142,13 +120,7 @@ async fn sigterm_waits_for_the_handler_to_delete_the_domain() {
     let mut launcher = pod.start_launcher(&[]);
     let mut cmd = cmd_client(&pod).await;
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let (t, _) = notify.next(BOOT).await;
     assert_eq!(t, "ADDED");
     guest_waiting(&pod).await;
@@ -166,13 +138,11 @@ async fn sigterm_waits_for_the_handler_to_delete_the_domain() {
     notify.expect_none(Duration::from_secs(3)).await;
 
     // The handler's shutdown; the guest honours it.
-    assert!(
-        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+        "shutdown",
+    )
+    .await;
     let (_, asked) = notify.next(Duration::from_secs(20)).await;
     assert!(grace(&asked).deletion_timestamp.is_some());
     assert_eq!(
@@ -198,13 +168,11 @@ async fn sigterm_waits_for_the_handler_to_delete_the_domain() {
         "exited before the handler deleted the domain"
     );
     assert!(pod.paths.launcher_socket().exists());
-    assert!(
-        cmd.delete_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.delete_virtual_machine(vmi_request(vmi.clone())),
+        "delete",
+    )
+    .await;
     let (_, gone) = notify.next(Duration::from_secs(20)).await;
     assert!(gone.is_gone());
     assert_eq!(
@@ -232,13 +200,7 @@ async fn sigterm_without_a_handler_kills_after_the_grace_period_then_waits_for_t
     let mut launcher = pod.start_launcher(&["--grace-period-seconds", "2"]);
     let mut cmd = cmd_client(&pod).await;
     let vmi = vmi_json(ARGS, serde_json::json!({}));
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     notify.next(BOOT).await;
 
     let signalled = Instant::now();

@@ -70,13 +70,7 @@ async fn a_stock_kernel_vmi_boots_and_is_shut_down_by_acpi() {
             }}}
         }}),
     );
-    assert!(
-        cmd.sync_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.sync_virtual_machine(vmi_request(vmi.clone())), "sync").await;
     let (t, _) = notify.next(Duration::from_secs(60)).await;
     assert_eq!(t, "ADDED");
 
@@ -93,13 +87,11 @@ async fn a_stock_kernel_vmi_boots_and_is_shut_down_by_acpi() {
         assert!(console(&pod).contains("Linux version 6."));
     }
 
-    assert!(
-        cmd.shutdown_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(
+        cmd.shutdown_virtual_machine(vmi_request(vmi.clone())),
+        "shutdown",
+    )
+    .await;
     let (t, asked) = notify.next(Duration::from_secs(20)).await;
     assert_eq!(t, "MODIFIED");
     assert!(
@@ -131,13 +123,7 @@ async fn a_stock_kernel_vmi_boots_and_is_shut_down_by_acpi() {
     }
     // Too early for the guest to act on the button: the handler's grace
     // period ends in a kill.
-    assert!(
-        cmd.kill_virtual_machine(vmi_request(vmi.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .success
-    );
+    ok(cmd.kill_virtual_machine(vmi_request(vmi.clone())), "kill").await;
     notify
         .expect(Duration::from_secs(30), "Shutoff after the kill", |_, d| {
             d.status.status == LifeCycle::Shutoff

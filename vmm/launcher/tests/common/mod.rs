@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use proto::domain::Domain;
+use proto::grpc::cmd::v1::Response as CmdResponse;
 use proto::grpc::cmd::v1::cmd_client::CmdClient;
 use proto::grpc::notify::info::notify_info_server::{NotifyInfo, NotifyInfoServer};
 use proto::grpc::notify::info::{NotifyInfoRequest, NotifyInfoResponse};
@@ -149,6 +150,19 @@ pub async fn cmd_client(pod: &Pod) -> CmdClient<Channel> {
     launcher::server::connect(&pod.paths.launcher_socket())
         .await
         .expect("connects to launcher-sock")
+}
+
+/// Awaits a cmd RPC answered with `cmd.v1.Response` and asserts that it succeeded; the
+/// panic names `what` with the gRPC status or the launcher's message.
+pub async fn ok(
+    call: impl Future<Output = Result<tonic::Response<CmdResponse>, tonic::Status>>,
+    what: &str,
+) {
+    let reply = call
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .into_inner();
+    assert!(reply.success, "{what} failed: {}", reply.message);
 }
 
 /// The VMI a test runs: the test guest by kernel boot, a container disk, rng.
