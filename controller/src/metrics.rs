@@ -136,43 +136,16 @@ impl Metrics {
                 counter.inc_by(now - seen);
             }
         }
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("encoding into a String");
-        out
+        metrics_http::encode(&self.registry)
     }
 }
 
-/// Serves `/metrics` on `addr` until the task is dropped.
+/// Serves `/metrics` on `addr` until the task is aborted.
 pub async fn serve(
     metrics: Arc<Metrics>,
     addr: SocketAddr,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let metrics = Arc::clone(&metrics);
-            async move {
-                (
-                    [(
-                        "content-type",
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.encode(),
-                )
-            }
-        }),
-    );
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics server stopped");
-        }
-    });
-    Ok((local, task))
+    metrics_http::serve(metrics_http::router(move || metrics.encode()), addr).await
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
 //! - [`podside`]: pod network phase 1 (masquerade via `netsetup`) and device ownership.
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
-//! - [`metrics`]: the Prometheus endpoint; [`healthz`]: its `/healthz` in Kubernetes mode.
+//! - [`metrics`]: the Prometheus metrics (served by `metrics-http`); [`healthz`]: the endpoint's
+//!   `/healthz` in Kubernetes mode.
 //! - [`takeover`]: the debug trace of a VMI's way from `Scheduled` to `Running` written.
 //! - [`node`]: the node heartbeat (`kubevirt.io/schedulable`) and the node labels.
 //! - [`deviceplugins`]: the kubelet device plugins for `devices.kubevirt.io/{kvm,tun,vhost-net}`.

@@ -137,15 +137,11 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("encoding into a String");
-        out
+        metrics_http::encode(&self.registry)
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `addr` until the task is dropped.
+/// Serves `/metrics` and `/healthz` on `addr` until the task is aborted.
 pub async fn serve(
     metrics: Arc<Metrics>,
     addr: SocketAddr,
@@ -161,10 +157,7 @@ pub async fn serve_with_health(
     health: Option<Arc<crate::healthz::ApiHealth>>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     use axum::response::IntoResponse;
-    use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let healthz = get(move || {
+    let healthz = axum::routing::get(move || {
         let health = health.clone();
         async move {
             match health {
@@ -183,29 +176,8 @@ pub async fn serve_with_health(
             }
         }
     });
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = Arc::clone(&metrics);
-                async move {
-                    (
-                        [(
-                            "content-type",
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        metrics.encode(),
-                    )
-                }
-            }),
-        )
-        .route("/healthz", healthz);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics server stopped");
-        }
-    });
-    Ok((local, task))
+    let app = metrics_http::router(move || metrics.encode()).route("/healthz", healthz);
+    metrics_http::serve(app, addr).await
 }
 
 #[cfg(test)]
