@@ -7,7 +7,8 @@
 //! - [`launchers`]: finding launchers (socket paths, peer PID), the cmd client, ghost records.
 //! - [`domains`]: the domain cache, the notify server and the notify pipes.
 //! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
-//! - [`podside`]: pod network phase 1 (masquerade via `netsetup`) and device ownership.
+//! - [`podside`]: pod network phase 1 through `netsetup` (masquerade or bridge binding, and
+//!   the bridge binding's DHCP cache), device ownership, the pod-interface cache.
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
 //! - [`metrics`]: the Prometheus metrics (served by `metrics-http`); [`healthz`]: the endpoint's
 //!   `/healthz` in Kubernetes mode.

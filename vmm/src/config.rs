@@ -207,7 +207,8 @@ pub enum VirtioTransportKind {
     #[default]
     Pci,
     /// virtio-mmio windows announced on the kernel command line
-    /// (`virtio_mmio.device=`): kernels built for microVMs, the test guest.
+    /// (`virtio_mmio.device=`): kernels built for microVMs (the test guest
+    /// drives either transport).
     Mmio,
 }
 

@@ -5,14 +5,16 @@
 //! down, kills, reports how the VM ended ([`VmExit`]) and what its devices
 //! and vCPUs have done so far ([`VmStats`]).
 //!
-//! Modules: `kvm` (VM, memory, boot set-up, vCPUs), `boot_disk` (booting what a disk's
-//! boot loader would, through `disk_boot`), `devices` (bus, legacy
-//! devices, virtio wiring), `acpi` and `smbios` (the tables the guest reads),
-//! `vm`/`lifecycle` (the API), `vcpu_threads` (vCPUs set up in parallel with the
-//! devices), `sandbox` (what every VMM thread enters: credentials, no_new_privs,
-//! Landlock, seccomp),
-//! `stats` (device counters, CPU time). The `vmm` command (`run`, `selftest`, `test-guest`,
-//! `img`) is the `vmm-cli` crate; the test guest is the `test-guest` crate.
+//! Modules: `config` (what a VM is made of), `kvm` (VM, memory, boot set-up, vCPUs),
+//! `boot_disk` (booting what a disk's boot loader would, through `disk_boot`), `devices`
+//! (bus, legacy devices, the virtio-pci wiring, the default, and the virtio-mmio one),
+//! `pci` (the host bridge, configuration space, BARs, MSI-X routing), `acpi` and `smbios`
+//! (the tables the guest reads), `vm`/`lifecycle` (the API), `vcpu_threads` (vCPUs set up
+//! in parallel with the devices), `sandbox` (what every VMM thread enters: credentials,
+//! no_new_privs, Landlock, seccomp), `stats` (device counters, CPU time), `timing` (boot
+//! milestones for the boot benchmark), `fuzzing` (hidden: the fuzz targets' entry points).
+//! The `vmm` command (`run`, `selftest`, `test-guest`, `cpuid`, `img`) is the `vmm-cli`
+//! crate; the test guest is the `test-guest` crate.
 
 pub(crate) mod acpi;
 pub mod boot_disk;

@@ -347,8 +347,10 @@ fn removable_dirs(config: &VmConfig) -> Vec<std::path::PathBuf> {
     }
 }
 
-/// The command line: a boot disk entry's, then the configuration's (the devices' own
-/// `virtio_mmio.device=` entries are added later).
+/// The command line: a boot disk entry's, then the configuration's. With the virtio-mmio
+/// transport the devices' `virtio_mmio.device=` entries are added later
+/// (`devices::virtio::attach`); virtio-pci, the default, adds nothing (the guest finds its
+/// devices by enumerating the PCI bus).
 fn build_cmdline(entry: Option<&str>, configured: &str) -> Result<Cmdline> {
     let mut cmdline =
         Cmdline::new(layout::CMDLINE_MAX_SIZE).map_err(|e| Error::Config(e.to_string()))?;

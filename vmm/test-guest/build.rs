@@ -1,5 +1,5 @@
 //! Builds the freestanding test guest (images/guest) with a nested cargo and
-//! leaves it in OUT_DIR for `include_bytes!` (see src/test_guest.rs).
+//! leaves it in OUT_DIR for `include_bytes!` (`test_guest::ELF`, src/lib.rs).
 //!
 //! The guest has its own workspace, lock file and flags. The nested cargo
 //! gets its own target dir, runs inside the guest folder, and gets the guest

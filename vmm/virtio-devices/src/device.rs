@@ -1,9 +1,11 @@
 //! What a virtio device is to its transport.
 //!
-//! The transport ([`crate::mmio::MmioTransport`]) owns the guest-facing
-//! protocol (registers, status, feature negotiation, queue set-up) and hands a
-//! device its queues only once they have been validated. A device owns its
-//! queues from activation until reset.
+//! The transport ([`crate::pci::PciTransport`], or [`crate::mmio::MmioTransport`],
+//! which the PCI transport also keeps inside for the common protocol) owns the
+//! guest-facing protocol (registers, status, feature negotiation, queue set-up)
+//! and hands a device its queues only once they have been validated. A device
+//! owns its queues from activation until reset; it does not know which
+//! transport it is behind.
 
 use std::os::fd::RawFd;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! virtio devices for the VMM: the virtio-mmio transport and the block, net
-//! and rng devices behind it.
+//! virtio devices for the VMM: the virtio-pci transport (modern, MSI-X; what
+//! the VMM uses by default), the virtio-mmio transport, and the block, net and
+//! rng devices behind either.
 //!
 //! Everything a guest writes (registers, descriptor tables, rings, request
 //! headers, buffers) is untrusted. The rules, and where each one is enforced:
@@ -7,7 +8,10 @@
 //! - [`mmio`]: register accesses, the device status state machine, feature
 //!   negotiation and queue configuration (sizes, ring addresses inside guest
 //!   memory). A guest that breaks the protocol gets its write ignored (logged)
-//!   or the device put in the `DEVICE_NEEDS_RESET` state.
+//!   or the device put in the `DEVICE_NEEDS_RESET` state. [`pci`] translates
+//!   every virtio access to these registers of an inner `MmioTransport`, so
+//!   the same rules hold on PCI; what only PCI has (configuration space, BAR,
+//!   MSI-X table) is checked there.
 //! - [`queue`]: the available ring (index jumps, head indexes), using
 //!   `virtio-queue` for ring access.
 //! - [`chain`]: each descriptor chain is checked as a whole before a device
