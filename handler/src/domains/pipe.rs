@@ -200,10 +200,16 @@ mod tests {
         std::fs::remove_dir(root.join("run/kubevirt")).expect("rmdir");
         let escape = format!("/../../../{}", dir.path().join("outside").display());
         std::os::unix::fs::symlink(&escape, root.join("run/kubevirt")).expect("symlink");
-        let _ = NotifyPipe::start_in_root(&root, pipe_in_pod, hub(), vmi(), Some(107));
+        // The result is held while the outside is looked at: a pipe bound there would be
+        // removed again by its drop.
+        let escaped = NotifyPipe::start_in_root(&root, pipe_in_pod, hub(), vmi(), Some(107));
         assert!(
             !dir.path().join("outside/domain-notify-pipe.sock").exists(),
             "nothing bound outside the pod's root"
         );
+        let err = escaped
+            .map(|pipe| pipe.path().to_path_buf())
+            .expect_err("a directory that leaves the root is not found inside it");
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
     }
 }
