@@ -10,16 +10,40 @@ use crate::template::TemplateConfig;
 use proto::contract::runnable::{self, Refusal};
 use proto::kubevirt::VirtualMachineInstance;
 
-/// Why this project's launcher cannot run `vmi`, if it cannot.
+/// Why this project's launcher cannot run `vmi`, if it cannot: the first of [`refusals`].
 pub fn refusal(vmi: &VirtualMachineInstance, config: &TemplateConfig) -> Option<Refusal> {
-    if let Err(refusal) = proto::contract::feature_gates::check(vmi, &config.feature_gates) {
-        return Some(refusal);
+    let Refusals { gates, runnable } = refusals(vmi, config);
+    gates.into_iter().next().or(runnable)
+}
+
+/// Everything admission holds against a VMI.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Refusals {
+    /// KubeVirt's own rules for gated features, every one, with KubeVirt's messages
+    /// (`proto::contract::feature_gates::refusals`).
+    pub gates: Vec<Refusal>,
+    /// The first thing this project's launcher cannot run, in the VMI as stored or once
+    /// defaulted (`proto::contract::runnable`).
+    pub runnable: Option<Refusal>,
+}
+
+impl Refusals {
+    pub fn is_empty(&self) -> bool {
+        self.gates.is_empty() && self.runnable.is_none()
     }
-    runnable::check(vmi).err().or_else(|| {
+}
+
+/// Every reason admission refuses `vmi`: what the configuration's feature gates forbid and
+/// what the launcher cannot run. virt-api's validating webhook answers with all of them;
+/// the controller acts on the first.
+pub fn refusals(vmi: &VirtualMachineInstance, config: &TemplateConfig) -> Refusals {
+    let gates = proto::contract::feature_gates::refusals(vmi, &config.feature_gates);
+    let runnable = runnable::check(vmi).err().or_else(|| {
         let mut defaulted = vmi.clone();
         crate::defaults::apply_vmi(&mut defaulted, config);
         runnable::check(&defaulted).err()
-    })
+    });
+    Refusals { gates, runnable }
 }
 
 #[cfg(test)]

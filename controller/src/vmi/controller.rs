@@ -337,8 +337,6 @@ fn without_pod(plan: &mut VmiPlan, vmi: &VirtualMachineInstance) {
     plan.ready = super::decide::ready_condition(Phase::Pending, None);
 }
 
-/// `status.currentCPUTopology`.
-const CURRENT_CPU_TOPOLOGY: &str = "currentCPUTopology";
 /// `VirtualMachineInstanceSynchronized`: false while the controller cannot make the pod.
 const SYNCHRONIZED: &str = "Synchronized";
 /// `FailedCreatePodReason`: the reason of a failed pod creation, in events and conditions.
@@ -494,33 +492,7 @@ fn status_patch(
     if matches!(vmi.phase(), Phase::Unset | Phase::Pending) {
         let mut spec = vmi.spec.clone();
         crate::defaults::apply(&mut spec, config);
-        if let Some(guest) = spec.domain.memory.as_ref().and_then(|m| m.guest.clone()) {
-            let memory = new.memory.get_or_insert_with(Default::default);
-            if memory.guest_at_boot.is_none() {
-                memory.guest_at_boot = Some(guest.clone());
-                memory.guest_current = Some(guest.clone());
-                memory.guest_requested = Some(guest);
-            }
-        }
-        // KubeVirt's key is `currentCPUTopology`; proto's typed field serializes as
-        // `currentCpuTopology`, so the key is written as KubeVirt spells it.
-        if !new.extra.contains_key(CURRENT_CPU_TOPOLOGY)
-            && let Some(cpu) = &spec.domain.cpu
-        {
-            // `v1.CPUTopology`: zero counts are left out (`omitempty`).
-            let topology: serde_json::Map<String, serde_json::Value> = [
-                ("cores", cpu.cores),
-                ("sockets", cpu.sockets),
-                ("threads", cpu.threads),
-            ]
-            .into_iter()
-            .filter_map(|(key, n)| n.filter(|n| *n != 0).map(|n| (key.to_string(), json!(n))))
-            .collect();
-            new.extra.insert(
-                CURRENT_CPU_TOPOLOGY.into(),
-                serde_json::Value::Object(topology),
-            );
-        }
+        proto::contract::defaults::status_from_spec(&mut new, &spec);
     }
     // `VmiMemoryOverheadReport`: the overhead the pod was sized with.
     if config.memory_overhead_report

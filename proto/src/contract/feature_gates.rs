@@ -155,29 +155,41 @@ impl std::str::FromStr for FeatureGates {
 
 /// The first reason the gates, or KubeVirt's rules for a gated feature, refuse `vmi`.
 pub fn check(vmi: &VirtualMachineInstance, gates: &FeatureGates) -> Result<(), Refusal> {
+    match refusals(vmi, gates).into_iter().next() {
+        Some(refusal) => Err(refusal),
+        None => Ok(()),
+    }
+}
+
+/// Every reason the gates, or KubeVirt's rules for a gated feature, refuse `vmi`, in the
+/// order KubeVirt's admission lists them (its webhook answers with all of them as status
+/// causes). Each reason is KubeVirt's message, the field its cause's field.
+pub fn refusals(vmi: &VirtualMachineInstance, gates: &FeatureGates) -> Vec<Refusal> {
+    let mut refused = Vec::new();
     for (i, volume) in vmi.spec.volumes.iter().enumerate() {
         let Some(host_disk) = &volume.host_disk else {
             continue;
         };
         let field = format!("spec.volumes[{i}]");
         if !gates.enabled(HOST_DISK) {
-            return Err(Refusal::new(
-                field,
+            refused.push(Refusal::new(
+                field.clone(),
                 format!("{HOST_DISK} feature gate is not enabled"),
             ));
         }
         let field = format!("{field}.hostDisk");
-        if host_disk.path.is_empty() {
-            return Err(Refusal::new(
-                format!("{field}.path"),
-                format!("{field}.path is required for hostDisk volume"),
-            ));
-        }
         // The pod mounts the file's directory as a hostPath: an absolute path, and not the
         // node's root.
         let path = std::path::Path::new(&host_disk.path);
-        if !path.is_absolute() || path.parent().is_none_or(|p| p == std::path::Path::new("/")) {
-            return Err(Refusal::new(
+        if host_disk.path.is_empty() {
+            refused.push(Refusal::new(
+                format!("{field}.path"),
+                format!("{field}.path is required for hostDisk volume"),
+            ));
+        } else if !path.is_absolute()
+            || path.parent().is_none_or(|p| p == std::path::Path::new("/"))
+        {
+            refused.push(Refusal::new(
                 format!("{field}.path"),
                 format!(
                     "{:?} must be an absolute path to a file below a directory other than /",
@@ -185,36 +197,37 @@ pub fn check(vmi: &VirtualMachineInstance, gates: &FeatureGates) -> Result<(), R
                 ),
             ));
         }
-        let capacity = host_disk
+        let capacity = match host_disk
             .capacity
             .as_ref()
             .map(quantity::to_bytes)
             .transpose()
-            .map_err(|e| Refusal::new(format!("{field}.capacity"), e.to_string()))?
-            .unwrap_or(0);
+        {
+            Ok(bytes) => bytes.unwrap_or(0),
+            Err(e) => {
+                refused.push(Refusal::new(format!("{field}.capacity"), e.to_string()));
+                0
+            }
+        };
         match host_disk.disk_type.as_str() {
-            "Disk" if capacity != 0 => {
-                return Err(Refusal::new(
-                    format!("{field}.capacity"),
-                    format!(
-                        "{field}.capacity is allowed to pass only with {field}.type equal to 'DiskOrCreate'"
-                    ),
-                ));
-            }
+            "Disk" if capacity != 0 => refused.push(Refusal::new(
+                format!("{field}.capacity"),
+                format!(
+                    "{field}.capacity is allowed to pass only with {field}.type equal to 'DiskOrCreate'"
+                ),
+            )),
             "Disk" | "DiskOrCreate" => {}
-            other => {
-                return Err(Refusal::new(
-                    format!("{field}.type"),
-                    format!(
-                        "{field}.type has invalid value '{other}', allowed are 'Disk' or 'DiskOrCreate'"
-                    ),
-                ));
-            }
+            other => refused.push(Refusal::new(
+                format!("{field}.type"),
+                format!(
+                    "{field}.type has invalid value '{other}', allowed are 'Disk' or 'DiskOrCreate'"
+                ),
+            )),
         }
     }
     let domain = &vmi.spec.domain;
     if domain.devices.autoattach_vsock == Some(true) && !gates.enabled(VSOCK) {
-        return Err(Refusal::new(
+        refused.push(Refusal::new(
             "spec.domain.devices.autoattachVSOCK",
             format!("{VSOCK} feature gate is not enabled in kubevirt-config"),
         ));
@@ -226,7 +239,7 @@ pub fn check(vmi: &VirtualMachineInstance, gates: &FeatureGates) -> Result<(), R
         .is_some_and(|r| !r.is_null())
         && !gates.enabled(RESERVED_OVERHEAD_MEMLOCK)
     {
-        return Err(Refusal::new(
+        refused.push(Refusal::new(
             "spec.domain.memory.reservedOverhead",
             "Reserved overhead memlock feature gate is not enabled in kubevirt-config",
         ));
@@ -237,7 +250,7 @@ pub fn check(vmi: &VirtualMachineInstance, gates: &FeatureGates) -> Result<(), R
         .is_some_and(|r| !r.is_null())
         && !gates.enabled(REBOOT_POLICY)
     {
-        return Err(Refusal::new(
+        refused.push(Refusal::new(
             "spec.domain.rebootPolicy",
             format!(
                 "RebootPolicy is specified but the {REBOOT_POLICY} feature gate is not enabled"
@@ -251,14 +264,14 @@ pub fn check(vmi: &VirtualMachineInstance, gates: &FeatureGates) -> Result<(), R
         .and_then(|a| a.get(IGNITION_ANNOTATION))
         .is_some_and(|v| !v.is_empty());
     if ignition && !gates.enabled(IGNITION) {
-        return Err(Refusal::new(
+        refused.push(Refusal::new(
             "metadata.annotations",
             format!(
                 "{IGNITION} feature gate is not enabled in kubevirt-config, invalid entry metadata.annotations.{IGNITION_ANNOTATION}"
             ),
         ));
     }
-    Ok(())
+    refused
 }
 
 /// `v1.IgnitionAnnotation`.
@@ -318,6 +331,28 @@ mod tests {
                 "{disk}"
             );
         }
+    }
+
+    /// KubeVirt answers with every cause: here the gate, then the path of the same volume.
+    #[test]
+    fn every_refusal_is_listed() {
+        let vmi = host_disk(serde_json::json!({"path": "", "type": "Disk"}));
+        let fields: Vec<String> = refusals(&vmi, &FeatureGates::default())
+            .into_iter()
+            .map(|r| r.field)
+            .collect();
+        assert_eq!(
+            fields,
+            ["spec.volumes[1]", "spec.volumes[1].hostDisk.path"],
+            "{fields:?}"
+        );
+        assert!(
+            refusals(
+                &host_disk(serde_json::json!({"path": "/d/x", "type": "Disk"})),
+                &FeatureGates::parse("HostDisk")
+            )
+            .is_empty()
+        );
     }
 
     #[test]

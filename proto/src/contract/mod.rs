@@ -11,12 +11,15 @@
 //! - [`dhcp_cache`]: the bridge binding's `vif-cache-<iface>.json`, handler → launcher.
 //! - [`kernel_boot`]: reading `spec.domain.firmware.kernelBoot.container` from a VMI.
 //! - [`boot_disk`]: which disk a VMI without kernel boot boots, and as which firmware.
+//! - [`defaults`]: the defaults virt-api's mutating webhook stores in new VMs and VMIs
+//!   (shared with the controller and standalone mode).
 //! - [`feature_gates`]: KubeVirt's feature gates and the admission rules behind them.
 //! - [`node_labels`]: the node labels launcher pods select on (the node labeller writes them).
 //! - [`runnable`]: which VMIs this project's launcher can run, checked by the controller,
 //!   the launcher and standalone mode alike.
 
 pub mod boot_disk;
+pub mod defaults;
 pub mod dhcp_cache;
 pub mod feature_gates;
 pub mod kernel_boot;
