@@ -1,0 +1,360 @@
+//! The HTTPS endpoints: the webhooks at KubeVirt v1.9.0's paths
+//! (`pkg/virt-operator/resource/generate/components/webhooks.go`), `healthz` and `version`
+//! (`pkg/virt-api/api.go`, `pkg/healthz`), over rustls, HTTP/1.1.
+
+use crate::admit::{self, Context};
+use crate::review::{AdmissionReview, Response, answer};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use controller::kubevirt_cr::ClusterConfig;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use proto::kubevirt::{KubeVirt, Time};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// `VMICreateValidatePath`.
+pub const VMI_CREATE_VALIDATE: &str = "/virtualmachineinstances-validate-create";
+/// `VMIUpdateValidatePath`.
+pub const VMI_UPDATE_VALIDATE: &str = "/virtualmachineinstances-validate-update";
+/// `VMValidatePath`.
+pub const VM_VALIDATE: &str = "/virtualmachines-validate";
+/// `VMIMutatePath`.
+pub const VMI_MUTATE: &str = "/virtualmachineinstances-mutate";
+/// `VMMutatePath`.
+pub const VM_MUTATE: &str = "/virtualmachines-mutate";
+/// The subresource API's versions (`v1.SubresourceGroupVersions`).
+pub const SUBRESOURCE_VERSIONS: &[&str] = &["v1", "v1alpha3"];
+/// What `version` reports as the server's version.
+pub const GIT_VERSION: &str = concat!("v1.9.0+kubevirt-rs.", env!("CARGO_PKG_VERSION"));
+
+/// Shared by the handlers.
+pub struct AppState {
+    pub config: Arc<ClusterConfig>,
+    pub kubevirts: Store<KubeVirt>,
+    pub service_accounts: BTreeSet<String>,
+    pub client: kube::Client,
+    /// Every owned webhook configuration has the CA as its `caBundle`.
+    pub webhooks_ready: AtomicBool,
+    /// The API server's `/version`, once read (`KubeApiHealthzVersion`).
+    pub apiserver_version: Mutex<Option<Value>>,
+}
+
+/// A webhook: the request and what it is judged by, to the answer.
+pub type Webhook = fn(&crate::review::Request, &Context) -> Response;
+
+/// One webhook call (`GetAdmissionReview`, then the webhook): the review answered, or why
+/// the body is not an `AdmissionReview` with a request (answered 400 with that message;
+/// KubeVirt answers 400 with no body).
+pub fn handle(
+    content_type: Option<&str>,
+    body: &[u8],
+    ctx: &Context,
+    webhook: Webhook,
+) -> Result<AdmissionReview, String> {
+    if content_type != Some("application/json") {
+        return Err(format!(
+            "contentType={}, expect application/json",
+            content_type.unwrap_or("")
+        ));
+    }
+    let review: AdmissionReview = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+    let Some(request) = review.request.as_ref() else {
+        return Err("the AdmissionReview has no request".into());
+    };
+    let response = webhook(request, ctx);
+    if !response.allowed {
+        tracing::info!(
+            operation = %request.operation,
+            resource = %request.resource.resource,
+            namespace = request.namespace.as_deref().unwrap_or(""),
+            name = request.name.as_deref().unwrap_or(""),
+            user = %request.user_info.username,
+            message = response.result.as_ref().map_or("", |r| r.message.as_str()),
+            "refused"
+        );
+    }
+    Ok(answer(&review, response))
+}
+
+fn review(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    webhook: Webhook,
+) -> axum::response::Response {
+    let config = state.config.current();
+    let new_uuid = || uuid::Uuid::new_v4().to_string();
+    let ctx = Context {
+        config: &config,
+        service_accounts: &state.service_accounts,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+        new_uuid: &new_uuid,
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    match handle(content_type, body, &ctx, webhook) {
+        Ok(answered) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_vec(&answered).unwrap_or_default(),
+        )
+            .into_response(),
+        Err(message) => {
+            tracing::warn!(error = %message, "not an admission review");
+            (StatusCode::BAD_REQUEST, message).into_response()
+        }
+    }
+}
+
+fn route(webhook: Webhook) -> axum::routing::MethodRouter<Arc<AppState>> {
+    post(
+        move |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes| async move {
+            review(&state, &headers, &body, webhook)
+        },
+    )
+}
+
+/// KubeVirt's `healthz`: the API server reachable (its version, read once), the
+/// configuration's resource version; here also the webhook configurations' `caBundle`
+/// written (until then the API server cannot call the webhooks: not ready).
+async fn healthz(State(state): State<Arc<AppState>>) -> axum::response::Response {
+    let resource_version = controller::kubevirt_cr::config::select(&state.kubevirts.state())
+        .and_then(|kv| kv.resource_version())
+        .unwrap_or_default();
+    let cached = state
+        .apiserver_version
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let version = match cached {
+        Some(version) => version,
+        None => match state.client.apiserver_version().await {
+            Ok(info) => {
+                let version = serde_json::to_value(info).unwrap_or_default();
+                *state
+                    .apiserver_version
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(version.clone());
+                version
+            }
+            Err(e) => {
+                let body = json!({
+                    "apiserver": {"connectivity": "failed", "error": e.to_string()},
+                    "config-resource-version": resource_version,
+                });
+                return json_response(StatusCode::INTERNAL_SERVER_ERROR, &body);
+            }
+        },
+    };
+    let mut body = json!({
+        "apiserver": {"connectivity": "ok", "version": version},
+        "config-resource-version": resource_version,
+    });
+    if !state.webhooks_ready.load(Ordering::Acquire) {
+        body["webhooks"] = json!("the webhook configurations' caBundle is not written yet");
+        return json_response(StatusCode::INTERNAL_SERVER_ERROR, &body);
+    }
+    json_response(StatusCode::OK, &body)
+}
+
+/// `version` (`virtversion.Get()`'s fields).
+async fn version() -> axum::response::Response {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "gitVersion": GIT_VERSION,
+            "gitCommit": "",
+            "gitTreeState": "",
+            "buildDate": "1970-01-01T00:00:00Z",
+            "goVersion": "",
+            "compiler": "rustc",
+            "platform": format!("linux/{}", match std::env::consts::ARCH {
+                "x86_64" => "amd64",
+                "aarch64" => "arm64",
+                other => other,
+            }),
+        }),
+    )
+}
+
+/// `body` as JSON with `status`.
+fn json_response(status: StatusCode, body: &Value) -> axum::response::Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_vec(body).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// Every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut router = Router::new()
+        .route(VMI_CREATE_VALIDATE, route(admit::validate_vmi_create))
+        .route(VMI_UPDATE_VALIDATE, route(admit::validate_vmi_update))
+        .route(VM_VALIDATE, route(admit::validate_vm))
+        .route(VMI_MUTATE, route(admit::mutate_vmi))
+        .route(VM_MUTATE, route(admit::mutate_vm))
+        .route("/healthz", get(healthz));
+    for version_name in SUBRESOURCE_VERSIONS {
+        let base = format!("/apis/subresources.kubevirt.io/{version_name}");
+        router = router
+            .route(&format!("{base}/healthz"), get(healthz))
+            .route(&format!("{base}/version"), get(version));
+    }
+    router
+        // An AdmissionReview carries the object and the old one (etcd's limit is 1.5 MiB each).
+        .layer(DefaultBodyLimit::max(16 << 20))
+        .with_state(state)
+}
+
+/// TCP connections through a TLS handshake, each on its own task (a slow client holds up
+/// no other), for `axum::serve`.
+pub struct TlsListener {
+    local: SocketAddr,
+    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    _acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let (send, accepted) = mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let send = send.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => {
+                            let _ = send.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener {
+            local,
+            accepted,
+            _acceptor: task,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self._acceptor.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(accepted) => accepted,
+            // The acceptor ended (it never does by itself): no more connections.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use controller::template::TemplateConfig;
+
+    fn call(content_type: Option<&str>, body: &[u8]) -> Result<AdmissionReview, String> {
+        let config = TemplateConfig::default();
+        let accounts = BTreeSet::new();
+        let uuid = || "u".to_string();
+        let ctx = Context {
+            config: &config,
+            service_accounts: &accounts,
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            new_uuid: &uuid,
+        };
+        handle(content_type, body, &ctx, admit::validate_vmi_create)
+    }
+
+    const REVIEW: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-7","operation":"CREATE","resource":{"group":"kubevirt.io","version":"v1","resource":"virtualmachineinstances"},"object":{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}},"volumes":[{"name":"h","hostDisk":{"path":"/d/x","type":"Disk"}}]}}}}"#;
+
+    #[test]
+    fn a_review_is_answered_with_its_uid() {
+        let answered = call(Some("application/json"), REVIEW.as_bytes()).unwrap();
+        let response = answered.response.unwrap();
+        assert_eq!(response.uid, "u-7");
+        assert!(!response.allowed);
+        assert_eq!(answered.kind, "AdmissionReview");
+    }
+
+    #[test]
+    fn what_is_not_a_review_is_a_clear_error() {
+        let err = call(Some("text/plain"), REVIEW.as_bytes()).unwrap_err();
+        assert_eq!(err, "contentType=text/plain, expect application/json");
+        let err = call(None, REVIEW.as_bytes()).unwrap_err();
+        assert_eq!(err, "contentType=, expect application/json");
+        let err = call(Some("application/json"), b"\xff\x00garbage").unwrap_err();
+        assert!(
+            err.starts_with("the body is not an AdmissionReview: "),
+            "{err}"
+        );
+        let err = call(Some("application/json"), b"{}").unwrap_err();
+        assert_eq!(err, "the AdmissionReview has no request");
+        let err = call(Some("application/json"), br#"{"request": 5}"#).unwrap_err();
+        assert!(
+            err.starts_with("the body is not an AdmissionReview: "),
+            "{err}"
+        );
+        // A request without a uid or operation is not one the API server sends.
+        assert!(call(Some("application/json"), br#"{"request": {}}"#).is_err());
+    }
+
+    /// Every prefix of a review and every byte flipped: an answer or an error, no panic.
+    #[test]
+    fn no_body_panics() {
+        let bytes = REVIEW.as_bytes();
+        for end in 0..bytes.len() {
+            let _ = call(Some("application/json"), &bytes[..end]);
+        }
+        for i in 0..bytes.len() {
+            for flip in [0x01u8, 0x20, 0x80] {
+                let mut changed = bytes.to_vec();
+                changed[i] ^= flip;
+                let _ = call(Some("application/json"), &changed);
+            }
+        }
+    }
+}
