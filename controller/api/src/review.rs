@@ -78,7 +78,9 @@ pub struct Request {
 pub struct Response {
     pub uid: String,
     pub allowed: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Go's `Result`, whose JSON key is `status` (the API server reads nothing under
+    /// `result`: a refusal would come out "without explanation").
+    #[serde(rename = "status", default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Status>,
     /// The JSON patch, base64 as Go encodes `[]byte`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -253,7 +255,7 @@ mod tests {
             json!({
                 "uid": "",
                 "allowed": false,
-                "result": {
+                "status": {
                     "metadata": {},
                     "message": "HostDisk feature gate is not enabled, second",
                     "reason": "Invalid",
