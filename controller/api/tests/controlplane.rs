@@ -1,6 +1,6 @@
 //! virt-api's webhooks called by a real kube-apiserver (the `integration` crate's control
 //! plane; no controller runs, so what is stored is what the API server and virt-api made
-//! of a request). virt-api runs in-process on 127.0.0.1; its webhook configurations, as
+//! of a request). The virt-api binary runs on 127.0.0.1; its webhook configurations, as
 //! KubeVirt v1.9.0 names them but scoped to the test's namespace, call it by URL, and
 //! virt-api writes their `caBundle` itself. One test, one control plane: the configurations
 //! are cluster-wide and the control plane is this binary's alone.
@@ -10,6 +10,7 @@ use integration::controlplane;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proto::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
@@ -101,19 +102,25 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
     let namespace = cp.create_namespace("virt-api").await.expect("namespace");
     let client = cp.client().expect("client");
 
-    // virt-api, and the webhook configurations calling it by URL (no caBundle: virt-api
-    // writes it), for this namespace only.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("listener");
-    let address = listener.local_addr().unwrap().to_string();
-    let mut options = virt_api::Options::new(&namespace);
-    options.extra_names = vec!["127.0.0.1".into()];
-    options.ca_bundle_interval = Duration::from_secs(1);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(virt_api::run(client.clone(), listener, options, async {
-        let _ = stopped.await;
-    }));
+    // The virt-api binary, and the webhook configurations calling it by URL (no caBundle:
+    // virt-api writes it), for this namespace only.
+    let address = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().unwrap().to_string()
+    };
+    let logs = tempfile::tempdir().expect("log directory");
+    let log = logs.path().join("virt-api.log");
+    let mut virt_api = std::process::Command::new(env!("CARGO_BIN_EXE_virt-api"))
+        .args(["--namespace", &namespace, "--listen", &address])
+        .args(["--extra-name", "127.0.0.1"])
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .map(KillOnDrop)
+        .expect("virt-api starts");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     let scope = Some(LabelSelector {
         match_labels: Some(BTreeMap::from([(
             "kubernetes.io/metadata.name".to_string(),
@@ -180,6 +187,25 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
     assert_eq!(
         message,
         "admission webhook \"virtualmachineinstances-create-validator.kubevirt.io\" denied the request: HostDisk feature gate is not enabled"
+    );
+
+    // healthz and version over TLS, the certificate verified by the CA in `kubevirt-ca`
+    // for 127.0.0.1.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let ca = secrets.get("kubevirt-ca").await.expect("the CA's Secret");
+    let ca = ca.data.unwrap()["tls.crt"].0.clone();
+    let (code, body) = https_get(&address, &ca, "/healthz").await;
+    assert_eq!(code, 200, "{body}\n{}", log_text());
+    let body: Value = serde_json::from_str(&body).expect("healthz is JSON");
+    assert_eq!(body["apiserver"]["connectivity"], "ok", "{body}");
+    let (code, body) = https_get(&address, &ca, "/apis/subresources.kubevirt.io/v1/version").await;
+    assert_eq!(code, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).expect("version is JSON");
+    assert!(
+        body["gitVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("v1.9.0")),
+        "{body}"
     );
 
     // Refused at create, nothing stored.
@@ -293,14 +319,67 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
         "{stored:?}"
     );
 
-    assert!(
-        !served.is_finished(),
-        "virt-api stopped: {:?}",
-        served.await
-    );
-    let _ = stop.send(());
-    served
+    // SIGTERM: virt-api ends cleanly.
+    let pid = i32::try_from(virt_api.0.id()).expect("pid fits");
+    // SAFETY: signalling a child process this test started and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || virt_api.0.wait())
         .await
-        .expect("virt-api's task")
-        .expect("virt-api ends cleanly");
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "virt-api exits cleanly on SIGTERM: {status}\n{}",
+        log_text()
+    );
+}
+
+/// `GET path` from virt-api at `address` over TLS, its certificate verified by `ca` (PEM) for
+/// 127.0.0.1: the status code and the body.
+async fn https_get(address: &str, ca: &[u8], path: &str) -> (u16, String) {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(ca).expect("the CA's PEM"))
+        .expect("the CA");
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("a TLS session the CA verifies");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    // A peer that closes without close_notify is fine here: the body is complete.
+    let _ = tls.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (code, body.to_string())
+}
+
+/// A child process that is killed (and reaped) when the test ends, even by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
