@@ -11,6 +11,7 @@ use controller::template::TemplateConfig;
 use controller::writes::{Write, Writes};
 use futures::StreamExt;
 use integration::controlplane::{self, ControlPlane};
+use integration::wait_for;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Binding, Namespace, Node, ObjectReference, Pod};
@@ -18,7 +19,6 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use kube::runtime::watcher;
 use proto::kubevirt::{Phase, VirtualMachine, VirtualMachineInstance};
 use serde_json::json;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -258,21 +258,6 @@ async fn report_ready(pods: &Api<Pod>, name: &str) {
                 eprintln!("fake kubelet: status of {name}: {e}");
             }
         }
-    }
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

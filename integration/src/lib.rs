@@ -4,8 +4,33 @@
 //! that talk to the Kubernetes API; [`cluster`] brings up a real single-node cluster
 //! (`scripts/cluster.sh`: scheduler, containerd, kubelet, kube-proxy too) for tests that run
 //! pods; [`manifests`] reads a manifest directory as `kubectl apply -f` does and creates its
-//! objects.
+//! objects; [`wait_for`] polls until the API shows what a test waits for.
 
 pub mod cluster;
 pub mod controlplane;
 pub mod manifests;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How long [`wait_for`] waits: what a controller or a kubelet writes comes within seconds;
+/// a loaded 2-core machine may take many times that.
+pub const PATIENCE: Duration = Duration::from_secs(90);
+
+/// Calls `check` every 100 ms until it returns a value, and returns it; panics naming `what`
+/// once [`PATIENCE`] has passed (a test's wait for what the API server, a controller or a
+/// kubelet will write).
+pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -6,7 +6,7 @@
 //! are cluster-wide and the control plane is this binary's alone.
 //! Fails (never skips) when the control plane cannot be built or started.
 
-use integration::controlplane;
+use integration::{controlplane, wait_for};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -16,25 +16,6 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use proto::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::time::{Duration, Instant};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// A VMI this project's launcher runs (kernel boot of KubeVirt's demo images), with
 /// `extra_volume` (and its disk) if given, and `machine` as its machine type if given.
