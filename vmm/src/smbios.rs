@@ -38,7 +38,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::config::Smbios;
 use crate::kvm::layout::{SMBIOS_ADDR, SMBIOS_MAX_SIZE};
-use block::cast;
 
 /// Type 0's vendor and the manufacturer of the processor and memory records.
 const VENDOR: &str = "kubevirt-rs";
@@ -371,7 +370,7 @@ fn entry_point(length: u32, address: u64) -> Vec<u8> {
 /// The entry point and the structure table, for the table at `SMBIOS_ADDR + TABLE_OFFSET`.
 fn build(machine: &Machine) -> Result<(Vec<u8>, Vec<u8>), Error> {
     let table = structures(machine)?;
-    let room = SMBIOS_MAX_SIZE - cast::u64_to_usize(TABLE_OFFSET);
+    let room = SMBIOS_MAX_SIZE - int_cast::u64_to_usize(TABLE_OFFSET);
     let length = u32::try_from(table.len())
         .ok()
         .filter(|_| table.len() <= room)

@@ -31,8 +31,8 @@
 //! shared and `flush` takes it exclusively: it waits for in-flight I/O, which
 //! also makes every completed write part of the flush.
 
-use crate::cast::u64_to_usize;
-use crate::cast::usize_to_u64;
+use int_cast::u64_to_usize;
+use int_cast::usize_to_u64;
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! Entry points shared by the cargo-fuzz targets (`fuzz/`) and the
 //! deterministic random-input tests, so CI exercises the same code.
 
-use crate::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 use std::io::Write;
 
 use crate::qcow2::{CreateOptions, Qcow2Image, Qcow2Options, create, header::Header};

@@ -10,7 +10,7 @@
 //! place of the host file: the engines cannot tell, and every write and
 //! barrier they issue reaches the simulation.
 
-use crate::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

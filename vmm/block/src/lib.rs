@@ -5,7 +5,6 @@
 
 use std::io;
 
-pub mod cast;
 pub mod concurrent;
 #[doc(hidden)]
 pub mod fuzz_support;

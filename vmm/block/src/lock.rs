@@ -78,11 +78,11 @@ fn byte_lock(exclusive: bool, byte: i64) -> libc::flock {
     // fields that matter are set below (`l_pid` must be 0 for OFD locks).
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = if exclusive {
-        const { crate::cast::c_short_of_c_int(libc::F_WRLCK) }
+        const { int_cast::c_short_of_c_int(libc::F_WRLCK) }
     } else {
-        const { crate::cast::c_short_of_c_int(libc::F_RDLCK) }
+        const { int_cast::c_short_of_c_int(libc::F_RDLCK) }
     };
-    lock.l_whence = const { crate::cast::c_short_of_c_int(libc::SEEK_SET) };
+    lock.l_whence = const { int_cast::c_short_of_c_int(libc::SEEK_SET) };
     lock.l_start = byte;
     lock.l_len = 1;
     lock

@@ -16,8 +16,8 @@
 //!
 //! Not a general-purpose API: hidden from the docs, used by the tests.
 
-use crate::cast::u64_to_usize;
-use crate::cast::usize_to_u64;
+use int_cast::u64_to_usize;
+use int_cast::usize_to_u64;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};

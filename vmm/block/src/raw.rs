@@ -1,7 +1,7 @@
 //! Raw disk images: the file's bytes are the disk's bytes.
 
-use crate::cast::u64_to_usize;
-use crate::cast::usize_to_u64;
+use int_cast::u64_to_usize;
+use int_cast::usize_to_u64;
 use std::path::Path;
 
 use crate::host_file::HostFile;

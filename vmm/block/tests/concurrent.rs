@@ -5,7 +5,7 @@
 
 mod common;
 
-use block::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 use std::path::Path;
 use std::sync::Mutex;
 

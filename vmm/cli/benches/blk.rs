@@ -168,11 +168,8 @@ fn main() {
         .success();
     assert!(ok);
     let disk = dir.path().join("disk.raw");
-    std::fs::write(
-        &disk,
-        vec![0x5au8; block::cast::u64_to_usize(DISK_MIB << 20)],
-    )
-    .expect("disk image");
+    std::fs::write(&disk, vec![0x5au8; int_cast::u64_to_usize(DISK_MIB << 20)])
+        .expect("disk image");
     let (kernel, disk) = (kernel.to_str().unwrap(), disk.to_str().unwrap());
 
     println!(

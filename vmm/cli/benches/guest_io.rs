@@ -336,11 +336,7 @@ fn main() {
         .success();
     assert!(ok);
     let raw = dir.path().join("disk.raw");
-    std::fs::write(
-        &raw,
-        vec![0x5au8; block::cast::u64_to_usize(DISK_MIB << 20)],
-    )
-    .expect("disk image");
+    std::fs::write(&raw, vec![0x5au8; int_cast::u64_to_usize(DISK_MIB << 20)]).expect("disk image");
     let overlay = dir.path().join("overlay.qcow2");
     let metrics = dir.path().join("fc-metrics.json");
     let raw_disk = format!("path={},format=raw,cache=writeback", raw.display());

@@ -42,7 +42,7 @@ fn put_u64(elf: &mut [u8], at: usize, value: u64) {
 
 /// Offset of the first PT_LOAD program header.
 fn first_load_header(elf: &[u8]) -> usize {
-    let phoff = block::cast::u64_to_usize(u64_at(elf, 0x20));
+    let phoff = int_cast::u64_to_usize(u64_at(elf, 0x20));
     let phentsize = u16::from_le_bytes([elf[0x36], elf[0x37]]) as usize;
     let phnum = u16::from_le_bytes([elf[0x38], elf[0x39]]) as usize;
     (0..phnum)

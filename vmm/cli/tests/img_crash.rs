@@ -14,9 +14,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use block::cast::u64_to_usize;
 use block::qcow2::{CreateOptions, create};
 use img_common::*;
+use int_cast::u64_to_usize;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

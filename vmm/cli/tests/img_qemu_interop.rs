@@ -372,7 +372,7 @@ fn same_random_scripts_through_qemu_io_and_ours_give_identical_disks() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.raw");
     let size: u64 = 6 << 20;
-    std::fs::write(&base, mixed_data(block::cast::u64_to_usize(size), 5)).unwrap();
+    std::fs::write(&base, mixed_data(int_cast::u64_to_usize(size), 5)).unwrap();
     let qbase = dir.path().join("base.qcow2");
     qemu_img(&[
         "convert",
@@ -478,7 +478,7 @@ fn same_random_aio_scripts_through_qemu_io_and_ours_give_identical_disks() {
     let dir = tempfile::tempdir().unwrap();
     let size: u64 = 4 << 20;
     let base = dir.path().join("base.raw");
-    std::fs::write(&base, mixed_data(block::cast::u64_to_usize(size), 11)).unwrap();
+    std::fs::write(&base, mixed_data(int_cast::u64_to_usize(size), 11)).unwrap();
     let mut rng = StdRng::seed_from_u64(0xa10);
     let cases: &[(&str, Option<&str>)] = &[
         ("cluster_size=65536", None),

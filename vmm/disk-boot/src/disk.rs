@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::io;
 use std::rc::Rc;
 
-use block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 
 use crate::Error;
 

@@ -25,7 +25,7 @@ pub use disk::DiskRead;
 pub use loaders::Loader;
 pub use partitions::{Partition, PartitionType, Scheme};
 
-use block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 
 use loaders::{Chosen, Context, FileRef, Notes};
 use volumes::DiskFiles;

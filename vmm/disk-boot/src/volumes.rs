@@ -293,7 +293,7 @@ pub(crate) mod memory {
         fn read(&self, part: usize, path: &str, limit: u64) -> Result<Vec<u8>, FsError> {
             let path = crate::fs::clean(path)?;
             let data = self.files.get(&(part, path)).ok_or(FsError::NotFound)?;
-            let size = block::cast::usize_to_u64(data.len());
+            let size = int_cast::usize_to_u64(data.len());
             if size > limit {
                 return Err(FsError::TooBig { size, limit });
             }

@@ -468,10 +468,10 @@ fn online_vcpus(vcpu: Option<&Vcpu>, vcpus: Option<&Vcpus>) -> Result<u8, ToVmEr
                     order: _,
                 } = entry;
                 let at = format!("VCPUs.VCPU[{i}]");
-                if block::cast::u32_to_usize(*id) != i {
+                if int_cast::u32_to_usize(*id) != i {
                     return refuse(format!("{at}.ID"), format!("{id}, expected {i}"));
                 }
-                match (enabled.as_str(), block::cast::u32_to_usize(online) == i) {
+                match (enabled.as_str(), int_cast::u32_to_usize(online) == i) {
                     ("yes", true) => online += 1,
                     ("no", _) => {}
                     ("yes", false) => {

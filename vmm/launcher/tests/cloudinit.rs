@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use block::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 use launcher::disks::cloudinit::{
     CloudInitData, CloudInitError, DataSource, MAX_INPUT_BYTES, config_drive_data, iso_path,
     nocloud_data, prepare_cloud_init_disk, write_config_drive_iso, write_nocloud_iso,

@@ -22,7 +22,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::devices::legacy::{RTC_PORT, RTC_PORT_LEN, SERIAL_GSI, SERIAL_PORT};
 use crate::kvm::layout::{IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
-use block::cast;
 use platform::{
     GED_GSI, GED_STATUS_PORT, RESET_PORT, RESET_VALUE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT,
     SLP_TYP_S5,
@@ -144,14 +143,14 @@ fn fadt(dsdt: u64) -> fadt::FADT {
 fn madt(vcpus: u8) -> Sdt {
     const PCAT_COMPAT: u32 = 1;
     let mut table = Sdt::new(*b"APIC", 44, 3, OEM_ID, OEM_TABLE, OEM_REVISION);
-    table.write_u32(36, const { cast::u32_of_u64(LAPIC_ADDR) });
+    table.write_u32(36, const { int_cast::u32_of_u64(LAPIC_ADDR) });
     table.write_u32(40, PCAT_COMPAT);
     for id in 0..vcpus {
         // Type 0, length 8: processor uid, APIC id, flags (enabled).
         table.append_slice(&[0, 8, id, id, 1, 0, 0, 0]);
     }
     let mut ioapic = vec![1u8, 12, 0, 0];
-    ioapic.extend_from_slice(&const { cast::u32_of_u64(IOAPIC_ADDR) }.to_le_bytes());
+    ioapic.extend_from_slice(&const { int_cast::u32_of_u64(IOAPIC_ADDR) }.to_le_bytes());
     ioapic.extend_from_slice(&0u32.to_le_bytes());
     table.append_slice(&ioapic);
     // Type 4, length 6: every processor (0xff), flags 0, LINT1.
@@ -178,8 +177,8 @@ fn dsdt(platform: &Platform) -> Sdt {
                 "_CRS".into(),
                 &aml::ResourceTemplate::new(vec![
                     &aml::IO::new(
-                        const { cast::u16_of_u64(SERIAL_PORT) },
-                        const { cast::u16_of_u64(SERIAL_PORT) },
+                        const { int_cast::u16_of_u64(SERIAL_PORT) },
+                        const { int_cast::u16_of_u64(SERIAL_PORT) },
                         1,
                         8,
                     ),
@@ -200,10 +199,10 @@ fn dsdt(platform: &Platform) -> Sdt {
             &aml::Name::new(
                 "_CRS".into(),
                 &aml::ResourceTemplate::new(vec![&aml::IO::new(
-                    const { cast::u16_of_u64(RTC_PORT) },
-                    const { cast::u16_of_u64(RTC_PORT) },
+                    const { int_cast::u16_of_u64(RTC_PORT) },
+                    const { int_cast::u16_of_u64(RTC_PORT) },
                     1,
-                    const { cast::u8_of_u64(RTC_PORT_LEN) },
+                    const { int_cast::u8_of_u64(RTC_PORT_LEN) },
                 )]),
             ),
         ],
@@ -301,8 +300,8 @@ fn pci_host_bridge() -> Vec<u8> {
     let window = aml::AddressSpace::new_memory(
         aml::AddressSpaceCacheable::NotCacheable,
         true,
-        const { cast::u32_of_u64(PCI_MMIO_BASE) },
-        const { cast::u32_of_u64(PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) },
+        const { int_cast::u32_of_u64(PCI_MMIO_BASE) },
+        const { int_cast::u32_of_u64(PCI_MMIO_BASE + PCI_MMIO_SIZE - 1) },
         None,
     );
     let crs = aml::ResourceTemplate::new(vec![&bus, &cfg_ports, &io_low, &io_high, &window]);

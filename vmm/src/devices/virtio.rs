@@ -234,7 +234,7 @@ pub(crate) fn attach(
     sandbox: &Arc<Sandbox>,
 ) -> Result<Attached, Error> {
     let (devices, counters) = build_devices(config)?;
-    if devices.len() > block::cast::u32_to_usize(VIRTIO_MAX_DEVICES) {
+    if devices.len() > int_cast::u32_to_usize(VIRTIO_MAX_DEVICES) {
         return Err(Error::TooMany(devices.len()));
     }
     let mut transports = Vec::with_capacity(devices.len());

@@ -90,7 +90,7 @@ pub(crate) fn load(
     params.hdr.header = HEADER_MAGIC;
     params.hdr.loadflags |= CAN_USE_HEAP;
     params.hdr.heap_end_ptr = 0xfe00;
-    params.hdr.cmd_line_ptr = const { block::cast::u32_of_u64(CMDLINE_ADDR) };
+    params.hdr.cmd_line_ptr = const { int_cast::u32_of_u64(CMDLINE_ADDR) };
     let cmdline_len = cmdline
         .as_cstring()
         .map_err(|e| Error::Cmdline(e.to_string()))?
@@ -321,12 +321,8 @@ fn load_initrd_file(
         .map_err(|e| Error::InitrdFile(path.to_path_buf(), e))?
         .len();
     let start = place_initrd(mem, size, hdr, kernel_end)?;
-    mem.read_exact_volatile_from(
-        GuestAddress(start),
-        &mut file,
-        block::cast::u64_to_usize(size),
-    )
-    .map_err(|e| Error::InitrdLoad(e.to_string()))?;
+    mem.read_exact_volatile_from(GuestAddress(start), &mut file, int_cast::u64_to_usize(size))
+        .map_err(|e| Error::InitrdLoad(e.to_string()))?;
     Ok((start, size))
 }
 
@@ -337,7 +333,7 @@ fn load_initrd_bytes(
     hdr: &setup_header,
     kernel_end: u64,
 ) -> Result<(u64, u64)> {
-    let size = block::cast::usize_to_u64(bytes.len());
+    let size = int_cast::usize_to_u64(bytes.len());
     let start = place_initrd(mem, size, hdr, kernel_end)?;
     mem.write_slice(bytes, GuestAddress(start))
         .map_err(|e| Error::InitrdLoad(e.to_string()))?;

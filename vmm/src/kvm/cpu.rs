@@ -74,7 +74,7 @@ pub(crate) fn set_sregs(vcpu: &VcpuFd) -> Result<()> {
     sregs.ss = data;
     sregs.tr = segment(GDT[3], TSS_SELECTOR);
     sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = const { block::cast::u16_of_u64(std::mem::size_of_val(&GDT) as u64 - 1) };
+    sregs.gdt.limit = const { int_cast::u16_of_u64(std::mem::size_of_val(&GDT) as u64 - 1) };
     sregs.idt.base = IDT_ADDR;
     sregs.idt.limit = 7;
     // Set outright: OR-ing PE|PG into the reset value leaves caching disabled.

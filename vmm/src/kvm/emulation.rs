@@ -355,7 +355,7 @@ fn software_interrupt(
     let gate = if idt.holds(vector) {
         let size = idt.gate_size();
         let at = sregs.idt.base.wrapping_add(u64::from(vector) * size);
-        Gate::parse(&read_linear(vcpu, mem, at, block::cast::u64_to_usize(size)))
+        Gate::parse(&read_linear(vcpu, mem, at, int_cast::u64_to_usize(size)))
     } else {
         None
     };
@@ -453,14 +453,14 @@ fn read_bytes(vcpu: &VcpuFd, mem: &GuestMemoryMmap, regs: &kvm_regs, sregs: &kvm
 fn read_linear(vcpu: &VcpuFd, mem: &GuestMemoryMmap, start: u64, len: usize) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(len);
     while bytes.len() < len {
-        let gva = start.wrapping_add(block::cast::usize_to_u64(bytes.len()));
+        let gva = start.wrapping_add(int_cast::usize_to_u64(bytes.len()));
         let Ok(t) = vcpu.translate_gva(gva) else {
             break;
         };
         if t.valid == 0 {
             break;
         }
-        let in_page = block::cast::u64_to_usize(0x1000 - (gva & 0xfff));
+        let in_page = int_cast::u64_to_usize(0x1000 - (gva & 0xfff));
         let n = in_page.min(len - bytes.len());
         let mut chunk = vec![0u8; n];
         if mem

@@ -22,7 +22,7 @@
 
 use std::io::Read;
 
-use block::cast::u32_to_usize;
+use int_cast::u32_to_usize;
 
 /// Where the setup header's fields are in a bzImage (boot protocol, see
 /// Linux's Documentation/arch/x86/boot.rst).

@@ -129,15 +129,11 @@ mod tests {
                 crate::acpi::RSDP_ADDR,
                 MPTABLE_ADDR - crate::acpi::RSDP_ADDR,
             ),
-            (
-                "MP",
-                MPTABLE_ADDR,
-                block::cast::usize_to_u64(MPTABLE_MAX_SIZE),
-            ),
+            ("MP", MPTABLE_ADDR, int_cast::usize_to_u64(MPTABLE_MAX_SIZE)),
             (
                 "SMBIOS",
                 SMBIOS_ADDR,
-                block::cast::usize_to_u64(SMBIOS_MAX_SIZE),
+                int_cast::usize_to_u64(SMBIOS_MAX_SIZE),
             ),
         ];
         for (i, a) in areas.iter().enumerate() {

@@ -61,7 +61,7 @@ pub(crate) fn build(cpus: u8, base: u32) -> Vec<u8> {
     entries.extend(*b"ISA   ");
     count += 1;
     entries.extend([ENTRY_IOAPIC, ioapic_id, IOAPIC_VERSION, 1]);
-    entries.extend(const { block::cast::u32_of_u64(IOAPIC_ADDR) }.to_le_bytes());
+    entries.extend(const { int_cast::u32_of_u64(IOAPIC_ADDR) }.to_le_bytes());
     count += 1;
     // ISA IRQ n arrives on IOAPIC pin n, with the bus defaults (edge, high).
     for pin in 0..IOAPIC_PINS {
@@ -116,7 +116,7 @@ pub(crate) fn build(cpus: u8, base: u32) -> Vec<u8> {
     header.extend(0u32.to_le_bytes()); // OEM table pointer
     header.extend(0u16.to_le_bytes()); // OEM table size
     header.extend(count.to_le_bytes());
-    header.extend(const { block::cast::u32_of_u64(LAPIC_ADDR) }.to_le_bytes());
+    header.extend(const { int_cast::u32_of_u64(LAPIC_ADDR) }.to_le_bytes());
     header.extend(0u16.to_le_bytes()); // extended table length
     header.extend([0u8, 0]); // extended checksum, reserved
     let mut table = header;
@@ -135,7 +135,7 @@ pub(crate) fn build(cpus: u8, base: u32) -> Vec<u8> {
 
 /// Writes the table for `cpus` CPUs into guest memory.
 pub(crate) fn write(mem: &GuestMemoryMmap, cpus: u8) -> Result<()> {
-    let bytes = build(cpus, const { block::cast::u32_of_u64(MPTABLE_ADDR) });
+    let bytes = build(cpus, const { int_cast::u32_of_u64(MPTABLE_ADDR) });
     if bytes.len() > MPTABLE_MAX_SIZE {
         return Err(Error::BootParams(format!(
             "MP table of {} bytes does not fit",
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn both_structures_check_out_and_list_every_cpu() {
         for cpus in [1u8, 2, 4, crate::config::MAX_VCPUS] {
-            let bytes = build(cpus, const { block::cast::u32_of_u64(MPTABLE_ADDR) });
+            let bytes = build(cpus, const { int_cast::u32_of_u64(MPTABLE_ADDR) });
             assert!(
                 bytes.len() <= MPTABLE_MAX_SIZE,
                 "{cpus} cpus: {} bytes",

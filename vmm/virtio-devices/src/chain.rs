@@ -24,9 +24,9 @@ use virtio_queue::DescriptorChain;
 use vm_memory::{Address, GuestAddress, GuestMemory, GuestMemoryBackend};
 
 /// The descriptor flags, as the 16-bit field of a descriptor carries them.
-pub(crate) const DESC_F_NEXT: u16 = block::cast::u16_of_u32(VRING_DESC_F_NEXT);
-pub(crate) const DESC_F_WRITE: u16 = block::cast::u16_of_u32(VRING_DESC_F_WRITE);
-pub(crate) const DESC_F_INDIRECT: u16 = block::cast::u16_of_u32(VRING_DESC_F_INDIRECT);
+pub(crate) const DESC_F_NEXT: u16 = int_cast::u16_of_u32(VRING_DESC_F_NEXT);
+pub(crate) const DESC_F_WRITE: u16 = int_cast::u16_of_u32(VRING_DESC_F_WRITE);
+pub(crate) const DESC_F_INDIRECT: u16 = int_cast::u16_of_u32(VRING_DESC_F_INDIRECT);
 
 /// Flags a split-ring descriptor may carry; anything else is a driver bug.
 const KNOWN_FLAGS: u16 = DESC_F_NEXT | DESC_F_WRITE | DESC_F_INDIRECT;
@@ -109,7 +109,7 @@ impl ValidatedChain {
                     len,
                 });
             }
-            if !mem.check_range(addr, block::cast::u32_to_usize(len)) {
+            if !mem.check_range(addr, int_cast::u32_to_usize(len)) {
                 return Err(ChainError::OutsideGuestMemory {
                     index,
                     addr: addr.raw_value(),

@@ -4,11 +4,11 @@
 //!
 //! Not part of the device API; public only so that the fuzz crate can call it.
 
-use ::block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use std::sync::Arc;
 
-use ::block::cast::u64_to_usize;
 use ::block::{DiskBackend, DiskError, DiskResult};
+use int_cast::u64_to_usize;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
@@ -146,17 +146,17 @@ pub fn blk_queue(data: &[u8]) {
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_DESC_LOW,
-        const { block::cast::u32_of_u64(DESC) },
+        const { int_cast::u32_of_u64(DESC) },
     );
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_AVAIL_LOW,
-        const { block::cast::u32_of_u64(AVAIL) },
+        const { int_cast::u32_of_u64(AVAIL) },
     );
     w(
         &mut t,
         VIRTIO_MMIO_QUEUE_USED_LOW,
-        const { block::cast::u32_of_u64(USED) },
+        const { int_cast::u32_of_u64(USED) },
     );
     w(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
     w(

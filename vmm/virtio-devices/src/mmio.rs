@@ -39,7 +39,7 @@ use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxe
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
 use crate::log_limit::{GuestErrorLog, LogLimit, guest_error};
 use crate::{MMIO_WINDOW_SIZE, feature_bit};
-use block::cast::{high_half, low_half};
+use int_cast::{high_half, low_half};
 
 /// "virt" in little endian.
 const MAGIC_VALUE: u32 = 0x7472_6976;
@@ -750,7 +750,7 @@ fn register(offset: u64, len: usize) -> Option<u32> {
 fn config_access_ok(offset: u64, len: usize) -> bool {
     matches!(len, 1 | 2 | 4 | 8)
         && offset
-            .checked_add(::block::cast::usize_to_u64(len))
+            .checked_add(int_cast::usize_to_u64(len))
             .is_some_and(|end| end <= MMIO_WINDOW_SIZE)
 }
 

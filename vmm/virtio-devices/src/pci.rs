@@ -30,7 +30,7 @@
 //! what is written to BAR 0/1, and decodes it only while memory space is
 //! enabled in the command register).
 
-use ::block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_mmio::*;
@@ -42,7 +42,6 @@ use crate::device_thread::ThreadSandbox;
 use crate::interrupt::InterruptTrigger;
 use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::mmio::MmioTransport;
-use block::cast;
 
 /// The PCI vendor ID virtio devices use (Red Hat, Inc., donated to OASIS).
 pub(crate) const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
@@ -97,7 +96,7 @@ const CAP_ID_MSIX: u8 = 0x11;
 const CAP_ID_VENDOR: u8 = 0x09;
 const BAR_MEM64: u32 = 0b100;
 /// The address bits of BAR 0 (its size is a power of two).
-const BAR_ADDRESS_MASK: u32 = !(cast::u32_of_u64(BAR_SIZE) - 1);
+const BAR_ADDRESS_MASK: u32 = !(int_cast::u32_of_u64(BAR_SIZE) - 1);
 
 // virtio_pci_cap.cfg_type
 const CAP_COMMON: u8 = 1;
@@ -373,44 +372,50 @@ impl PciTransport {
         self.config[0x0b] = class;
         self.put32(
             BAR0,
-            (cast::low_half(bar_address) & BAR_ADDRESS_MASK) | BAR_MEM64,
+            (int_cast::low_half(bar_address) & BAR_ADDRESS_MASK) | BAR_MEM64,
         );
         self.put32(BAR1, (bar_address >> 32) as u32);
         self.put16(0x2c, VIRTIO_PCI_VENDOR);
         self.put16(0x2e, modern_id);
-        self.config[CAP_POINTER] = const { cast::u8_of_usize(MSIX_CAP) };
+        self.config[CAP_POINTER] = const { int_cast::u8_of_usize(MSIX_CAP) };
 
         // MSI-X: table and pending bits in BAR 0.
         self.config[MSIX_CAP] = CAP_ID_MSIX;
-        self.config[MSIX_CAP + 1] = const { cast::u8_of_usize(VIRTIO_CAPS) };
+        self.config[MSIX_CAP + 1] = const { int_cast::u8_of_usize(VIRTIO_CAPS) };
         self.put16(MSIX_CONTROL, vectors - 1);
-        self.put32(MSIX_CAP + 4, const { cast::u32_of_u64(MSIX_TABLE_OFFSET) });
-        self.put32(MSIX_CAP + 8, const { cast::u32_of_u64(MSIX_PBA_OFFSET) });
+        self.put32(
+            MSIX_CAP + 4,
+            const { int_cast::u32_of_u64(MSIX_TABLE_OFFSET) },
+        );
+        self.put32(
+            MSIX_CAP + 8,
+            const { int_cast::u32_of_u64(MSIX_PBA_OFFSET) },
+        );
 
         // virtio capabilities (struct virtio_pci_cap), each pointing into BAR 0.
         const CAPS: [(u8, u32, u32); 4] = [
             (
                 CAP_COMMON,
-                cast::u32_of_u64(COMMON_OFFSET),
-                cast::u32_of_u64(COMMON_SIZE),
+                int_cast::u32_of_u64(COMMON_OFFSET),
+                int_cast::u32_of_u64(COMMON_SIZE),
             ),
             (
                 CAP_ISR,
-                cast::u32_of_u64(ISR_OFFSET),
-                cast::u32_of_u64(ISR_SIZE),
+                int_cast::u32_of_u64(ISR_OFFSET),
+                int_cast::u32_of_u64(ISR_SIZE),
             ),
             (
                 CAP_DEVICE,
-                cast::u32_of_u64(DEVICE_OFFSET),
-                cast::u32_of_u64(DEVICE_SIZE),
+                int_cast::u32_of_u64(DEVICE_OFFSET),
+                int_cast::u32_of_u64(DEVICE_SIZE),
             ),
             (
                 CAP_NOTIFY,
-                cast::u32_of_u64(NOTIFY_OFFSET),
-                cast::u32_of_u64(NOTIFY_SIZE),
+                int_cast::u32_of_u64(NOTIFY_OFFSET),
+                int_cast::u32_of_u64(NOTIFY_SIZE),
             ),
         ];
-        let mut at: u8 = const { cast::u8_of_usize(VIRTIO_CAPS) };
+        let mut at: u8 = const { int_cast::u8_of_usize(VIRTIO_CAPS) };
         for (i, (cfg_type, offset, length)) in CAPS.iter().enumerate() {
             let len: u8 = if *cfg_type == CAP_NOTIFY { 20 } else { 16 };
             let next = if i + 1 < CAPS.len() { at + len } else { 0 };
@@ -536,7 +541,7 @@ impl PciTransport {
                     .enumerate()
                     .fold(0u64, |b, (i, &p)| b | (u64::from(p) << i));
                 let bytes = bits.to_le_bytes();
-                let start = ::block::cast::u64_to_usize(o - MSIX_PBA_OFFSET);
+                let start = int_cast::u64_to_usize(o - MSIX_PBA_OFFSET);
                 data.copy_from_slice(&bytes[start..start + data.len()]);
             }
             _ => {
@@ -565,7 +570,7 @@ impl PciTransport {
                 let rel = o - NOTIFY_OFFSET;
                 if rel.is_multiple_of(u64::from(NOTIFY_MULTIPLIER)) {
                     // Below NOTIFY_SIZE / NOTIFY_MULTIPLIER: the low half is the whole index.
-                    let queue = cast::low_half(rel / u64::from(NOTIFY_MULTIPLIER));
+                    let queue = int_cast::low_half(rel / u64::from(NOTIFY_MULTIPLIER));
                     self.inner
                         .write(u64::from(VIRTIO_MMIO_QUEUE_NOTIFY), &queue.to_le_bytes());
                 } else {
@@ -695,7 +700,7 @@ impl PciTransport {
         let value = u64::from_le_bytes(bytes);
         // The 2- and 4-byte registers: the bytes the driver wrote.
         let low16 = u16::from_le_bytes([bytes[0], bytes[1]]);
-        let low32 = cast::low_half(value);
+        let low32 = int_cast::low_half(value);
         match (offset, data.len()) {
             (0x00, 4) => {
                 self.device_feature_select = low32;
@@ -809,7 +814,7 @@ impl PciTransport {
 
     fn mmio_write(&mut self, reg: u32, value: u64) {
         self.inner
-            .write(u64::from(reg), &cast::low_half(value).to_le_bytes());
+            .write(u64::from(reg), &int_cast::low_half(value).to_le_bytes());
     }
 }
 

@@ -127,7 +127,7 @@ impl DeviceQueue {
         let flags: Result<u16, _> = mem.read_obj(vm_memory::GuestAddress(self.queue.avail_ring()));
         match flags {
             Ok(f) => {
-                u16::from_le(f) & const { block::cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) } == 0
+                u16::from_le(f) & const { int_cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) } == 0
             }
             Err(_) => true,
         }
@@ -205,7 +205,7 @@ mod tests {
         let mut d = GuestDriver::new(&mem, 8);
         let q = DeviceQueue::new(d.queue());
         assert!(q.wants_interrupt(&mem));
-        d.set_avail_flags(const { block::cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
+        d.set_avail_flags(const { int_cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
         assert!(!q.wants_interrupt(&mem));
     }
 }

@@ -73,8 +73,8 @@ impl Rng {
             while done < b.len && written < MAX_BYTES_PER_REQUEST {
                 let n = (b.len - done)
                     .min(MAX_BYTES_PER_REQUEST - written)
-                    .min(const { block::cast::u32_of_usize(CHUNK) });
-                let bytes = &mut chunk[..block::cast::u32_to_usize(n)];
+                    .min(const { int_cast::u32_of_usize(CHUNK) });
+                let bytes = &mut chunk[..int_cast::u32_to_usize(n)];
                 if let Err(e) = fill_random(bytes) {
                     tracing::error!("virtio-rng: getrandom failed: {e}");
                     return written;

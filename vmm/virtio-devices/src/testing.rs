@@ -24,7 +24,7 @@ use crate::interrupt::tests::CountingTrigger;
 pub(crate) const MEM_SIZE: u64 = 4 << 20;
 
 pub(crate) fn test_memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), ::block::cast::u64_to_usize(MEM_SIZE))])
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), int_cast::u64_to_usize(MEM_SIZE))])
         .expect("4 MiB of anonymous memory")
 }
 
@@ -288,7 +288,7 @@ impl MmioDriver {
 
     pub(crate) fn write_driver_features(&mut self, features: u64) {
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        self.write32(VIRTIO_MMIO_DRIVER_FEATURES, block::cast::low_half(features));
+        self.write32(VIRTIO_MMIO_DRIVER_FEATURES, int_cast::low_half(features));
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
         self.write32(VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
     }
@@ -327,11 +327,11 @@ impl MmioDriver {
     ) {
         self.write32(VIRTIO_MMIO_QUEUE_SEL, index);
         self.write32(VIRTIO_MMIO_QUEUE_NUM, size);
-        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, block::cast::low_half(desc));
+        self.write32(VIRTIO_MMIO_QUEUE_DESC_LOW, int_cast::low_half(desc));
         self.write32(VIRTIO_MMIO_QUEUE_DESC_HIGH, (desc >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, block::cast::low_half(avail));
+        self.write32(VIRTIO_MMIO_QUEUE_AVAIL_LOW, int_cast::low_half(avail));
         self.write32(VIRTIO_MMIO_QUEUE_AVAIL_HIGH, (avail >> 32) as u32);
-        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, block::cast::low_half(used));
+        self.write32(VIRTIO_MMIO_QUEUE_USED_LOW, int_cast::low_half(used));
         self.write32(VIRTIO_MMIO_QUEUE_USED_HIGH, (used >> 32) as u32);
         self.write32(VIRTIO_MMIO_QUEUE_READY, 1);
     }

@@ -7,8 +7,8 @@
 use super::tables::{CachedCluster, OFFSET_MASK};
 use super::{Qcow2Image, corrupt, header, refcount};
 use crate::DiskResult;
-use crate::cast::u64_to_usize;
-use crate::cast::usize_to_u64;
+use int_cast::u64_to_usize;
+use int_cast::usize_to_u64;
 
 /// Reserved low bits of a refcount table entry.
 const REFTABLE_RESERVED: u64 = 0x1ff;

@@ -5,8 +5,8 @@
 //! corruptions (refcount lower than the references, entries pointing outside
 //! the file, wrong "copied" flags) may lose data.
 
-use crate::cast::usize_to_u64;
-use crate::cast::{u32_to_usize, u64_to_usize};
+use int_cast::usize_to_u64;
+use int_cast::{u32_to_usize, u64_to_usize};
 use std::path::Path;
 
 use super::header::Header;

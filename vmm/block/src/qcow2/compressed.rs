@@ -1,7 +1,7 @@
 //! Compressed clusters (read side): raw deflate or zstd, per the header.
 
 use super::header::CompressionType;
-use crate::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 
 /// Decompresses one cluster from `input` into `out` (exactly one cluster).
 /// `input` may carry trailing bytes: the compressed stream is followed by

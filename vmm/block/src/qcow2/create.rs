@@ -1,6 +1,6 @@
 //! Creating images with the defaults and options of `qemu-img create -f qcow2`.
 
-use crate::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 use std::path::Path;
 
 use super::header::{self, CompressionType, Header};

@@ -5,8 +5,8 @@
 use super::Qcow2Image;
 use super::tables::Mapping;
 use crate::DiskResult;
-use crate::cast::usize_to_u64;
 use crate::host_file::DataHandle;
+use int_cast::usize_to_u64;
 
 /// Where the first bytes of a request live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 //! QEMU). Everything here works on a byte slice, so a hostile header can only
 //! produce an error: every offset and count is checked before it is used.
 
-use crate::cast::usize_to_u64;
-use crate::cast::{u32_to_usize, u64_to_usize};
+use int_cast::usize_to_u64;
+use int_cast::{u32_to_usize, u64_to_usize};
 use std::fmt;
 
 pub const MAGIC: u32 = 0x5146_49fb; // "QFI\xfb"

@@ -34,8 +34,8 @@ pub mod refcount;
 mod repair;
 pub mod tables;
 
-use crate::cast::u64_to_usize;
-use crate::cast::usize_to_u64;
+use int_cast::u64_to_usize;
+use int_cast::usize_to_u64;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -62,7 +62,7 @@ pub(crate) fn entries_per_block(cluster_bits: u32, order: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cast::u64_to_usize;
+    use int_cast::u64_to_usize;
 
     #[test]
     fn every_width_roundtrips_without_touching_neighbours() {

@@ -5,8 +5,8 @@
 use super::check::count_references;
 use super::{Qcow2Image, corrupt, header, refcount};
 use crate::DiskResult;
-use crate::cast::u64_to_usize;
-use crate::cast::usize_to_u64;
+use int_cast::u64_to_usize;
+use int_cast::usize_to_u64;
 
 impl Qcow2Image {
     /// Writes a fresh refcount table and blocks past the end of the file,

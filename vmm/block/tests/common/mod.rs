@@ -1,7 +1,7 @@
 //! Helpers for tests that cross-check against qemu-img and qemu-io.
 #![allow(dead_code)]
 
-use block::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::required_format;
-use block::cast::u64_to_usize;
 use block::{BackingPolicy, ConcurrentDisk, OpenOptions, Pages, io_buffers};
+use int_cast::u64_to_usize;
 
 /// Most requests in flight (worker threads).
 const MAX_DEPTH: u64 = 1024;

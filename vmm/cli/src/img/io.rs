@@ -9,7 +9,7 @@
 //! every request in flight, as in qemu-io; it does not flush the image
 //! (`flush` does).
 
-use ::block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::Path;
@@ -20,10 +20,10 @@ use anyhow::Context;
 
 use super::required_format;
 use super::size::{human, parse_size, pattern_byte};
-use block::cast::u64_to_usize;
 use block::{
     BackingPolicy, ConcurrentDisk, OpenOptions, SerializedDisk, SharedDisk, open_disk_with,
 };
+use int_cast::u64_to_usize;
 
 /// qemu-io's default write pattern.
 const DEFAULT_WRITE_PATTERN: u8 = 0xcd;

@@ -9,7 +9,7 @@ mod net;
 
 use std::time::Duration;
 
-use block::cast::u64_to_usize;
+use int_cast::u64_to_usize;
 use test_guest::CheckResult;
 use vmm::{
     DiskCache, DiskConfig, DiskFormat, KernelSource, NetConfig, SerialCapture, SerialTarget, Vm,

@@ -6,7 +6,7 @@
 
 use std::io::Read;
 
-use block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 
 use super::FsError;
 use crate::disk::{Cursor, Window, is_budget_error};

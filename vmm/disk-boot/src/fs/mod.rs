@@ -49,7 +49,7 @@ impl Fs {
     pub(crate) fn probe(window: &Window) -> Result<Probed, Error> {
         let magic_at = |offset: u64, magic: &[u8]| -> Result<bool, Error> {
             let mut buf = vec![0u8; magic.len()];
-            if offset + block::cast::usize_to_u64(magic.len()) > window.len() {
+            if offset + int_cast::usize_to_u64(magic.len()) > window.len() {
                 return Ok(false);
             }
             window.read_at(&mut buf, offset)?;

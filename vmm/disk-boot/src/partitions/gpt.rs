@@ -2,7 +2,7 @@
 //! the disk's last LBA when the primary is damaged; both checked by their CRC32, the
 //! partition array by its own.
 
-use block::cast::{u32_to_usize, u64_to_usize};
+use int_cast::{u32_to_usize, u64_to_usize};
 
 use super::{Partition, PartitionType, SECTOR, le_u32, le_u64};
 use crate::Error;

@@ -825,7 +825,7 @@ fn pin_timestamps_and_pad(image: &mut Vec<u8>) -> Result<(), String> {
             .and_then(|e| e.checked_mul(SECTOR_SIZE))
             .ok_or_else(|| format!("directory extent {extent} out of range"))?;
         let end = start
-            .checked_add(block::cast::u32_to_usize(length))
+            .checked_add(int_cast::u32_to_usize(length))
             .filter(|end| *end <= image.len())
             .ok_or_else(|| {
                 format!("directory at sector {extent} runs past the end of the image")

@@ -157,7 +157,7 @@ impl I8042 {
                 // Infallible trigger; vm-superio decides what a reset command is.
                 let _ = self
                     .reset
-                    .write(const { block::cast::u8_of_u64(COMMAND_OFFSET) }, command);
+                    .write(const { int_cast::u8_of_u64(COMMAND_OFFSET) }, command);
             }
             other => tracing::debug!("i8042: ignoring controller command {other:#x}"),
         }

@@ -19,8 +19,8 @@ mod workers;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ::block::cast::u64_to_usize;
 use ::block::{DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
+use int_cast::u64_to_usize;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
     VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -44,7 +44,7 @@ use workers::IoWorkers;
 pub(crate) const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size: the most bytes copied per backend call.
 const CHUNK: usize = 64 * 1024;
-const CHUNK_U32: u32 = block::cast::u32_of_usize(CHUNK);
+const CHUNK_U32: u32 = int_cast::u32_of_usize(CHUNK);
 /// Batches (notifications with more than one request) after which the
 /// bounce buffers are moved onto a huge page. A guest that keeps its disk
 /// busy gets there within milliseconds; one that reads a little at boot
@@ -358,7 +358,7 @@ impl Executor {
         let (status, written) = self.execute(req, mem, bounce);
         self.counters.record(
             accounted(&req.kind),
-            status == const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) },
+            status == const { int_cast::u8_of_u32(VIRTIO_BLK_S_OK) },
             started.elapsed(),
         );
         write_status(mem, req.status, status, written)
@@ -392,16 +392,14 @@ impl Executor {
             other => other,
         };
         match result {
-            Ok(written) => (const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }, written),
+            Ok(written) => (const { int_cast::u8_of_u32(VIRTIO_BLK_S_OK) }, written),
             Err((e, written)) => {
                 if let Some(suppressed) = self.failures.admit() {
                     tracing::warn!(suppressed, "virtio-blk: disk request failed: {e}");
                 }
                 let status = match e {
-                    DiskError::Unsupported(_) => {
-                        const { block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
-                    }
-                    _ => const { block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
+                    DiskError::Unsupported(_) => const { int_cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) },
+                    _ => const { int_cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
                 };
                 (status, written)
             }
@@ -533,7 +531,7 @@ fn config_space(limits: &DiskLimits) -> Vec<u8> {
     put(12, &limits.max_data_buffers.to_le_bytes()); // seg_max
     put(
         20,
-        &const { block::cast::u32_of_u64(SECTOR_SIZE) }.to_le_bytes(),
+        &const { int_cast::u32_of_u64(SECTOR_SIZE) }.to_le_bytes(),
     ); // blk_size
     if limits.discard {
         put(36, &limits.max_segment_sectors.to_le_bytes()); // max_discard_sectors

@@ -16,7 +16,7 @@
 //! - discard / write-zeroes segments are well formed and inside the disk;
 //! - writes to a read-only disk and unknown request types are refused.
 
-use ::block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD,
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -150,9 +150,9 @@ impl RequestError {
     pub(crate) fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_) | RequestError::SegmentFlags { .. } => {
-                const { block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
+                const { int_cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP) }
             }
-            _ => const { block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
+            _ => const { int_cast::u8_of_u32(VIRTIO_BLK_S_IOERR) },
         }
     }
 }
@@ -225,7 +225,7 @@ fn parse_after_status(
             len: header_buf.len,
         });
     }
-    let mut header = [0u8; ::block::cast::u32_to_usize(HEADER_SIZE)];
+    let mut header = [0u8; int_cast::u32_to_usize(HEADER_SIZE)];
     mem.read_slice(&mut header, header_buf.addr)
         .map_err(|_| RequestError::HeaderUnreadable)?;
     let request_type = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
@@ -357,10 +357,10 @@ fn read_segments(
         });
     }
     // At most `max_segments` (small) segments: gather the bytes, then decode.
-    let mut bytes = Vec::with_capacity(::block::cast::u64_to_usize(len));
+    let mut bytes = Vec::with_capacity(int_cast::u64_to_usize(len));
     for b in data {
         let start = bytes.len();
-        bytes.resize(start + ::block::cast::u32_to_usize(b.len), 0);
+        bytes.resize(start + int_cast::u32_to_usize(b.len), 0);
         mem.read_slice(&mut bytes[start..], b.addr)
             .map_err(|_| RequestError::SegmentUnreadable)?;
     }
@@ -369,8 +369,8 @@ fn read_segments(
     } else {
         0
     };
-    let mut segments = Vec::with_capacity(::block::cast::u64_to_usize(count));
-    for raw in bytes.chunks_exact(::block::cast::u32_to_usize(SEGMENT_SIZE)) {
+    let mut segments = Vec::with_capacity(int_cast::u64_to_usize(count));
+    for raw in bytes.chunks_exact(int_cast::u32_to_usize(SEGMENT_SIZE)) {
         let field = |at: usize, n: usize| -> u64 {
             raw[at..at + n]
                 .iter()
@@ -402,8 +402,8 @@ fn read_segments(
 
 /// The GET_ID answer: up to 20 bytes, zero padded, not NUL terminated when
 /// the ID uses all 20.
-pub(crate) fn device_id_bytes(id: &str) -> [u8; ::block::cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)] {
-    let mut out = [0u8; ::block::cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)];
+pub(crate) fn device_id_bytes(id: &str) -> [u8; int_cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)] {
+    let mut out = [0u8; int_cast::u32_to_usize(VIRTIO_BLK_ID_BYTES)];
     let n = id.len().min(out.len());
     out[..n].copy_from_slice(&id.as_bytes()[..n]);
     out
@@ -715,10 +715,7 @@ mod tests {
         ];
         let e = parse_with(VIRTIO_BLK_T_DISCARD, 0, &[(0, 1, 0)], &descs, &plain).unwrap_err();
         assert_eq!(e.error, RequestError::Unsupported(VIRTIO_BLK_T_DISCARD));
-        assert_eq!(
-            e.error.status(),
-            block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP)
-        );
+        assert_eq!(e.error.status(), int_cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP));
     }
 
     #[test]

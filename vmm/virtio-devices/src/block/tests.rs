@@ -182,9 +182,9 @@ impl<'a> Harness<'a> {
     }
 }
 
-const OK: u8 = block::cast::u8_of_u32(VIRTIO_BLK_S_OK);
-const IOERR: u8 = block::cast::u8_of_u32(VIRTIO_BLK_S_IOERR);
-const UNSUPP: u8 = block::cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP);
+const OK: u8 = int_cast::u8_of_u32(VIRTIO_BLK_S_OK);
+const IOERR: u8 = int_cast::u8_of_u32(VIRTIO_BLK_S_IOERR);
+const UNSUPP: u8 = int_cast::u8_of_u32(VIRTIO_BLK_S_UNSUPP);
 
 #[test]
 fn features_follow_the_disk() {
@@ -955,7 +955,7 @@ fn interrupts_are_raised_per_batch_and_suppressed_on_request() {
     // A polling guest asks for no interrupts and still sees the used ring.
     h.used_seen = 3;
     h.queue
-        .set_avail_flags(const { block::cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
+        .set_avail_flags(const { int_cast::u16_of_u32(VRING_AVAIL_F_NO_INTERRUPT) });
     assert_eq!(h.request(VIRTIO_BLK_T_FLUSH, 0, &[]).0, OK);
     assert_eq!(h.mmio.interrupts(), 2);
 }
@@ -1017,11 +1017,11 @@ fn random_requests_never_panic() {
                     _ => 0x10_0000 + (rng.next() % 0x10_0000),
                 };
                 let len = match rng.next() % 5 {
-                    0 => block::cast::low_half(rng.next()),
+                    0 => int_cast::low_half(rng.next()),
                     1 => 0,
                     2 => 16,
                     3 => 1,
-                    _ => 512 * (1 + block::cast::low_half(rng.next()) % 4),
+                    _ => 512 * (1 + int_cast::low_half(rng.next()) % 4),
                 };
                 let mut d = if rng.next().is_multiple_of(2) {
                     Desc::read(addr, len)
@@ -1039,7 +1039,7 @@ fn random_requests_never_panic() {
             if shaped {
                 descs = shaped_request(&mut rng);
             }
-            let types = [0, 1, 4, 8, 11, 13, block::cast::low_half(rng.next())];
+            let types = [0, 1, 4, 8, 11, 13, int_cast::low_half(rng.next())];
             let request_type = types[(rng.next() % 7) as usize];
             h.header(request_type, rng.next() % (DISK_SECTORS + 4));
             let before = h.disk_bytes(0, DISK_SIZE);
@@ -1208,7 +1208,7 @@ impl ::block::SharedDisk for ProbeDisk {
                 "reads did not overlap",
             )));
         }
-        let start = ::block::cast::u64_to_usize(offset);
+        let start = int_cast::u64_to_usize(offset);
         buf.copy_from_slice(&self.bytes.lock().unwrap()[start..start + buf.len()]);
         self.log(format!("read {offset} end"));
         Ok(())
@@ -1221,7 +1221,7 @@ impl ::block::SharedDisk for ProbeDisk {
         self.log(format!("write {offset} start"));
         // Long enough for a request run out of turn to start meanwhile.
         std::thread::sleep(Duration::from_millis(20));
-        let start = ::block::cast::u64_to_usize(offset);
+        let start = int_cast::u64_to_usize(offset);
         self.bytes.lock().unwrap()[start..start + buf.len()].copy_from_slice(buf);
         self.log(format!("write {offset} end"));
         Ok(())
@@ -1437,7 +1437,7 @@ fn a_notification_through_the_queue_eventfd_runs_on_the_device_thread() {
     assert_eq!(h.queue.used_idx(), 1);
     assert_eq!(
         h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
-        const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }
+        const { int_cast::u8_of_u32(VIRTIO_BLK_S_OK) }
     );
     assert_eq!(*disk.write_threads.lock().unwrap(), ["virtio-test"]);
 }
@@ -1460,7 +1460,7 @@ fn a_reset_never_finds_a_request_in_flight() {
     assert_eq!(h.queue.used_idx(), 1);
     assert_eq!(
         h.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
-        const { block::cast::u8_of_u32(VIRTIO_BLK_S_OK) }
+        const { int_cast::u8_of_u32(VIRTIO_BLK_S_OK) }
     );
 }
 

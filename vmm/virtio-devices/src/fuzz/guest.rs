@@ -19,7 +19,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::NoInterrupt;
 use crate::{MmioTransport, Unsandboxed, VirtioDevice};
-use block::cast::{high_half, low_half, u16_of_u32};
+use int_cast::{high_half, low_half, u16_of_u32};
 
 /// Guest memory: room for the rings of two queues and 64 KiB frames.
 pub(super) const MEM_SIZE: u64 = 1 << 20;
@@ -92,7 +92,7 @@ impl Guest {
     pub(super) fn start(device: Box<dyn VirtioDevice>, input: &mut Input) -> Option<Guest> {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(
             GuestAddress(0),
-            ::block::cast::u64_to_usize(MEM_SIZE),
+            int_cast::u64_to_usize(MEM_SIZE),
         )])
         .ok()?;
         let cfg = input.u8()?;

@@ -7,7 +7,7 @@
 //! Updated by the receive thread and the transmitting thread, read by
 //! another: relaxed atomics, since each number is only ever summed.
 
-use ::block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// All frames (`ETH_P_ALL`), for [`packet_socket`].
-pub(crate) const ALL_FRAMES: u16 = block::cast::u16_of_c_int(libc::ETH_P_ALL);
+pub(crate) const ALL_FRAMES: u16 = int_cast::u16_of_c_int(libc::ETH_P_ALL);
 
 /// A socket that sends and receives frames of `ethertype` (host order) on
 /// link `ifname`.
@@ -35,7 +35,7 @@ pub fn packet_socket(ifname: &str, ethertype: u16) -> io::Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: sockaddr_ll is plain data.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = const { block::cast::u16_of_c_int(libc::AF_PACKET) };
+    addr.sll_family = const { int_cast::u16_of_c_int(libc::AF_PACKET) };
     addr.sll_protocol = protocol;
     addr.sll_ifindex = i32::try_from(index)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "link index out of range"))?;
@@ -44,7 +44,7 @@ pub fn packet_socket(ifname: &str, ethertype: u16) -> io::Result<OwnedFd> {
         libc::bind(
             fd.as_raw_fd(),
             (&addr as *const libc::sockaddr_ll).cast(),
-            const { block::cast::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) },
+            const { int_cast::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) },
         )
     };
     if rc < 0 {
@@ -79,7 +79,7 @@ pub fn set_up(ifname: &str) -> io::Result<()> {
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) < 0 {
             return Err(io::Error::last_os_error());
         }
-        ifr.ifr_ifru.ifru_flags |= const { block::cast::c_short_of_c_int(libc::IFF_UP) };
+        ifr.ifr_ifru.ifru_flags |= const { int_cast::c_short_of_c_int(libc::IFF_UP) };
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) < 0 {
             return Err(io::Error::last_os_error());
         }

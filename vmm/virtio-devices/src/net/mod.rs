@@ -30,7 +30,7 @@ pub mod tap;
 #[doc(hidden)]
 pub mod test_tap;
 
-use ::block::cast::usize_to_u64;
+use int_cast::usize_to_u64;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
@@ -112,7 +112,7 @@ fn config_space(options: &NetOptions) -> [u8; CONFIG_LEN] {
     let mut c = [0u8; CONFIG_LEN];
     c[..6].copy_from_slice(&options.mac);
     let status = if options.link_up {
-        const { block::cast::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
+        const { int_cast::u16_of_u32(VIRTIO_NET_S_LINK_UP) }
     } else {
         0
     };
@@ -244,10 +244,10 @@ impl Net {
             return Err(TxError::TooLong(total));
         }
         // Bounded by MAX_FRAME just above.
-        self.tx_buf.resize(::block::cast::u64_to_usize(total), 0);
+        self.tx_buf.resize(int_cast::u64_to_usize(total), 0);
         let mut at = 0usize;
         for b in chain.buffers() {
-            let end = at + ::block::cast::u32_to_usize(b.len);
+            let end = at + int_cast::u32_to_usize(b.len);
             mem.read_slice(&mut self.tx_buf[at..end], b.addr)
                 .map_err(|_| TxError::Unreadable)?;
             at = end;
@@ -459,7 +459,7 @@ fn write_frame(mem: &GuestMemoryMmap, buffers: &[Buffer], frame: &[u8]) -> u32 {
             break;
         }
         let step = u32::try_from(rest.len()).unwrap_or(u32::MAX).min(b.len);
-        let n = ::block::cast::u64_to_usize(u64::from(step));
+        let n = int_cast::u64_to_usize(u64::from(step));
         if mem.write_slice(&rest[..n], b.addr).is_err() {
             break;
         }

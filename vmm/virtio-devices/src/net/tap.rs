@@ -63,12 +63,12 @@ impl Tap {
             *dst = libc::c_char::from_ne_bytes([*src]);
         }
         ifr.ifr_ifru.ifru_flags = const {
-            block::cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)
+            int_cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)
         };
         // SAFETY: TUNSETIFF reads and writes the ifreq, which outlives the call.
         let rc = unsafe { libc::ioctl(tap.file.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
         tap.check("TUNSETIFF", rc)?;
-        let hdr_len = const { block::cast::c_int_of_usize(VNET_HDR_LEN) };
+        let hdr_len = const { int_cast::c_int_of_usize(VNET_HDR_LEN) };
         // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer.
         let rc = unsafe { libc::ioctl(tap.file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_len) };
         tap.check("TUNSETVNETHDRSZ", rc)?;

@@ -74,8 +74,7 @@ pub fn create_tap(name: &str) {
         .open("/dev/net/tun")
         .expect("open /dev/net/tun");
     let mut ifr = ifreq(name);
-    ifr.ifr_ifru.ifru_flags =
-        const { block::cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
+    ifr.ifr_ifru.ifru_flags = const { int_cast::c_short_of_c_int(libc::IFF_TAP | libc::IFF_NO_PI) };
     // SAFETY: valid fd and ifreq for the duration of the calls.
     unsafe {
         assert_eq!(
@@ -122,7 +121,7 @@ impl Wire {
                 libc::SOL_PACKET,
                 libc::PACKET_QDISC_BYPASS,
                 (&on as *const libc::c_int).cast(),
-                const { block::cast::u32_of_usize(std::mem::size_of::<libc::c_int>()) },
+                const { int_cast::u32_of_usize(std::mem::size_of::<libc::c_int>()) },
             )
         };
         assert_eq!(
@@ -171,7 +170,7 @@ impl Wire {
             // SAFETY: sockaddr_ll is plain old data.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut from_len =
-                const { block::cast::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
+                const { int_cast::u32_of_usize(std::mem::size_of::<libc::sockaddr_ll>()) };
             // SAFETY: buffers valid for the sizes given.
             let n = unsafe {
                 libc::recvfrom(

@@ -116,7 +116,7 @@ fn the_function_identifies_itself_and_describes_its_registers() {
     assert_eq!((cfg32(&t, msix) >> 16) & 0x7ff, 1);
     assert_eq!(
         cfg32(&t, msix + 4),
-        const { cast::u32_of_u64(MSIX_TABLE_OFFSET) }
+        const { int_cast::u32_of_u64(MSIX_TABLE_OFFSET) }
     );
     // Past the defined space: zero, not a panic.
     assert_eq!(cfg32(&t, 0xffc), 0);
@@ -133,7 +133,7 @@ fn bar_sizing_and_relocation_follow_the_guest() {
     t.config_write(0x10, &u32::MAX.to_le_bytes());
     assert_eq!(
         cfg32(&t, 0x10),
-        !(const { cast::u32_of_u64(BAR_SIZE) } - 1) | BAR_MEM64
+        !(const { int_cast::u32_of_u64(BAR_SIZE) } - 1) | BAR_MEM64
     );
     t.config_write(0x10, &0xe200_0000u32.to_le_bytes());
     t.config_write(0x14, &1u32.to_le_bytes());

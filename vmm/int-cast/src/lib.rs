@@ -1,5 +1,9 @@
 //! Integer conversions that the workspace's numeric-cast lints cannot prove lossless; the one
-//! home of them for the VMM crates (`block`, `virtio-devices`, `vmm`, the launcher).
+//! home of them for the VMM crates (`block`, `disk-boot`, `virtio-devices`, `vmm`, the launcher
+//! and the `vmm` command).
+//!
+//! A crate of its own, below all of them: the conversions belong to no disk format or device,
+//! and a crate that needs one should not have to depend on the disk engine (`block`) for it.
 //!
 //! Three kinds, by where the value comes from:
 //!
@@ -13,13 +17,13 @@
 //! - Narrowing a constant (virtio and libc constants, the VMM's guest-physical layout, port
 //!   numbers, table sizes) into the narrower field a protocol gives it: the `*_of_*` functions
 //!   panic when the value does not fit. Call them only in const context
-//!   (`const { cast::u32_of_u64(LAPIC_ADDR) }`), so a constant that outgrows its field fails
-//!   the build instead of being truncated. Values from outside use `try_from` instead.
+//!   (`const { int_cast::u32_of_u64(LAPIC_ADDR) }`), so a constant that outgrows its field
+//!   fails the build instead of being truncated. Values from outside use `try_from` instead.
 //! - The 32-bit windows onto a 64-bit register ([`low_half`], [`high_half`]): taking the low
 //!   or high bytes is what the register layout says, not a loss.
 
 #[cfg(not(target_pointer_width = "64"))]
-compile_error!("the VMM crates support 64-bit targets only (see block::cast)");
+compile_error!("the VMM crates support 64-bit targets only (see the int-cast crate)");
 
 /// `value` as a `usize`: lossless on the 64-bit targets this crate builds for.
 #[inline]
