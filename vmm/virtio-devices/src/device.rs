@@ -1,6 +1,6 @@
 //! What a virtio device is to its transport.
 //!
-//! The transport ([`crate::pci::PciTransport`], or [`crate::mmio::MmioTransport`],
+//! The transport ([`crate::PciTransport`], or [`crate::MmioTransport`],
 //! which the PCI transport also keeps inside for the common protocol) owns the
 //! guest-facing protocol (registers, status, feature negotiation, queue set-up)
 //! and hands a device its queues only once they have been validated. A device
@@ -16,6 +16,12 @@ use vm_memory::GuestMemoryMmap;
 use crate::device_thread::ThreadSandbox;
 use crate::interrupt::DeviceInterrupt;
 use crate::queue::QueueError;
+
+/// Bit mask for a feature bit number from `virtio-bindings` (which exports
+/// them as `u32` bit numbers).
+pub(crate) const fn feature_bit(bit: u32) -> u64 {
+    1u64 << bit
+}
 
 /// Why a device could not be activated. The transport then sets
 /// `DEVICE_NEEDS_RESET`.

@@ -16,9 +16,10 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::MmioTransport;
 use crate::block::{Block, BlockOptions};
+use crate::device::feature_bit;
 use crate::interrupt::InterruptTrigger;
-use crate::{MmioTransport, feature_bit};
 
 mod devices;
 mod guest;

@@ -5,13 +5,13 @@
 //! Everything a guest writes (registers, descriptor tables, rings, request
 //! headers, buffers) is untrusted. The rules, and where each one is enforced:
 //!
-//! - [`mmio`]: register accesses, the device status state machine, feature
-//!   negotiation and queue configuration (sizes, ring addresses inside guest
-//!   memory). A guest that breaks the protocol gets its write ignored (logged)
-//!   or the device put in the `DEVICE_NEEDS_RESET` state. [`pci`] translates
-//!   every virtio access to these registers of an inner `MmioTransport`, so
-//!   the same rules hold on PCI; what only PCI has (configuration space, BAR,
-//!   MSI-X table) is checked there.
+//! - [`transport::mmio`]: register accesses, the device status state machine,
+//!   feature negotiation and queue configuration (sizes, ring addresses inside
+//!   guest memory). A guest that breaks the protocol gets its write ignored
+//!   (logged) or the device put in the `DEVICE_NEEDS_RESET` state.
+//!   [`transport::pci`] translates every virtio access to these registers of
+//!   an inner `MmioTransport`, so the same rules hold on PCI; what only PCI has
+//!   (configuration space, BAR, MSI-X table) is checked there.
 //! - [`queue`]: the available ring (index jumps, head indexes), using
 //!   `virtio-queue` for ring access.
 //! - [`chain`]: each descriptor chain is checked as a whole before a device
@@ -22,6 +22,11 @@
 //!   request itself must look like.
 //!
 //! No guest input may panic the VMM.
+//!
+//! This file only declares the modules and re-exports the public API. The two
+//! transports live in `transport/`: [`MmioTransport`], and [`PciTransport`]
+//! with its module, re-exported as [`pci`] (`pci::notify_offset`,
+//! `pci::BAR_SIZE`).
 
 pub mod block;
 pub(crate) mod chain;
@@ -31,12 +36,11 @@ pub(crate) mod device_thread;
 pub mod fuzz;
 pub(crate) mod interrupt;
 mod log_limit;
-pub(crate) mod mmio;
 pub mod net;
-pub mod pci;
 pub(crate) mod queue;
 mod request_queue;
 pub mod rng;
+mod transport;
 
 #[cfg(test)]
 mod testing;
@@ -48,15 +52,7 @@ pub use interrupt::{DeviceInterrupt, InterruptTrigger};
 #[doc(hidden)]
 pub use log_limit::LogCapture;
 pub use log_limit::{LOG_BURST, LOG_INTERVAL, LogLimit};
-pub use mmio::MmioTransport;
-pub use pci::{MsiInterrupts, MsiMessage, PciTransport};
 pub use queue::QueueError;
-
-/// Size of one device's MMIO window (registers plus config space).
-pub(crate) const MMIO_WINDOW_SIZE: u64 = 0x1000;
-
-/// Bit mask for a feature bit number from `virtio-bindings` (which exports
-/// them as `u32` bit numbers).
-pub(crate) const fn feature_bit(bit: u32) -> u64 {
-    1u64 << bit
-}
+pub use transport::mmio::MmioTransport;
+pub use transport::pci;
+pub use transport::pci::{MsiInterrupts, MsiMessage, PciTransport};

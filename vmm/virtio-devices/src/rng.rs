@@ -6,8 +6,8 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 use crate::chain::ValidatedChain;
+use crate::device::feature_bit;
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
-use crate::feature_bit;
 use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::request_queue::RequestQueue;
 

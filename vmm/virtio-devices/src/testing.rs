@@ -345,7 +345,7 @@ impl MmioDriver {
     /// queues. Panics if the device refuses; tests that expect refusal use
     /// the individual steps.
     pub(crate) fn bring_up(&mut self, extra: u64, queues: &[&GuestDriver]) {
-        assert!(self.negotiate(crate::feature_bit(VIRTIO_F_VERSION_1) | extra));
+        assert!(self.negotiate(crate::device::feature_bit(VIRTIO_F_VERSION_1) | extra));
         for (i, q) in queues.iter().enumerate() {
             self.setup_queue(u32::try_from(i).expect("few queues"), q);
         }

@@ -32,8 +32,8 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
 use crate::chain::{Buffer, ChainError, ValidatedChain};
+use crate::device::feature_bit;
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
-use crate::feature_bit;
 use crate::log_limit::{GuestErrorLog, LogLimit, guest_error};
 use crate::queue::PoppedChain;
 use crate::request_queue::RequestQueue;

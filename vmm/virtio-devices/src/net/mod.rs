@@ -44,8 +44,8 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 use crate::chain::{Buffer, ValidatedChain};
+use crate::device::feature_bit;
 use crate::device::{ActivateContext, ActivateError, DeviceError, VirtioDevice, read_config_bytes};
-use crate::feature_bit;
 use crate::interrupt::DeviceInterrupt;
 use crate::log_limit::{GuestErrorLog, guest_error};
 use crate::queue::{DeviceQueue, QueueError};

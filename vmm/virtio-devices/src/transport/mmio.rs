@@ -34,12 +34,14 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{ActivateContext, VirtioDevice};
+use crate::device::{ActivateContext, VirtioDevice, feature_bit};
 use crate::device_thread::{DeviceThread, SharedDevice, ThreadSandbox, Unsandboxed, lock_device};
 use crate::interrupt::{DeviceInterrupt, InterruptTrigger};
 use crate::log_limit::{GuestErrorLog, LogLimit, guest_error};
-use crate::{MMIO_WINDOW_SIZE, feature_bit};
 use int_cast::{high_half, low_half};
+
+/// Size of one device's MMIO window (registers plus config space).
+const MMIO_WINDOW_SIZE: u64 = 0x1000;
 
 /// "virt" in little endian.
 const MAGIC_VALUE: u32 = 0x7472_6976;

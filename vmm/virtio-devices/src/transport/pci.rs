@@ -4,7 +4,7 @@
 //! MSI-X.
 //!
 //! The virtio protocol itself (status steps, feature negotiation, queue
-//! configuration, the CVE rules of [`crate::mmio`]) is not written twice:
+//! configuration, the CVE rules of [`super::mmio`]) is not written twice:
 //! every access to the common configuration, the ISR, the device
 //! configuration and the notification area is translated to the matching
 //! virtio-mmio register of an inner [`MmioTransport`], which enforces it.
@@ -37,11 +37,11 @@ use virtio_bindings::virtio_mmio::*;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::mmio::MmioTransport;
 use crate::device::VirtioDevice;
 use crate::device_thread::ThreadSandbox;
 use crate::interrupt::InterruptTrigger;
 use crate::log_limit::{GuestErrorLog, guest_error};
-use crate::mmio::MmioTransport;
 
 /// The PCI vendor ID virtio devices use (Red Hat, Inc., donated to OASIS).
 pub(crate) const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
