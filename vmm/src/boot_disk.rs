@@ -16,9 +16,9 @@
 use std::thread::JoinHandle;
 
 use crate::config::{BootDisk, BootFirmware, VmConfig};
+use crate::error::{Error, Result};
 use crate::kvm::boot::{self, Prepared};
 use crate::sandbox::{Sandbox, ThreadKind};
-use crate::vm::{Error, Result};
 
 pub use disk_boot::{BootFile, Error as BootError, Loader};
 

@@ -20,6 +20,7 @@ pub(crate) mod acpi;
 pub mod boot_disk;
 pub mod config;
 pub(crate) mod devices;
+pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod kvm;
@@ -39,6 +40,7 @@ pub use config::{
     SmbiosSystem, VirtioTransportKind, VmConfig,
 };
 pub use devices::legacy::serial::SerialCapture;
+pub use error::{Error, Result};
 pub use lifecycle::{VmExit, VmState};
 pub use sandbox::{Credentials, SandboxConfig, SeccompMode};
 pub use stats::VmStats;

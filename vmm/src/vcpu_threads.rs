@@ -18,12 +18,12 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::config::ApStart;
 use crate::devices::bus::lock;
+use crate::error::{Error, Result};
 use crate::kvm::cpuid::CpuidPolicy;
 use crate::kvm::vcpu::{Buses, Vcpu};
 use crate::lifecycle::{Control, VmExit};
 use crate::sandbox::{Sandbox, ThreadKind};
 use crate::stats::VcpuTids;
-use crate::vm::{Error, Result};
 
 /// What the vCPUs need once the VM is built.
 #[derive(Clone)]

@@ -23,6 +23,7 @@ use crate::devices::legacy::{
     EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, RTC_PORT, RTC_PORT_LEN,
     SERIAL_GSI, SERIAL_PORT, SERIAL_PORT_LEN,
 };
+use crate::error::{Error, Result};
 use crate::kvm::boot::{InitrdInput, KernelInput};
 use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
 use crate::kvm::vcpu::Buses;
@@ -31,36 +32,6 @@ use crate::lifecycle::{Control, VmExit, VmState};
 use crate::sandbox::Sandbox;
 use crate::stats::{DeviceCounters, VcpuTids, VmStats};
 use crate::vcpu_threads::{Launch, Shared, StartingVcpus};
-
-/// Why a VM could not start, or a lifecycle request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    #[error(transparent)]
-    Kvm(#[from] kvm::Error),
-    #[error("device set-up failed: {0}")]
-    Device(String),
-    #[error("cannot start a thread: {0}")]
-    Thread(#[source] std::io::Error),
-    #[error("the VM has already ended: {0}")]
-    Ended(VmExit),
-    #[error("the vCPUs did not stop within {0:?}")]
-    PauseTimeout(Duration),
-    #[error("sandbox: {0}")]
-    Sandbox(String),
-    /// The boot disk has nothing this VMM can boot, or cannot be read.
-    #[error("cannot boot from disk {disk} ({}): {source}", path.display())]
-    BootDisk {
-        /// The index of the disk in [`VmConfig::disks`].
-        disk: usize,
-        path: std::path::PathBuf,
-        #[source]
-        source: disk_boot::Error,
-    },
-}
-
-pub type Result<T> = std::result::Result<T, Error>;
 
 /// How long `pause` waits for every vCPU to leave the guest.
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use vmm::vm::Error;
+use vmm::Error;
 use vmm::{SerialCapture, SerialTarget, Vm, VmConfig, VmExit, VmHandle, VmState};
 
 const BOOT: Duration = Duration::from_secs(60);

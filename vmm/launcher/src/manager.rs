@@ -339,7 +339,7 @@ impl Manager {
 
         let vm = match Vm::start(config.clone()) {
             Ok(vm) => Arc::new(vm),
-            Err(vmm::vm::Error::BootDisk { disk, source, .. }) => {
+            Err(vmm::Error::BootDisk { disk, source, .. }) => {
                 // Defined and ended: the handler sees why the VMI failed.
                 let message = self.boot_failed(&mut domain, disk, &source);
                 state.dhcp = None;
@@ -427,7 +427,7 @@ impl Manager {
                     self.watch_exit(vm, state.generation);
                     return;
                 }
-                Err(vmm::vm::Error::BootDisk { disk, source, .. }) => {
+                Err(vmm::Error::BootDisk { disk, source, .. }) => {
                     state.dhcp = None;
                     state.console_log = None;
                     if let Some(mut domain) = state.domain.clone() {
@@ -597,7 +597,7 @@ impl Manager {
                 tracing::error!("cannot restart the VM after a reset: {e}");
                 state.dhcp = None;
                 state.console_log = None;
-                if let (vmm::vm::Error::BootDisk { disk, source, .. }, Some(mut domain)) =
+                if let (vmm::Error::BootDisk { disk, source, .. }, Some(mut domain)) =
                     (&e, state.domain.clone())
                 {
                     let _ = self.boot_failed(&mut domain, *disk, source);

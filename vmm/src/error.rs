@@ -1,0 +1,38 @@
+//! The crate's one error type: why a VM could not start, or a lifecycle request failed.
+//! Every module that builds or drives a VM returns it ([`crate::vm`], [`crate::boot_disk`],
+//! the vCPU threads); the KVM layer's own errors ([`crate::kvm`]) convert into it.
+
+use std::time::Duration;
+
+use crate::kvm;
+use crate::lifecycle::VmExit;
+
+/// Why a VM could not start, or a lifecycle request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Kvm(#[from] kvm::Error),
+    #[error("device set-up failed: {0}")]
+    Device(String),
+    #[error("cannot start a thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the VM has already ended: {0}")]
+    Ended(VmExit),
+    #[error("the vCPUs did not stop within {0:?}")]
+    PauseTimeout(Duration),
+    #[error("sandbox: {0}")]
+    Sandbox(String),
+    /// The boot disk has nothing this VMM can boot, or cannot be read.
+    #[error("cannot boot from disk {disk} ({}): {source}", path.display())]
+    BootDisk {
+        /// The index of the disk in [`crate::config::VmConfig::disks`].
+        disk: usize,
+        path: std::path::PathBuf,
+        #[source]
+        source: disk_boot::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
