@@ -1,10 +1,9 @@
 //! What a VM is made of: the library's input, filled by the CLI or the launcher.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crate::devices::legacy::serial::SerialCapture;
-pub use crate::kvm::cpuid::CpuProfile;
 use crate::sandbox::SandboxConfig;
 
 /// Default kernel command line: a Linux guest logs to the 8250 console and
@@ -274,7 +273,7 @@ pub struct VmConfig {
     pub ap_start: ApStart,
     pub kernel_decompress: KernelDecompress,
     /// The guest's CPUID profile; `None` detects it (see
-    /// [`crate::kvm::cpuid::CpuProfile::detect`]).
+    /// [`CpuProfile::detect`]).
     pub cpu_profile: Option<CpuProfile>,
     pub transport: VirtioTransportKind,
     /// How the VMM's threads are confined (see [`crate::sandbox`]).
@@ -327,6 +326,110 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
         *byte = u8::from_str_radix(part, 16).ok()?;
     }
     parts.next().is_none().then_some(mac)
+}
+
+/// Output kept in memory, shared by clones; tests wait on it.
+#[derive(Clone, Default)]
+pub struct SerialCapture {
+    inner: Arc<(Mutex<Vec<u8>>, Condvar)>,
+}
+
+impl std::fmt::Debug for SerialCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SerialCapture({} bytes)", self.bytes().len())
+    }
+}
+
+impl SerialCapture {
+    /// The bytes, even after a panic of a thread holding them (a poisoned lock).
+    fn bytes(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.inner.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Everything written so far.
+    pub fn contents(&self) -> Vec<u8> {
+        self.bytes().clone()
+    }
+
+    /// Everything written so far, as (lossy) text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.contents()).into_owned()
+    }
+
+    /// Waits until the output contains `needle`; returns whether it does.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut data = self.bytes();
+        loop {
+            if data
+                .windows(needle.len().max(1))
+                .any(|w| w == needle.as_bytes())
+            {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            data = self
+                .inner
+                .1
+                .wait_timeout(data, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// What the serial device writes (its only writer).
+    pub(crate) fn append(&self, bytes: &[u8]) {
+        self.bytes().extend_from_slice(bytes);
+        self.inner.1.notify_all();
+    }
+}
+
+/// Which instructions the guest may be offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuProfile {
+    /// Everything KVM supports (after the normalisation `kvm::cpuid` applies to every
+    /// profile).
+    Host,
+    /// Also hide what an instruction-emulating KVM cannot execute.
+    Emulated,
+}
+
+impl CpuProfile {
+    /// `Emulated` where `/dev/kvm` is served by `kvm_pvm` (it emulates
+    /// every guest instruction), `Host` elsewhere.
+    pub(crate) fn detect() -> CpuProfile {
+        if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+            CpuProfile::Emulated
+        } else {
+            CpuProfile::Host
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            CpuProfile::Host => "host",
+            CpuProfile::Emulated => "emulated",
+        }
+    }
+}
+
+impl std::str::FromStr for CpuProfile {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "host" => Ok(CpuProfile::Host),
+            "emulated" => Ok(CpuProfile::Emulated),
+            other => Err(format!("unknown CPU profile {other:?} (host or emulated)")),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -36,10 +36,9 @@ pub mod vm;
 pub use boot_disk::BootReport;
 pub use config::{
     ApStart, BootDisk, BootFirmware, CpuProfile, DiskBacking, DiskCache, DiskConfig, DiskFile,
-    DiskFormat, KernelDecompress, KernelSource, NetConfig, SerialTarget, Smbios, SmbiosChassis,
-    SmbiosSystem, VirtioTransportKind, VmConfig,
+    DiskFormat, KernelDecompress, KernelSource, NetConfig, SerialCapture, SerialTarget, Smbios,
+    SmbiosChassis, SmbiosSystem, VirtioTransportKind, VmConfig,
 };
-pub use devices::legacy::serial::SerialCapture;
 pub use error::{Error, Result};
 pub use lifecycle::{VmExit, VmState};
 pub use sandbox::{Credentials, SandboxConfig, SeccompMode};

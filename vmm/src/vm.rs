@@ -12,6 +12,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::acpi::platform::{self, AcpiPlatform};
 use crate::boot_disk::{self, BootReport};
+use crate::config::CpuProfile;
 use crate::config::{KernelSource, MAX_VCPUS, VirtioTransportKind, VmConfig};
 use crate::devices::bus::{Bus, lock};
 use crate::devices::irq::IrqLine;
@@ -25,7 +26,7 @@ use crate::devices::legacy::{
 };
 use crate::error::{Error, Result};
 use crate::kvm::boot::{InitrdInput, KernelInput};
-use crate::kvm::cpuid::{CpuProfile, CpuidPolicy};
+use crate::kvm::cpuid::CpuidPolicy;
 use crate::kvm::vcpu::Buses;
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};

@@ -20,45 +20,7 @@
 
 use kvm_bindings::{CpuId, kvm_cpuid_entry2};
 
-/// Which instructions the guest may be offered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CpuProfile {
-    /// Everything KVM supports (after the normalisation above).
-    Host,
-    /// Also hide what an instruction-emulating KVM cannot execute.
-    Emulated,
-}
-
-impl CpuProfile {
-    /// `Emulated` where `/dev/kvm` is served by `kvm_pvm` (it emulates
-    /// every guest instruction), `Host` elsewhere.
-    pub(crate) fn detect() -> CpuProfile {
-        if std::path::Path::new("/sys/module/kvm_pvm").exists() {
-            CpuProfile::Emulated
-        } else {
-            CpuProfile::Host
-        }
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            CpuProfile::Host => "host",
-            CpuProfile::Emulated => "emulated",
-        }
-    }
-}
-
-impl std::str::FromStr for CpuProfile {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "host" => Ok(CpuProfile::Host),
-            "emulated" => Ok(CpuProfile::Emulated),
-            other => Err(format!("unknown CPU profile {other:?} (host or emulated)")),
-        }
-    }
-}
+use crate::config::CpuProfile;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reg {

@@ -7,73 +7,16 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use vm_superio::Serial;
 use vm_superio::serial::NoEvents;
 
-use crate::config::SerialTarget;
+use crate::config::{SerialCapture, SerialTarget};
 use crate::devices::bus::{BusDevice, lock};
 use crate::devices::irq::IrqLine;
 use crate::sandbox::{Sandbox, ThreadKind};
-
-/// Output kept in memory, shared by clones; tests wait on it.
-#[derive(Clone, Default)]
-pub struct SerialCapture {
-    inner: Arc<(Mutex<Vec<u8>>, Condvar)>,
-}
-
-impl std::fmt::Debug for SerialCapture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SerialCapture({} bytes)", lock(&self.inner.0).len())
-    }
-}
-
-impl SerialCapture {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Everything written so far.
-    pub fn contents(&self) -> Vec<u8> {
-        lock(&self.inner.0).clone()
-    }
-
-    /// Everything written so far, as (lossy) text.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.contents()).into_owned()
-    }
-
-    /// Waits until the output contains `needle`; returns whether it does.
-    pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut data = lock(&self.inner.0);
-        loop {
-            if data
-                .windows(needle.len().max(1))
-                .any(|w| w == needle.as_bytes())
-            {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            data = self
-                .inner
-                .1
-                .wait_timeout(data, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-
-    fn append(&self, bytes: &[u8]) {
-        lock(&self.inner.0).extend_from_slice(bytes);
-        self.inner.1.notify_all();
-    }
-}
 
 /// Where serial bytes go.
 pub(crate) enum SerialOutput {
