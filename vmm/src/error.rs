@@ -14,8 +14,27 @@ pub enum Error {
     Config(String),
     #[error(transparent)]
     Kvm(#[from] kvm::Error),
-    #[error("device set-up failed: {0}")]
-    Device(String),
+    /// The vCPU kick's signal handler (`kvm::kick`) could not be installed.
+    #[error("cannot install the vCPU kick signal handler: {0}")]
+    KickHandler(#[source] std::io::Error),
+    /// The thread asking KVM for its CPUID panicked.
+    #[error("the CPUID query thread panicked")]
+    CpuidThreadPanicked,
+    /// The serial console's output (a file, a socket) could not be opened.
+    #[error("serial console: {0}")]
+    SerialConsole(#[source] std::io::Error),
+    /// Two devices were placed on one range of a bus (a bug of the VMM, not of a guest).
+    #[error(transparent)]
+    BusOverlap(#[from] crate::devices::bus::OverlapError),
+    /// The virtio devices (disks, network, rng) could not be set up.
+    #[error("virtio devices: {0}")]
+    Virtio(#[source] crate::devices::virtio::Error),
+    /// The ACPI tables could not be written into guest memory.
+    #[error("ACPI tables: {0}")]
+    Acpi(#[source] crate::acpi::Error),
+    /// The SMBIOS tables could not be written into guest memory.
+    #[error("SMBIOS tables: {0}")]
+    Smbios(#[source] crate::smbios::Error),
     #[error("cannot start a thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error("the VM has already ended: {0}")]

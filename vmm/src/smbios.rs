@@ -73,7 +73,7 @@ const SIZE_EXTENDED: u16 = 0x7fff;
 const ADDRESS_EXTENDED: u32 = 0xffff_ffff;
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
+pub enum Error {
     #[error("the SMBIOS tables need {0} bytes, more than the space reserved for them")]
     TooBig(usize),
     #[error("guest memory of {0} bytes is more than SMBIOS can describe")]

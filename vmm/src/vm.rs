@@ -58,8 +58,7 @@ impl Vm {
                 Ok::<_, kvm::Error>(CpuidPolicy::new(&supported, profile, vcpu_count))
             })
             .map_err(Error::Thread)?;
-        kvm::kick::install_handler()
-            .map_err(|e| Error::Device(format!("vCPU kick signal handler: {e}")))?;
+        kvm::kick::install_handler().map_err(Error::KickHandler)?;
         let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
             .map_err(|e| Error::Sandbox(e.to_string()))?;
         // A boot disk is read on a sandboxed thread of its own while the VM is created.
@@ -72,7 +71,7 @@ impl Vm {
         let control = Arc::new(Control::new(usize::from(config.vcpus)));
         let cpuid = cpuid_policy
             .join()
-            .map_err(|_| Error::Device("the CPUID query thread panicked".into()))??;
+            .map_err(|_| Error::CpuidThreadPanicked)??;
 
         // The vCPUs are set up on their own threads while this one builds the
         // devices and loads the kernel.
@@ -156,35 +155,29 @@ fn build_platform(
         IrqLine::new(vm, SERIAL_GSI)?,
         sandbox.clone(),
     )
-    .map_err(|e| Error::Device(format!("serial console: {e}")))?;
+    .map_err(Error::SerialConsole)?;
     let i8042 = Arc::new(Mutex::new(I8042::new(
         control.clone(),
         IrqLine::new(vm, I8042_GSI)?,
     )));
-    let bus_err = |e: crate::devices::bus::OverlapError| Error::Device(e.to_string());
-    pio.insert(SERIAL_PORT, SERIAL_PORT_LEN, console.device.clone())
-        .map_err(bus_err)?;
-    pio.insert(I8042_PORT, I8042_PORT_LEN, i8042.clone())
-        .map_err(bus_err)?;
+    pio.insert(SERIAL_PORT, SERIAL_PORT_LEN, console.device.clone())?;
+    pio.insert(I8042_PORT, I8042_PORT_LEN, i8042.clone())?;
     pio.insert(
         EXIT_PORT,
         EXIT_PORT_LEN,
         Arc::new(Mutex::new(ExitPort::new(control.clone()))),
-    )
-    .map_err(bus_err)?;
+    )?;
     pio.insert(
         RTC_PORT,
         RTC_PORT_LEN,
         Arc::new(Mutex::new(Rtc::new(config.rtc_offset_seconds))),
-    )
-    .map_err(bus_err)?;
+    )?;
 
     let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
         control.clone(),
         crate::devices::irq::LevelIrqLine::new(vm, platform::GED_GSI, "acpi-ged", sandbox.clone())?,
     )));
-    pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())
-        .map_err(bus_err)?;
+    pio.insert(platform::PORT_BASE, platform::PORT_LEN, acpi.clone())?;
 
     // Before the devices open the disks: the boot disk is read-only here, theirs.
     let booted = finding.map(boot_disk::Finding::join).transpose()?;
@@ -200,7 +193,7 @@ fn build_platform(
             crate::devices::virtio_pci::attach(config, vm, memory, &mut pio, &mut mmio, sandbox)
         }
     }
-    .map_err(|e| Error::Device(e.to_string()))?;
+    .map_err(Error::Virtio)?;
     kvm::boot::write_long_mode_tables(memory)?;
     kvm::mptable::write(memory, config.vcpus)?;
     let rsdp = crate::acpi::write(
@@ -210,7 +203,7 @@ fn build_platform(
             pci: config.transport == VirtioTransportKind::Pci,
         },
     )
-    .map_err(|e| Error::Device(e.to_string()))?;
+    .map_err(Error::Acpi)?;
     let (cpuid_signature, cpuid_features) = cpuid.signature();
     crate::smbios::write(
         memory,
@@ -224,7 +217,7 @@ fn build_platform(
             ram_ranges: layout::ram_ranges(config.memory_mib << 20),
         },
     )
-    .map_err(|e| Error::Device(e.to_string()))?;
+    .map_err(Error::Smbios)?;
     let (kernel, initrd) = match &booted {
         Some(b) => (
             KernelInput::Prepared(&b.kernel),

@@ -38,7 +38,7 @@ const OEM_REVISION: u32 = 1;
 const RTC_CENTURY: u8 = 0x32;
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
+pub enum Error {
     #[error("the ACPI tables need {0} bytes, more than the space reserved for them")]
     TooBig(u64),
     #[error("cannot write the ACPI tables: {0}")]

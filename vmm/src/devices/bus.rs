@@ -34,7 +34,7 @@ pub(crate) struct Bus {
 
 #[derive(Debug, thiserror::Error)]
 #[error("{bus} range [{base:#x}, +{len:#x}) is empty or overlaps another device")]
-pub(crate) struct OverlapError {
+pub struct OverlapError {
     bus: &'static str,
     base: u64,
     len: u64,

@@ -32,7 +32,7 @@ use crate::sandbox::Sandbox;
 use crate::stats::DeviceCounters;
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
+pub enum Error {
     #[error("disk {path}: {source}")]
     Disk {
         path: std::path::PathBuf,
