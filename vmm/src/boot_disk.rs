@@ -101,7 +101,10 @@ pub(crate) fn spawn(
             .map_err(|e| failed(disk_boot::Error::Io(std::io::Error::other(e.to_string()))))?;
             sandbox
                 .enter(ThreadKind::BootLoader)
-                .map_err(|e| Error::Sandbox(format!("boot disk thread: {e}")))?;
+                .map_err(|source| Error::EnterSandbox {
+                    kind: ThreadKind::BootLoader,
+                    source,
+                })?;
             let found = disk_boot::load(
                 Box::new(image),
                 boot.firmware,

@@ -41,8 +41,19 @@ pub enum Error {
     Ended(VmExit),
     #[error("the vCPUs did not stop within {0:?}")]
     PauseTimeout(Duration),
+    /// The sandbox could not be prepared (filters, Landlock rules, credentials).
     #[error("sandbox: {0}")]
-    Sandbox(String),
+    Sandbox(#[source] crate::sandbox::SandboxError),
+    /// A thread of the VM (`kind`) could not enter its sandbox.
+    #[error("the {kind:?} thread cannot enter its sandbox: {source}")]
+    EnterSandbox {
+        kind: crate::sandbox::ThreadKind,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A vCPU thread ended before it reported whether it could start.
+    #[error("a vCPU thread ended at start")]
+    VcpuThreadEnded,
     /// The boot disk has nothing this VMM can boot, or cannot be read.
     #[error("cannot boot from disk {disk} ({}): {source}", path.display())]
     BootDisk {

@@ -93,7 +93,10 @@ impl StartingVcpus {
                             sandbox
                                 .enter(ThreadKind::Vcpu)
                                 .map(|()| vcpu)
-                                .map_err(|e| Error::Sandbox(format!("vCPU thread: {e}")))
+                                .map_err(|source| Error::EnterSandbox {
+                                    kind: ThreadKind::Vcpu,
+                                    source,
+                                })
                         });
                     // The VM fd is the VM's to close, after the vCPUs.
                     drop((vm, memory));
@@ -137,7 +140,7 @@ impl StartingVcpus {
             let failure = match self.ready.recv() {
                 Ok(Ok(())) => continue,
                 Ok(Err(e)) => e,
-                Err(_) => Error::Sandbox("a vCPU thread ended at start".into()),
+                Err(_) => Error::VcpuThreadEnded,
             };
             control.finish(VmExit::InternalError(format!(
                 "cannot start the vCPUs: {failure}"

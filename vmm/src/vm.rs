@@ -60,7 +60,7 @@ impl Vm {
             .map_err(Error::Thread)?;
         kvm::kick::install_handler().map_err(Error::KickHandler)?;
         let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
-            .map_err(|e| Error::Sandbox(e.to_string()))?;
+            .map_err(Error::Sandbox)?;
         // A boot disk is read on a sandboxed thread of its own while the VM is created.
         let finding = match &config.kernel {
             KernelSource::Disk(boot) => Some(boot_disk::spawn(&config, *boot, &sandbox)?),
