@@ -73,9 +73,7 @@ pub(crate) fn load(
             load_kernel(mem, bytes, decompress)?
         }
         KernelInput::Source(KernelSource::Disk(_), _) => {
-            return Err(Error::KernelLoad(
-                "a boot disk's kernel is read before it is loaded".into(),
-            ));
+            return Err(Error::KernelNotRead);
         }
         KernelInput::Prepared(prepared) => load_prepared(mem, prepared)?,
     };
@@ -93,13 +91,12 @@ pub(crate) fn load(
     params.hdr.cmd_line_ptr = const { int_cast::u32_of_u64(CMDLINE_ADDR) };
     let cmdline_len = cmdline
         .as_cstring()
-        .map_err(|e| Error::Cmdline(e.to_string()))?
+        .map_err(Error::Cmdline)?
         .as_bytes_with_nul()
         .len();
-    params.hdr.cmdline_size = u32::try_from(cmdline_len)
-        .map_err(|_| Error::Cmdline(format!("{cmdline_len} bytes do not fit a u32")))?;
-    load_cmdline(mem, GuestAddress(CMDLINE_ADDR), cmdline)
-        .map_err(|e| Error::Cmdline(e.to_string()))?;
+    params.hdr.cmdline_size =
+        u32::try_from(cmdline_len).map_err(|_| Error::CmdlineTooLong(cmdline_len))?;
+    load_cmdline(mem, GuestAddress(CMDLINE_ADDR), cmdline).map_err(Error::CmdlineLoad)?;
 
     let placed = match initrd {
         InitrdInput::None => None,
@@ -120,7 +117,7 @@ pub(crate) fn load(
         &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE_ADDR)),
         mem,
     )
-    .map_err(|e| Error::BootParams(e.to_string()))?;
+    .map_err(Error::BootParams)?;
     Ok(entry)
 }
 
@@ -188,9 +185,7 @@ fn decompress_payload(image: &[u8], guest_memory: u64) -> Result<Vec<u8>> {
         started.elapsed()
     );
     if !vmlinux.starts_with(b"\x7fELF") {
-        return Err(Error::KernelLoad(
-            "the decompressed payload is not an ELF kernel".into(),
-        ));
+        return Err(Error::PayloadNotElf);
     }
     Ok(vmlinux)
 }
@@ -237,7 +232,7 @@ fn load_kernel(
         &mut Cursor::new(image),
         Some(GuestAddress(HIMEM_START)),
     )
-    .map_err(|e| Error::KernelLoad(e.to_string()))?;
+    .map_err(Error::KernelLoad)?;
     // The kernel decompresses itself in place and needs `init_size`
     // bytes from its load address, more than the file holds.
     let init_size = loaded.setup_header.map_or(0, |h| u64::from(h.init_size));
@@ -248,7 +243,7 @@ fn load_kernel(
     let entry = loaded
         .kernel_load
         .checked_add(BZIMAGE_64BIT_ENTRY_OFFSET)
-        .ok_or(Error::KernelLoad("entry overflows".into()))?;
+        .ok_or(Error::KernelEntryOverflow)?;
     Ok((KernelEntry { entry, end }, loaded.setup_header))
 }
 
@@ -257,8 +252,8 @@ fn load_elf<F>(mem: &GuestMemoryMmap, image: &mut F) -> Result<KernelEntry>
 where
     F: std::io::Read + std::io::Seek + vm_memory::ReadVolatile,
 {
-    let loaded = Elf::load(mem, None, image, Some(GuestAddress(HIMEM_START)))
-        .map_err(|e| Error::KernelLoad(e.to_string()))?;
+    let loaded =
+        Elf::load(mem, None, image, Some(GuestAddress(HIMEM_START))).map_err(Error::KernelLoad)?;
     check_kernel_fits(mem, loaded.kernel_load.raw_value(), loaded.kernel_end)?;
     Ok(KernelEntry {
         entry: loaded.kernel_load,
@@ -269,15 +264,11 @@ where
 /// The entry point and the end of the image (bss included) must be in RAM.
 fn check_kernel_fits(mem: &GuestMemoryMmap, entry: u64, end: u64) -> Result<()> {
     if !mem.address_in_range(GuestAddress(entry)) {
-        return Err(Error::KernelLoad(format!(
-            "entry point {entry:#x} is outside guest memory"
-        )));
+        return Err(Error::KernelEntryOutside(entry));
     }
     let last = end.saturating_sub(1);
     if !mem.address_in_range(GuestAddress(last)) {
-        return Err(Error::KernelLoad(format!(
-            "the kernel ends at {end:#x}, past the end of guest memory"
-        )));
+        return Err(Error::KernelPastMemory(end));
     }
     Ok(())
 }
@@ -322,7 +313,7 @@ fn load_initrd_file(
         .len();
     let start = place_initrd(mem, size, hdr, kernel_end)?;
     mem.read_exact_volatile_from(GuestAddress(start), &mut file, int_cast::u64_to_usize(size))
-        .map_err(|e| Error::InitrdLoad(e.to_string()))?;
+        .map_err(Error::InitrdLoad)?;
     Ok((start, size))
 }
 
@@ -336,7 +327,7 @@ fn load_initrd_bytes(
     let size = int_cast::usize_to_u64(bytes.len());
     let start = place_initrd(mem, size, hdr, kernel_end)?;
     mem.write_slice(bytes, GuestAddress(start))
-        .map_err(|e| Error::InitrdLoad(e.to_string()))?;
+        .map_err(Error::InitrdLoad)?;
     Ok((start, size))
 }
 
@@ -368,13 +359,12 @@ fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
         r#type: E820_RESERVED,
     });
     if entries.len() > params.e820_table.len() {
-        return Err(Error::BootParams("too many e820 entries".into()));
+        return Err(Error::TooManyE820Entries);
     }
     for (slot, entry) in params.e820_table.iter_mut().zip(&entries) {
         *slot = *entry;
     }
-    params.e820_entries = u8::try_from(entries.len())
-        .map_err(|_| Error::BootParams("too many e820 entries".into()))?;
+    params.e820_entries = u8::try_from(entries.len()).map_err(|_| Error::TooManyE820Entries)?;
     Ok(())
 }
 
@@ -382,7 +372,10 @@ fn add_e820_map(mem: &GuestMemoryMmap, params: &mut boot_params) -> Result<()> {
 pub(crate) fn write_long_mode_tables(mem: &GuestMemoryMmap) -> Result<()> {
     let write = |addr: u64, value: u64| {
         mem.write_obj(value, GuestAddress(addr))
-            .map_err(|e| Error::BootParams(e.to_string()))
+            .map_err(|source| Error::GuestWrite {
+                what: "the long-mode tables",
+                source,
+            })
     };
     for (i, entry) in super::cpu::GDT.iter().enumerate() {
         write(GDT_ADDR + 8 * i as u64, *entry)?;

@@ -144,8 +144,7 @@ pub(crate) fn set_msrs(vcpu: &VcpuFd) -> Result<()> {
         entry(MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
         entry(MSR_MTRR_DEF_TYPE, MTRR_ENABLE | MTRR_TYPE_WRBACK),
     ];
-    let msrs =
-        Msrs::from_entries(&entries).map_err(|e| Error::BootParams(format!("MSR list: {e:?}")))?;
+    let msrs = Msrs::from_entries(&entries).map_err(Error::MsrList)?;
     let set = vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS"))?;
     if set != entries.len() {
         return Err(Error::Msrs {

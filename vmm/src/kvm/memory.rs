@@ -19,14 +19,13 @@ pub(crate) fn create(vm: &VmFd, mem_bytes: u64) -> Result<GuestMemoryMmap> {
             ))
         })
         .collect::<Result<_>>()?;
-    let mem = GuestMemoryMmap::from_ranges(&ranges).map_err(|e| Error::Memory(e.to_string()))?;
+    let mem = GuestMemoryMmap::from_ranges(&ranges).map_err(Error::Memory)?;
     for (slot, region) in mem.iter().enumerate() {
         let host = region
             .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(|e| Error::Memory(e.to_string()))?;
+            .map_err(Error::MemoryRegion)?;
         let region = kvm_userspace_memory_region {
-            slot: u32::try_from(slot)
-                .map_err(|_| Error::Memory(format!("memory slot {slot} does not fit a u32")))?,
+            slot: u32::try_from(slot).map_err(|_| Error::MemorySlot(slot))?,
             flags: 0,
             guest_phys_addr: region.start_addr().raw_value(),
             memory_size: region.len(),

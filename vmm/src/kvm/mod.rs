@@ -29,23 +29,53 @@ pub enum Error {
     #[error("invalid memory size {0} bytes")]
     MemorySize(u64),
     #[error("cannot allocate guest memory: {0}")]
-    Memory(String),
+    Memory(#[source] vm_memory::mmap::FromRangesError),
+    #[error("guest memory region: {0}")]
+    MemoryRegion(#[source] vm_memory::GuestMemoryError),
+    #[error("memory slot {0} does not fit a u32")]
+    MemorySlot(usize),
     #[error("cannot open kernel {0}: {1}")]
     KernelFile(PathBuf, #[source] std::io::Error),
     #[error("cannot load the kernel: bzImage payload: {0}")]
     KernelPayload(#[from] kernel_image::Error),
     #[error("cannot load the kernel: {0}")]
-    KernelLoad(String),
+    KernelLoad(#[source] linux_loader::loader::Error),
+    #[error("cannot load the kernel: the decompressed payload is not an ELF kernel")]
+    PayloadNotElf,
+    #[error("cannot load the kernel: a boot disk's kernel is read before it is loaded")]
+    KernelNotRead,
+    #[error("cannot load the kernel: entry point {0:#x} is outside guest memory")]
+    KernelEntryOutside(u64),
+    #[error("cannot load the kernel: it ends at {0:#x}, past the end of guest memory")]
+    KernelPastMemory(u64),
+    #[error("cannot load the kernel: its 64-bit entry point overflows")]
+    KernelEntryOverflow,
     #[error("cannot open initrd {0}: {1}")]
     InitrdFile(PathBuf, #[source] std::io::Error),
     #[error("the initrd ({0} bytes) does not fit in guest memory below the kernel's limit")]
     InitrdTooBig(u64),
     #[error("cannot load the initrd: {0}")]
-    InitrdLoad(String),
+    InitrdLoad(#[source] vm_memory::GuestMemoryError),
     #[error("invalid kernel command line: {0}")]
-    Cmdline(String),
+    Cmdline(#[source] linux_loader::cmdline::Error),
+    #[error("the kernel command line ({0} bytes) does not fit a u32")]
+    CmdlineTooLong(usize),
+    #[error("cannot write the kernel command line: {0}")]
+    CmdlineLoad(#[source] linux_loader::loader::Error),
     #[error("cannot write the boot parameters: {0}")]
-    BootParams(String),
+    BootParams(#[source] linux_loader::configurator::Error),
+    #[error("cannot write the boot parameters: more e820 entries than the zero page holds")]
+    TooManyE820Entries,
+    #[error("cannot write {what} into guest memory: {source}")]
+    GuestWrite {
+        what: &'static str,
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    #[error("the MP table ({0} bytes) does not fit its area")]
+    MptableTooBig(usize),
+    #[error("the boot MSR list: {0}")]
+    MsrList(#[source] vmm_sys_util::fam::Error),
     #[error("KVM set only {set} of {wanted} boot MSRs")]
     Msrs { set: usize, wanted: usize },
 }

@@ -137,13 +137,13 @@ pub(crate) fn build(cpus: u8, base: u32) -> Vec<u8> {
 pub(crate) fn write(mem: &GuestMemoryMmap, cpus: u8) -> Result<()> {
     let bytes = build(cpus, const { int_cast::u32_of_u64(MPTABLE_ADDR) });
     if bytes.len() > MPTABLE_MAX_SIZE {
-        return Err(Error::BootParams(format!(
-            "MP table of {} bytes does not fit",
-            bytes.len()
-        )));
+        return Err(Error::MptableTooBig(bytes.len()));
     }
     mem.write_slice(&bytes, GuestAddress(MPTABLE_ADDR))
-        .map_err(|e| Error::BootParams(format!("MP table: {e}")))
+        .map_err(|source| Error::GuestWrite {
+            what: "the MP table",
+            source,
+        })
 }
 
 #[cfg(test)]
