@@ -7,6 +7,8 @@
 //! - [`launchers`]: finding launchers (socket paths, peer PID), the cmd client, ghost records.
 //! - [`domains`]: the domain cache, the notify server and the notify pipes.
 //! - [`vmis`]: where VMIs come from and where status goes ([`vmis::kube`] for Kubernetes).
+//! - [`podfs`]: opening paths in pods (their volumes, a launcher's root) without following
+//!   links out of them; used by `launchers` and `domains` alike.
 //! - [`podside`]: pod network phase 1 through `netsetup` (masquerade or bridge binding, and
 //!   the bridge binding's DHCP cache), device ownership, the pod-interface cache.
 //! - [`agent`]: the work queue and the reconcile loop tying it all together.
@@ -27,6 +29,7 @@ pub mod healthz;
 pub mod launchers;
 pub mod metrics;
 pub mod node;
+pub(crate) mod podfs;
 pub(crate) mod podside;
 pub mod sync;
 pub mod takeover;

@@ -437,7 +437,7 @@ pub(crate) fn write_into_pod(
 /// through that same descriptor, so neither a planted link nor a swap after the check
 /// can redirect the change to a host file.
 pub(crate) fn own_devices(root: &Path, owner: u32) -> Result<(), PodSideError> {
-    use crate::launchers::podfs;
+    use crate::podfs;
     use nix::fcntl::{AtFlags, OFlag};
     use nix::sys::stat::SFlag;
     let fail = |path: &str, source: std::io::Error| PodSideError::Ownership {

@@ -361,7 +361,7 @@ impl Agent {
     pub(crate) async fn list_domains(&self) {
         for record in self.launchers.ghosts().list() {
             let key = record.key();
-            if !crate::launchers::podfs::entry_exists(&record.socket_file) {
+            if !crate::podfs::entry_exists(&record.socket_file) {
                 self.cache.set(
                     &key,
                     Domain::gone(
@@ -760,7 +760,7 @@ impl Agent {
         }
         let pod = PodPaths::new(pods_dir, pods[0]);
         match arrivals.watch(key, pods_dir, &pod.sockets_dir()) {
-            Ok(true) => !crate::launchers::podfs::entry_exists(&pod.launcher_socket()),
+            Ok(true) => !crate::podfs::entry_exists(&pod.launcher_socket()),
             Ok(false) => false,
             Err(e) => {
                 tracing::debug!(%key, error = %e, "cannot watch the launcher's sockets directory");

@@ -529,7 +529,7 @@ pub fn start(dir: &Path, hub: NotifyHub) -> Result<NotifyServerHandle, NotifySer
         }
         _ => {}
     }
-    let listener = crate::launchers::socket::SocketPath::new(&path)
+    let listener = proto::unix::SocketPath::new(&path)
         .and_then(|short| UnixListener::bind(short.path()))
         .map_err(|e| NotifyServerError::Socket(path.clone(), e))?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -15,7 +15,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags};
 use tokio::net::UnixListener;
 
 use super::notify::{self, NotifyHub, VmiIdentity};
-use crate::launchers::podfs;
+use crate::podfs;
 
 /// A listening pipe; dropping it stops accepting and removes the socket file.
 pub struct NotifyPipe {

@@ -16,8 +16,8 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use super::podfs;
 use super::socket::LAUNCHER_SOCK;
+use crate::podfs;
 
 struct Shared(Arc<Inotify>);
 

@@ -220,7 +220,7 @@ impl LauncherClient {
     /// [`Self::connect`] through a socket pinned by its descriptor: this connection and
     /// every reconnect of the channel reach the socket that was opened.
     pub(crate) async fn connect_pinned(
-        socket: std::sync::Arc<super::podfs::PinnedSocket>,
+        socket: std::sync::Arc<crate::podfs::PinnedSocket>,
     ) -> Result<Self, CmdError> {
         let path = socket.path().to_path_buf();
         let dial = move || {

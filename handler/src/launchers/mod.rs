@@ -5,7 +5,6 @@
 pub(crate) mod arrivals;
 pub mod client;
 pub mod ghost;
-pub(crate) mod podfs;
 pub mod process;
 pub mod socket;
 
@@ -23,6 +22,7 @@ pub use socket::PodPaths;
 
 use crate::domains::notify::{NotifyHub, VmiIdentity};
 use crate::domains::pipe::NotifyPipe;
+use crate::podfs;
 use crate::sync::LauncherState;
 
 /// How long a pod may exist without a launcher socket before the launcher counts as
@@ -160,10 +160,11 @@ impl Launchers {
             LauncherClient::connect_pinned(std::sync::Arc::clone(&pinned)),
         )
         .await?;
-        let process = pinned.peer_process().map_err(|e| CmdError::Connect {
-            path: socket.to_path_buf(),
-            reason: format!("cannot identify the listening process: {e}"),
-        })?;
+        let process =
+            process::LauncherProcess::listening_on(&pinned).map_err(|e| CmdError::Connect {
+                path: socket.to_path_buf(),
+                reason: format!("cannot identify the listening process: {e}"),
+            })?;
         let process = Arc::new(process);
         let pid = process.pid();
         let placed = Instant::now();

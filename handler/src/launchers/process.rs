@@ -48,13 +48,20 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 }
 
 impl LauncherProcess {
+    /// The process listening on a pinned launcher socket, held by a pidfd (its PID is in
+    /// the handler's PID namespace: the handler must share the host's, `hostPID`, to see
+    /// launchers).
+    pub(crate) fn listening_on(socket: &crate::podfs::PinnedSocket) -> std::io::Result<Self> {
+        Self::of_peer(&socket.connect()?)
+    }
+
     /// The process listening on the other end of `stream` (a connection to a launcher
     /// socket). The pidfd comes from the socket itself (`SO_PEERPIDFD`, Linux 6.5), so a
     /// listener that exited before this contact is refused even if its PID was reused; on
     /// older kernels it is opened from the `SO_PEERCRED` PID, which catches every exit from
     /// now on but not one before.
     pub(crate) fn of_peer(stream: &UnixStream) -> std::io::Result<Self> {
-        let pid = super::podfs::peer_pid_of(stream)?;
+        let pid = crate::podfs::peer_pid_of(stream)?;
         let pidfd = match getsockopt(stream, PeerPidfd) {
             Ok(fd) => fd,
             Err(nix::errno::Errno::ESRCH) => return Err(stale(pid)),
@@ -145,7 +152,7 @@ impl ProcDir {
     /// `/proc/self/fd/<n>`: a path the kernel resolves to exactly this entry, whatever the
     /// launcher's PID leads to by now. Valid while `self` lives.
     pub(crate) fn path(&self) -> PathBuf {
-        super::podfs::fd_path(&self.fd)
+        crate::podfs::fd_path(&self.fd)
     }
 }
 
@@ -275,7 +282,7 @@ pub(crate) mod tests {
         let impostor = sleeper(Some(listener));
         let stream = UnixStream::connect(&path).expect("the listening socket still accepts");
         assert_eq!(
-            super::super::podfs::peer_pid_of(&stream).expect("peer pid"),
+            crate::podfs::peer_pid_of(&stream).expect("peer pid"),
             pid_u32(listener),
             "SO_PEERCRED names the listener's old PID, now the impostor's"
         );

@@ -1,7 +1,7 @@
 //! Where a launcher's sockets are and who is listening on them (proto/CONTRACT.md §3.1).
 //!
 //! Pod directories are written by pods: a socket is only taken when the whole path below
-//! the pods directory is free of links (see [`super::podfs`]).
+//! the pods directory is free of links (see [`crate::podfs`]).
 
 use std::path::{Path, PathBuf};
 
@@ -101,7 +101,7 @@ pub(crate) fn find_socket(
     let found: Vec<PodPaths> = pods
         .into_iter()
         .map(|uid| PodPaths::new(pods_dir, uid))
-        .filter(|p| super::podfs::PinnedSocket::open(pods_dir, &p.launcher_socket()).is_ok())
+        .filter(|p| crate::podfs::PinnedSocket::open(pods_dir, &p.launcher_socket()).is_ok())
         .collect();
     match found.len() {
         0 => Err(FindSocketError::NotFound(node.to_string())),
@@ -115,7 +115,7 @@ pub(crate) fn find_socket(
 /// pod's root and namespaces).
 #[cfg(test)]
 pub(crate) fn peer_pid(socket: &Path) -> std::io::Result<u32> {
-    super::podfs::peer_pid_of(&connect(socket)?)
+    crate::podfs::peer_pid_of(&connect(socket)?)
 }
 
 /// Most symlinks followed in one resolution (Linux's limit).

@@ -6,7 +6,7 @@
 //! (`RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`: a link that stays inside the volume still
 //! works), its type checked with `fstat`, and the descriptor is handed on
 //! ([`block::OpenedFile`]): nothing opens the file by its name again. The handler's
-//! `launchers::podfs` does the same for its lookups in pods (a crate the launcher does not
+//! the handler's `podfs` does the same for its lookups in pods (a crate the launcher does not
 //! link); KubeVirt's `pkg/safepath` is the model of both.
 //!
 //! The volume's directory itself is the launcher's own layout (`vmi-disks/<volume>`, `/dev`)

@@ -182,13 +182,6 @@ impl PinnedSocket {
     pub async fn connect_async(&self) -> std::io::Result<tokio::net::UnixStream> {
         tokio::net::UnixStream::connect(self.dial_path()).await
     }
-
-    /// The process listening on the socket, held by a pidfd (its PID is in the handler's
-    /// PID namespace: the handler must share the host's, `hostPID`, to see launchers).
-    pub(crate) fn peer_process(&self) -> std::io::Result<super::process::LauncherProcess> {
-        let stream = self.connect()?;
-        super::process::LauncherProcess::of_peer(&stream)
-    }
 }
 
 /// The peer PID of a connected unix stream.
@@ -276,7 +269,7 @@ mod tests {
         let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
         let pinned = PinnedSocket::open(&pods, &path).expect("pinned");
         assert_eq!(
-            pinned.peer_process().expect("peer").pid(),
+            peer_pid_of(&pinned.connect().expect("connect")).expect("peer"),
             std::process::id()
         );
         // The name now leads elsewhere: the pinned socket still reaches the listener.
