@@ -7,6 +7,7 @@
 //! controllers around them only read caches and write what the decisions say.
 
 pub mod admission;
+pub mod context;
 pub mod defaults;
 pub mod kubevirt_cr;
 pub mod leader;

@@ -5,7 +5,7 @@ use super::decide::{
     first_change_request, printable_status, run_strategy, start_backoff_base,
 };
 use super::{Expectation, revision_name, vm_owner_reference, vmi_from_vm};
-use crate::run::Context;
+use crate::context::Context;
 use crate::writes::Write;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
@@ -39,7 +39,7 @@ pub fn controller(
     Controller::for_stream(vms, store).reconcile_on(related)
 }
 
-impl crate::run::ReconcileError for Error {
+impl crate::context::ReconcileError for Error {
     fn kube(&self) -> Option<&kube::Error> {
         match self {
             Error::Kube(e) => Some(e),
@@ -548,7 +548,7 @@ async fn update_status(
     }
     let patch = json!({
         "metadata": {"resourceVersion": vm.resource_version()},
-        "status": crate::run::merge_diff(
+        "status": crate::context::merge_diff(
             &serde_json::to_value(&old).map_err(|e| Error::Sync(e.to_string()))?,
             &serde_json::to_value(&new).map_err(|e| Error::Sync(e.to_string()))?,
         ),

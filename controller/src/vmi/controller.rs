@@ -1,7 +1,7 @@
 //! The VMI controller's reconcile: read the caches, [`decide`], write what the plan says.
 
 use super::decide::{PodView, VmiPlan, decide};
-use crate::run::{CACHE_WAIT, Context};
+use crate::context::{CACHE_WAIT, Context};
 use crate::template::{PvcInfo, RenderContext, TemplateConfig, render_launcher_pod};
 use crate::writes::Write;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -41,7 +41,7 @@ pub fn controller(
     Controller::for_stream(vmis, store).reconcile_on(related)
 }
 
-impl crate::run::ReconcileError for Error {
+impl crate::context::ReconcileError for Error {
     fn kube(&self) -> Option<&kube::Error> {
         match self {
             Error::Kube(e) => Some(e),
@@ -615,7 +615,7 @@ fn status_patch(
     }
     let old_json = serde_json::to_value(&old).ok()?;
     let new_json = serde_json::to_value(&new).ok()?;
-    Some(crate::run::merge_diff(&old_json, &new_json))
+    Some(crate::context::merge_diff(&old_json, &new_json))
 }
 
 fn push_transition(list: &mut Vec<PhaseTransitionTimestamp>, phase: Phase, now: &Time) {
