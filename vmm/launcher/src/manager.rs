@@ -115,20 +115,45 @@ struct State {
     console_log: Option<crate::console_log::ConsoleLog>,
 }
 
-/// A failed request, with the message the handler will show.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Failure(pub String);
-
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure(e.to_string())
-    }
+/// A failed request. Its text is the `Response.message` the handler shows (KubeVirt's
+/// launcher answers with an error's text too); the variants keep what failed, and its source.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Failure {
+    /// The request is refused as it stands (no valid VMI, another VMI's launcher, the VM not
+    /// running or paused, no domain yet): KubeVirt's message.
+    #[error("{0}")]
+    Refused(String),
+    /// What no process of this project runs (`proto::contract::runnable`).
+    #[error(transparent)]
+    NotRunnable(#[from] proto::contract::runnable::Refusal),
+    /// The VMI cannot become a domain (the field named).
+    #[error(transparent)]
+    Convert(#[from] converter::ConvertError),
+    /// A disk of the VMI cannot be prepared or opened.
+    #[error(transparent)]
+    Disk(#[from] disks::DiskError),
+    /// The domain cannot become a VM configuration.
+    #[error(transparent)]
+    ToVm(#[from] to_vm::ToVmError),
+    /// The pod network's launcher side (DHCP) cannot start.
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
+    /// The VMM refused or failed the request.
+    #[error(transparent)]
+    Vm(#[from] vmm::Error),
+    /// The VMI's private directory cannot be made.
+    #[error("{}: {source}", path.display())]
+    PrivateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub(crate) type Result<T> = std::result::Result<T, Failure>;
 
 fn fail<T>(msg: impl Into<String>) -> Result<T> {
-    Err(Failure(msg.into()))
+    Err(Failure::Refused(msg.into()))
 }
 
 impl Manager {
@@ -262,7 +287,7 @@ impl Manager {
 
         // What every process agrees this launcher runs, before a name becomes a path (the
         // disk plans below check their names again).
-        proto::contract::runnable::check(vmi).map_err(|r| Failure(r.to_string()))?;
+        proto::contract::runnable::check(vmi)?;
         let paths = &self.options.paths;
         let mut ctx = Context {
             paths: paths.clone(),
@@ -327,10 +352,12 @@ impl Manager {
         }
         config.sandbox = self.options.sandbox.clone();
         let private = paths.vmi_private_dir(
-            &PathName::vmi_uid(&uid).map_err(|e| Failure(format!("metadata.uid: {e}")))?,
+            &PathName::vmi_uid(&uid).map_err(|e| Failure::Refused(format!("metadata.uid: {e}")))?,
         );
-        std::fs::create_dir_all(&private)
-            .map_err(|e| Failure(format!("{}: {e}", private.display())))?;
+        std::fs::create_dir_all(&private).map_err(|source| Failure::PrivateDir {
+            path: private.clone(),
+            source,
+        })?;
         let dhcp = if self.options.serve_dhcp {
             network::start_dhcp(vmi, paths, &ctx.pod_interface)?
         } else {
@@ -583,7 +610,7 @@ impl Manager {
         let config = state
             .config
             .clone()
-            .ok_or_else(|| Failure("no VM configuration".into()))?;
+            .ok_or_else(|| Failure::Refused("no VM configuration".into()))?;
         state.generation += 1; // the old VM's exit is not an ending of the domain
         old.kill();
         // The old VM's ordered end: its devices' batches done, its disks flushed and
@@ -748,8 +775,18 @@ mod tests {
     }
 
     #[test]
-    fn failures_carry_messages() {
-        let f: Failure = std::io::Error::other("boom").into();
-        assert_eq!(f.0, "boom");
+    fn failures_carry_their_sources_messages() {
+        let refusal = proto::contract::runnable::Refusal {
+            field: "spec.domain.machine.type".into(),
+            reason: "boom".into(),
+        };
+        let f: Failure = refusal.clone().into();
+        assert_eq!(f.to_string(), refusal.to_string());
+        let f = Failure::PrivateDir {
+            path: "/x".into(),
+            source: std::io::Error::other("boom"),
+        };
+        assert_eq!(f.to_string(), "/x: boom");
+        assert!(std::error::Error::source(&f).is_some());
     }
 }

@@ -93,7 +93,7 @@ async fn run_inner(flags: Flags, sandbox: vmm::SandboxConfig) -> anyhow::Result<
         let m = manager.clone();
         tokio::task::spawn_blocking(move || m.sync(&vmi, None))
             .await?
-            .map_err(|f| anyhow::anyhow!("STANDALONE_VMI: {}", f.0))?;
+            .map_err(|f| anyhow::anyhow!("STANDALONE_VMI: {f}"))?;
     }
 
     let mut signals = Box::pin(crate::signals::stop_signal());

@@ -68,7 +68,7 @@ impl CmdService {
             let own =
                 started_for.or_else(|| manager.domain().map(|d| d.spec.metadata.kubevirt.uid));
             match own {
-                Some(own) if own != uid => Err(Failure(format!(
+                Some(own) if own != uid => Err(Failure::Refused(format!(
                     "refused: this launcher runs VMI UID {own}, not {}",
                     if uid.is_empty() {
                         "a VMI without UID"
@@ -115,7 +115,7 @@ fn vmi_value(vmi: Option<&cmd::Vmi>) -> Option<serde_json::Value> {
 /// The UID of the request's VMI (`""` when it has none), or why there is
 /// no VMI to read it from.
 fn request_uid(request: &cmd::VmiRequest) -> Result<String, Failure> {
-    let invalid = |why: String| Failure(format!("{NO_VALID_VMI}: {why}"));
+    let invalid = |why: String| Failure::Refused(format!("{NO_VALID_VMI}: {why}"));
     let json = request
         .vmi
         .as_ref()
@@ -150,7 +150,8 @@ fn ok() -> cmd::Response {
 fn reply(result: Result<(), Failure>, command: &str) -> Result<Response<cmd::Response>, Status> {
     Ok(Response::new(match result {
         Ok(()) => ok(),
-        Err(Failure(message)) => {
+        Err(failure) => {
+            let message = failure.to_string();
             tracing::warn!("{command} failed: {message}");
             cmd::Response {
                 success: false,
@@ -166,8 +167,9 @@ fn vmi_of(request: &cmd::VmiRequest) -> Result<VirtualMachineInstance, Failure> 
         .vmi
         .as_ref()
         .map(|v| v.vmi_json.as_slice())
-        .ok_or_else(|| Failure("the request carries no VMI".into()))?;
-    serde_json::from_slice(json).map_err(|e| Failure(format!("cannot parse the VMI JSON: {e}")))
+        .ok_or_else(|| Failure::Refused("the request carries no VMI".into()))?;
+    serde_json::from_slice(json)
+        .map_err(|e| Failure::Refused(format!("cannot parse the VMI JSON: {e}")))
 }
 
 /// Runs blocking manager work off the async runtime.
