@@ -30,8 +30,13 @@ pub fn legacy_port_io(data: &[u8]) {
     let sandbox =
         crate::sandbox::Sandbox::new(crate::sandbox::SandboxConfig::disabled(), Vec::new())
             .expect("no filters to build");
-    let console =
-        Console::new(&SerialTarget::Null, line(SERIAL_GSI), sandbox).expect("null console");
+    let console = Console::new(
+        &SerialTarget::Null,
+        line(SERIAL_GSI),
+        sandbox,
+        Default::default(),
+    )
+    .expect("null console");
     let i8042 = Arc::new(Mutex::new(I8042::new(control.clone(), line(I8042_GSI))));
     let mut bus = Bus::new("fuzz");
     bus.insert(SERIAL_PORT, SERIAL_PORT_LEN, console.device.clone())

@@ -3,7 +3,7 @@
 //! on them.
 
 use std::fmt;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// What a VM is doing now.
@@ -89,6 +89,8 @@ struct Inner {
 pub(crate) struct Control {
     inner: Mutex<Inner>,
     changed: Condvar,
+    /// This VM's boot milestones (the benchmark's).
+    timeline: Arc<crate::timing::BootTimeline>,
 }
 
 /// What a vCPU thread must do at a checkpoint.
@@ -109,7 +111,13 @@ impl Control {
                 threads: Vec::new(),
             }),
             changed: Condvar::new(),
+            timeline: Arc::default(),
         }
+    }
+
+    /// This VM's boot milestones.
+    pub(crate) fn timeline(&self) -> &Arc<crate::timing::BootTimeline> {
+        &self.timeline
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -154,6 +154,7 @@ fn build_platform(
         &config.serial,
         IrqLine::new(vm, SERIAL_GSI)?,
         sandbox.clone(),
+        control.timeline().clone(),
     )
     .map_err(Error::SerialConsole)?;
     let i8042 = Arc::new(Mutex::new(I8042::new(
@@ -419,6 +420,11 @@ impl VmHandle {
         self.boot_report.as_ref()
     }
 
+    /// This VM's boot milestones (first `KVM_RUN`, first serial byte, its end).
+    pub fn timeline(&self) -> &crate::timing::BootTimeline {
+        self.control.timeline()
+    }
+
     /// The VM's sandbox: the control threads of a VMM program (`vmm run`)
     /// enter it as [`ThreadKind::Control`](crate::sandbox::ThreadKind::Control)
     /// once the VM has started.
@@ -442,7 +448,7 @@ impl VmHandle {
             .wait_exit(None)
             .unwrap_or(VmExit::InternalError("no ending recorded".into()));
         self.join_threads();
-        crate::timing::mark_vm_exit();
+        self.control.timeline().mark_vm_exit();
         exit
     }
 
@@ -451,7 +457,7 @@ impl VmHandle {
     pub fn wait_timeout(&self, timeout: Duration) -> Option<VmExit> {
         let exit = self.control.wait_exit(Some(timeout))?;
         self.join_threads();
-        crate::timing::mark_vm_exit();
+        self.control.timeline().mark_vm_exit();
         Some(exit)
     }
 

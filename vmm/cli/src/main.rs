@@ -123,7 +123,7 @@ fn run(config: vmm::VmConfig, shutdown_timeout: Duration) -> i32 {
     }
     let exit = handle.wait();
     if std::env::var_os("VMM_TIMINGS").is_some() {
-        eprintln!("{}", vmm::timing::report_line());
+        eprintln!("{}", handle.timeline().report_line());
     }
     if std::env::var_os("VMM_STATS").is_some() {
         for (index, disk) in handle.stats().disks.iter().enumerate() {

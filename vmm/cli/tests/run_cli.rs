@@ -482,3 +482,36 @@ fn an_instruction_nobody_can_finish_is_a_guest_crash_with_its_bytes() {
         "{err}"
     );
 }
+
+/// `VMM_TIMINGS=1`: the VM's boot milestones, in the order they happen (the boot
+/// benchmark reads this line).
+#[test]
+fn the_boot_timeline_is_reported_in_order() {
+    let dir = tempdir();
+    let kernel = guest_elf(&dir);
+    let mut cmd = vmm();
+    cmd.env("VMM_TIMINGS", "1")
+        .arg("run")
+        .arg("--kernel")
+        .arg(&kernel)
+        .args(["--cmdline", "exit=poweroff"]);
+    let out = run_with_timeout(cmd, std::time::Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", stderr(&out));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("VMM_TIMING "))
+        .unwrap_or_else(|| panic!("no VMM_TIMING line:\n{err}"));
+    let stamp = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    let (run, byte, exit) = (
+        stamp("first_kvm_run_ns"),
+        stamp("first_serial_byte_ns"),
+        stamp("vm_exit_ns"),
+    );
+    assert!(0 < run && run < byte && byte < exit, "{line}");
+}

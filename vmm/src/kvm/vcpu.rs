@@ -99,6 +99,7 @@ impl Vcpu {
             // also when unwinding.
             let _registered = KickRegistration;
             while control.checkpoint() == Checkpoint::Run {
+                control.timeline().mark_first_kvm_run();
                 if let Some(exit) = self.run_once(buses) {
                     control.finish(exit);
                 }
@@ -114,7 +115,6 @@ impl Vcpu {
 
     /// One `KVM_RUN`; returns an ending if this exit ends the VM.
     fn run_once(&mut self, buses: &Buses) -> Option<VmExit> {
-        crate::timing::mark_first_kvm_run();
         let index = self.index;
         match self.fd.run() {
             Ok(VcpuExit::IoIn(port, data)) => buses.pio.read(u64::from(port), data),

@@ -17,9 +17,10 @@ use crate::config::{SerialCapture, SerialTarget};
 use crate::devices::bus::{BusDevice, lock};
 use crate::devices::irq::IrqLine;
 use crate::sandbox::{Sandbox, ThreadKind};
+use crate::timing::BootTimeline;
 
 /// Where serial bytes go.
-pub(crate) enum SerialOutput {
+pub(crate) enum Sink {
     Stdout(io::Stdout),
     File(File),
     Capture(SerialCapture),
@@ -27,30 +28,46 @@ pub(crate) enum SerialOutput {
     Null,
 }
 
-impl Write for SerialOutput {
+impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        crate::timing::mark_first_serial_byte();
         match self {
-            SerialOutput::Stdout(out) => out.write(buf),
-            SerialOutput::File(file) => file.write(buf),
-            SerialOutput::Capture(capture) => {
+            Sink::Stdout(out) => out.write(buf),
+            Sink::File(file) => file.write(buf),
+            Sink::Capture(capture) => {
                 capture.append(buf);
                 Ok(buf.len())
             }
-            SerialOutput::Socket(console) => {
+            Sink::Socket(console) => {
                 console.broadcast(buf);
                 Ok(buf.len())
             }
-            SerialOutput::Null => Ok(buf.len()),
+            Sink::Null => Ok(buf.len()),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            SerialOutput::Stdout(out) => out.flush(),
-            SerialOutput::File(file) => file.flush(),
+            Sink::Stdout(out) => out.flush(),
+            Sink::File(file) => file.flush(),
             _ => Ok(()),
         }
+    }
+}
+
+/// The UART's output: its sink, and the VM's timeline that notes the first byte.
+pub(crate) struct SerialOutput {
+    sink: Sink,
+    timeline: Arc<BootTimeline>,
+}
+
+impl Write for SerialOutput {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.timeline.mark_first_serial_byte();
+        self.sink.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sink.flush()
     }
 }
 
@@ -95,28 +112,29 @@ pub(crate) struct Console {
 }
 
 impl Console {
-    /// COM1 writing to `target`. A socket console's threads enter
-    /// `sandbox` when they start.
+    /// COM1 writing to `target`, its first byte noted in `timeline`. A socket console's
+    /// threads enter `sandbox` when they start.
     pub(crate) fn new(
         target: &SerialTarget,
         irq: IrqLine,
         sandbox: Arc<Sandbox>,
+        timeline: Arc<BootTimeline>,
     ) -> io::Result<Self> {
-        let (output, socket) = match target {
-            SerialTarget::Stdout => (SerialOutput::Stdout(io::stdout()), None),
+        let (sink, socket) = match target {
+            SerialTarget::Stdout => (Sink::Stdout(io::stdout()), None),
             SerialTarget::File(path) => {
                 let file = OpenOptions::new().create(true).append(true).open(path)?;
-                (SerialOutput::File(file), None)
+                (Sink::File(file), None)
             }
-            SerialTarget::Capture(capture) => (SerialOutput::Capture(capture.clone()), None),
-            SerialTarget::Null => (SerialOutput::Null, None),
+            SerialTarget::Capture(capture) => (Sink::Capture(capture.clone()), None),
+            SerialTarget::Null => (Sink::Null, None),
             SerialTarget::UnixSocket(path) => {
                 let console = SocketConsole::bind(path)?;
-                (SerialOutput::Socket(console.clone()), Some(console))
+                (Sink::Socket(console.clone()), Some(console))
             }
         };
         let device = Arc::new(Mutex::new(SerialDevice {
-            uart: Serial::new(irq, output),
+            uart: Serial::new(irq, SerialOutput { sink, timeline }),
         }));
         if let Some(console) = &socket {
             console.start(Arc::downgrade(&device), sandbox)?;
@@ -395,7 +413,7 @@ mod tests {
 
     fn serial(target: &SerialTarget) -> Console {
         let irq = IrqLine::from_eventfd(4, EventFd::new(EFD_NONBLOCK).unwrap());
-        Console::new(target, irq, unsandboxed()).unwrap()
+        Console::new(target, irq, unsandboxed(), Arc::default()).unwrap()
     }
 
     #[test]
@@ -436,9 +454,14 @@ mod tests {
         let path = dir.path().join("precious.txt");
         std::fs::write(&path, "keep me").unwrap();
         let irq = IrqLine::from_eventfd(4, EventFd::new(EFD_NONBLOCK).unwrap());
-        let err = Console::new(&SerialTarget::UnixSocket(path.clone()), irq, unsandboxed())
-            .err()
-            .unwrap();
+        let err = Console::new(
+            &SerialTarget::UnixSocket(path.clone()),
+            irq,
+            unsandboxed(),
+            Arc::default(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
     }
