@@ -6,7 +6,7 @@
 #
 # --profile dev builds the same programs, static and stripped, with the dev profile (no
 # optimisation; the end-to-end tests use it, as a release build would double their cost).
-# NAME is a spec in images/specs/ (virt-controller, virt-handler, virt-launcher, pause,
+# NAME is a spec in images/specs/ (virt-controller, virt-api, virt-handler, virt-launcher, pause,
 # test-guest-kernel, test-disk). Steps: two builds of every program the images need (the pod's,
 # then the node's and the cluster's),
 # linked statically (the images hold no C library; glibc 2.36 resolves users and hosts from
@@ -32,7 +32,7 @@ while [[ $# -gt 0 ]]; do
         *) names+=("$1"); shift ;;
     esac
 done
-all=(virt-controller virt-handler virt-launcher pause test-guest-kernel test-disk)
+all=(virt-controller virt-api virt-handler virt-launcher pause test-guest-kernel test-disk)
 # What the test guest on the test disk checks (the cluster tests expect each to pass).
 TEST_DISK_CHECKS=serial,bootparams,idt,mem,smbios,rtc,virtio-blk,virtio-rng
 [[ ${#names[@]} -gt 0 ]] || names=("${all[@]}")
@@ -52,7 +52,7 @@ done
 # the node's and the cluster's programs the other.
 pod_programs=(virt-launcher:virt-launcher virt-launcher:virt-launcher-monitor
     virt-launcher:virt-tail virt-launcher:container-disk)
-node_programs=(controller:virt-controller virt-handler:virt-handler pause:pause)
+node_programs=(controller:virt-controller virt-api:virt-api virt-handler:virt-handler pause:pause)
 # What the images hold; `vmm` (writes the test guest and the test disk) and `oci-image`
 # (writes the archives) only run here.
 programs=("${pod_programs[@]}" "${node_programs[@]}")

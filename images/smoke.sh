@@ -75,7 +75,7 @@ for image in test-disk test-guest-kernel; do
 done
 echo "ok: container-disk --no-op in virt-launcher, test-disk, test-guest-kernel"
 opts=()
-for pair in virt-controller:virt-controller virt-handler:virt-handler \
+for pair in virt-controller:virt-controller virt-api:virt-api virt-handler:virt-handler \
     virt-launcher:virt-launcher virt-launcher:virt-launcher-monitor virt-launcher:virt-tail; do
     run "$R/${pair%%:*}:devel" "/usr/bin/${pair#*:}" --help > /dev/null || fail "${pair#*:} --help"
 done

@@ -13,8 +13,9 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, anyhow, bail};
 
 /// The images `images/build.sh` writes (the sandbox image `pause` included).
-pub const PROJECT_IMAGES: [&str; 6] = [
+pub const PROJECT_IMAGES: [&str; 7] = [
     "virt-controller",
+    "virt-api",
     "virt-handler",
     "virt-launcher",
     "pause",
