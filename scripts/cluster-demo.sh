@@ -7,8 +7,9 @@
 #
 # Steps: the images (images/build.sh: static, stripped release programs), the node
 # (scripts/cluster.sh up), the images imported with ctr into the node's containerd,
-# `kubectl apply -f images/deploy/` (CRDs, virt-controller, virt-handler) and `-f
-# images/deploy/cr/` (the KubeVirt CR; wait for its phase Deployed), `kubectl apply -f
+# `kubectl apply -f images/deploy/` (CRDs, virt-controller, virt-api, virt-handler) and `-f
+# images/deploy/cr/` (the KubeVirt CR; wait for its phase Deployed and for virt-api's
+# webhooks to answer: they refuse every VM until then), `kubectl apply -f
 # images/examples/vm-testguest.yaml`, wait for the VM Ready and its VMI Running, print the
 # guest's `TEST ... PASS` lines from `kubectl logs <launcher pod> -c guest-console-log`, then
 # delete what it made: the VM, the deployment (unless it was there before) and the cluster
@@ -46,7 +47,7 @@ case "$PROFILE" in
     dev) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/e2e-images}" ;;
     *) die "PROFILE is release or dev, not $PROFILE" ;;
 esac
-IMAGES=(virt-controller virt-handler virt-launcher test-guest-kernel test-disk)
+IMAGES=(virt-controller virt-api virt-handler virt-launcher test-guest-kernel test-disk)
 VM=testguest
 NAMESPACE=default
 TIMEOUT=300
@@ -113,18 +114,32 @@ kubectl wait crd/kubevirts.kubevirt.io --for condition=established --timeout=60s
 kubectl apply -f images/deploy/cr/ >&2
 if ((deployed_before)); then
     # Pods of images that were there before the import: start them on the new ones.
-    kubectl -n kubevirt rollout restart deployment/virt-controller daemonset/virt-handler >&2
+    kubectl -n kubevirt rollout restart deployment/virt-controller deployment/virt-api \
+        daemonset/virt-handler >&2
 fi
 kubectl -n kubevirt rollout status deployment/virt-controller --timeout="${TIMEOUT}s" >&2 ||
     die "virt-controller did not become available"
 kubectl -n kubevirt rollout status daemonset/virt-handler --timeout="${TIMEOUT}s" >&2 ||
     die "virt-handler did not become ready"
+# virt-api's webhooks (failurePolicy Fail) refuse every VM and VMI until a replica is ready
+# and reachable through its Service: wait for the Deployment, then for a server-side dry run
+# of the example VM to pass the webhooks.
+kubectl -n kubevirt rollout status deployment/virt-api --timeout="${TIMEOUT}s" >&2 ||
+    die "virt-api did not become available"
+kubectl -n kubevirt wait deployment/virt-api --for=condition=Available --timeout="${TIMEOUT}s" \
+    >/dev/null || die "virt-api did not become available"
+deadline=$((SECONDS + TIMEOUT))
+until kubectl apply --dry-run=server -f images/examples/vm-testguest.yaml >/dev/null 2>&1; do
+    ((SECONDS < deadline)) ||
+        die "virt-api's webhooks never answered: $(kubectl apply --dry-run=server -f images/examples/vm-testguest.yaml 2>&1)"
+    sleep 1
+done
 kubectl -n kubevirt wait kv/kubevirt --for=jsonpath='{.status.phase}'=Deployed \
     --timeout="${TIMEOUT}s" >/dev/null || die "the KubeVirt CR never reached phase Deployed"
 kubectl -n kubevirt get kv >&2
 kubectl wait node --all --for=jsonpath='{.metadata.labels.kubevirt\.io/schedulable}'=true \
     --timeout="${TIMEOUT}s" >/dev/null || die "the node was never labelled kubevirt.io/schedulable=true"
-log "virt-controller and virt-handler are running; the node is schedulable:"
+log "virt-controller, virt-api and virt-handler are running; the node is schedulable:"
 kubectl get node -o custom-columns='NODE:.metadata.name,KVM:.status.allocatable.devices\.kubevirt\.io/kvm,TUN:.status.allocatable.devices\.kubevirt\.io/tun,VHOST-NET:.status.allocatable.devices\.kubevirt\.io/vhost-net' >&2
 
 # ---- the VM --------------------------------------------------------------------------------

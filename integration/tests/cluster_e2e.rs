@@ -1,8 +1,8 @@
 //! The whole system on a real Kubernetes node: `scripts/cluster.sh`'s single-node cluster
 //! (kubelet, containerd with image volumes, scheduler, kube-proxy), the project's images
 //! (`images/build.sh --profile dev`) imported into its containerd, `kubectl apply -f
-//! images/deploy/` (CRDs, virt-controller, virt-handler), then VirtualMachines made from
-//! `images/examples/vm-testguest.yaml`: the test guest booted by our launcher in a launcher pod
+//! images/deploy/` (CRDs, virt-controller, virt-api, virt-handler), then VirtualMachines made
+//! from `images/examples/vm-testguest.yaml`: the test guest booted by our launcher in a launcher pod
 //! the kubelet started, with a container disk, masquerade networking and an RNG.
 //!
 //! One cluster and one deployment serve every test of this binary. Tests that disturb the
@@ -88,10 +88,15 @@ async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
             "rollout",
             "restart",
             "deployment/virt-controller",
+            "deployment/virt-api",
             "daemonset/virt-handler",
         ])?;
     }
-    for what in ["deployment/virt-controller", "daemonset/virt-handler"] {
+    for what in [
+        "deployment/virt-controller",
+        "deployment/virt-api",
+        "daemonset/virt-handler",
+    ] {
         cluster.kubectl_output(&[
             "-n",
             KUBEVIRT_NAMESPACE,
@@ -110,6 +115,32 @@ async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
         "--for=jsonpath={.status.phase}=Deployed",
         "--timeout=300s",
     ])?;
+    // virt-api's webhooks (failurePolicy Fail) refuse every VM and VMI until a replica is
+    // ready and the API server reaches it through the Service: the Deployment Available, then
+    // a server-side dry run of a VM answered by the webhooks.
+    cluster.kubectl_output(&[
+        "-n",
+        KUBEVIRT_NAMESPACE,
+        "wait",
+        "deployment/virt-api",
+        "--for=condition=Available",
+        "--timeout=300s",
+    ])?;
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("virt-api's webhooks to answer", || {
+        let (vms, dry_run) = (vms.clone(), dry_run.clone());
+        async move {
+            vms.create(&dry_run, &test_vm("webhooks-ready", "Halted"))
+                .await
+                .ok()
+                .map(|_| ())
+        }
+    })
+    .await;
     wait_for(
         "the node to be schedulable with device-plugin resources",
         || {
@@ -397,17 +428,6 @@ fn assert_guest_passed(console: &str, checks: &[&str]) {
         .find(|l| l.starts_with("DONE "))
         .expect("a DONE line");
     assert!(done.ends_with("failed=0"), "{done}\n{console}");
-}
-
-fn condition<'a>(
-    vmi: &'a VirtualMachineInstance,
-    kind: &str,
-) -> Option<&'a proto::kubevirt::Condition> {
-    vmi.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.condition_type == kind)
 }
 
 // ---- what a running VM leaves on the host --------------------------------------------------
@@ -698,17 +718,15 @@ async fn a_vm_runs_on_the_node_and_halted_removes_it() {
     let console = vms.console_done(cluster, &pod_name).await;
     eprintln!("{console}");
     // SMBIOS as libvirt writes it for KubeVirt: the handler's cluster settings and the
-    // firmware UUID the VM controller gave the VMI.
-    let uuid = vmi
-        .spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.uuid.clone())
-        .expect("a firmware UUID");
+    // firmware UUID and serial virt-api's VM mutator gave the VM (its template), so the VMI.
+    let firmware = vmi.spec.domain.firmware.clone().expect("a firmware");
+    let uuid = firmware.uuid.expect("a firmware UUID");
+    let serial = firmware
+        .serial
+        .expect("a firmware serial (virt-api's VM mutator)");
     assert!(
         console.contains(&format!(
-            "TEST smbios PASS manufacturer=KubeVirt product=None family=KubeVirt serial= uuid={uuid} cpus=1 memory_mib=64"
+            "TEST smbios PASS manufacturer=KubeVirt product=None family=KubeVirt serial={serial} uuid={uuid} cpus=1 memory_mib=64"
         )),
         "{console}"
     );
@@ -806,7 +824,8 @@ async fn two_vms_at_once_and_kubectl_delete_leaves_nothing_behind() {
 /// until started, a cloud-init NoCloud disk beside the container disk, the default pod
 /// network) and `examples/vmi-alpine-efi.yaml` (a VMI booted by EFI without Secure Boot)
 /// reach Running with the guest's checks in `kubectl logs`; `examples/vmi-secureboot.yaml`
-/// is refused naming the field. The objects are written here with the examples' fields.
+/// is refused by virt-api at create, naming the field, and not stored. The objects are
+/// written here with the examples' fields.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubevirts_examples_boot_from_their_disks() {
     let cluster = kubevirt().await;
@@ -903,46 +922,40 @@ async fn kubevirts_examples_boot_from_their_disks() {
         },
     }))
     .expect("a VirtualMachineInstance");
-    vmi_api
-        .create(&PostParams::default(), &secure_boot)
-        .await
-        .expect("vmi-secureboot");
-    let refused = wait_for("vmi-secureboot refused", || {
-        let vmis = vmi_api.clone();
-        async move {
-            let vmi = vmis.get_opt("vmi-secureboot").await.ok().flatten()?;
-            let c = condition(&vmi, "Synchronized")?;
-            (c.status == "False").then(|| c.clone())
-        }
-    })
-    .await;
+    // virt-api refuses it at create (the launcher checks no signature), naming the field;
+    // nothing is stored.
+    let (code, message) = refusal(vmi_api.create(&PostParams::default(), &secure_boot).await);
+    assert_eq!(code, 422, "{message}");
     assert!(
-        refused
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("spec.domain.firmware.bootloader.efi.secureBoot"),
-        "{refused:?}"
+        message.contains(
+            "admission webhook \"virtualmachineinstances-create-validator.kubevirt.io\" denied the request"
+        ) && message.contains("spec.domain.firmware.bootloader.efi.secureBoot"),
+        "{message}"
     );
-    for name in ["vmi-alpine-efi", "vmi-secureboot"] {
-        vmi_api
-            .delete(name, &Default::default())
-            .await
-            .expect("delete the VMI");
-    }
+    assert!(
+        vmi_api.get_opt("vmi-secureboot").await.unwrap().is_none(),
+        "a refused VMI was stored"
+    );
+    vmi_api
+        .delete("vmi-alpine-efi", &Default::default())
+        .await
+        .expect("delete the VMI");
     vms.vms()
         .delete("vm-cirros", &Default::default())
         .await
         .expect("delete vm-cirros");
-    for name in ["vm-cirros", "vmi-alpine-efi", "vmi-secureboot"] {
+    for name in ["vm-cirros", "vmi-alpine-efi"] {
         vms.vmi_and_pods_gone(name).await;
     }
 }
 
-/// A VM the launcher cannot run (EFI with Secure Boot, on unless `secureBoot: false`: no
-/// signature is checked here) is refused before any pod exists: `Synchronized=False` naming the field, a Warning event, no pod.
+/// What the launcher cannot run or the configuration forbids is refused by virt-api's webhooks
+/// when it is created, with KubeVirt's message, and nothing is stored: a VM whose template
+/// boots EFI with Secure Boot (on unless `secureBoot: false`: no signature is checked here),
+/// and, through `kubectl create`, a VMI with a `hostDisk` volume while the KubeVirt CR does
+/// not enable `HostDisk` (a read-write hostPath of a node directory otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
+async fn what_the_launcher_cannot_run_or_the_cr_forbids_is_refused_at_create() {
     let cluster = kubevirt().await;
     let _node = shared_node().await;
     let vms = Vms::new(cluster, "e2e-refused").await;
@@ -951,52 +964,60 @@ async fn a_vm_the_launcher_cannot_run_is_refused_without_a_pod() {
     value["spec"]["template"]["spec"]["domain"]["firmware"] =
         serde_json::json!({"bootloader": {"efi": {}}});
     vm = serde_json::from_value(value).unwrap();
-    vms.create(&vm).await;
-    let vmis = vms.vmis();
-    let refused = wait_for("the VMI refused", || {
-        let vmis = vmis.clone();
-        async move {
-            let vmi = vmis.get_opt("bios").await.ok().flatten()?;
-            let c = condition(&vmi, "Synchronized")?;
-            (c.status == "False").then(|| c.clone())
-        }
-    })
-    .await;
-    assert_eq!(refused.reason.as_deref(), Some("FailedCreate"));
-    let message = refused.message.unwrap_or_default();
+    let (code, message) = refusal(vms.vms().create(&PostParams::default(), &vm).await);
+    assert_eq!(code, 422, "{message}");
     assert!(
-        message.contains("spec.domain.firmware.bootloader.efi.secureBoot"),
+        message.contains(
+            "admission webhook \"virtualmachine-validator.kubevirt.io\" denied the request"
+        ) && message.contains("spec.template.spec.domain.firmware.bootloader.efi.secureBoot"),
         "{message}"
     );
-    let events = cluster
-        .kubectl_output(&[
-            "-n",
-            &vms.namespace,
-            "get",
-            "events",
-            "--field-selector",
-            "involvedObject.name=bios,type=Warning",
-            "-o",
-            "jsonpath={.items[*].message}",
-        ])
-        .unwrap();
     assert!(
-        events.contains("spec.domain.firmware.bootloader.efi.secureBoot"),
-        "{events}"
+        vms.vms().get_opt("bios").await.unwrap().is_none(),
+        "a refused VM was stored"
     );
-    // Still no pod a while later, and the VMI stays Pending.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // The KubeVirt CR (images/deploy/cr/) has no feature gates: hostDisk is refused.
+    let host_disk = json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "hostdisk", "namespace": vms.namespace},
+        "spec": {
+            "domain": {"devices": {"disks": [{"name": "host", "disk": {"bus": "virtio"}}]},
+                       "memory": {"guest": "128Mi"}},
+            "volumes": [{"name": "host", "hostDisk": {
+                "path": "/var/lib/kubevirt-rs-e2e/disk.img", "type": "DiskOrCreate",
+                "capacity": "64Mi"}}],
+        },
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), host_disk.to_string()).unwrap();
+    let path = file.path().to_string_lossy().into_owned();
+    let refused = cluster
+        .kubectl_output(&["create", "-f", &path])
+        .expect_err("kubectl create of a hostDisk VMI without HostDisk succeeded");
+    // kubectl prints a 422 Invalid by its causes: "The request is invalid: spec.volumes[0]:
+    // HostDisk feature gate is not enabled", as against KubeVirt v1.9.0's virt-api.
+    let refused = format!("{refused:#}");
+    assert!(
+        refused.contains(
+            "The request is invalid: spec.volumes[0]: HostDisk feature gate is not enabled"
+        ),
+        "{refused}"
+    );
+    assert!(
+        vms.vmis().get_opt("hostdisk").await.unwrap().is_none(),
+        "a refused VMI was stored"
+    );
     let pods = vms.pods().list(&ListParams::default()).await.unwrap();
-    assert!(
-        pods.items.is_empty(),
-        "{:?}",
-        pods.items
-            .iter()
-            .map(|p| &p.metadata.name)
-            .collect::<Vec<_>>()
-    );
-    let vmi = vmis.get("bios").await.unwrap();
-    assert_eq!(vmi.phase(), Phase::Pending);
+    assert!(pods.items.is_empty(), "{:?}", pods.items);
+}
+
+/// The API server's refusal of a write: its code and message.
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        other => panic!("expected the API server to refuse the write, got {other:?}"),
+    }
 }
 
 /// Killing the VM's process (the VMM runs inside `virt-launcher`, as QEMU runs beside
