@@ -18,3 +18,14 @@ pub mod template;
 pub mod vm;
 pub mod vmi;
 pub mod writes;
+
+/// The log set-up of virt-controller and virt-api: `RUST_LOG` (default `info`) to stdout,
+/// coloured only on a terminal so that logs in files and pipes stay plain text.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
+}

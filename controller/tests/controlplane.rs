@@ -1003,13 +1003,7 @@ async fn binary_replicas_run_and_hand_over_on_sigterm() {
         .position(|(id, _)| *id == holder)
         .expect("a replica holds it");
     let (_, mut leader) = replicas.remove(index);
-    let pid = i32::try_from(leader.0.id()).expect("pid fits");
-    // SAFETY: signalling a child process this test started and still owns.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = tokio::task::spawn_blocking(move || leader.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = integration::terminate(&mut leader.0).await;
     assert!(
         status.success(),
         "the leader exits cleanly on SIGTERM: {status}"

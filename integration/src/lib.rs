@@ -34,3 +34,11 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Sends SIGTERM to `child` (a process the test started) and waits for it to end.
+pub async fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let pid = i32::try_from(child.id()).expect("a PID fits an i32");
+    // SAFETY: signals a child process this test started and has not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "kill {pid}");
+    tokio::task::block_in_place(|| child.wait()).expect("wait for the child")
+}

@@ -301,13 +301,7 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
     );
 
     // SIGTERM: virt-api ends cleanly.
-    let pid = i32::try_from(virt_api.0.id()).expect("pid fits");
-    // SAFETY: signalling a child process this test started and still owns.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = tokio::task::spawn_blocking(move || virt_api.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = integration::terminate(&mut virt_api.0).await;
     assert!(
         status.success(),
         "virt-api exits cleanly on SIGTERM: {status}\n{}",

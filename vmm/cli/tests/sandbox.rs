@@ -124,10 +124,9 @@ fn lengths<T>(programs: &[Vec<T>]) -> Vec<usize> {
 fn check_filters(pid: u32, name: &str, tid: u32) -> Result<(), String> {
     let kind = kind(name).ok_or_else(|| format!("thread {name}: not a VMM thread"))?;
     let got = inspect::thread_filters(tid).map_err(|e| format!("{name}: {e}"))?;
-    let vmm = inspect::programs_for_process(SeccompMode::Trap, pid).unwrap();
-    let mut want = vmm.layers;
-    want.extend(kind.parent().map(|parent| vmm.allowlists[&parent].clone()));
-    want.push(vmm.allowlists[&kind].clone());
+    let want = inspect::programs_for_process(SeccompMode::Trap, pid)
+        .unwrap()
+        .for_thread(kind);
     if got == want {
         return Ok(());
     }

@@ -98,10 +98,11 @@ fn check_filters(pid: u32, name: &str, tid: u32, kind: Option<ThreadKind>) -> Re
     // by another, its parent's layers and allowlist, then its own.
     let mut want = vmm::sandbox::host_denylist_programs(SeccompMode::Trap).unwrap();
     if let Some(kind) = kind {
-        let vmm = inspect::programs_for_process(SeccompMode::Trap, pid).unwrap();
-        want.extend(vmm.layers);
-        want.extend(kind.parent().map(|parent| vmm.allowlists[&parent].clone()));
-        want.push(vmm.allowlists[&kind].clone());
+        want.extend(
+            inspect::programs_for_process(SeccompMode::Trap, pid)
+                .unwrap()
+                .for_thread(kind),
+        );
     }
     if got == want {
         return Ok(());

@@ -27,6 +27,19 @@ pub struct Programs {
     pub allowlists: HashMap<ThreadKind, BpfProgram>,
 }
 
+impl Programs {
+    /// What a thread of `kind` holds, oldest first: the refusal layers and its allowlist,
+    /// or for a thread started by another (its parent kind), the parent's layers and
+    /// allowlist, then its own (no allowlists under [`SeccompMode::None`]).
+    pub fn for_thread(&self, kind: ThreadKind) -> Vec<BpfProgram> {
+        let mut programs = self.layers.clone();
+        let allowlist = |k| self.allowlists.get(&k).cloned();
+        programs.extend(kind.parent().and_then(allowlist));
+        programs.extend(allowlist(kind));
+        programs
+    }
+}
+
 /// The programs of a VMM in process `pid` (its `tgkill` rule names it).
 pub fn programs_for_process(mode: SeccompMode, pid: u32) -> Result<Programs, SandboxError> {
     let config = SandboxConfig {
