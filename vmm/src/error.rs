@@ -14,7 +14,7 @@ pub enum Error {
     Config(String),
     #[error(transparent)]
     Kvm(#[from] kvm::Error),
-    /// The vCPU kick's signal handler (`kvm::kick`) could not be installed.
+    /// The vCPU kick's signal handler (`crate::kick`) could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     KickHandler(#[source] std::io::Error),
     /// The thread asking KVM for its CPUID panicked.
@@ -25,7 +25,7 @@ pub enum Error {
     SerialConsole(#[source] std::io::Error),
     /// Two devices were placed on one range of a bus (a bug of the VMM, not of a guest).
     #[error(transparent)]
-    BusOverlap(#[from] crate::devices::bus::OverlapError),
+    BusOverlap(#[from] crate::bus::OverlapError),
     /// The virtio devices (disks, network, rng) could not be set up.
     #[error("virtio devices: {0}")]
     Virtio(#[source] crate::devices::virtio::Error),

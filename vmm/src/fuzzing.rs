@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::bus::Bus;
 use crate::config::SerialTarget;
-use crate::devices::bus::Bus;
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
 use crate::devices::legacy::i8042::I8042;
@@ -58,7 +58,7 @@ pub fn legacy_port_io(data: &[u8]) {
         match op % 3 {
             0 => bus.read(port, &mut vec![0; size]),
             1 => bus.write(port, &vec![value; size]),
-            _ => crate::devices::bus::lock(&i8042).trigger_ctrl_alt_del(),
+            _ => crate::bus::lock(&i8042).trigger_ctrl_alt_del(),
         }
     }
 }

@@ -154,7 +154,7 @@ impl Control {
 
     fn kick_threads(inner: &Inner) {
         for &thread in &inner.threads {
-            crate::kvm::kick::kick(thread);
+            crate::kick::kick(thread);
         }
     }
 

@@ -16,8 +16,8 @@ use std::thread::JoinHandle;
 use kvm_ioctls::VmFd;
 use vm_memory::GuestMemoryMmap;
 
+use crate::bus::lock;
 use crate::config::ApStart;
-use crate::devices::bus::lock;
 use crate::error::{Error, Result};
 use crate::kvm::cpuid::CpuidPolicy;
 use crate::kvm::vcpu::{Buses, Vcpu};

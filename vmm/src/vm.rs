@@ -12,9 +12,9 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::acpi::platform::{self, AcpiPlatform};
 use crate::boot_disk::{self, BootReport};
+use crate::bus::{Bus, lock};
 use crate::config::CpuProfile;
 use crate::config::{KernelSource, MAX_VCPUS, VirtioTransportKind, VmConfig};
-use crate::devices::bus::{Bus, lock};
 use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
 use crate::devices::legacy::i8042::I8042;
@@ -58,7 +58,7 @@ impl Vm {
                 Ok::<_, kvm::Error>(CpuidPolicy::new(&supported, profile, vcpu_count))
             })
             .map_err(Error::Thread)?;
-        kvm::kick::install_handler().map_err(Error::KickHandler)?;
+        crate::kick::install_handler().map_err(Error::KickHandler)?;
         let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
             .map_err(Error::Sandbox)?;
         // A boot disk is read on a sandboxed thread of its own while the VM is created.

@@ -6,8 +6,9 @@
 //! goes through a normal descriptor. Both refer to the same file, and the
 //! kernel keeps direct and buffered I/O coherent for a range.
 //!
-//! The power-loss tests put a simulated file (`crate::power_loss`) in the
-//! place of the host file: the engines cannot tell, and every write and
+//! The power-loss tests put a simulated file (`crate::power_loss`, built
+//! only with the `testing` feature, which product builds never enable) in
+//! the place of the host file: the engines cannot tell, and every write and
 //! barrier they issue reaches the simulation.
 
 use int_cast::usize_to_u64;
@@ -18,6 +19,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use crate::DiskResult;
+#[cfg(feature = "testing")]
 use crate::power_loss::PowerLossFile;
 
 /// Alignment that O_DIRECT accepts on every device we expect (4 KiB sectors too).
@@ -59,7 +61,11 @@ pub(crate) struct HostFile {
 }
 
 enum FileIo {
-    Os { file: File, direct: Option<File> },
+    Os {
+        file: File,
+        direct: Option<File>,
+    },
+    #[cfg(feature = "testing")]
     Simulated(PowerLossFile),
 }
 
@@ -89,6 +95,7 @@ impl HostFile {
     }
 
     /// A file whose writes live in `sim` (see `crate::power_loss`).
+    #[cfg(feature = "testing")]
     pub fn simulated(sim: PowerLossFile) -> HostFile {
         HostFile {
             io: FileIo::Simulated(sim),
@@ -105,6 +112,7 @@ impl HostFile {
                     file: file.try_clone()?,
                     direct: direct.as_ref().map(File::try_clone).transpose()?,
                 },
+                #[cfg(feature = "testing")]
                 FileIo::Simulated(sim) => FileIo::Simulated(sim.clone()),
             },
         })
@@ -113,6 +121,7 @@ impl HostFile {
     pub fn len(&self) -> io::Result<u64> {
         match &self.io {
             FileIo::Os { file, .. } => Ok(file.metadata()?.len()),
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => Ok(sim.len()),
         }
     }
@@ -121,6 +130,7 @@ impl HostFile {
     pub(crate) fn read_meta(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.io {
             FileIo::Os { file, .. } => read_full(file, buf, offset),
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => sim.read(buf, offset),
         }
     }
@@ -128,6 +138,7 @@ impl HostFile {
     pub(crate) fn write_meta(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         match &self.io {
             FileIo::Os { file, .. } => file.write_all_at(buf, offset),
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => sim.write(buf, offset),
         }
     }
@@ -167,6 +178,7 @@ impl HostFile {
     pub fn sync(&self) -> io::Result<()> {
         match &self.io {
             FileIo::Os { file, .. } => file.sync_data(),
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => sim.sync(),
         }
     }
@@ -174,6 +186,7 @@ impl HostFile {
     /// Frees the host blocks of a range; it then reads as zeroes.
     pub(crate) fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => sim.punch(offset, len),
             FileIo::Os { .. } => self.fallocate(
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
@@ -186,6 +199,7 @@ impl HostFile {
     /// Reserves host blocks for a range, extending the file if needed.
     pub fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => sim.extend(offset.saturating_add(len)),
             FileIo::Os { .. } => self.fallocate(0, offset, len),
         }
@@ -194,14 +208,17 @@ impl HostFile {
     /// Makes a range read as zeroes without writing them, where the host supports it.
     pub(crate) fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match &self.io {
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => sim.punch(offset, len),
             FileIo::Os { .. } => self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len),
         }
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
-        let FileIo::Os { file, .. } = &self.io else {
-            return Err(io::Error::other("fallocate on a simulated file"));
+        let file = match &self.io {
+            FileIo::Os { file, .. } => file,
+            #[cfg(feature = "testing")]
+            FileIo::Simulated(_) => return Err(io::Error::other("fallocate on a simulated file")),
         };
         let off =
             libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
@@ -265,6 +282,7 @@ impl DataHandle {
     pub fn read_data(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let (file, direct) = match &self.io {
             FileIo::Os { file, direct } => (file, direct),
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => return sim.read(buf, offset),
         };
         match direct {
@@ -286,6 +304,7 @@ impl DataHandle {
     pub fn write_data(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let (file, direct) = match &self.io {
             FileIo::Os { file, direct } => (file, direct),
+            #[cfg(feature = "testing")]
             FileIo::Simulated(sim) => return sim.write(buf, offset),
         };
         match direct {

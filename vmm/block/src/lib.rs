@@ -6,14 +6,14 @@
 use std::io;
 
 pub mod concurrent;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod fuzz_support;
 mod host_file;
 mod io_buffers;
 mod lock;
 mod open;
 mod opened;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod power_loss;
 pub mod qcow2;
 pub mod raw;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use virtio_devices::LogLimit;
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::devices::irq::LevelIrqLine;
 use crate::lifecycle::{Control, VmExit};
 

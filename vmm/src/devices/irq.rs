@@ -29,7 +29,8 @@ impl IrqLine {
         })
     }
 
-    /// A line on an eventfd the caller registers (or reads, in tests).
+    /// A line on an eventfd the caller reads (tests and fuzzing).
+    #[cfg(feature = "testing")]
     pub(crate) fn from_eventfd(gsi: u32, event: EventFd) -> Self {
         IrqLine {
             gsi,

@@ -1,6 +1,5 @@
 //! Device models and how the vCPUs reach them.
 
-pub(crate) mod bus;
 pub(crate) mod irq;
 pub(crate) mod legacy;
 pub(crate) mod virtio;

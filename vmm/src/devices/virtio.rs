@@ -22,8 +22,8 @@ use virtio_devices::{InterruptTrigger, MmioTransport, PciTransport, VirtioDevice
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::bus::{Bus, BusDevice, lock};
 use crate::config::{DiskCache, VmConfig};
-use crate::devices::bus::{Bus, BusDevice, lock};
 use crate::devices::irq::IrqLine;
 use crate::kvm::layout::{
     VIRTIO_FIRST_IRQ, VIRTIO_MAX_DEVICES, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE,

@@ -23,8 +23,8 @@ use vm_allocator::{AddressAllocator, AllocPolicy};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::bus::{Bus, lock};
 use super::virtio::{Attached, Error, VirtioTransport, build_devices, thread_name};
+use crate::bus::{Bus, lock};
 use crate::config::VmConfig;
 use crate::kvm::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
 use crate::pci::host_bridge::HostBridge;

@@ -6,7 +6,6 @@ pub(crate) mod cpu;
 pub(crate) mod cpuid;
 pub(crate) mod emulation;
 pub(crate) mod kernel_image;
-pub(crate) mod kick;
 pub(crate) mod layout;
 pub(crate) mod memory;
 pub(crate) mod mptable;

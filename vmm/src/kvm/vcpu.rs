@@ -10,8 +10,8 @@ use vm_memory::GuestMemoryMmap;
 
 use super::layout::ZERO_PAGE_ADDR;
 use super::{Result, cpu, kvm_err};
+use crate::bus::Bus;
 use crate::config::ApStart;
-use crate::devices::bus::Bus;
 use crate::lifecycle::{Checkpoint, Control, VmExit};
 
 // KVM_SYSTEM_EVENT_* types.
@@ -94,7 +94,7 @@ impl Vcpu {
     pub(crate) fn run(mut self, control: &Control, buses: &Arc<Buses>) {
         let index = self.index;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            super::kick::register_current(&mut self.fd);
+            crate::kick::register_current(&mut self.fd);
             // Unregisters before `self` (and its kvm_run mapping) goes away,
             // also when unwinding.
             let _registered = KickRegistration;
@@ -220,7 +220,7 @@ struct KickRegistration;
 
 impl Drop for KickRegistration {
     fn drop(&mut self) {
-        super::kick::unregister_current();
+        crate::kick::unregister_current();
     }
 }
 

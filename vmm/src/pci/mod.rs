@@ -13,7 +13,7 @@ pub(crate) mod msi;
 
 use std::sync::{Arc, Mutex};
 
-use crate::devices::bus::{BusDevice, lock};
+use crate::bus::{BusDevice, lock};
 
 /// A PCI function as the bus sees it.
 pub(crate) trait PciFunction: Send {

@@ -18,7 +18,7 @@ use kvm_ioctls::VmFd;
 use virtio_devices::{MsiInterrupts, MsiMessage};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::devices::bus::lock;
+use crate::bus::lock;
 use crate::kvm::{self, kvm_err};
 
 /// GSIs below this are IOAPIC pins.

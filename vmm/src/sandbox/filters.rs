@@ -315,7 +315,7 @@ fn console_clients() -> Rules {
 /// process it runs in (see `Sandbox::new`).
 fn kicks_vcpus(pid: u32) -> Rules {
     // Real-time signal numbers are positive: the same bits as a sign extension.
-    let kick = u64::from(crate::kvm::kick::signal_number().cast_unsigned());
+    let kick = u64::from(crate::kick::signal_number().cast_unsigned());
     vec![
         (libc::SYS_getpid, vec![]),
         (

@@ -109,9 +109,10 @@ pub struct SandboxConfig {
     /// the process's credentials: only for tests and fuzzing of device
     /// code, never for a VMM that runs a guest.
     pub unprivileged: Option<Credentials>,
-    /// Test hook: a thread of this kind makes a system call outside its
-    /// filter (opens a file) right after entering its sandbox.
-    #[doc(hidden)]
+    /// Test hook (the `testing` feature only): a thread of this kind makes
+    /// a system call outside its filter (opens a file) right after entering
+    /// its sandbox.
+    #[cfg(feature = "testing")]
     pub forbidden_syscall_on: Option<ThreadKind>,
 }
 
@@ -121,6 +122,7 @@ impl Default for SandboxConfig {
             seccomp: SeccompMode::Trap,
             landlock: true,
             unprivileged: Some(NOBODY),
+            #[cfg(feature = "testing")]
             forbidden_syscall_on: None,
         }
     }
@@ -133,6 +135,7 @@ impl SandboxConfig {
             seccomp: SeccompMode::None,
             landlock: false,
             unprivileged: None,
+            #[cfg(feature = "testing")]
             forbidden_syscall_on: None,
         }
     }
@@ -355,6 +358,7 @@ impl Sandbox {
             seccompiler::apply_filter(program)
                 .map_err(|e| io::Error::other(format!("seccomp filter for {kind:?}: {e}")))?;
         }
+        #[cfg(feature = "testing")]
         if self.config.forbidden_syscall_on == Some(kind) {
             forbidden_syscall(kind);
         }
@@ -479,6 +483,7 @@ fn set_no_new_privs() -> io::Result<()> {
 /// The test hook's forbidden call: creating a file (`openat` for writing),
 /// which no VMM thread does. Under `trap` the process ends here; under
 /// `log` the kernel logs it and Landlock refuses it.
+#[cfg(feature = "testing")]
 fn forbidden_syscall(kind: ThreadKind) {
     // No pid in the name: getpid is outside some filters. Only a failing
     // test creates it, and removes it at once.

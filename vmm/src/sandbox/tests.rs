@@ -135,7 +135,7 @@ fn test_sandbox() -> Arc<Sandbox> {
         seccomp: SeccompMode::Trap,
         landlock: false,
         unprivileged: None,
-        forbidden_syscall_on: None,
+        ..SandboxConfig::disabled()
     };
     let filtered = SeccompAction::Errno(FILTERED.cast_unsigned());
     Arc::new(Sandbox::build(config, Vec::new(), std::process::id(), Some(filtered)).unwrap())
@@ -396,14 +396,7 @@ fn argument_probes() -> Vec<Probe> {
         probe("tgkill the kick within this process", kicks, |ctx| {
             sys(
                 libc::SYS_tgkill,
-                [
-                    ctx.pid,
-                    NOWHERE,
-                    i(crate::kvm::kick::signal_number()),
-                    0,
-                    0,
-                    0,
-                ],
+                [ctx.pid, NOWHERE, i(crate::kick::signal_number()), 0, 0, 0],
             )
         }),
         probe(
@@ -412,14 +405,7 @@ fn argument_probes() -> Vec<Probe> {
             |_| {
                 sys(
                     libc::SYS_tgkill,
-                    [
-                        NOWHERE,
-                        NOWHERE,
-                        i(crate::kvm::kick::signal_number()),
-                        0,
-                        0,
-                        0,
-                    ],
+                    [NOWHERE, NOWHERE, i(crate::kick::signal_number()), 0, 0, 0],
                 )
             },
         ),

@@ -2,7 +2,8 @@
 //! input tests of the normal test suite: guest-controlled bytes in, no panic
 //! out.
 //!
-//! Not part of the device API; public only so that the fuzz crate can call it.
+//! Not part of the device API: built only with the `testing` feature, which
+//! the fuzz crate, the tests and the benchmark turn on.
 
 use int_cast::usize_to_u64;
 use std::sync::Arc;

@@ -32,9 +32,11 @@ pub mod block;
 pub(crate) mod chain;
 pub(crate) mod device;
 pub(crate) mod device_thread;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod fuzz;
 pub(crate) mod interrupt;
+#[cfg(feature = "testing")]
+mod log_capture;
 mod log_limit;
 pub mod net;
 pub(crate) mod queue;
@@ -46,11 +48,12 @@ mod transport;
 mod testing;
 
 pub use device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
+#[cfg(feature = "testing")]
 pub(crate) use device_thread::Unsandboxed;
 pub use device_thread::{ThreadRole, ThreadSandbox};
 pub use interrupt::{DeviceInterrupt, InterruptTrigger};
-#[doc(hidden)]
-pub use log_limit::LogCapture;
+#[cfg(feature = "testing")]
+pub use log_capture::LogCapture;
 pub use log_limit::{LOG_BURST, LOG_INTERVAL, LogLimit};
 pub use queue::QueueError;
 pub use transport::mmio::MmioTransport;

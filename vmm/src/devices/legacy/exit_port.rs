@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::lifecycle::{Control, VmExit};
 
 pub(crate) struct ExitPort {

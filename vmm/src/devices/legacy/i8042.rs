@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use vm_superio::{I8042Device, Trigger};
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::devices::irq::IrqLine;
 use crate::lifecycle::{Control, VmExit};
 

@@ -35,7 +35,7 @@
 //! The device runs on the vCPU threads (port I/O exits); reading the host's clock is
 //! `clock_gettime` through the vDSO.
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 
 /// Where the guest's time comes from: nanoseconds since the Unix epoch.
 pub(crate) type Clock = Box<dyn Fn() -> i128 + Send>;

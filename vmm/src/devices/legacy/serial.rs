@@ -13,8 +13,8 @@ use std::time::Duration;
 use vm_superio::Serial;
 use vm_superio::serial::NoEvents;
 
+use crate::bus::{BusDevice, lock};
 use crate::config::{SerialCapture, SerialTarget};
-use crate::devices::bus::{BusDevice, lock};
 use crate::devices::irq::IrqLine;
 use crate::sandbox::{Sandbox, ThreadKind};
 use crate::timing::BootTimeline;

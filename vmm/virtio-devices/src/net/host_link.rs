@@ -6,7 +6,8 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// All frames (`ETH_P_ALL`), for [`packet_socket`].
+/// All frames (`ETH_P_ALL`), for [`packet_socket`] (the test tap).
+#[cfg(feature = "testing")]
 pub(crate) const ALL_FRAMES: u16 = int_cast::u16_of_c_int(libc::ETH_P_ALL);
 
 /// A socket that sends and receives frames of `ethertype` (host order) on

@@ -24,10 +24,9 @@
 mod counters;
 pub mod host_link;
 pub mod tap;
-// Always compiled (not behind a feature): a feature only the tests turn on would make every
-// build of a subset of the workspace recompile this crate and everything above it. Nothing
-// outside tests calls it, so it never reaches a binary.
-#[doc(hidden)]
+// Test support, behind the `testing` feature that only tests, benchmarks and fuzz targets
+// turn on (cargo keeps both builds of the crate, so switching costs one compile, once).
+#[cfg(feature = "testing")]
 pub mod test_tap;
 
 use int_cast::usize_to_u64;

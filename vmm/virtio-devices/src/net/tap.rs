@@ -82,6 +82,7 @@ impl Tap {
     /// A stand-in for a tap: any non-blocking packet descriptor (one read
     /// or write per frame, such as a `SOCK_SEQPACKET` socket). The fuzz
     /// targets use one end of a socket pair, so they need no root.
+    #[cfg(feature = "testing")]
     pub(crate) fn stand_in(fd: std::os::fd::OwnedFd, name: &str) -> Tap {
         Tap {
             file: File::from(fd),

@@ -1,7 +1,7 @@
 //! A tap in a private network namespace with a packet socket on its far
 //! end: what the virtio-net tests here and the VMM's end-to-end network
-//! tests use (always built: no cargo feature). Needs root; fails, never skips,
-//! without it.
+//! tests use (with the `testing` feature only). Needs root; fails, never
+//! skips, without it.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
