@@ -1034,8 +1034,12 @@ async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
     vms.console_done(cluster, pod.metadata.name.as_deref().unwrap())
         .await;
 
-    // Every phase the first VMI goes through, from a watch (polling could miss Failed).
+    // Every phase the first VMI goes through, from a watch (polling could miss Failed). The
+    // kill waits for the watch's initial list: under load, a list that came late found the
+    // Failed VMI already replaced by the VM controller, and the test never saw it Failed. The
+    // deletion's event counts too (its object is the VMI's last state).
     let phases = Arc::new(Mutex::new(Vec::<Phase>::new()));
+    let (listed, watching) = tokio::sync::oneshot::channel::<()>();
     let watch = tokio::spawn({
         let phases = phases.clone();
         let vmis = vms.vmis();
@@ -1043,18 +1047,30 @@ async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
         async move {
             let config = watcher::Config::default().fields("metadata.name=phoenix");
             let mut events = watcher(vmis, config).boxed();
+            let mut listed = Some(listed);
             while let Some(event) = events.next().await {
-                if let Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) = event
-                    && vmi.metadata.uid.as_deref() == Some(first_uid.as_str())
-                {
-                    let mut phases = phases.lock().unwrap();
-                    if phases.last() != Some(&vmi.phase()) {
-                        phases.push(vmi.phase());
+                match event {
+                    Ok(
+                        watcher::Event::Apply(vmi)
+                        | watcher::Event::InitApply(vmi)
+                        | watcher::Event::Delete(vmi),
+                    ) if vmi.metadata.uid.as_deref() == Some(first_uid.as_str()) => {
+                        let mut phases = phases.lock().unwrap();
+                        if phases.last() != Some(&vmi.phase()) {
+                            phases.push(vmi.phase());
+                        }
                     }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
     });
+    watching.await.expect("the watch lists the VMI");
     let pid = launcher_pid(&first_uid).expect("the launcher process");
     let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
     // SAFETY: a plain kill(2) of the launcher this test's VM runs in.
