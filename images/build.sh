@@ -78,21 +78,33 @@ bindir_of() {
 # pack-relative-relocs: the relative relocations of a static-pie program as a bitmap (DT_RELR,
 # glibc 2.36) instead of 24 bytes each, which every start reads (0.6 MiB of the launcher's
 # resident memory; vmm/launcher/docs/memory.md).
+# The lean build links through vmm/cli/text-order/linker.sh, which packs the functions a VM's
+# boot runs at the start of `vmm`'s and `virt-launcher`'s text (and fails on a stale list).
 build_static() {
-    local cargo_profile=$1 build=() program
+    local cargo_profile=$1 build=() program rustflags
     shift
     for program in "$@"; do
         build+=(-p "${program%%:*}" --bin "${program#*:}")
     done
+    rustflags="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs"
+    if [[ $cargo_profile == lean ]]; then
+        rustflags+=" -C linker=$PWD/vmm/cli/text-order/linker.sh"
+        # Cargo does not know the wrapper reads the list: relink when the list is newer.
+        for program in vmm virt-launcher; do
+            if [[ -e "$pod_dir/$program" && ( vmm/cli/text-order/boot.order -nt "$pod_dir/$program" ||
+                vmm/cli/text-order/linker.sh -nt "$pod_dir/$program" ) ]]; then
+                rm -f "$pod_dir/$program" "$pod_dir/deps/${program//-/_}"-????????????????
+            fi
+        done
+    fi
     echo "== cargo build --profile $cargo_profile (static): ${*#*:}"
-    CARGO_INCREMENTAL=0 RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
+    CARGO_INCREMENTAL=0 RUSTFLAGS="$rustflags" \
         cargo build --profile "$cargo_profile" --locked --target "$triple" "${build[@]}"
 }
 build_static "$pod_profile" "${pod_programs[@]}" vmm-cli:vmm
-# The list of functions `vmm` runs at a boot, which the linker packs together
-# (vmm/cli/text-order/README.md), matches the lean build only; a stale one shows here.
 if [[ $pod_profile == lean ]]; then
     bash vmm/cli/text-order/generate.sh --check "$pod_dir/vmm"
+    bash vmm/cli/text-order/generate.sh --check "$pod_dir/virt-launcher"
 fi
 build_static "$node_profile" "${node_programs[@]}" oci-image:oci-image
 
