@@ -29,3 +29,17 @@ pub fn init_logging() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
 }
+
+/// Resolves when the process is asked to stop: SIGTERM (Kubernetes stops a pod with it) or
+/// SIGINT (a terminal). For virt-controller and virt-api. Fails only if the SIGTERM handler
+/// cannot be installed.
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutting down");
+    })
+}

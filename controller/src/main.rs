@@ -127,15 +127,8 @@ async fn main() -> anyhow::Result<()> {
             lost,
         ))
     });
-    // Kubernetes stops a pod with SIGTERM; a terminal with SIGINT. Either releases the Lease.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!("shutting down");
-    };
+    // SIGTERM or SIGINT releases the Lease.
+    let shutdown = controller::shutdown_signal()?;
     run_when_leader(
         client,
         LeaderOptions {

@@ -54,14 +54,6 @@ async fn main() -> anyhow::Result<()> {
         ..TemplateConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    // Kubernetes stops a pod with SIGTERM; a terminal with SIGINT.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!("shutting down");
-    };
+    let shutdown = controller::shutdown_signal()?;
     run(client, listener, options, shutdown).await
 }
