@@ -5,7 +5,9 @@
 //! 8 MiB per vCPU, 8 MiB for the IO thread and 32 MiB video).
 //!
 //! `cargo bench -p virt-launcher --bench memory` (root, /dev/kvm).
-//! `LAUNCHER_BENCH_RUNS` (default 5) runs; each boots the test guest by
+//! `LAUNCHER_BENCH_RUNS` (default 5) runs of a VMI of `LAUNCHER_BENCH_GUEST_MIB`
+//! (default 64, at most 2048: guest RAM must be one mapping) and
+//! `LAUNCHER_BENCH_VCPUS` (default 1, at most 16); each boots the test guest by
 //! kernel boot with a container disk and an RNG, waits until it runs, then
 //! reads `/proc/<pid>/smaps` of both processes. Guest RAM is the one
 //! anonymous mapping of exactly the guest's size; its resident pages are
@@ -23,8 +25,23 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const GUEST_MIB: u64 = 64;
-const VCPUS: u64 = 1;
+/// The VMI measured.
+#[derive(Clone, Copy)]
+struct Shape {
+    guest_mib: u64,
+    vcpus: u64,
+}
+
+/// `name` from the environment, `default` when unset; a bad value ends the bench.
+fn env_number(name: &str, default: u64, max: u64) -> u64 {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(n) if (1..=max).contains(&n) => n,
+            _ => panic!("{name}={v}: a number from 1 to {max}"),
+        },
+    }
+}
 
 fn main() {
     assert!(Path::new("/dev/kvm").exists(), "/dev/kvm is missing");
@@ -32,17 +49,22 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let budget_mib = 220 + 8 * VCPUS + 8 + 32;
+    let shape = Shape {
+        guest_mib: env_number("LAUNCHER_BENCH_GUEST_MIB", 64, 2048),
+        vcpus: env_number("LAUNCHER_BENCH_VCPUS", 1, 16),
+    };
+    let (guest_mib, vcpus) = (shape.guest_mib, shape.vcpus);
+    let budget_mib = 220 + 8 * vcpus + 8 + 32;
     let mut samples = Vec::new();
     for _ in 0..runs {
-        samples.push(one_run());
+        samples.push(one_run(shape));
     }
     samples.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
     let median = samples[samples.len() / 2];
     let (monitor, launcher) = programs();
     println!("programs: {} and {}", monitor.display(), launcher.display());
     println!(
-        "launcher memory, {runs} runs, guest {GUEST_MIB} MiB / {VCPUS} vCPU (test guest, container disk overlay, rng, serial log)"
+        "launcher memory, {runs} runs, guest {guest_mib} MiB / {vcpus} vCPU (test guest, container disk overlay, rng, serial log)"
     );
     println!("{:<44} {:>10}", "", "MiB");
     for (label, v) in [
@@ -93,7 +115,7 @@ struct Resident {
 
 /// (total excl. guest, launcher excl. guest, monitor, file-backed, huge
 /// pages), in MiB.
-fn one_run() -> (f64, f64, f64, f64, f64) {
+fn one_run(shape: Shape) -> (f64, f64, f64, f64, f64) {
     let root = tempfile::tempdir().unwrap();
     let paths = launcher::paths::Paths::under(root.path());
     let kernel = paths.kernel_boot_dir.join("boot/guest.elf");
@@ -107,7 +129,8 @@ fn one_run() -> (f64, f64, f64, f64, f64) {
         "metadata": {"name": "bench", "namespace": "default", "uid": uid},
         "spec": {
             "domain": {
-                "memory": {"guest": format!("{GUEST_MIB}Mi")},
+                "memory": {"guest": format!("{}Mi", shape.guest_mib)},
+                "cpu": {"cores": shape.vcpus},
                 "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 checks=serial,virtio-blk,virtio-rng exit=halt wait=600",
                     "container": {"image": "guest", "kernelPath": "/boot/guest.elf"}}},
                 "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}], "rng": {}}
@@ -172,8 +195,8 @@ fn one_run() -> (f64, f64, f64, f64, f64) {
             .expect("the monitor has a launcher child")
             .parse::<u32>()
             .unwrap();
-    let launcher = resident_excluding_guest(launcher_pid);
-    let monitor_kib = resident_excluding_guest(monitor_pid);
+    let launcher = resident_excluding_guest(launcher_pid, shape.guest_mib);
+    let monitor_kib = resident_excluding_guest(monitor_pid, shape.guest_mib);
     if let Some(dir) = std::env::var_os("LAUNCHER_BENCH_SMAPS") {
         keep_smaps(Path::new(&dir), launcher_pid, monitor_pid);
     }
@@ -219,7 +242,7 @@ fn keep_smaps(dir: &Path, launcher: u32, monitor: u32) {
 }
 
 /// Sum of `Rss:` over all mappings, less the guest RAM mapping's.
-fn resident_excluding_guest(pid: u32) -> Resident {
+fn resident_excluding_guest(pid: u32, guest_mib: u64) -> Resident {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
     let mut out = Resident::default();
     let (mut from_file, mut guest) = (false, false);
@@ -240,7 +263,7 @@ fn resident_excluding_guest(pid: u32) -> Resident {
                     .nth(5)
                     .is_some_and(|p| p.starts_with('/'));
             }
-            "Size:" => guest = !from_file && value() == GUEST_MIB * 1024,
+            "Size:" => guest = !from_file && value() == guest_mib * 1024,
             "Rss:" if !guest => {
                 let rss = value();
                 out.total += rss;

@@ -36,15 +36,11 @@ pub fn from_env() -> Result<SandboxConfig, String> {
         Ok("off") => false,
         Ok(other) => return Err(format!("{LANDLOCK_ENV}: expected on or off, got {other:?}")),
     };
-    Ok(SandboxConfig {
-        seccomp,
-        landlock,
-        // KubeVirt's non-root launcher runs as this user; a root launcher's
-        // VMM threads do too.
-        unprivileged: Some(Credentials {
-            uid: NON_ROOT_UID,
-            gid: NON_ROOT_UID,
-        }),
-        ..SandboxConfig::default()
-    })
+    // KubeVirt's non-root launcher runs as this user; a root launcher's VMM
+    // threads do too.
+    let unprivileged = Some(Credentials {
+        uid: NON_ROOT_UID,
+        gid: NON_ROOT_UID,
+    });
+    Ok(SandboxConfig::new(seccomp, landlock, unprivileged))
 }

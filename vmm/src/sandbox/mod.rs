@@ -129,6 +129,18 @@ impl Default for SandboxConfig {
 }
 
 impl SandboxConfig {
+    /// A sandbox with these settings (and no test hook: a struct literal would have to name
+    /// it in test builds only).
+    pub fn new(seccomp: SeccompMode, landlock: bool, unprivileged: Option<Credentials>) -> Self {
+        SandboxConfig {
+            seccomp,
+            landlock,
+            unprivileged,
+            #[cfg(feature = "testing")]
+            forbidden_syscall_on: None,
+        }
+    }
+
     /// No confinement at all (tests and fuzzing of device code).
     pub fn disabled() -> Self {
         SandboxConfig {
