@@ -4,7 +4,7 @@ use clap::Parser;
 use controller::leader::{LeaderOptions, LeaderWork, run_when_leader};
 use controller::metrics::Metrics;
 use controller::run::{Options, run};
-use controller::template::{TemplateConfig, VmiSeccompProfile};
+use controller::template::{OverheadModel, TemplateConfig, VmiSeccompProfile};
 use controller::writes::Writes;
 use std::sync::Arc;
 
@@ -65,6 +65,16 @@ struct Args {
     /// directory): the CR's `...customProfile.localhostProfile`.
     #[arg(long)]
     vmi_seccomp_localhost_profile: Option<String>,
+    /// How the launcher pod's memory overhead is estimated: `launcher` (what this project's
+    /// launcher needs, measured: about 20 MiB for a small VMI) or `kubevirt` (v1.9.0's
+    /// estimate for QEMU and libvirt: 268 MiB and up). The `KubeVirt` CR's annotation
+    /// `kubevirt-rs.io/memory-overhead-model` wins.
+    #[arg(long, default_value = "launcher", value_parser = parse_overhead_model)]
+    memory_overhead: OverheadModel,
+}
+
+fn parse_overhead_model(text: &str) -> Result<OverheadModel, String> {
+    OverheadModel::parse(text).ok_or_else(|| format!("{text:?}: launcher or kubevirt"))
 }
 
 #[tokio::main]
@@ -100,6 +110,7 @@ async fn main() -> anyhow::Result<()> {
                 (true, None) => Some(VmiSeccompProfile::RuntimeDefault),
                 (false, None) => None,
             },
+            memory_overhead_model: args.memory_overhead,
             ..TemplateConfig::default()
         },
         namespace: args.watch_namespace,

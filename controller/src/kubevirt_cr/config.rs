@@ -6,7 +6,9 @@
 //! The defaults are this controller's command-line flags (KubeVirt has no such flags: v1.9.0's
 //! defaults unless a flag says otherwise), so where the CR sets a field, the CR wins.
 
-use crate::template::{TemplateConfig, VmiSeccompProfile};
+use crate::template::{
+    OVERHEAD_MODEL_ANNOTATION, OverheadModel, TemplateConfig, VmiSeccompProfile,
+};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use proto::contract::feature_gates::{self, FeatureGates};
@@ -61,6 +63,17 @@ const EVICTION_STRATEGIES: &[&str] = &["None", "LiveMigrate", "LiveMigrateIfPoss
 /// defaults.
 pub fn build(base: &TemplateConfig, kv: &KubeVirt) -> Result<TemplateConfig, Refusal> {
     let mut config = base.clone();
+    if let Some(model) = kv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OVERHEAD_MODEL_ANNOTATION))
+    {
+        config.memory_overhead_model = OverheadModel::parse(model).ok_or_else(|| Refusal {
+            field: format!("metadata.annotations[{OVERHEAD_MODEL_ANNOTATION}]"),
+            reason: format!("invalid value {model:?}: launcher or kubevirt"),
+        })?;
+    }
     let Some(conf) = kv.spec.configuration.as_ref() else {
         return Ok(config);
     };
@@ -488,6 +501,36 @@ mod tests {
         assert_eq!(
             build(&TemplateConfig::default(), &bare),
             Ok(TemplateConfig::default())
+        );
+    }
+
+    #[test]
+    fn the_overhead_model_from_the_annotation() {
+        let with = |value: &str| {
+            let mut cr = kv(json!({}));
+            cr.metadata.annotations =
+                Some([(OVERHEAD_MODEL_ANNOTATION.to_string(), value.to_string())].into());
+            cr
+        };
+        let flags = TemplateConfig {
+            memory_overhead_model: OverheadModel::Launcher,
+            ..TemplateConfig::default()
+        };
+        assert_eq!(
+            build(&flags, &kv(json!({}))).unwrap().memory_overhead_model,
+            OverheadModel::Launcher,
+            "no annotation: the flag's model"
+        );
+        assert_eq!(
+            build(&flags, &with("kubevirt"))
+                .unwrap()
+                .memory_overhead_model,
+            OverheadModel::KubeVirt
+        );
+        let refused = build(&flags, &with("qemu")).unwrap_err();
+        assert_eq!(
+            refused.field,
+            "metadata.annotations[kubevirt-rs.io/memory-overhead-model]"
         );
     }
 

@@ -15,6 +15,7 @@ mod scheduling;
 mod volumes;
 
 pub(crate) use overhead::memory_overhead;
+pub use overhead::{OVERHEAD_MODEL_ANNOTATION, OverheadModel};
 pub use volumes::PvcInfo;
 pub(crate) use volumes::claim_name;
 
@@ -133,6 +134,10 @@ pub struct TemplateConfig {
     /// `cpuRequest`: the CPU request the webhook gives VMIs without one, unless it is
     /// KubeVirt's default (`100m`, which changes nothing).
     pub cpu_request: Option<proto::kubevirt::Quantity>,
+    /// Which estimate sizes the compute container's memory overhead and the console
+    /// sidecar's request: KubeVirt's (the default here, as in v1.9.0) or this launcher's
+    /// (as deployed: virt-controller's `--memory-overhead`, the CR's annotation).
+    pub memory_overhead_model: OverheadModel,
     /// The launcher pod's seccomp profile (`seccompConfiguration.virtualMachineInstanceProfile`
     /// of the KubeVirt CR); none unless configured, as in KubeVirt.
     pub vmi_seccomp_profile: Option<VmiSeccompProfile>,
@@ -201,6 +206,7 @@ impl Default for TemplateConfig {
             additional_guest_memory_overhead_ratio: None,
             cpu_request: None,
             vmi_seccomp_profile: None,
+            memory_overhead_model: OverheadModel::KubeVirt,
         }
     }
 }
@@ -281,7 +287,12 @@ pub fn render_launcher_pod(
         .architecture
         .clone()
         .unwrap_or_else(|| config.default_architecture.clone());
-    let overhead = memory_overhead(vmi, &arch, config.additional_guest_memory_overhead_ratio)?;
+    let overhead = memory_overhead(
+        vmi,
+        &arch,
+        config.memory_overhead_model,
+        config.additional_guest_memory_overhead_ratio,
+    )?;
     let resources = resources::render(vmi, config, overhead)?;
     let volumes = volumes::render(vmi, config, context)?;
 
@@ -706,6 +717,8 @@ fn guest_console_log_container(
     let guaranteed = is_cpu_dedicated(vmi) || wants_guaranteed_qos(vmi)?;
     let (request_cpu, request_memory) = if guaranteed {
         ("15m", "60M")
+    } else if config.memory_overhead_model == OverheadModel::Launcher {
+        ("5m", overhead::LAUNCHER_CONSOLE_REQUEST)
     } else {
         ("5m", "35M")
     };
@@ -961,6 +974,28 @@ fn vcpus_for_overhead(vmi: &VirtualMachineInstance) -> Result<u64, TemplateError
         None => resource_qty(resources, Side::Requests, "cpu")?,
     };
     Ok(cpu.map_or(0, |q| u64::try_from(q.value()).unwrap_or(u64::MAX)))
+}
+
+/// The guest's memory as the launcher sizes it: `memory.guest`, else the memory request, else
+/// the limit; zero if none is set (the launcher refuses such a VMI).
+fn guest_memory_bytes(vmi: &VirtualMachineInstance) -> Result<u128, TemplateError> {
+    if let Some(guest) = vmi
+        .spec
+        .domain
+        .memory
+        .as_ref()
+        .and_then(|m| m.guest.as_ref())
+    {
+        return Qty::parse(guest)
+            .map(|q| q.value())
+            .map_err(|e| TemplateError::Invalid(format!("spec.domain.memory.guest: {e}")));
+    }
+    let resources = vmi.spec.domain.resources.as_ref();
+    let memory = match resource_qty(resources, Side::Requests, "memory")? {
+        Some(request) => Some(request),
+        None => resource_qty(resources, Side::Limits, "memory")?,
+    };
+    Ok(memory.map_or(0, |q| q.value()))
 }
 
 /// vCPUs for the CPU request: the topology, 1 without one.
