@@ -66,7 +66,7 @@ struct Args {
     #[arg(long)]
     vmi_seccomp_localhost_profile: Option<String>,
     /// How the launcher pod's memory overhead is estimated: `launcher` (what this project's
-    /// launcher needs, measured: about 20 MiB for a small VMI) or `kubevirt` (v1.9.0's
+    /// launcher needs, measured: about 28 MiB for a small VMI) or `kubevirt` (v1.9.0's
     /// estimate for QEMU and libvirt: 268 MiB and up). The `KubeVirt` CR's annotation
     /// `kubevirt-rs.io/memory-overhead-model` wins.
     #[arg(long, default_value = "launcher", value_parser = parse_overhead_model)]

@@ -287,12 +287,12 @@ fn the_launcher_model_sizes_the_pod_by_this_launcher() {
     assert_eq!(console["name"], json!("guest-console-log"));
     assert_eq!(console["resources"]["requests"]["memory"], json!("4Mi"));
     assert_eq!(console["resources"]["limits"]["memory"], json!("60M"));
-    // vmi-migratable: one disk, the default interface; 16 + 1 + 2 + 1 MiB + 64Mi / 256.
-    assert_eq!(compute, (64 << 20) + (20 << 20) + (64 << 20) / 256);
+    // vmi-migratable: one disk, the default interface; 24 + 1 + 2 + 1 MiB + 64Mi / 256.
+    assert_eq!(compute, (64 << 20) + (28 << 20) + (64 << 20) / 256);
     assert!(compute + bytes(&console["resources"]["requests"]["memory"]) <= 100 << 20);
     assert_eq!(
         pod["metadata"]["annotations"]["kubevirt.io/memory-overhead-bytes"],
-        json!(((20 << 20) + (64 << 20) / 256).to_string())
+        json!(((28 << 20) + (64 << 20) / 256).to_string())
     );
 
     let kubevirt = render(&vmi);
