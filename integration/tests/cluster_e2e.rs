@@ -584,16 +584,24 @@ fn pids() -> Vec<u32> {
 
 /// The `virt-launcher` process (the VMM runs in it) of the VMI with `uid`.
 fn launcher_pid(vmi_uid: &str) -> Option<u32> {
-    pids().into_iter().find(|pid| {
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            return false;
-        };
-        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        args.first() == Some(&&b"/usr/bin/virt-launcher"[..])
-            && args
-                .windows(2)
-                .any(|w| w[0] == b"--uid" && w[1] == vmi_uid.as_bytes())
-    })
+    launcher_pids(vmi_uid).into_iter().next()
+}
+
+/// Every `virt-launcher` process of the VMI with `uid` (one, unless a domain was duplicated).
+fn launcher_pids(vmi_uid: &str) -> Vec<u32> {
+    pids()
+        .into_iter()
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            args.first() == Some(&&b"/usr/bin/virt-launcher"[..])
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--uid" && w[1] == vmi_uid.as_bytes())
+        })
+        .collect()
 }
 
 /// Container IDs (sandbox included) of the processes in pod `uid`'s cgroups.
@@ -612,6 +620,77 @@ fn pod_container_ids(pod_uid: &str) -> Vec<String> {
     ids.sort();
     ids.dedup();
     ids
+}
+
+/// What the container of process `pid` holds in memory beside the guest's RAM, in bytes: the
+/// resident pages of every process in the container's memory cgroup, less the one mapping
+/// `guest_bytes` long (the guest's RAM in the launcher), plus the kernel memory charged to
+/// the cgroup (KVM's page tables and vCPU state, the processes' page tables, sockets...).
+/// Also returns what went into it, for the failure message.
+fn container_memory_beside_guest(pid: u32, guest_bytes: u64) -> (u64, String) {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .expect("the process's cgroups")
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (controllers, path) = rest.split_once(':')?;
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then(|| path.to_owned())
+        })
+        .expect("a memory cgroup (v1)");
+    let dir = format!("/sys/fs/cgroup/memory{cgroup}");
+    let read_u64 = |file: &str| -> u64 {
+        std::fs::read_to_string(format!("{dir}/{file}"))
+            .unwrap_or_else(|e| panic!("{dir}/{file}: {e}"))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    let mut detail = Vec::new();
+    let mut resident = 0;
+    for member in std::fs::read_to_string(format!("{dir}/cgroup.procs"))
+        .expect("cgroup.procs")
+        .split_whitespace()
+    {
+        let smaps = std::fs::read_to_string(format!("/proc/{member}/smaps")).unwrap_or_default();
+        let (mut rss, mut guest) = (0, 0);
+        let mut mapping_len = 0;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((start, end)) = first.split_once('-')
+                && let (Ok(start), Ok(end)) =
+                    (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+            {
+                mapping_len = end - start;
+            } else if let Some(kib) = line.strip_prefix("Rss:") {
+                let bytes = kib
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    * 1024;
+                if mapping_len == guest_bytes {
+                    guest += bytes;
+                } else {
+                    rss += bytes;
+                }
+            }
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{member}/comm")).unwrap_or_default();
+        detail.push(format!(
+            "{} {} KiB (guest RAM {} KiB)",
+            comm.trim(),
+            rss / 1024,
+            guest / 1024
+        ));
+        resident += rss;
+    }
+    let kernel = read_u64("memory.kmem.usage_in_bytes");
+    detail.push(format!("kernel memory {} KiB", kernel / 1024));
+    (resident + kernel, detail.join(", "))
 }
 
 fn processes_in_netns() -> Vec<(u32, String)> {
@@ -717,6 +796,41 @@ async fn a_vm_runs_on_the_node_and_halted_removes_it() {
     .await;
     let console = vms.console_done(cluster, &pod_name).await;
     eprintln!("{console}");
+
+    // The memory overhead the pod was given (the launcher model, as deployed) covers what
+    // the compute container holds beside the guest's RAM, measured on this running VM (the
+    // tests' unoptimised programs, which hold more than the image's lean ones); the console
+    // sidecar holds no more than it requests.
+    let overhead: u64 =
+        pod.metadata.annotations.as_ref().unwrap()["kubevirt.io/memory-overhead-bytes"]
+            .parse()
+            .expect("the overhead annotation is a number");
+    let (measured, detail) = container_memory_beside_guest(pid, 64 << 20);
+    eprintln!(
+        "compute container beside guest RAM: {} KiB of {} KiB overhead: {detail}",
+        measured / 1024,
+        overhead / 1024
+    );
+    assert!(
+        measured <= overhead,
+        "the compute container holds {measured} bytes beside the guest's RAM, over its overhead of {overhead}: {detail}"
+    );
+    let tail = pids()
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                c.starts_with(b"/usr/bin/virt-tail\0")
+                    && c.windows(36)
+                        .any(|w| w == vmi.metadata.uid.as_deref().unwrap().as_bytes())
+            })
+        })
+        .expect("the console sidecar's virt-tail");
+    let (sidecar, detail) = container_memory_beside_guest(tail, u64::MAX);
+    assert!(
+        sidecar <= 4 << 20,
+        "the console sidecar holds {sidecar} bytes, over its request of 4Mi: {detail}"
+    );
+
     // SMBIOS as libvirt writes it for KubeVirt: the handler's cluster settings and the
     // firmware UUID and serial virt-api's VM mutator gave the VM (its template), so the VMI.
     let firmware = vmi.spec.domain.firmware.clone().expect("a firmware");
@@ -1104,6 +1218,211 @@ async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
         .await
         .expect("delete VM");
     vms.vmi_and_pods_gone("phoenix").await;
+}
+
+/// Issue 29's robustness scenario: a burst of 20 VMIs (the test disk, masquerade, 64Mi, 50m
+/// CPU so that 20 fit two cores) created 100 ms apart while virt-handler's pod is deleted
+/// (after the 5th) and the controller's leader (after the 10th): every VMI reaches Running
+/// exactly once (never another phase after it, never Failed), with one launcher pod ever and
+/// one launcher process; deleting them all leaves no pod or launcher process behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_survives_a_handler_and_a_leader_restart() {
+    const BURST: usize = 20;
+    let cluster = kubevirt().await;
+    let _node = exclusive_node().await;
+    let client = cluster.client().unwrap();
+    let vms = Vms::new(cluster, "e2e-burst").await;
+
+    // Every phase each VMI showed, and every launcher pod UID seen for it.
+    let phases: Arc<Mutex<BTreeMap<String, Vec<Phase>>>> = Arc::default();
+    let pods_seen: Arc<Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>> =
+        Arc::default();
+    let (vmi_watch, pod_watch) = {
+        let (phases, pods_seen) = (phases.clone(), pods_seen.clone());
+        let (vmis, pods) = (vms.vmis(), vms.pods());
+        let (vmis_ready, vmis_started) = tokio::sync::oneshot::channel();
+        let (pods_ready, pods_started) = tokio::sync::oneshot::channel();
+        let vmi_watch = tokio::spawn(async move {
+            let mut events = watcher(vmis, watcher::Config::default()).boxed();
+            let mut ready = Some(vmis_ready);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        ready.take().map(|r| r.send(()));
+                    }
+                    Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) => {
+                        let name = vmi.metadata.name.clone().unwrap_or_default();
+                        let mut phases = phases.lock().unwrap();
+                        let seen = phases.entry(name).or_default();
+                        if seen.last() != Some(&vmi.phase()) {
+                            seen.push(vmi.phase());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        let pod_watch = tokio::spawn(async move {
+            let config = watcher::Config::default().labels("kubevirt.io=virt-launcher");
+            let mut events = watcher(pods, config).boxed();
+            let mut ready = Some(pods_ready);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        ready.take().map(|r| r.send(()));
+                    }
+                    Ok(
+                        watcher::Event::Apply(pod)
+                        | watcher::Event::InitApply(pod)
+                        | watcher::Event::Delete(pod),
+                    ) => {
+                        let owner = pod
+                            .metadata
+                            .owner_references
+                            .iter()
+                            .flatten()
+                            .find(|o| o.kind == "VirtualMachineInstance")
+                            .map(|o| o.name.clone())
+                            .unwrap_or_default();
+                        pods_seen
+                            .lock()
+                            .unwrap()
+                            .entry(owner)
+                            .or_default()
+                            .insert(pod.metadata.uid.clone().unwrap_or_default());
+                    }
+                    _ => {}
+                }
+            }
+        });
+        vmis_started.await.expect("the VMI watch started");
+        pods_started.await.expect("the pod watch started");
+        (vmi_watch, pod_watch)
+    };
+
+    let template =
+        serde_json::to_value(test_vm("burst", "Always")).unwrap()["spec"]["template"].clone();
+    let kubevirt_pods: Api<Pod> = Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE);
+    let started = Instant::now();
+    for i in 0..BURST {
+        tokio::time::sleep_until((started + Duration::from_millis(100 * i as u64)).into()).await;
+        let mut spec = template["spec"].clone();
+        spec["domain"]["resources"]["requests"]["cpu"] = json!("50m");
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": format!("burst-{i:02}")},
+            "spec": spec,
+        }))
+        .unwrap();
+        vms.vmis()
+            .create(&PostParams::default(), &vmi)
+            .await
+            .expect("creating a VMI");
+        let victim = match i {
+            4 => {
+                let handlers = kubevirt_pods
+                    .list(&ListParams::default().labels("kubevirt.io=virt-handler"))
+                    .await
+                    .unwrap();
+                handlers.items[0].metadata.name.clone()
+            }
+            9 => {
+                let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+                    Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE);
+                let lease = leases
+                    .get("virt-controller")
+                    .await
+                    .expect("the leader's Lease");
+                lease.spec.and_then(|s| s.holder_identity)
+            }
+            _ => None,
+        };
+        if let Some(victim) = victim {
+            eprintln!("after VMI {}: deleting pod {victim}", i + 1);
+            kubevirt_pods
+                .delete(&victim, &DeleteParams::default())
+                .await
+                .expect("deleting the pod");
+        }
+    }
+
+    let vmis = vms.vmis();
+    wait_for_within(
+        "every VMI of the burst Running",
+        Duration::from_secs(300),
+        || {
+            let vmis = vmis.clone();
+            async move {
+                let list = vmis.list(&ListParams::default()).await.ok()?.items;
+                (list.len() == BURST && list.iter().all(|v| v.phase() == Phase::Running))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "{BURST} VMIs Running {:?} after the first create",
+        started.elapsed()
+    );
+    // A moment for late events (a second pod, a phase change) to arrive before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let list = vmis.list(&ListParams::default()).await.unwrap().items;
+    {
+        let phases = phases.lock().unwrap();
+        let pods_seen = pods_seen.lock().unwrap();
+        for vmi in &list {
+            let name = vmi.metadata.name.clone().unwrap();
+            let history = &phases[&name];
+            let first_running = history.iter().position(|p| *p == Phase::Running);
+            assert_eq!(
+                first_running,
+                Some(history.len() - 1),
+                "{name}: Running once and nothing after it: {history:?}"
+            );
+            assert!(!history.contains(&Phase::Failed), "{name}: {history:?}");
+            assert_eq!(
+                pods_seen.get(&name).map(|p| p.len()),
+                Some(1),
+                "{name}: one launcher pod ever: {pods_seen:?}"
+            );
+            let uid = vmi.metadata.uid.as_deref().unwrap();
+            assert_eq!(
+                launcher_pids(uid).len(),
+                1,
+                "{name}: one launcher process (one domain)"
+            );
+        }
+    }
+    vmi_watch.abort();
+    pod_watch.abort();
+
+    // Delete them all: nothing of them is left.
+    let uids: Vec<String> = list.iter().filter_map(|v| v.metadata.uid.clone()).collect();
+    vms.vmis()
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("deleting the VMIs");
+    let pods = vms.pods();
+    wait_for_within(
+        "no VMI, pod or launcher process left",
+        LAUNCHER_GONE_TIMEOUT * 2,
+        || {
+            let (vmis, pods, uids) = (vmis.clone(), pods.clone(), uids.clone());
+            async move {
+                let vmis_left = vmis.list(&ListParams::default()).await.ok()?.items.len();
+                let pods_left = pods.list(&ListParams::default()).await.ok()?.items.len();
+                let processes_left = uids.iter().map(|u| launcher_pids(u).len()).sum::<usize>();
+                (vmis_left + pods_left + processes_left == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    // The next tests need a ready handler and a schedulable node again.
+    wait_for("the node ready for VMs again", || {
+        let client = client.clone();
+        async move { node_ready_for_vms(&client).await.then_some(()) }
+    })
+    .await;
 }
 
 /// The node as the kubelet reports it with virt-handler running: the three device-plugin
