@@ -681,6 +681,17 @@ evictionHard:
   imagefs.inodesFree: 1%
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# As a real node has them: Kubernetes' default pod limit (100 VMIs and the system pods fit),
+# and resources kept from the pods' allocatable share for the kubelet and containerd
+# (kubeReserved: GKE's CPU share for two cores) and for the rest of the machine
+# (systemReserved: here the control plane runs beside the node).
+maxPods: 110
+kubeReserved:
+  cpu: 70m
+  memory: 1Gi
+systemReserved:
+  cpu: 200m
+  memory: 2Gi
 EOF
     # The kernel settings kubelet insists on (vm.overcommit_memory=1, kernel.panic=10,
     # kernel.panic_on_oops=1, ...) would change the whole machine. kubelet runs in a mount
