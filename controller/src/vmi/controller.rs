@@ -543,6 +543,18 @@ fn status_patch(
     {
         active.insert(uid.clone(), String::new());
     }
+    // While the VMI stays Scheduling, a listed pod's node (the scheduler's binding) waits for
+    // the Scheduled write, which comes once the pod runs: one status write fewer per VMI
+    // (KubeVirt writes the binding on its own). A new pod is listed at once.
+    if phase == Phase::Scheduling
+        && let Some(listed) = &old.active_pods
+    {
+        for (uid, node) in active.iter_mut() {
+            if let Some(listed_node) = listed.get(uid) {
+                node.clone_from(listed_node);
+            }
+        }
+    }
     new.active_pods = (!active.is_empty() || old.active_pods.is_some()).then_some(active);
 
     if let Some(node) = &plan.node_name
@@ -873,6 +885,37 @@ mod tests {
             status_patch(&v, &plan, &pods, None, None, &TemplateConfig::default()),
             None
         );
+
+        // Nor when the pod was only bound: its node comes with the Scheduled write.
+        let unbound = vmi(json!({"phase": "Scheduling", "runtimeUser": 107,
+            "activePods": {"pod-uid": ""},
+            "conditions": [{"type": "Ready", "status": "False", "reason": "GuestNotRunning",
+                            "message": "Guest VM is not reported as running"}]}));
+        let plan = decide(&unbound, &pods, true);
+        assert_eq!(
+            status_patch(
+                &unbound,
+                &plan,
+                &pods,
+                None,
+                None,
+                &TemplateConfig::default()
+            ),
+            None
+        );
+        let pods = [pod("Running", true)];
+        let plan = decide(&unbound, &pods, true);
+        let patch = status_patch(
+            &unbound,
+            &plan,
+            &pods,
+            None,
+            None,
+            &TemplateConfig::default(),
+        )
+        .expect("a write");
+        assert_eq!(patch["phase"], json!("Scheduled"));
+        assert_eq!(patch["activePods"], json!({"pod-uid": "n1"}));
     }
 
     #[test]
