@@ -105,7 +105,9 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
     }
     crate::acpi::enable_power_button();
     crate::serial::write_str("WAITING for Ctrl-Alt-Del or the power button\n");
-    let step_ms = 10;
+    // Ticking prints a dot every 10 ms; halting sleeps a second at a time (woken at once by
+    // the keyboard or the GED), so a hundred idle guests cost their host next to nothing.
+    let step_ms = if tick { 10 } else { 1000 };
     let mut previous = 0u8;
     for _ in 0..wait_s.saturating_mul(1000 / step_ms) {
         if crate::irq::take(crate::acpi::GED_PIN) && crate::acpi::power_button_pressed() {
@@ -115,7 +117,13 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
             outb(EXIT_PORT, WAIT_TIMEOUT_CODE);
             reset();
         }
-        if crate::irq::wait(KEYBOARD_PIN, step_ms) || inb(I8042_STATUS) & I8042_OUTPUT_FULL != 0 {
+        let keyboard = if tick {
+            crate::irq::wait(KEYBOARD_PIN, step_ms)
+        } else {
+            crate::irq::wait_any(&[KEYBOARD_PIN, crate::acpi::GED_PIN], step_ms);
+            crate::irq::take(KEYBOARD_PIN)
+        };
+        if keyboard || inb(I8042_STATUS) & I8042_OUTPUT_FULL != 0 {
             // Drain the controller's buffer, bounded.
             for _ in 0..32 {
                 if inb(I8042_STATUS) & I8042_OUTPUT_FULL == 0 {

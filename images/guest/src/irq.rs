@@ -130,6 +130,34 @@ pub fn wait(pin: u32, timeout_ms: u32) -> bool {
     take(pin)
 }
 
+/// Longest one-shot timer: the initial count is 32 bits at 1 GHz.
+pub const MAX_SLEEP_MS: u32 = u32::MAX / TIMER_TICKS_PER_MS;
+
+/// Halts until one of `pins` is pending (left pending for the caller) or about `timeout_ms`
+/// (at most [`MAX_SLEEP_MS`]) pass, on one timer: an idle guest exits to the VMM once per
+/// wait, not once per millisecond. Returns whether a pin is pending.
+pub fn wait_any(pins: &[u32], timeout_ms: u32) -> bool {
+    let pending = || pins.iter().any(|&pin| idt::peek_pending(pin));
+    if pending() {
+        return true;
+    }
+    let ms = timeout_ms.clamp(1, MAX_SLEEP_MS);
+    idt::take_pending(TIMER_BIT);
+    mmio_write32(LAPIC_LVT_TIMER, u32::from(TIMER_VECTOR));
+    mmio_write32(LAPIC_TIMER_INITIAL, ms * TIMER_TICKS_PER_MS);
+    for _ in 0..MAX_WAKEUPS_PER_MS.saturating_mul(ms) {
+        halt_with_interrupts();
+        if pending() {
+            mmio_write32(LAPIC_TIMER_INITIAL, 0);
+            return true;
+        }
+        if idt::take_pending(TIMER_BIT) {
+            break;
+        }
+    }
+    pending()
+}
+
 /// Sleeps about `ms` milliseconds (timer ticks).
 pub fn sleep_ms(ms: u32) {
     for _ in 0..ms {
