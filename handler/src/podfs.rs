@@ -41,6 +41,26 @@ fn open_dir(dir: &Path) -> std::io::Result<OwnedFd> {
     .map_err(|e| with_context(e, format!("{}: {e}", dir.display())))
 }
 
+/// How often a lookup is tried again when `openat2` answers EAGAIN.
+const EAGAIN_RETRIES: usize = 64;
+
+/// `openat2`, tried again on EAGAIN: with `RESOLVE_BENEATH` or `RESOLVE_IN_ROOT` the kernel
+/// answers EAGAIN when a mount or rename anywhere on the host raced the walk (it cannot then
+/// vouch that `..` stayed inside), and asks the caller to retry (openat2(2)). A node starting
+/// many pods mounts all the time: a hundred pods started at once made one lookup fail, and
+/// that VMI's launcher went without its notify pipe.
+fn openat2_retrying(dir: &OwnedFd, path: &Path, how: OpenHow) -> nix::Result<OwnedFd> {
+    let mut result = openat2(dir, path, how);
+    for _ in 0..EAGAIN_RETRIES {
+        if !matches!(result, Err(nix::errno::Errno::EAGAIN)) {
+            break;
+        }
+        std::thread::yield_now();
+        result = openat2(dir, path, how);
+    }
+    result
+}
+
 fn open_with(
     base: &Path,
     path: &Path,
@@ -56,7 +76,7 @@ fn open_with(
     if flags.contains(OFlag::O_CREAT) {
         how = how.mode(Mode::from_bits_truncate(0o600));
     }
-    openat2(&dir, &inner, how).map_err(|e| {
+    openat2_retrying(&dir, &inner, how).map_err(|e| {
         let what = match e {
             nix::errno::Errno::ELOOP => "a symlink on the way",
             nix::errno::Errno::EXDEV => "it leads out of its directory",
@@ -204,6 +224,60 @@ pub(crate) fn peer_pid_of(stream: &std::os::unix::net::UnixStream) -> std::io::R
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// A walk through `..` (here `var/run` → `../run`, as in many images) while the host
+    /// mounts and unmounts all the time, as a node starting a hundred pods does: the kernel
+    /// answers some walks EAGAIN; every lookup must still succeed. (Without the retries
+    /// this failed within a few thousand lookups on the 2-core build machine.)
+    #[test]
+    fn lookups_survive_a_host_busy_mounting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("run/kubevirt")).expect("mkdir");
+        std::fs::create_dir_all(root.join("var")).expect("mkdir");
+        std::os::unix::fs::symlink("../run", root.join("var/run")).expect("symlink");
+        std::fs::write(root.join("run/kubevirt/x"), b"pod").expect("write");
+        let target = dir.path().join("mnt");
+        std::fs::create_dir(&target).expect("mkdir");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mounter = std::thread::spawn({
+            let (stop, target) = (stop.clone(), target.clone());
+            move || {
+                let mut mounts = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    nix::mount::mount(
+                        Some("tmpfs"),
+                        &target,
+                        Some("tmpfs"),
+                        nix::mount::MsFlags::empty(),
+                        None::<&str>,
+                    )
+                    .expect("mount a tmpfs (the tests run as root)");
+                    nix::mount::umount(&target).expect("umount");
+                    mounts += 1;
+                }
+                mounts
+            }
+        });
+        let started = std::time::Instant::now();
+        let mut lookups = 0u32;
+        let failure = loop {
+            if lookups >= 20_000 || started.elapsed() > std::time::Duration::from_secs(10) {
+                break None;
+            }
+            lookups += 1;
+            if let Err(e) = open_in_root(&root, Path::new("var/run/kubevirt/x"), OFlag::O_RDONLY) {
+                break Some(e);
+            }
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mounts = mounter.join().expect("the mounter");
+        assert!(
+            failure.is_none(),
+            "lookup {lookups} failed ({mounts} mounts): {failure:?}"
+        );
+        assert!(mounts > 100, "the host hardly mounted: {mounts}");
+    }
 
     #[test]
     fn beneath_refuses_links_and_escapes() {

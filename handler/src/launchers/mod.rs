@@ -194,9 +194,15 @@ impl Launchers {
                 )
             }) {
                 Ok(p) => Some(p),
+                // Without its pipe the launcher's events never arrive and the VMI would
+                // wait for the next periodic sync (minutes): fail the connection, as
+                // KubeVirt's handler fails the sync, so that it is retried soon.
                 Err(e) => {
                     tracing::warn!(key, pid, error = %e, "cannot place the notify pipe in the pod");
-                    None
+                    return Err(CmdError::Connect {
+                        path: socket.to_path_buf(),
+                        reason: format!("cannot place the notify pipe in the pod: {e}"),
+                    });
                 }
             },
         };

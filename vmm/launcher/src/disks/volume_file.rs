@@ -80,7 +80,23 @@ fn open_path(dir: &OwnedFd, name: &Path, resolve: ResolveFlag) -> nix::Result<Ow
     let how = OpenHow::new()
         .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
         .resolve(resolve);
-    openat2(dir, name, how)
+    openat2_retrying(dir, name, how)
+}
+
+/// `openat2`, tried again (64 times at most) on EAGAIN: with `RESOLVE_BENEATH` the kernel
+/// answers EAGAIN when a mount or rename anywhere on the host raced the walk and asks the
+/// caller to retry (openat2(2)); a node starting many pods mounts all the time. (The
+/// handler's `podfs` does the same for its lookups.)
+fn openat2_retrying(dir: &OwnedFd, name: &Path, how: OpenHow) -> nix::Result<OwnedFd> {
+    let mut result = openat2(dir, name, how);
+    for _ in 0..64 {
+        if !matches!(result, Err(Errno::EAGAIN)) {
+            break;
+        }
+        std::thread::yield_now();
+        result = openat2(dir, name, how);
+    }
+    result
 }
 
 fn check_kind(fd: &OwnedFd, kind: Kind) -> std::io::Result<()> {
@@ -126,7 +142,7 @@ pub(crate) fn open_or_create(dir: &Path, name: &Path, size: u64) -> std::io::Res
             .flags(OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_CLOEXEC)
             .mode(Mode::from_bits_truncate(0o666))
             .resolve(IN_VOLUME);
-        match openat2(&dir_fd, name, how) {
+        match openat2_retrying(&dir_fd, name, how) {
             Ok(fd) => {
                 let file = std::fs::File::from(fd);
                 file.set_len(size)?;
