@@ -53,30 +53,20 @@ NAMESPACE=default
 TIMEOUT=300
 STATE=/var/lib/kubevirt-rs-cluster
 
+# shellcheck source=scripts/kubevirt-up.sh
+source scripts/kubevirt-up.sh
+
 # ---- the images ----------------------------------------------------------------------------
 log "step 1/6: images (bash images/build.sh --profile $PROFILE: static, stripped programs; see above for how long)"
-CARGO_INCREMENTAL=0 bash images/build.sh --profile "$PROFILE" --out "$IMAGES_DIR" >&2 ||
-    die "images/build.sh failed"
+kubevirt_images
 
 # ---- the node ------------------------------------------------------------------------------
-brought_up=0
 if bash scripts/cluster.sh status >/dev/null 2>&1; then
     log "step 2/6: the node is already up: using it (it stays up afterwards)"
 else
-    brought_up=1
     log "step 2/6: the node (scripts/cluster.sh up; the first run builds the Go binaries)"
 fi
-environment="$(KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE="$IMAGES_DIR/pause.tar" bash scripts/cluster.sh up)" ||
-    die "scripts/cluster.sh up failed"
-KUBECONFIG_PATH="$(sed -n 's/^KUBECONFIG=//p' <<<"$environment")"
-KUBECTL="$(sed -n 's/^KUBECTL=//p' <<<"$environment")"
-CTR="$(dirname "$KUBECTL")/ctr"
-kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" --cache-dir "$STATE/kubectl-cache" "$@"; }
-
-deployed_before=0
-if kubectl -n kubevirt get daemonset virt-handler >/dev/null 2>&1; then
-    deployed_before=1
-fi
+kubevirt_node
 
 cleanup() {
     local rc=$?
@@ -100,45 +90,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "step 3/6: ctr images import (${IMAGES[*]}), kubectl apply -f images/deploy/"
-for image in "${IMAGES[@]}"; do
-    "$CTR" --address "$STATE/containerd.sock" --namespace k8s.io \
-        images import --snapshotter overlayfs "$IMAGES_DIR/$image.tar" >/dev/null 2>&1 ||
-        die "importing $IMAGES_DIR/$image.tar into the node's containerd failed"
-done
-
 # ---- KubeVirt (ours) -----------------------------------------------------------------------
-kubectl apply -f images/deploy/ >&2
-# The KubeVirt CR once its CRD is served (kubectl cannot map it in the same apply).
-kubectl wait crd/kubevirts.kubevirt.io --for condition=established --timeout=60s >/dev/null
-kubectl apply -f images/deploy/cr/ >&2
-if ((deployed_before)); then
-    # Pods of images that were there before the import: start them on the new ones.
-    kubectl -n kubevirt rollout restart deployment/virt-controller deployment/virt-api \
-        daemonset/virt-handler >&2
-fi
-kubectl -n kubevirt rollout status deployment/virt-controller --timeout="${TIMEOUT}s" >&2 ||
-    die "virt-controller did not become available"
-kubectl -n kubevirt rollout status daemonset/virt-handler --timeout="${TIMEOUT}s" >&2 ||
-    die "virt-handler did not become ready"
-# virt-api's webhooks (failurePolicy Fail) refuse every VM and VMI until a replica is ready
-# and reachable through its Service: wait for the Deployment, then for a server-side dry run
-# of the example VM to pass the webhooks.
-kubectl -n kubevirt rollout status deployment/virt-api --timeout="${TIMEOUT}s" >&2 ||
-    die "virt-api did not become available"
-kubectl -n kubevirt wait deployment/virt-api --for=condition=Available --timeout="${TIMEOUT}s" \
-    >/dev/null || die "virt-api did not become available"
-deadline=$((SECONDS + TIMEOUT))
-until kubectl apply --dry-run=server -f images/examples/vm-testguest.yaml >/dev/null 2>&1; do
-    ((SECONDS < deadline)) ||
-        die "virt-api's webhooks never answered: $(kubectl apply --dry-run=server -f images/examples/vm-testguest.yaml 2>&1)"
-    sleep 1
-done
-kubectl -n kubevirt wait kv/kubevirt --for=jsonpath='{.status.phase}'=Deployed \
-    --timeout="${TIMEOUT}s" >/dev/null || die "the KubeVirt CR never reached phase Deployed"
-kubectl -n kubevirt get kv >&2
-kubectl wait node --all --for=jsonpath='{.metadata.labels.kubevirt\.io/schedulable}'=true \
-    --timeout="${TIMEOUT}s" >/dev/null || die "the node was never labelled kubevirt.io/schedulable=true"
+log "step 3/6: ctr images import (${IMAGES[*]}), kubectl apply -f images/deploy/"
+kubevirt_deploy
 log "virt-controller, virt-api and virt-handler are running; the node is schedulable:"
 kubectl get node -o custom-columns='NODE:.metadata.name,KVM:.status.allocatable.devices\.kubevirt\.io/kvm,TUN:.status.allocatable.devices\.kubevirt\.io/tun,VHOST-NET:.status.allocatable.devices\.kubevirt\.io/vhost-net' >&2
 
