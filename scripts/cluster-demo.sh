@@ -27,34 +27,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STARTED_AT="$(date +%s%N)"
-log() {
-    local now elapsed
-    now="$(date +%s%N)"
-    elapsed=$(((now - STARTED_AT) / 1000000))
-    printf 'cluster-demo [%4d.%01ds] %s\n' $((elapsed / 1000)) $((elapsed % 1000 / 100)) "$*" >&2
-}
-die() {
-    log "error: $*"
-    exit 1
-}
-
-[[ "$(id -u)" == 0 ]] || die "must run as root (the cluster's daemons, containerd, the kubelet)"
-KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
-PROFILE="${PROFILE:-release}"
-case "$PROFILE" in
-    release) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/images}" ;;
-    dev) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/e2e-images}" ;;
-    *) die "PROFILE is release or dev, not $PROFILE" ;;
-esac
-IMAGES=(virt-controller virt-api virt-handler virt-launcher test-guest-kernel test-disk)
-VM=testguest
-NAMESPACE=default
-TIMEOUT=300
-STATE=/var/lib/kubevirt-rs-cluster
-
+LOG_NAME=cluster-demo
 # shellcheck source=scripts/kubevirt-up.sh
 source scripts/kubevirt-up.sh
+VM=testguest
+NAMESPACE=default
 
 # ---- the images ----------------------------------------------------------------------------
 log "step 1/6: images (bash images/build.sh --profile $PROFILE: static, stripped programs; see above for how long)"

@@ -27,19 +27,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STARTED_AT="$(date +%s%N)"
-log() {
-    local now elapsed
-    now="$(date +%s%N)"
-    elapsed=$(((now - STARTED_AT) / 1000000))
-    printf 'density [%4d.%01ds] %s\n' $((elapsed / 1000)) $((elapsed % 1000 / 100)) "$*" >&2
-}
-die() {
-    log "error: $*"
-    exit 1
-}
+LOG_NAME=density
+# shellcheck source=scripts/kubevirt-up.sh
+source scripts/kubevirt-up.sh
 
-[[ "$(id -u)" == 0 ]] || die "must run as root (the cluster's daemons; /proc of the pods)"
 COUNT=""
 SHAPE=density
 while (($#)); do
@@ -60,20 +51,7 @@ while (($#)); do
     esac
 done
 [[ "$SHAPE" == kubevirt || "$SHAPE" == density ]] || die "--shape is kubevirt or density, not $SHAPE"
-KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
-PROFILE="${PROFILE:-release}"
-case "$PROFILE" in
-    release) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/images}" ;;
-    dev) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/e2e-images}" ;;
-    *) die "PROFILE is release or dev, not $PROFILE" ;;
-esac
-IMAGES=(virt-controller virt-api virt-handler virt-launcher test-guest-kernel test-disk)
-TIMEOUT=300
-STATE=/var/lib/kubevirt-rs-cluster
 DENSITY_RATIO=100
-
-# shellcheck source=scripts/kubevirt-up.sh
-source scripts/kubevirt-up.sh
 
 log "images (images/build.sh --profile $PROFILE)"
 kubevirt_images

@@ -1,6 +1,8 @@
-# Sourced by scripts/cluster-demo.sh and scripts/density.sh: this project's KubeVirt on the
-# test cluster, in three steps the caller logs and orders (it defines `log` and `die` and sets
-# PROFILE, IMAGES_DIR, IMAGES, TIMEOUT and STATE first):
+# Sourced by scripts/cluster-demo.sh and scripts/density.sh (after `cd` to the repository,
+# with LOG_NAME set): `log` and `die` (stderr, with the elapsed time), the checks and settings
+# both share (root; PROFILE and IMAGES_DIR as images/build.sh takes them, KEEP_CLUSTER, IMAGES,
+# TIMEOUT, STATE), and this project's KubeVirt on the test cluster in three steps the caller
+# logs and orders:
 #
 #   kubevirt_images   images/build.sh --profile $PROFILE --out $IMAGES_DIR
 #   kubevirt_node     scripts/cluster.sh up (reused if up); sets KUBECONFIG_PATH, KUBECTL, CTR,
@@ -9,6 +11,30 @@
 #   kubevirt_deploy   imports $IMAGES into the node's containerd, applies images/deploy/ and
 #                     the KubeVirt CR, waits for the three components, virt-api's webhooks,
 #                     the CR's phase Deployed and the node's kubevirt.io/schedulable label
+
+STARTED_AT="$(date +%s%N)"
+log() {
+    local now elapsed
+    now="$(date +%s%N)"
+    elapsed=$(((now - STARTED_AT) / 1000000))
+    printf '%s [%4d.%01ds] %s\n' "$LOG_NAME" $((elapsed / 1000)) $((elapsed % 1000 / 100)) "$*" >&2
+}
+die() {
+    log "error: $*"
+    exit 1
+}
+
+[[ "$(id -u)" == 0 ]] || die "must run as root (the cluster's daemons, containerd, the kubelet)"
+KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
+PROFILE="${PROFILE:-release}"
+case "$PROFILE" in
+    release) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/images}" ;;
+    dev) IMAGES_DIR="${IMAGES_DIR:-${CARGO_TARGET_DIR:-target}/e2e-images}" ;;
+    *) die "PROFILE is release or dev, not $PROFILE" ;;
+esac
+IMAGES=(virt-controller virt-api virt-handler virt-launcher test-guest-kernel test-disk)
+TIMEOUT=300
+STATE=/var/lib/kubevirt-rs-cluster
 
 kubevirt_images() {
     CARGO_INCREMENTAL=0 bash images/build.sh --profile "$PROFILE" --out "$IMAGES_DIR" >&2 ||
