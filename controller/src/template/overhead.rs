@@ -78,10 +78,11 @@ pub(crate) fn memory_overhead(
 
 /// What this project's launcher needs beside the guest's RAM: the fixed part, per vCPU, per
 /// disk and per interface, and page tables for the guest's memory: 1/256 of it, the host's
-/// page tables of the mapping (8 bytes per 4 KiB page) and KVM's own (as many again). Exec
-/// probes and `reservedOverhead.addedOverhead` add what they add in KubeVirt's model; nothing
-/// else there (QEMU, libvirt, video RAM, VFIO, SEV, swtpm) exists in this launcher or is
-/// admitted by it.
+/// page tables of the mapping (8 bytes per 4 KiB page) and KVM's own (as many again). An
+/// exec probe adds 10 MiB (its process; KubeVirt adds 100 MiB more once, for its Go
+/// `virt-probe`) and `reservedOverhead.addedOverhead` its value; nothing else of KubeVirt's
+/// model (QEMU, libvirt, video RAM, VFIO, SEV, swtpm) exists in this launcher or is admitted
+/// by it.
 fn launcher_overhead(vmi: &VirtualMachineInstance) -> Result<Qty, TemplateError> {
     let domain = &vmi.spec.domain;
     let guest = super::guest_memory_bytes(vmi)?;
@@ -109,7 +110,7 @@ fn launcher_overhead(vmi: &VirtualMachineInstance) -> Result<Qty, TemplateError>
 fn kubevirt_overhead(vmi: &VirtualMachineInstance, arch: &str) -> Result<Qty, TemplateError> {
     /// RSS estimates of the processes in the compute container, in MiB: virt-launcher-monitor 25,
     /// virt-launcher 100, virtlogd 25, virtqemud 40, qemu 30 (`QemuOverhead` at v1.9.0).
-    pub(crate) const FIXED_OVERHEAD_MIB: u64 = 25 + 100 + 25 + 40 + 30;
+    const FIXED_OVERHEAD_MIB: u64 = 25 + 100 + 25 + 40 + 30;
 
     let domain = &vmi.spec.domain;
     let mut overhead = Qty::ZERO;
