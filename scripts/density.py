@@ -14,6 +14,7 @@ Only the Python standard library: the API is spoken over HTTPS with the cluster'
 import argparse
 import http.client
 import json
+import math
 import os
 import re
 import ssl
@@ -308,10 +309,11 @@ class Sampler(threading.Thread):
 
 
 def percentile(values, fraction):
+    """Nearest-rank percentile: the smallest value with `fraction` of the values at or below."""
     if not values:
         return float("nan")
     ordered = sorted(values)
-    index = max(0, min(len(ordered) - 1, int(round(fraction * len(ordered) + 0.5)) - 1))
+    index = max(0, min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1))
     return ordered[index]
 
 
