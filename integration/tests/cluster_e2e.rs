@@ -1352,19 +1352,48 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
     }
 
     let vmis = vms.vmis();
-    wait_for_within(
-        "every VMI of the burst Running",
-        Duration::from_secs(300),
-        || {
-            let vmis = vmis.clone();
-            async move {
-                let list = vmis.list(&ListParams::default()).await.ok()?.items;
-                (list.len() == BURST && list.iter().all(|v| v.phase() == Phase::Running))
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let list = vmis.list(&ListParams::default()).await.map(|l| l.items);
+        if list
+            .as_ref()
+            .is_ok_and(|l| l.len() == BURST && l.iter().all(|v| v.phase() == Phase::Running))
+        {
+            break;
+        }
+        if Instant::now() >= deadline {
+            // What the node and KubeVirt's own pods looked like: the one CI failure of this
+            // test left no trace of why no handler came back.
+            let show = |args: &[&str]| {
+                cluster
+                    .kubectl_output(args)
+                    .unwrap_or_else(|e| format!("kubectl {args:?}: {e:#}"))
+            };
+            panic!(
+                "timed out (300 s) waiting for every VMI of the burst Running; phases: {:?}\n\
+                 pods:\n{}\nkubevirt events:\n{}\nnode conditions:\n{}",
+                list.map(|l| l
+                    .iter()
+                    .map(|v| (v.metadata.name.clone(), v.phase()))
+                    .collect::<Vec<_>>()),
+                show(&["get", "pods", "-A", "-o", "wide"]),
+                show(&[
+                    "-n",
+                    KUBEVIRT_NAMESPACE,
+                    "get",
+                    "events",
+                    "--sort-by=.lastTimestamp"
+                ]),
+                show(&[
+                    "get",
+                    "nodes",
+                    "-o",
+                    "jsonpath={.items[0].status.conditions}"
+                ]),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     eprintln!(
         "{BURST} VMIs Running {:?} after the first create",
         started.elapsed()
