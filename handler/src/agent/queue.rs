@@ -93,7 +93,8 @@ impl WorkQueue {
         self.lock().failures.get(key).copied().unwrap_or(0)
     }
 
-    /// Waits for the next key; `None` once the queue is shut down and empty.
+    /// Waits for the next key; `None` once the queue is shut down (keys still queued are
+    /// dropped).
     pub async fn get(&self) -> Option<String> {
         loop {
             // Register interest before looking, so an add between the look and the
@@ -101,13 +102,17 @@ impl WorkQueue {
             let notified = self.ready.notified();
             {
                 let mut s = self.lock();
+                // Shut down: queued keys are left to the next handler, which lists every
+                // launcher and VMI again. Draining them could keep a stopping handler busy
+                // for minutes under a burst (each key a launcher sync), and the DaemonSet
+                // starts the next handler only once this one is gone.
+                if s.shut_down {
+                    return None;
+                }
                 if let Some(key) = s.queue.pop_front() {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
                     return Some(key);
-                }
-                if s.shut_down {
-                    return None;
                 }
             }
             notified.await;
@@ -213,5 +218,12 @@ mod tests {
             .expect("worker released")
             .expect("task");
         assert_eq!(r, None);
+
+        // Keys still queued when the queue shuts down are not handed out.
+        let q = WorkQueue::new();
+        q.add("b");
+        q.add("c");
+        q.shut_down();
+        assert_eq!(q.get().await, None);
     }
 }
