@@ -1223,8 +1223,10 @@ async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
 /// Issue 29's robustness scenario: a burst of 20 VMIs (the test disk, masquerade, 64Mi, 50m
 /// CPU so that 20 fit two cores) created 100 ms apart while virt-handler's pod is deleted
 /// (after the 5th) and the controller's leader (after the 10th): every VMI reaches Running
-/// exactly once (never another phase after it, never Failed), with one launcher pod ever and
-/// one launcher process; deleting them all leaves no pod or launcher process behind.
+/// exactly once (never another phase after it, never Failed), with one launcher pod that ran
+/// (another only where the kubelet rejected one at admission: the handler labels its node
+/// unschedulable while it restarts) and one launcher process; deleting them all leaves no pod
+/// or launcher process behind.
 ///
 /// Not in CI yet: in its first full CI run no handler came back within 300 s (and the tests
 /// after it found no handler and no virt-api); three runs on a fresh cluster since passed.
@@ -1240,8 +1242,10 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
 
     // Every phase each VMI showed, and every launcher pod UID seen for it.
     let phases: Arc<Mutex<BTreeMap<String, Vec<Phase>>>> = Arc::default();
-    let pods_seen: Arc<Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>> =
-        Arc::default();
+    // Per VMI, its launcher pods by UID: (a container of it ran, the kubelet rejected it for
+    // the node's labels).
+    let pods_seen: Arc<Mutex<BTreeMap<String, BTreeMap<String, (bool, bool)>>>> =
+        Default::default();
     let (vmi_watch, pod_watch) = {
         let (phases, pods_seen) = (phases.clone(), pods_seen.clone());
         let (vmis, pods) = (vms.vmis(), vms.pods());
@@ -1289,12 +1293,23 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
                             .find(|o| o.kind == "VirtualMachineInstance")
                             .map(|o| o.name.clone())
                             .unwrap_or_default();
-                        pods_seen
-                            .lock()
-                            .unwrap()
+                        let status = pod.status.clone().unwrap_or_default();
+                        let ran = status.container_statuses.iter().flatten().any(|c| {
+                            [c.state.as_ref(), c.last_state.as_ref()]
+                                .into_iter()
+                                .flatten()
+                                .any(|s| s.running.is_some() || s.terminated.is_some())
+                        });
+                        let rejected = status.phase.as_deref() == Some("Failed")
+                            && status.reason.as_deref() == Some("NodeAffinity");
+                        let mut seen = pods_seen.lock().unwrap();
+                        let entry = seen
                             .entry(owner)
                             .or_default()
-                            .insert(pod.metadata.uid.clone().unwrap_or_default());
+                            .entry(pod.metadata.uid.clone().unwrap_or_default())
+                            .or_default();
+                        entry.0 |= ran;
+                        entry.1 |= rejected;
                     }
                     _ => {}
                 }
@@ -1414,10 +1429,18 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
                 "{name}: Running once and nothing after it: {history:?}"
             );
             assert!(!history.contains(&Phase::Failed), "{name}: {history:?}");
+            // One launcher pod ran; any other was rejected by the kubelet before it started
+            // (the handler labels the node unschedulable while it restarts; the controller
+            // then schedules a new pod, see controller::vmi::decide).
+            let pods = pods_seen.get(&name).cloned().unwrap_or_default();
             assert_eq!(
-                pods_seen.get(&name).map(|p| p.len()),
-                Some(1),
-                "{name}: one launcher pod ever: {pods_seen:?}"
+                pods.values().filter(|(ran, _)| *ran).count(),
+                1,
+                "{name}: one launcher pod ran: {pods_seen:?}"
+            );
+            assert!(
+                pods.values().all(|(ran, rejected)| *ran != *rejected),
+                "{name}: every other pod was rejected by the kubelet: {pods_seen:?}"
             );
             let uid = vmi.metadata.uid.as_deref().unwrap();
             assert_eq!(

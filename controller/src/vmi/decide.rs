@@ -27,6 +27,9 @@ pub struct PodView {
     pub unschedulable: Option<(String, String)>,
     /// Why the pod failed, from its status.
     pub failure: Option<String>,
+    /// The kubelet refused the pod at admission because the node's labels no longer match
+    /// its node selector (`status.reason: NodeAffinity`), and none of its containers ever ran.
+    pub rejected_by_node_labels: bool,
     /// Status (`True`/`False`) of the pod condition behind the readiness gate.
     pub unpaused_condition: Option<String>,
     /// The pod's `Ready` condition: status, reason, message.
@@ -71,6 +74,16 @@ impl PodView {
                     c.message.clone().unwrap_or_default(),
                 )
             });
+        let never_ran = statuses.iter().all(|c| {
+            c.state
+                .as_ref()
+                .is_none_or(|s| s.running.is_none() && s.terminated.is_none())
+                && c.last_state
+                    .as_ref()
+                    .is_none_or(|s| s.running.is_none() && s.terminated.is_none())
+        });
+        let rejected_by_node_labels =
+            phase == "Failed" && status.reason.as_deref() == Some("NodeAffinity") && never_ran;
         let failure = match (&status.reason, &status.message) {
             (Some(r), Some(m)) => Some(format!("{r}: {m}")),
             (Some(r), None) => Some(r.clone()),
@@ -127,6 +140,7 @@ impl PodView {
             compute_terminated,
             unschedulable,
             failure,
+            rejected_by_node_labels,
             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
     }
@@ -201,9 +215,11 @@ pub fn ready_condition(phase: Phase, pod: Option<&PodView>) -> (String, String, 
     }
 }
 
-/// The pod that counts: the newest one controlled by the VMI.
+/// The pod that counts: the newest one controlled by the VMI, but never a pod the kubelet
+/// rejected while another exists (its replacement may be as old, to the second).
 pub(crate) fn current_pod(pods: &[PodView]) -> Option<&PodView> {
-    pods.iter().max_by_key(|p| p.created)
+    pods.iter()
+        .max_by_key(|p| (!p.rejected_by_node_labels, p.created))
 }
 
 /// Decides one reconcile. `pods` are the pods controlled by the VMI (including one created but
@@ -279,6 +295,15 @@ pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: b
                         plan.phase = Some(Phase::Scheduled);
                         plan.node_name = Some(node);
                     }
+                } else if pod.rejected_by_node_labels && !deleting {
+                    // The node's labels changed between the scheduler's choice and the kubelet's
+                    // admission (virt-handler labels its node unschedulable while it restarts):
+                    // nothing ran, so a new pod is scheduled again. KubeVirt v1.9.0 fails the
+                    // VMI here; a handler restart during a burst would fail VMIs that were
+                    // never started. The scheduler places the new pod only where the labels
+                    // match, so this repeats only as often as the labels really flip.
+                    plan.create_pod = true;
+                    plan.delete_pods.push(pod.name.clone());
                 } else if pod.is_down_or_going_down() {
                     plan.phase = Some(Phase::Failed);
                     let detail = pod.failure.clone().unwrap_or_else(|| {
@@ -588,6 +613,65 @@ mod tests {
             "{}",
             failure.message
         );
+    }
+
+    /// A pod as the kubelet leaves it when the node's labels changed after scheduling.
+    fn rejected_by_kubelet(reason: &str, ran: bool) -> PodView {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "virt-launcher-v-rejct", "uid": "r",
+                         "creationTimestamp": "2026-12-05T06:47:29Z"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "compute"}]},
+            "status": {"phase": "Failed", "reason": reason,
+                       "message": "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"}
+        }))
+        .unwrap();
+        if ran {
+            pod.status.as_mut().unwrap().container_statuses = Some(vec![
+                serde_json::from_value(serde_json::json!({
+                    "name": "compute", "ready": false, "restartCount": 0, "image": "i",
+                    "imageID": "", "state": {"terminated": {"exitCode": 0}}
+                }))
+                .unwrap(),
+            ]);
+        }
+        PodView::from_pod(&pod)
+    }
+
+    #[test]
+    fn a_pod_the_kubelet_rejected_for_node_labels_is_replaced_not_failed() {
+        let rejected = rejected_by_kubelet("NodeAffinity", false);
+        assert!(rejected.rejected_by_node_labels);
+        let plan = decide(
+            &vmi("Scheduling", false, &[FG]),
+            std::slice::from_ref(&rejected),
+            true,
+        );
+        assert!(plan.create_pod, "{plan:?}");
+        assert_eq!(plan.delete_pods, vec!["virt-launcher-v-rejct".to_string()]);
+        assert_eq!((plan.phase, plan.failure), (None, None));
+
+        // Its replacement, created in the same second, is the pod that counts.
+        let mut replacement = pod("Pending", false, None);
+        replacement.created = rejected.created;
+        for pods in [
+            vec![rejected.clone(), replacement.clone()],
+            vec![replacement.clone(), rejected.clone()],
+        ] {
+            assert_eq!(current_pod(&pods).unwrap().name, replacement.name);
+            let plan = decide(&vmi("Scheduling", false, &[FG]), &pods, true);
+            assert!(!plan.create_pod && plan.failure.is_none(), "{plan:?}");
+        }
+
+        // Any other failure, a pod whose containers ran, or a VMI being deleted: Failed.
+        for (pod, deleting) in [
+            (rejected_by_kubelet("OutOfcpu", false), false),
+            (rejected_by_kubelet("NodeAffinity", true), false),
+            (rejected.clone(), true),
+        ] {
+            let plan = decide(&vmi("Scheduling", deleting, &[FG]), &[pod], true);
+            assert!(!plan.create_pod, "{plan:?}");
+            assert_eq!(plan.phase, Some(Phase::Failed), "{plan:?}");
+        }
     }
 
     #[test]
