@@ -6,7 +6,7 @@
 #
 # Usage (as root):
 #   scripts/cluster.sh up [--owner-pid PID]   start (or reuse) the cluster; prints
-#                                            KUBECONFIG=<path> and KUBECTL=<path> on stdout
+#                                            KUBECONFIG=, KUBECTL= and VIRTCTL=<path> on stdout
 #   scripts/cluster.sh down                  remove everything `up` made
 #   scripts/cluster.sh status                what runs (exit 0: up and Ready, 1: partly, 3: down)
 #   scripts/cluster.sh restart-kubelet       stop the kubelet (SIGTERM) and start it again, as
@@ -14,7 +14,7 @@
 #
 # `up --owner-pid PID` ties the cluster to process PID (a test binary): once every owner has
 # exited, a watchdog takes the cluster down. A cluster brought up without an owner stays until
-# `down`. `up` on a healthy cluster only prints the two lines (and adds the owner, if the
+# `down`. `up` on a healthy cluster only prints those lines (and adds the owner, if the
 # cluster has owners); on a broken or half-started one it runs `down` first. A failed `up`
 # cleans up after itself.
 #
@@ -222,6 +222,7 @@ cmd_status() {
         if ((state == 0)); then
             echo "KUBECONFIG=$STATE/kubeconfig/admin.kubeconfig"
             echo "KUBECTL=$BIN/kubectl"
+            echo "VIRTCTL=$BIN/virtctl"
         fi
     fi
     return "$state"
@@ -452,7 +453,10 @@ prepare_host() {
 }
 
 # A throw-away CA, the apiserver's serving certificate, the apiserver's client certificate for
-# the kubelet, the service-account key, and one static token per component.
+# the kubelet, the service-account key, one static token per component, and the front proxy's
+# own CA and client certificate (the aggregation layer: the apiserver proxies
+# subresources.kubevirt.io to virt-api with that certificate and the X-Remote-* headers; a CA of
+# its own, as Kubernetes advises, so no other client certificate can assert those headers).
 write_pki_and_kubeconfigs() {
     log "certificates and kubeconfigs"
     local pki="$STATE/pki"
@@ -474,6 +478,17 @@ write_pki_and_kubeconfigs() {
         "extendedKeyUsage=serverAuth" "keyUsage=critical,digitalSignature")"
     sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
         "$(printf '%s\n' "extendedKeyUsage=clientAuth" "keyUsage=critical,digitalSignature")"
+    openssl ecparam -name prime256v1 -genkey -noout -out "$pki/front-proxy-ca.key" 2>/dev/null
+    openssl req -x509 -new -key "$pki/front-proxy-ca.key" -subj "/CN=kubevirt-rs-front-proxy-ca" \
+        -days 3650 -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+        -out "$pki/front-proxy-ca.crt" 2>/dev/null
+    openssl ecparam -name prime256v1 -genkey -noout -out "$pki/front-proxy-client.key" 2>/dev/null
+    openssl req -new -key "$pki/front-proxy-client.key" -subj "/CN=front-proxy-client" 2>/dev/null |
+        openssl x509 -req -CA "$pki/front-proxy-ca.crt" -CAkey "$pki/front-proxy-ca.key" -days 3650 \
+            -set_serial "0x$(openssl rand -hex 16)" -out "$pki/front-proxy-client.crt" \
+            -extfile <(printf '%s\n' "extendedKeyUsage=clientAuth" "keyUsage=critical,digitalSignature") \
+            2>/dev/null
     openssl ecparam -name prime256v1 -genkey -noout -out "$pki/service-account.key" 2>/dev/null
     openssl ec -in "$pki/service-account.key" -pubout -out "$pki/service-account.pub" 2>/dev/null
 
@@ -533,7 +548,15 @@ start_control_plane() {
         --service-account-issuer=https://kubernetes.default.svc.cluster.local \
         --service-account-key-file="$pki/service-account.pub" \
         --service-account-signing-key-file="$pki/service-account.key" \
-        --cert-dir="$pki/apiserver-generated" --profiling=false
+        --cert-dir="$pki/apiserver-generated" --profiling=false \
+        --requestheader-client-ca-file="$pki/front-proxy-ca.crt" \
+        --requestheader-allowed-names=front-proxy-client \
+        --requestheader-username-headers=X-Remote-User \
+        --requestheader-group-headers=X-Remote-Group \
+        --requestheader-extra-headers-prefix=X-Remote-Extra- \
+        --proxy-client-cert-file="$pki/front-proxy-client.crt" \
+        --proxy-client-key-file="$pki/front-proxy-client.key" \
+        --enable-aggregator-routing=true
     wait_for "kube-apiserver /readyz" kubectl_admin get --raw /readyz
 
     # No serving port for either: nothing scrapes or probes them, and no port can clash.
@@ -712,7 +735,11 @@ EOF
         echo "$wanted" >"$STATE/kubelet-sysctls/${setting//\//.}"
         masks+=("$STATE/kubelet-sysctls/${setting//\//.}" "/proc/sys/$setting")
     done
-    start_daemon kubelet env PATH=/usr/local/bin:/usr/bin:/bin \
+    # Under a supervisor that starts it again when it dies, as a node's service manager does
+    # (kubeadm's unit: Restart=always): the kubelet's device manager can panic when a device
+    # plugin deregisters while a pod is being admitted (a virt-handler restart in a burst;
+    # kubernetes/kubernetes#119560 and others), and a node whose kubelet stays dead is lost.
+    start_daemon kubelet bash "$SELF" __respawn kubelet -- env PATH=/usr/local/bin:/usr/bin:/bin \
         unshare --mount --propagation unchanged \
         bash "$SELF" __exec-with-masks "${masks[@]}" -- \
         "$BIN/kubelet" --config="$STATE/config/kubelet.yaml" \
@@ -777,6 +804,7 @@ add_owner() {
 print_environment() {
     echo "KUBECONFIG=$STATE/kubeconfig/admin.kubeconfig"
     echo "KUBECTL=$BIN/kubectl"
+    echo "VIRTCTL=$BIN/virtctl"
 }
 
 cmd_up() {
@@ -902,6 +930,29 @@ cmd_watch() {
     done
 }
 
+# Internal: `__respawn NAME -- COMMAND...` runs COMMAND and starts it again 2 s after it ends,
+# until SIGTERM (passed on to COMMAND, then waited for).
+cmd_respawn() {
+    local name="$1" child="" status stopping=0
+    shift 2
+    trap 'stopping=1; [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null' TERM INT
+    while true; do
+        "$@" &
+        child=$!
+        # `wait` returns early when a trapped signal arrives: wait until the child is gone.
+        while true; do
+            wait "$child"
+            status=$?
+            alive "$child" || break
+        done
+        ((stopping)) && exit 0
+        log "$name exited with status $status; starting it again in 2 s (as a service manager would)"
+        sleep 2 &
+        wait $! || true
+        ((stopping)) && exit 0
+    done
+}
+
 # Internal: `__exec-with-masks FILE TARGET ... -- COMMAND...` bind-mounts each FILE read-only
 # over TARGET (in the caller's private mount namespace) and execs COMMAND.
 cmd_exec_with_masks() {
@@ -923,6 +974,10 @@ down) cmd_down ;;
 status) cmd_status ;;
 restart-kubelet) cmd_restart_kubelet ;;
 __watch) cmd_watch ;;
+__respawn)
+    shift
+    cmd_respawn "$@"
+    ;;
 __exec-with-masks)
     shift
     cmd_exec_with_masks "$@"

@@ -3,7 +3,8 @@
 # scripts/cluster.sh: from the k8s.io/kubernetes Go module kube-apiserver,
 # kube-controller-manager, kube-scheduler, kube-proxy, kubelet and kubectl; etcd from
 # go.etcd.io/etcd/server/v3; containerd, containerd-shim-runc-v2 and ctr from
-# github.com/containerd/containerd/v2. No binary downloads: only the Go module proxy is used.
+# github.com/containerd/containerd/v2; virtctl from kubevirt.io/kubevirt (see build_virtctl). No
+# binary downloads: only the Go module proxy is used.
 #
 # Usage: integration/controlplane/build.sh
 #   stdout: one line, the directory holding all the binaries.
@@ -13,6 +14,7 @@
 #   KUBE_VERSION                 k8s.io/kubernetes release (default below)
 #   ETCD_VERSION                 go.etcd.io/etcd/server/v3 release (default below)
 #   CONTAINERD_VERSION           github.com/containerd/containerd/v2 release (default below)
+#   KUBEVIRT_VERSION             kubevirt.io/kubevirt release for virtctl (default below)
 #   KUBEVIRT_RS_CONTROLPLANE_CACHE  cache root
 #                                (default ${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-rs/controlplane)
 #   CONTROLPLANE_BUILD_JOBS      go build -p value (default 2: the dev machines are shared)
@@ -24,6 +26,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 # 2.3 is a containerd line recommended for Kubernetes 1.36 (its RELEASES.md), has CRI image
 # volumes (since 2.1), a configurable shim socket directory, and still supports cgroup v1.
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.3.7}"
+KUBEVIRT_VERSION="${KUBEVIRT_VERSION:-v1.9.0}"
 CACHE_ROOT="${KUBEVIRT_RS_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-rs/controlplane}"
 JOBS="${CONTROLPLANE_BUILD_JOBS:-2}"
 NICE="${CONTROLPLANE_NICE:-19}"
@@ -36,6 +39,13 @@ VERSION_DIR="$CACHE_ROOT/layout$LAYOUT-kubernetes-$KUBE_VERSION-etcd-$ETCD_VERSI
 BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/VERSIONS"
 STAMP_CONTENT="layout=$LAYOUT kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION containerd=$CONTAINERD_VERSION"
+# virtctl has a stamp of its own: adding it (or a new KubeVirt release) leaves the cached
+# Kubernetes, etcd and containerd binaries alone. Bump VIRTCTL_LAYOUT when main.go or the
+# stand-ins in integration/controlplane/virtctl change.
+VIRTCTL_LAYOUT=1
+VIRTCTL_STAMP="$BIN_DIR/VIRTCTL_VERSION"
+VIRTCTL_STAMP_CONTENT="virtctl-layout=$VIRTCTL_LAYOUT kubevirt=$KUBEVIRT_VERSION"
+VIRTCTL_SOURCE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/virtctl"
 # The k8s.io/kubernetes commands built (all with one `go build`, so shared packages compile once).
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
 
@@ -70,6 +80,13 @@ cached_binaries_match() {
     reports "ctr github.com/containerd/containerd/v2 $CONTAINERD_VERSION" \
         "$BIN_DIR/ctr" --version || return 1
     reports "  Version:  $CONTAINERD_VERSION" "$BIN_DIR/containerd-shim-runc-v2" -v || return 1
+}
+
+cached_virtctl_matches() {
+    [[ -f "$VIRTCTL_STAMP" && "$(cat "$VIRTCTL_STAMP")" == "$VIRTCTL_STAMP_CONTENT" ]] || return 1
+    local out
+    out="$("$BIN_DIR/virtctl" version --client 2>/dev/null)" || return 1
+    [[ "$out" == *"GitVersion:\"$KUBEVIRT_VERSION\""* ]]
 }
 
 gocmd() { nice -n "$NICE" go "$@"; }
@@ -202,6 +219,54 @@ build_containerd() {
     log "containerd $CONTAINERD_VERSION: done"
 }
 
+# virtctl, KubeVirt's command line, for the tests and the demo. kubevirt.io/kubevirt requires its
+# staging modules (kubevirt.io/api, kubevirt.io/client-go) at v0.0.0 and replaces them with
+# ./staging/...; they are published at the release's version, so the wrapper module redoes the
+# replaces against those (and copies the release's other replaces: pinned k8s.io modules).
+# integration/controlplane/virtctl/main.go is the root command without `template` and
+# `vmexport`, and two modules the proxy does not serve get build-time stand-ins (its README).
+build_virtctl() {
+    [[ "$KUBEVIRT_VERSION" =~ ^v1\.[0-9]+\.[0-9]+$ ]] ||
+        die "KUBEVIRT_VERSION must look like v1.Y.Z, got '$KUBEVIRT_VERSION'"
+    log "virtctl $KUBEVIRT_VERSION: fetching go.mod"
+    local gomod
+    gomod="$(gocmd mod download -json "kubevirt.io/kubevirt@$KUBEVIRT_VERSION" |
+        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [[ -f "$gomod" ]] || die "go mod download kubevirt.io/kubevirt@$KUBEVIRT_VERSION gave no go.mod"
+
+    local wrapper="$CACHE_ROOT/wrapper-virtctl-$KUBEVIRT_VERSION"
+    rm -rf "$wrapper"
+    mkdir -p "$wrapper"
+    cd "$wrapper"
+    cp "$VIRTCTL_SOURCE/main.go" .
+    gocmd mod init kubevirt-rs.invalid/controlplane/virtctl 2>/dev/null
+    local edits=(-require="kubevirt.io/kubevirt@$KUBEVIRT_VERSION") old new version
+    # `go mod edit -print` lines: "<old> => <new> [<version>]" (block) or "replace <old> => …".
+    while read -r old new version; do
+        if [[ "$new" == ./staging/* ]]; then
+            edits+=(-replace="$old=$old@$KUBEVIRT_VERSION")
+        elif [[ -n "$version" ]]; then
+            edits+=(-replace="$old=$new@$version")
+        fi
+    done < <(gocmd mod edit -print "$gomod" | awk '
+        $1 == "replace" && $3 == "=>" { print $2, $4, $5; next }
+        $2 == "=>" { print $1, $3, $4 }')
+    [[ " ${edits[*]} " == *" -replace=kubevirt.io/client-go=kubevirt.io/client-go@"* ]] ||
+        die "no staging replaces found in $gomod (layout changed?)"
+    local m
+    for m in virt-template-api virt-template-client-go; do
+        edits+=(-replace="kubevirt.io/$m=$VIRTCTL_SOURCE/unserved/$m")
+    done
+    gocmd mod edit "${edits[@]}"
+    local pkg=kubevirt.io/client-go/version
+    local ldflags="-s -w -X $pkg.gitVersion=$KUBEVIRT_VERSION -X $pkg.gitTreeState=clean"
+    ldflags+=" -X $pkg.gitCommit=module-$KUBEVIRT_VERSION -X $pkg.buildDate=$BUILD_DATE"
+    log "virtctl $KUBEVIRT_VERSION: resolving modules and compiling"
+    gocmd build -ldflags "$ldflags" -o "$BIN_DIR/virtctl" .
+    echo "$VIRTCTL_STAMP_CONTENT" >"$VIRTCTL_STAMP"
+    log "virtctl $KUBEVIRT_VERSION: done"
+}
+
 # Runs the builds given as function names side by side (each one is a `go build -p JOBS`; on
 # a machine with more cores they overlap, and the long links of one fill the idle cores of
 # another). Output goes to stderr as it comes; fails if any of them failed.
@@ -219,8 +284,8 @@ build_in_parallel() {
 }
 
 main() {
-    if cached_binaries_match; then
-        log "cached: $BIN_DIR ($STAMP_CONTENT)"
+    if cached_binaries_match && cached_virtctl_matches; then
+        log "cached: $BIN_DIR ($STAMP_CONTENT $VIRTCTL_STAMP_CONTENT)"
         echo "$BIN_DIR"
         return
     fi
@@ -231,20 +296,22 @@ main() {
     # Several test binaries (or CI and a developer) may ask at once: one builds, others wait.
     exec 9>"$CACHE_ROOT/.build.lock"
     flock 9
-    if cached_binaries_match; then
-        log "cached (built by a concurrent run): $BIN_DIR"
-        echo "$BIN_DIR"
-        return
-    fi
-
-    rm -rf "$VERSION_DIR"
-    mkdir -p "$BIN_DIR"
     BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    build_in_parallel build_kubernetes build_etcd build_containerd
-
-    echo "$STAMP_CONTENT" >"$STAMP"
-    cached_binaries_match || die "built binaries do not report the expected versions ($STAMP_CONTENT)"
-    log "built: $BIN_DIR ($STAMP_CONTENT)"
+    if cached_binaries_match; then
+        log "cached: $BIN_DIR ($STAMP_CONTENT)"
+    else
+        rm -rf "$VERSION_DIR"
+        mkdir -p "$BIN_DIR"
+        build_in_parallel build_kubernetes build_etcd build_containerd
+        echo "$STAMP_CONTENT" >"$STAMP"
+        cached_binaries_match ||
+            die "built binaries do not report the expected versions ($STAMP_CONTENT)"
+        log "built: $BIN_DIR ($STAMP_CONTENT)"
+    fi
+    if ! cached_virtctl_matches; then
+        (build_virtctl) || die "the virtctl build failed (see the messages above)"
+        cached_virtctl_matches || die "virtctl does not report $KUBEVIRT_VERSION"
+    fi
     echo "$BIN_DIR"
 }
 

@@ -59,6 +59,7 @@ pub fn script() -> PathBuf {
 pub struct Cluster {
     kubeconfig: PathBuf,
     kubectl: PathBuf,
+    virtctl: PathBuf,
     ctr: PathBuf,
     config: kube::Config,
 }
@@ -105,6 +106,7 @@ impl Cluster {
         };
         let kubeconfig = value("KUBECONFIG")?;
         let kubectl = value("KUBECTL")?;
+        let virtctl = value("VIRTCTL")?;
         let ctr = kubectl.with_file_name("ctr");
         let config = Kubeconfig::read_from(&kubeconfig)
             .with_context(|| format!("reading {}", kubeconfig.display()))?;
@@ -114,6 +116,7 @@ impl Cluster {
         Ok(Self {
             kubeconfig,
             kubectl,
+            virtctl,
             ctr,
             config,
         })
@@ -140,6 +143,11 @@ impl Cluster {
         &self.kubectl
     }
 
+    /// KubeVirt v1.9.0's virtctl (integration/controlplane/build.sh).
+    pub fn virtctl_path(&self) -> &Path {
+        &self.virtctl
+    }
+
     /// `kubectl --kubeconfig <admin kubeconfig>`, ready for arguments. Its discovery cache
     /// is kept in the cluster's state directory (not `~/.kube`), so it goes with the cluster.
     pub fn kubectl(&self) -> Command {
@@ -149,6 +157,14 @@ impl Cluster {
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
             .arg(Path::new(STATE_DIR).join("kubectl-cache"));
+        command
+    }
+
+    /// virtctl as the cluster's admin (`--kubeconfig`; a command may add `--token` to act as
+    /// someone else).
+    pub fn virtctl(&self) -> Command {
+        let mut command = Command::new(&self.virtctl);
+        command.arg("--kubeconfig").arg(&self.kubeconfig);
         command
     }
 

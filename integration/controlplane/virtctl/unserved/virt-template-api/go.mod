@@ -1,0 +1,5 @@
+module kubevirt.io/virt-template-api
+
+go 1.24
+
+require k8s.io/apimachinery v0.34.2
