@@ -153,6 +153,32 @@ fn ctrl_alt_del_still_resets_the_guest() {
     assert!(!capture.text().contains("POWEROFF"), "{}", capture.text());
 }
 
+/// A guest halted in its one-second wait when paused still sees Ctrl-Alt-Del after the
+/// resume (`virtctl pause`, `unpause`, `soft-reboot`): its timer and the keyboard's
+/// interrupt wake it again.
+#[test]
+fn a_guest_resumed_from_a_pause_in_its_halt_wait_still_sees_ctrl_alt_del() {
+    let (vm, capture) = start("checks=serial exit=halt wait=120", 1);
+    assert!(capture.wait_for("WAITING", BOOT), "{}", capture.text());
+    std::thread::sleep(Duration::from_millis(300));
+    vm.pause().expect("pause");
+    std::thread::sleep(Duration::from_millis(1500));
+    vm.resume().expect("resume");
+    std::thread::sleep(Duration::from_millis(2000));
+    vm.request_ctrl_alt_del().expect("Ctrl-Alt-Del");
+    assert_eq!(
+        vm.wait_timeout(BOOT),
+        Some(VmExit::Reset),
+        "{}",
+        capture.text()
+    );
+    assert!(
+        capture.text().contains("SHUTDOWN requested"),
+        "{}",
+        capture.text()
+    );
+}
+
 #[test]
 fn kill_stops_a_guest_that_never_ends() {
     let (vm, capture) = start("checks=serial exit=halt wait=600", 2);

@@ -123,7 +123,10 @@ fn config_space(options: &NetOptions) -> [u8; CONFIG_LEN] {
 
 /// The virtio-net device.
 pub struct Net {
-    tap: Arc<Tap>,
+    /// `None` once the device is closed: the tap's descriptor is let go with the VM (a VM
+    /// restarted on the same tap after a guest reboot opens it again; a single-queue tap
+    /// refuses a second opener with EBUSY).
+    tap: Option<Tap>,
     config: [u8; CONFIG_LEN],
     link_up: bool,
     features: u64,
@@ -164,7 +167,7 @@ impl Net {
             features |= feature_bit(VIRTIO_NET_F_MTU);
         }
         Net {
-            tap: Arc::new(tap),
+            tap: Some(tap),
             config: config_space(&options),
             link_up: options.link_up,
             features,
@@ -257,7 +260,12 @@ impl Net {
         if flags != 0 || gso != 0 {
             return Err(TxError::OffloadNotNegotiated { flags, gso });
         }
-        match self.tap.write_frame(&self.tx_buf) {
+        let Some(tap) = &self.tap else {
+            // Closed: the VM has ended, the frame goes nowhere.
+            self.counters.record(NetEvent::SendError);
+            return Ok(());
+        };
+        match tap.write_frame(&self.tx_buf) {
             Ok(()) => self.counters.record(NetEvent::Sent(
                 self.tx_buf.len().saturating_sub(VNET_HDR_LEN),
             )),
@@ -265,11 +273,7 @@ impl Net {
                 // The host side (link down, tap gone) is not the guest's
                 // fault; the frame is lost as on a real wire.
                 self.counters.record(NetEvent::SendError);
-                guest_error!(
-                    self.log,
-                    "virtio-net: tap {} write failed: {e}",
-                    self.tap.name()
-                );
+                guest_error!(self.log, "virtio-net: tap {} write failed: {e}", tap.name());
             }
         }
         Ok(())
@@ -340,7 +344,10 @@ impl VirtioDevice for Net {
         match index {
             // New receive buffers: a waiting frame may go now.
             RX_QUEUE => match (&mut self.rx, &self.tx) {
-                (Some(rx), _) => rx.receive(&self.tap),
+                (Some(rx), _) => match &self.tap {
+                    Some(tap) => rx.receive(tap),
+                    None => Ok(()),
+                },
                 // Activated with the link down: nothing to receive.
                 (None, Some(_)) => Ok(()),
                 (None, None) => Err(DeviceError::NotActivated),
@@ -353,14 +360,22 @@ impl VirtioDevice for Net {
     fn watched_fd(&self) -> Option<RawFd> {
         // A waiting frame means the guest must free a buffer first.
         let rx = self.rx.as_ref()?;
-        (rx.pending.is_none() && !rx.tap_failed).then(|| self.tap.as_fd().as_raw_fd())
+        let tap = self.tap.as_ref()?;
+        (rx.pending.is_none() && !rx.tap_failed).then(|| tap.as_fd().as_raw_fd())
     }
 
     fn process_fd(&mut self) -> Result<(), DeviceError> {
-        match &mut self.rx {
-            Some(rx) => rx.receive(&self.tap),
-            None => Err(DeviceError::NotActivated),
+        match (&mut self.rx, &self.tap) {
+            (Some(rx), Some(tap)) => rx.receive(tap),
+            (Some(_), None) => Ok(()),
+            (None, _) => Err(DeviceError::NotActivated),
         }
+    }
+
+    fn close(&mut self) {
+        self.rx = None;
+        self.tx = None;
+        self.tap = None;
     }
 }
 

@@ -513,3 +513,32 @@ fn a_broken_receive_ring_puts_the_device_in_needs_reset() {
         );
     });
 }
+
+/// A VM restarted after a guest reboot opens the same tap again while the old VM's handle
+/// still lives (the launcher keeps it until the new VM runs): closing the device lets go of
+/// the tap. Without that the second open fails with EBUSY (a single-queue tap has one
+/// opener), the restart fails and the VMI with it.
+#[test]
+fn a_closed_device_lets_go_of_its_tap() {
+    in_new_netns(|| {
+        create_tap("vt-close");
+        let options = || NetOptions {
+            mac: GUEST_MAC,
+            mtu: None,
+            link_up: true,
+        };
+        let mut first = Net::with_options("vt-close", options()).expect("the first open");
+        let busy = Net::with_options("vt-close", options()).err();
+        assert!(
+            busy.as_ref()
+                .is_some_and(|e| e.to_string().contains("busy")),
+            "a second opener of a live tap: {busy:?}"
+        );
+        first.close();
+        let second = Net::with_options("vt-close", options());
+        assert!(second.is_ok(), "after close: {:?}", second.err());
+        // The closed device serves nothing and fails nothing.
+        assert_eq!(first.watched_fd(), None);
+        assert!(first.process_fd().is_err());
+    });
+}
