@@ -5,7 +5,7 @@
 # logs and orders:
 #
 #   kubevirt_images   images/build.sh --profile $PROFILE --out $IMAGES_DIR
-#   kubevirt_node     scripts/cluster.sh up (reused if up); sets KUBECONFIG_PATH, KUBECTL, CTR,
+#   kubevirt_node     scripts/cluster.sh up (reused if up); sets KUBECONFIG_PATH, KUBECTL, VIRTCTL, CTR,
 #                     brought_up (1: this run brought the node up), deployed_before (1: the
 #                     components were deployed already) and defines `kubectl`
 #   kubevirt_deploy   imports $IMAGES into the node's containerd, applies images/deploy/ and
@@ -49,6 +49,7 @@ kubevirt_node() {
         die "scripts/cluster.sh up failed"
     KUBECONFIG_PATH="$(sed -n 's/^KUBECONFIG=//p' <<<"$environment")"
     KUBECTL="$(sed -n 's/^KUBECTL=//p' <<<"$environment")"
+    VIRTCTL="$(sed -n 's/^VIRTCTL=//p' <<<"$environment")"
     CTR="$(dirname "$KUBECTL")/ctr"
     deployed_before=0
     if kubectl -n kubevirt get daemonset virt-handler >/dev/null 2>&1; then
@@ -57,6 +58,7 @@ kubevirt_node() {
 }
 
 kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" --cache-dir "$STATE/kubectl-cache" "$@"; }
+virtctl() { "$VIRTCTL" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 
 kubevirt_deploy() {
     local image deadline

@@ -17,6 +17,7 @@
 //! - [`takeover`]: the debug trace of a VMI's way from `Scheduled` to `Running` written.
 //! - [`node`]: the node heartbeat (`kubevirt.io/schedulable`) and the node labels.
 //! - [`deviceplugins`]: the kubelet device plugins for `devices.kubevirt.io/{kvm,tun,vhost-net}`.
+//! - [`rest`]: the HTTPS endpoint virt-api forwards VMI subresources to (`pause`, `reset`, ...).
 //!
 //! The `virt-handler` command is the `virt-handler` crate (`handler/cli`); standalone mode
 //! (the same agent without Kubernetes) is the `handler-standalone` crate.
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod node;
 pub(crate) mod podfs;
 pub(crate) mod podside;
+pub mod rest;
 pub mod sync;
 pub mod takeover;
 pub mod vmis;

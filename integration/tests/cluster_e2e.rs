@@ -1220,6 +1220,354 @@ async fn a_killed_vm_fails_and_rerun_on_failure_starts_it_again() {
     vms.vmi_and_pods_gone("phoenix").await;
 }
 
+/// Runs virtctl with `args` (as the admin unless `args` names a `--token`): success, stdout
+/// and stderr.
+fn virtctl(cluster: &Cluster, args: &[&str]) -> (bool, String, String) {
+    let output = cluster
+        .virtctl()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running virtctl");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// KubeVirt v1.9.0's virtctl against virt-api through the API server's aggregation layer:
+/// `version` shows the server; `start`, `restart` and `stop` of a VM make v1.9.0's writes (the
+/// run strategy; a stop of the running VMI's UID followed by a start) and the controllers
+/// act on them; what v1.9.0 refuses is refused with its message. RBAC: a ServiceAccount
+/// without a role is forbidden by the API server, with `kubevirt.io:edit` it may start the VM.
+/// virt-api itself refuses a request that did not come through the front proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn virtctl_drives_vms_through_the_aggregated_api() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-virtctl").await;
+    let ns = vms.namespace.clone();
+    for version in ["v1", "v1alpha3"] {
+        cluster
+            .kubectl_output(&[
+                "wait",
+                &format!("apiservice/{version}.subresources.kubevirt.io"),
+                "--for=condition=Available",
+                "--timeout=120s",
+            ])
+            .expect("the APIService Available");
+    }
+    let (ok, out, err) = virtctl(cluster, &["version"]);
+    assert!(ok, "virtctl version: {out}{err}");
+    assert!(
+        out.contains("Client Version") && out.contains("GitVersion:\"v1.9.0+kubevirt-rs."),
+        "{out}"
+    );
+
+    // start: Halted -> Always, and the VM controller starts the VMI.
+    vms.create(&test_vm("remote", "Halted")).await;
+    let (ok, out, err) = virtctl(cluster, &["-n", &ns, "start", "remote"]);
+    assert!(ok, "virtctl start: {out}{err}");
+    assert!(out.contains("VM remote was scheduled to start"), "{out}");
+    let vm = vms.vms().get("remote").await.unwrap();
+    assert_eq!(
+        vm.spec.run_strategy,
+        Some(proto::kubevirt::RunStrategy::Always)
+    );
+    let vmi = vms.running("remote", None).await;
+    let first_uid = vmi.metadata.uid.clone().unwrap();
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "start", "remote"]);
+    assert!(!ok);
+    assert!(err.contains("VM is already running"), "{err}");
+
+    // restart: the state-change requests v1.9.0 writes, seen by a watch of the VM.
+    let requests = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let (listed, watching) = tokio::sync::oneshot::channel::<()>();
+    let watch = tokio::spawn({
+        let requests = requests.clone();
+        let vms = vms.vms();
+        async move {
+            let config = watcher::Config::default().fields("metadata.name=remote");
+            let mut events = watcher(vms, config).boxed();
+            let mut listed = Some(listed);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                    }
+                    Ok(watcher::Event::Apply(vm) | watcher::Event::InitApply(vm)) => {
+                        let seen = vm.status.unwrap_or_default().state_change_requests;
+                        if !seen.is_empty() {
+                            requests.lock().unwrap().push(Value::Array(seen));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    watching.await.expect("the VM watch listed");
+    let (ok, out, err) = virtctl(cluster, &["-n", &ns, "restart", "remote"]);
+    assert!(ok, "virtctl restart: {out}{err}");
+    assert!(out.contains("VM remote was scheduled to restart"), "{out}");
+    let second = vms.running("remote", Some(&first_uid)).await;
+    watch.abort();
+    assert_eq!(
+        requests.lock().unwrap().first(),
+        Some(&json!([{"action": "Stop", "uid": first_uid}, {"action": "Start"}])),
+        "the first state-change requests of the restart: {:?}",
+        requests.lock().unwrap()
+    );
+    assert_ne!(second.metadata.uid.as_deref(), Some(first_uid.as_str()));
+
+    // stop: Always -> Halted, the VMI and its pod go.
+    let (ok, out, err) = virtctl(cluster, &["-n", &ns, "stop", "remote"]);
+    assert!(ok, "virtctl stop: {out}{err}");
+    assert!(out.contains("VM remote was scheduled to stop"), "{out}");
+    let vm = vms.vms().get("remote").await.unwrap();
+    assert_eq!(
+        vm.spec.run_strategy,
+        Some(proto::kubevirt::RunStrategy::Halted)
+    );
+    vms.vmi_and_pods_gone("remote").await;
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "restart", "remote"]);
+    assert!(!ok);
+    assert!(
+        err.contains("RunStategy Halted does not support manual restart requests"),
+        "{err}"
+    );
+
+    // RBAC: a ServiceAccount of the namespace without a role, then with kubevirt.io:edit.
+    cluster
+        .kubectl_output(&["-n", &ns, "create", "serviceaccount", "outsider"])
+        .unwrap();
+    let token = cluster
+        .kubectl_output(&["-n", &ns, "create", "token", "outsider"])
+        .unwrap();
+    let token = token.trim();
+    let (ok, _, err) = virtctl(cluster, &["--token", token, "-n", &ns, "start", "remote"]);
+    assert!(!ok);
+    assert!(
+        err.contains("forbidden")
+            && err.contains("cannot update resource \"virtualmachines/start\""),
+        "{err}"
+    );
+    cluster
+        .kubectl_output(&[
+            "-n",
+            &ns,
+            "create",
+            "rolebinding",
+            "outsider-edit",
+            "--clusterrole=kubevirt.io:edit",
+            &format!("--serviceaccount={ns}:outsider"),
+        ])
+        .unwrap();
+    wait_for_within(
+        "the editor to start the VM",
+        Duration::from_secs(30),
+        || {
+            let ok = virtctl(cluster, &["--token", token, "-n", &ns, "start", "remote"]).0;
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    vms.running("remote", Some(&second.metadata.uid.clone().unwrap()))
+        .await;
+    let (ok, out, err) = virtctl(cluster, &["--token", token, "-n", &ns, "stop", "remote"]);
+    assert!(ok, "the editor stops the VM: {out}{err}");
+    vms.vmi_and_pods_gone("remote").await;
+
+    // Around the API server: virt-api's pod called directly, headers naming an admin.
+    let pods: Api<Pod> = Api::namespaced(vms.client.clone(), KUBEVIRT_NAMESPACE);
+    let api_pod = pods
+        .list(&ListParams::default().labels("kubevirt.io=virt-api"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find_map(|p| p.status?.pod_ip)
+        .expect("a virt-api pod with an IP");
+    let url = format!(
+        "https://{api_pod}:8443/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachines/remote/start"
+    );
+    let answer = run_ok(
+        "curl",
+        &[
+            "-sk",
+            "-X",
+            "PUT",
+            "-H",
+            "X-Remote-User: kubevirt-rs-admin",
+            "-H",
+            "X-Remote-Group: system:masters",
+            "-w",
+            " %{http_code}",
+            &url,
+        ],
+    );
+    assert_eq!(answer, "request is not authenticated 401");
+    let vm = vms.vms().get("remote").await.unwrap();
+    assert_eq!(
+        vm.spec.run_strategy,
+        Some(proto::kubevirt::RunStrategy::Halted)
+    );
+}
+
+/// The guest's console so far (the `guest-console-log` sidecar's log).
+fn console_of(cluster: &Cluster, namespace: &str, pod: &str) -> String {
+    cluster
+        .kubectl_output(&["-n", namespace, "logs", pod, "-c", "guest-console-log"])
+        .unwrap_or_default()
+}
+
+/// KubeVirt v1.9.0's virtctl on a running VMI, through virt-api and the handler of its node
+/// (mutual TLS): `pause` stops the guest (the VMI's `Paused` condition, the launcher pod not
+/// Ready through its readiness gate), `unpause` resumes it; `soft-reboot` (Ctrl-Alt-Del) and
+/// `reset` boot the guest again in the same VMI; what v1.9.0 refuses is refused with its
+/// message; the agent queries answer as v1.9.0 does without a guest agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
+    let cluster = kubevirt().await;
+    let _node = shared_node().await;
+    let vms = Vms::new(cluster, "e2e-lifecycle").await;
+    let ns = vms.namespace.clone();
+    vms.create(&test_vm("lively", "Always")).await;
+    let vmi = vms.running("lively", None).await;
+    let uid = vmi.metadata.uid.clone().unwrap();
+    let pod = vms.launcher_pod(&vmi).await;
+    let pod_name = pod.metadata.name.clone().unwrap();
+    vms.console_done(cluster, &pod_name).await;
+    eprintln!("lively: the guest is up, pausing it");
+    let boots = |console: &str| console.lines().filter(|l| l.starts_with("DONE ")).count();
+
+    // pause: the handler's endpoint may still wait for its certificates (written by virt-api
+    // when it starts; the kubelet refreshes the handler's volumes within a minute or so).
+    wait_for_within("virtctl pause", Duration::from_secs(150), || {
+        let (ok, out, err) = virtctl(cluster, &["-n", &ns, "pause", "vmi", "lively"]);
+        async move {
+            if ok {
+                assert!(out.contains("VMI lively was scheduled to pause"), "{out}");
+                return Some(());
+            }
+            eprintln!("virtctl pause: {err}");
+            None
+        }
+    })
+    .await;
+    let paused = wait_for("the VMI Paused and its pod not Ready", || {
+        let (vmis, pods) = (vms.vmis(), vms.pods());
+        let pod_name = pod_name.clone();
+        async move {
+            let vmi = vmis.get("lively").await.ok()?;
+            let condition = vmi
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.condition_type == "Paused")?
+                .clone();
+            let pod = pods.get(&pod_name).await.ok()?;
+            let ready = pod
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.status == "False").then_some((condition, ready))
+        }
+    })
+    .await;
+    assert_eq!(
+        (
+            paused.0.status.as_str(),
+            paused.0.reason.as_deref(),
+            paused.0.message.as_deref()
+        ),
+        ("True", Some("PausedByUser"), Some("VMI was paused by user"))
+    );
+    assert_eq!(paused.1.reason.as_deref(), Some("ReadinessGatesNotReady"));
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "pause", "vmi", "lively"]);
+    assert!(!ok && err.contains("VMI is already paused"), "{err}");
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "soft-reboot", "lively"]);
+    assert!(!ok && err.contains("VMI is paused"), "{err}");
+
+    // unpause: the condition goes, the pod is Ready again.
+    let (ok, out, err) = virtctl(cluster, &["-n", &ns, "unpause", "vmi", "lively"]);
+    assert!(ok, "virtctl unpause: {out}{err}");
+    wait_for("the VMI unpaused and its pod Ready", || {
+        let (vmis, pods) = (vms.vmis(), vms.pods());
+        let pod_name = pod_name.clone();
+        async move {
+            let vmi = vmis.get("lively").await.ok()?;
+            let paused = vmi
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .any(|c| c.condition_type == "Paused");
+            let pod = pods.get(&pod_name).await.ok()?;
+            let ready = pod
+                .status?
+                .conditions?
+                .into_iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (!paused && ready).then_some(())
+        }
+    })
+    .await;
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "unpause", "vmi", "lively"]);
+    assert!(!ok && err.contains("VMI is not paused"), "{err}");
+
+    // soft-reboot: Ctrl-Alt-Del; the guest asks for a reset and boots again.
+    let (ok, out, err) = virtctl(cluster, &["-n", &ns, "soft-reboot", "lively"]);
+    assert!(ok, "virtctl soft-reboot: {out}{err}");
+    assert!(
+        out.contains("VMI lively was scheduled to soft-reboot"),
+        "{out}"
+    );
+    let console = wait_for("the guest to boot again after the soft reboot", || {
+        let console = console_of(cluster, &ns, &pod_name);
+        async move { (boots(&console) == 2).then_some(console) }
+    })
+    .await;
+    assert!(console.contains("SHUTDOWN requested"), "{console}");
+
+    // reset: the VMM starts the guest again at once.
+    let (ok, out, err) = virtctl(cluster, &["-n", &ns, "reset", "lively"]);
+    assert!(ok, "virtctl reset: {out}{err}");
+    wait_for("the guest to boot again after the reset", || {
+        let console = console_of(cluster, &ns, &pod_name);
+        async move { (boots(&console) == 3).then_some(()) }
+    })
+    .await;
+    let vmi = vms.vmis().get("lively").await.unwrap();
+    assert_eq!(
+        (vmi.metadata.uid.as_deref(), vmi.phase()),
+        (Some(uid.as_str()), Phase::Running),
+        "the same VMI runs on"
+    );
+
+    // Without a guest agent.
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "guestosinfo", "lively"]);
+    assert!(
+        !ok && err.contains("VMI does not have guest agent connected"),
+        "{err}"
+    );
+    let (ok, _, err) = virtctl(cluster, &["-n", &ns, "fslist", "lively"]);
+    assert!(
+        !ok && err.contains("VMI does not have guest agent connected"),
+        "{err}"
+    );
+    vms.vms()
+        .delete("lively", &DeleteParams::default())
+        .await
+        .unwrap();
+    vms.vmi_and_pods_gone("lively").await;
+}
+
 /// Issue 29's robustness scenario: a burst of 20 VMIs (the test disk, masquerade, 64Mi, 50m
 /// CPU so that 20 fit two cores) created 100 ms apart while virt-handler's pod is deleted
 /// (after the 5th) and the controller's leader (after the 10th): every VMI reaches Running
@@ -1244,8 +1592,8 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
     let phases: Arc<Mutex<BTreeMap<String, Vec<Phase>>>> = Arc::default();
     // Per VMI, its launcher pods by UID: (a container of it ran, the kubelet rejected it for
     // the node's labels).
-    let pods_seen: Arc<Mutex<BTreeMap<String, BTreeMap<String, (bool, bool)>>>> =
-        Default::default();
+    type PodsSeen = BTreeMap<String, BTreeMap<String, (bool, bool)>>;
+    let pods_seen: Arc<Mutex<PodsSeen>> = Default::default();
     let (vmi_watch, pod_watch) = {
         let (phases, pods_seen) = (phases.clone(), pods_seen.clone());
         let (vmis, pods) = (vms.vmis(), vms.pods());

@@ -144,8 +144,20 @@ pub fn verifies(ca: &Pair, serving: &Pair, names: &[String]) -> bool {
     check().is_ok()
 }
 
-/// rustls' server configuration for `serving` (HTTP/1.1, ring, TLS 1.2 and 1.3).
+/// rustls' server configuration for `serving` (HTTP/1.1, ring, TLS 1.2 and 1.3), without
+/// client certificates.
 pub fn server_config(serving: &Pair) -> Result<rustls::ServerConfig> {
+    server_config_with(
+        serving,
+        rustls::server::WebPkiClientVerifier::no_client_auth(),
+    )
+}
+
+/// The same, with client certificates judged by `clients`.
+pub fn server_config_with(
+    serving: &Pair,
+    clients: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+) -> Result<rustls::ServerConfig> {
     let certs = CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .context("the serving certificate")?;
@@ -155,7 +167,7 @@ pub fn server_config(serving: &Pair) -> Result<rustls::ServerConfig> {
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
+    .with_client_cert_verifier(clients)
     .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
@@ -234,15 +246,34 @@ pub async fn ensure(
 ) -> Result<Tls> {
     let secrets: Api<Secret> = Api::namespaced(client, namespace);
     let ca = ensure_ca(&secrets, namespace).await?;
+    let serving = ensure_pair(
+        &secrets,
+        SERVING_SECRET,
+        |pair| verifies(&ca, pair, names),
+        || new_serving(&ca, service, namespace, names),
+    )
+    .await?;
+    Ok(Tls { ca, serving })
+}
+
+/// The pair in Secret `name`, created if absent; one that `good` refuses is replaced
+/// (guarded by its resource version; another replica's write wins and is read back).
+async fn ensure_pair(
+    secrets: &Api<Secret>,
+    name: &str,
+    good: impl Fn(&Pair) -> bool,
+    make: impl Fn() -> Result<Pair>,
+) -> Result<Pair> {
+    let namespace = secrets.namespace().unwrap_or_default().to_string();
     for _ in 0..10 {
-        let existing = secrets.get_opt(SERVING_SECRET).await?;
-        if let Some(serving) = existing.as_ref().and_then(pair_of)
-            && verifies(&ca, &serving, names)
+        let existing = secrets.get_opt(name).await?;
+        if let Some(pair) = existing.as_ref().and_then(pair_of)
+            && good(&pair)
         {
-            return Ok(Tls { ca, serving });
+            return Ok(pair);
         }
-        let serving = new_serving(&ca, service, namespace, names)?;
-        let mut object = secret(SERVING_SECRET, namespace, &serving);
+        let pair = make()?;
+        let mut object = secret(name, &namespace, &pair);
         let written = match &existing {
             None => secrets
                 .create(&PostParams::default(), &object)
@@ -250,33 +281,164 @@ pub async fn ensure(
                 .map(|_| ()),
             Some(old) => {
                 tracing::warn!(
-                    secret = SERVING_SECRET,
-                    "the serving certificate is not one the CA verifies for the Service: replaced"
+                    secret = name,
+                    "a certificate the CA does not verify for its use: replaced"
                 );
                 object.metadata.resource_version = old.metadata.resource_version.clone();
                 secrets
-                    .replace(SERVING_SECRET, &PostParams::default(), &object)
+                    .replace(name, &PostParams::default(), &object)
                     .await
                     .map(|_| ())
             }
         };
         match written {
             Ok(()) => {
-                tracing::info!(
-                    secret = SERVING_SECRET,
-                    ?names,
-                    "serving certificate written"
-                );
-                return Ok(Tls { ca, serving });
+                tracing::info!(secret = name, "certificate written");
+                return Ok(pair);
             }
             // Another replica wrote it meanwhile: read theirs.
             Err(e) if is_status(&e, 409) => continue,
             Err(e) => {
-                return Err(e).context(format!("writing Secret {namespace}/{SERVING_SECRET}"));
+                return Err(e).context(format!("writing Secret {namespace}/{name}"));
             }
         }
     }
-    bail!("Secret {namespace}/{SERVING_SECRET} kept changing under virt-api")
+    bail!("Secret {namespace}/{name} kept changing under virt-api")
+}
+
+/// virt-handler's certificates (`handler_api`): its serving one and the client one virt-api
+/// and handlers present to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerCert {
+    Server,
+    Client,
+}
+
+/// A new handler certificate signed by `ca`: v1.9.0's common names; the serving one also
+/// names [`handler_api::SERVER_NAME`].
+pub fn new_handler_cert(ca: &Pair, kind: HandlerCert) -> Result<Pair> {
+    let ca_key = rcgen::KeyPair::from_pem(&ca.key_pem).context("the CA's key")?;
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).context("the CA's certificate")?;
+    let key = rcgen::KeyPair::generate()?;
+    let (names, common, usage) = match kind {
+        HandlerCert::Server => (
+            vec![handler_api::SERVER_NAME.to_string()],
+            handler_api::SERVER_COMMON_NAME,
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        ),
+        HandlerCert::Client => (
+            Vec::new(),
+            handler_api::CLIENT_COMMON_NAME,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ),
+    };
+    let mut params = rcgen::CertificateParams::new(names)?;
+    params.distinguished_name = common_name(common);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![usage];
+    validity(&mut params);
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(Pair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Whether `pair` is a handler certificate of `kind` that `ca` verifies now, with its key.
+pub fn handler_cert_verifies(ca: &Pair, pair: &Pair, kind: HandlerCert) -> bool {
+    let check = || -> Result<()> {
+        let cert = CertificateDer::from_pem_slice(pair.cert_pem.as_bytes())?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())?)?;
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        match kind {
+            HandlerCert::Server => {
+                let verifier =
+                    rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider)
+                        .build()?;
+                rustls::client::danger::ServerCertVerifier::verify_server_cert(
+                    verifier.as_ref(),
+                    &cert,
+                    &[],
+                    &ServerName::try_from(handler_api::SERVER_NAME)?,
+                    &[],
+                    UnixTime::now(),
+                )?;
+                handler_api::server_config(&pair.cert_pem, &pair.key_pem, &ca.cert_pem)?;
+            }
+            HandlerCert::Client => {
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+                        .build()?;
+                verifier.verify_client_cert(&cert, &[], UnixTime::now())?;
+                if handler_api::common_name(&cert).as_deref()
+                    != Some(handler_api::CLIENT_COMMON_NAME)
+                {
+                    bail!("not the handler's client certificate");
+                }
+                handler_api::client_config(&pair.cert_pem, &pair.key_pem, &ca.cert_pem)?;
+            }
+        }
+        Ok(())
+    };
+    check().is_ok()
+}
+
+/// What virt-api needs to call handlers: the CA and the client certificate. Makes sure of
+/// the handlers' two Secrets and of the ConfigMap `kubevirt-ca` (the CA as `ca-bundle`,
+/// which the handlers trust).
+pub async fn ensure_handler(client: kube::Client, namespace: &str, ca: &Pair) -> Result<Pair> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    ensure_pair(
+        &secrets,
+        handler_api::SERVER_SECRET,
+        |pair| handler_cert_verifies(ca, pair, HandlerCert::Server),
+        || new_handler_cert(ca, HandlerCert::Server),
+    )
+    .await?;
+    let client_pair = ensure_pair(
+        &secrets,
+        handler_api::CLIENT_SECRET,
+        |pair| handler_cert_verifies(ca, pair, HandlerCert::Client),
+        || new_handler_cert(ca, HandlerCert::Client),
+    )
+    .await?;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client, namespace);
+    let bundle = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": handler_api::CA_CONFIG_MAP, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "virt-api"}},
+        "data": {handler_api::CA_BUNDLE_KEY: ca.cert_pem},
+    });
+    let current = config_maps.get_opt(handler_api::CA_CONFIG_MAP).await?;
+    let written = current
+        .as_ref()
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(handler_api::CA_BUNDLE_KEY));
+    if written != Some(&ca.cert_pem) {
+        let object = serde_json::from_value(bundle)?;
+        let result = match current {
+            None => config_maps.create(&PostParams::default(), &object).await,
+            Some(_) => {
+                config_maps
+                    .replace(handler_api::CA_CONFIG_MAP, &PostParams::default(), &object)
+                    .await
+            }
+        };
+        match result {
+            Ok(_) => tracing::info!(config_map = handler_api::CA_CONFIG_MAP, "CA bundle written"),
+            // Another replica wrote the same CA meanwhile.
+            Err(e) if is_status(&e, 409) => {}
+            Err(e) => return Err(e).context("writing the ConfigMap kubevirt-ca"),
+        }
+    }
+    Ok(client_pair)
 }
 
 /// Writes `ca_pem` as the `caBundle` of every webhook of the configuration `name` (only
@@ -313,6 +475,33 @@ where
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .with_context(|| format!("writing the caBundle of {name}"))?;
+    Ok(true)
+}
+
+/// Writes `ca_pem` as the `caBundle` of the APIService `name` (when it differs). Whether
+/// anything was written. No such APIService: nothing to write (the group is not registered
+/// with the aggregation layer; the webhooks work without it).
+pub async fn write_api_service_ca_bundle(
+    api: &Api<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>,
+    name: &str,
+    ca_pem: &str,
+) -> Result<bool> {
+    let Some(object) = api
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading the APIService {name}"))?
+    else {
+        tracing::debug!(api_service = name, "not registered");
+        return Ok(false);
+    };
+    let current = object.spec.as_ref().and_then(|s| s.ca_bundle.as_ref());
+    if current.is_some_and(|bundle| bundle.0 == ca_pem.as_bytes()) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({"spec": {"caBundle": ByteString(ca_pem.as_bytes().to_vec())}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("writing the caBundle of the APIService {name}"))?;
     Ok(true)
 }
 

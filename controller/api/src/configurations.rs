@@ -11,6 +11,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
     ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
+    APIService, APIServiceSpec, ServiceReference as ApiServiceReference,
+};
 use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 
@@ -133,4 +136,48 @@ pub fn mutating(client: impl Fn(&str) -> WebhookClientConfig) -> MutatingWebhook
             ),
         ]),
     }
+}
+
+/// The APIService of `version` (`components.NewVirtAPIAPIServices`): the group
+/// `subresources.kubevirt.io` served by the Service `virt-api` of `namespace` (port 443),
+/// priorities 1000/15; the `caBundle` is left for virt-api to write.
+pub fn api_service(namespace: &str, version: &str) -> APIService {
+    let mut metadata = metadata(&api_service_name(version));
+    metadata
+        .labels
+        .get_or_insert_default()
+        .insert("kubevirt.io".into(), "virt-api-aggregator".into());
+    metadata.annotations = Some(BTreeMap::from([(
+        "certificates.kubevirt.io/secret".to_string(),
+        crate::certs::SERVING_SECRET.to_string(),
+    )]));
+    APIService {
+        metadata,
+        spec: Some(APIServiceSpec {
+            service: Some(ApiServiceReference {
+                namespace: Some(namespace.into()),
+                name: Some(crate::SERVICE.into()),
+                port: None,
+            }),
+            group: Some(crate::discovery::GROUP.into()),
+            version: Some(version.into()),
+            group_priority_minimum: 1000,
+            version_priority: 15,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `v1.subresources.kubevirt.io`, `v1alpha3.subresources.kubevirt.io`.
+pub fn api_service_name(version: &str) -> String {
+    format!("{version}.{}", crate::discovery::GROUP)
+}
+
+/// Every APIService of the group.
+pub fn api_services(namespace: &str) -> Vec<APIService> {
+    server::SUBRESOURCE_VERSIONS
+        .iter()
+        .map(|version| api_service(namespace, version))
+        .collect()
 }

@@ -15,10 +15,14 @@
 //! the controller again before its pod (a VMI stored while virt-api was absent).
 
 pub mod admit;
+pub mod authorize;
 pub mod certs;
 pub mod configurations;
+pub mod discovery;
+pub mod frontproxy;
 pub mod review;
 pub mod server;
+pub mod subresources;
 
 use anyhow::{Context as _, Result};
 use controller::kubevirt_cr::ClusterConfig;
@@ -27,6 +31,7 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use proto::kubevirt::KubeVirt;
@@ -60,6 +65,9 @@ pub struct Options {
     pub service_accounts: BTreeSet<String>,
     /// How often the `caBundle` is checked again (someone may replace a configuration).
     pub ca_bundle_interval: Duration,
+    /// The APIServices whose `caBundle` virt-api writes (none: the subresources are not
+    /// registered with the aggregation layer, as in the control-plane tests).
+    pub api_services: Vec<String>,
 }
 
 impl Options {
@@ -74,6 +82,10 @@ impl Options {
             defaults: TemplateConfig::default(),
             service_accounts: admit::service_accounts(namespace),
             ca_bundle_interval: Duration::from_secs(30),
+            api_services: server::SUBRESOURCE_VERSIONS
+                .iter()
+                .map(|v| configurations::api_service_name(v))
+                .collect(),
         }
     }
 }
@@ -116,6 +128,15 @@ pub async fn run(
 
     let names = certs::serving_names(&options.service, &namespace, &options.extra_names);
     let tls = certs::ensure(client.clone(), &namespace, &options.service, &names).await?;
+    let handler_client = certs::ensure_handler(client.clone(), &namespace, &tls.ca).await?;
+    let handler_tls = Arc::new(handler_api::client_config(
+        &handler_client.cert_pem,
+        &handler_client.key_pem,
+        &tls.ca.cert_pem,
+    )?);
+    let front_proxy = Arc::new(frontproxy::FrontProxy::new());
+    let front_proxy_watch = tokio::spawn(frontproxy::watch(client.clone(), front_proxy.clone()));
+    let _stop_front_proxy_watch = AbortOnDrop(front_proxy_watch);
     let state = Arc::new(server::AppState {
         config,
         kubevirts,
@@ -123,16 +144,26 @@ pub async fn run(
         client: client.clone(),
         webhooks_ready: Default::default(),
         apiserver_version: Default::default(),
+        front_proxy: front_proxy.clone(),
+        namespace: namespace.clone(),
+        handler_tls,
     });
     let local = listener.local_addr()?;
-    let listener = server::TlsListener::new(listener, certs::server_config(&tls.serving)?)?;
-    let serve = axum::serve(listener, server::router(state.clone()))
-        .with_graceful_shutdown(shutdown)
-        .into_future();
+    let listener = server::TlsListener::new(
+        listener,
+        certs::server_config_with(&tls.serving, front_proxy.client_verifier())?,
+    )?;
+    let serve = axum::serve(
+        listener,
+        server::router(state.clone()).into_make_service_with_connect_info::<frontproxy::Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .into_future();
     tracing::info!(address = %local, namespace = %namespace, "serving the webhooks");
 
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let api_services: Api<APIService> = Api::all(client.clone());
     let ca_bundles = async {
         loop {
             let written = async {
@@ -145,7 +176,12 @@ pub async fn run(
                 let b =
                     certs::write_ca_bundle(&mutating, &options.mutating_webhook, &tls.ca.cert_pem)
                         .await?;
-                anyhow::Ok(a || b)
+                let mut c = false;
+                for name in &options.api_services {
+                    c |= certs::write_api_service_ca_bundle(&api_services, name, &tls.ca.cert_pem)
+                        .await?;
+                }
+                anyhow::Ok(a || b || c)
             }
             .await;
             match written {
@@ -154,6 +190,7 @@ pub async fn run(
                         tracing::info!(
                             validating = %options.validating_webhook,
                             mutating = %options.mutating_webhook,
+                            api_services = ?options.api_services,
                             "caBundle written"
                         );
                     }

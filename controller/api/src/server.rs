@@ -16,14 +16,8 @@ use kube::runtime::reflector::Store;
 use proto::kubevirt::{KubeVirt, Time};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 
 /// `VMICreateValidatePath`.
 pub const VMI_CREATE_VALIDATE: &str = "/virtualmachineinstances-validate-create";
@@ -50,6 +44,12 @@ pub struct AppState {
     pub webhooks_ready: AtomicBool,
     /// The API server's `/version`, once read (`KubeApiHealthzVersion`).
     pub apiserver_version: Mutex<Option<Value>>,
+    /// Who may call the subresources: the API server's front proxy.
+    pub front_proxy: Arc<crate::frontproxy::FrontProxy>,
+    /// The install namespace (its virt-handler pods).
+    pub namespace: String,
+    /// virt-api's TLS towards handlers (`handler_api`).
+    pub handler_tls: Arc<rustls::ClientConfig>,
 }
 
 /// A webhook: the request and what it is judged by, to the answer.
@@ -217,79 +217,30 @@ pub fn router(state: Arc<AppState>) -> Router {
             .route(&format!("{base}/version"), get(version));
     }
     router
+        .merge(crate::subresources::router(state.clone()))
         // An AdmissionReview carries the object and the old one (etcd's limit is 1.5 MiB each).
         .layer(DefaultBodyLimit::max(16 << 20))
         .with_state(state)
 }
 
-/// TCP connections through a TLS handshake, each on its own task (a slow client holds up
-/// no other), for `axum::serve`.
-pub struct TlsListener {
-    local: SocketAddr,
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    _acceptor: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
-        let acceptor = TlsAcceptor::from(Arc::new(config));
-        let (send, accepted) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match listener.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let acceptor = acceptor.clone();
-                let send = send.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(tls)) => {
-                            let _ = send.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener {
-            local,
-            accepted,
-            _acceptor: task,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self._acceptor.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(accepted) => accepted,
-            // The acceptor ended (it never does by itself): no more connections.
-            None => std::future::pending().await,
+/// What each connection's handshake established, for the subresources' authentication.
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for crate::frontproxy::Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let (_, session) = stream.io().get_ref();
+        crate::frontproxy::Peer {
+            address: Some(*stream.remote_addr()),
+            verified_common_name: session
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(crate::frontproxy::common_name),
         }
     }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
+
+/// TCP connections through a TLS handshake (shared with virt-handler's endpoint).
+pub use handler_api::TlsListener;
 
 #[cfg(test)]
 mod tests {

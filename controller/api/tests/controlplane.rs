@@ -188,6 +188,38 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
             .is_some_and(|v| v.starts_with("v1.9.0")),
         "{body}"
     );
+    // Discovery answers anyone; a subresource answers only the API server's front proxy:
+    // headers naming an admin, without its certificate, are not believed (v1.9.0's 401).
+    let (code, body) = https_get(&address, &ca, "/apis/subresources.kubevirt.io/v1").await;
+    assert_eq!(code, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).expect("a resource list");
+    assert_eq!(body["kind"], "APIResourceList", "{body}");
+    let start = format!(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/vm1/start"
+    );
+    let admin = [
+        ("X-Remote-User", "kubevirt-rs-admin"),
+        ("X-Remote-Group", "system:masters"),
+    ];
+    let (code, body) = https_request(&address, &ca, "PUT", &start, &admin, None).await;
+    assert_eq!(
+        (code, body.as_str()),
+        (401, "request is not authenticated"),
+        "{}",
+        log_text()
+    );
+    // A client certificate the request-header CA did not sign ends the handshake.
+    let stranger = virt_api::certs::new_ca().expect("a CA");
+    let refused = try_https_request(
+        &address,
+        &ca,
+        "PUT",
+        &start,
+        &admin,
+        Some((&stranger.cert_pem, &stranger.key_pem)),
+    )
+    .await;
+    assert!(refused.is_err(), "a stranger's certificate: {refused:?}");
 
     // Refused at create, nothing stored.
     let (code, message) = refusal(vmis.create(&create, &hd).await);
@@ -312,6 +344,32 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
 /// `GET path` from virt-api at `address` over TLS, its certificate verified by `ca` (PEM) for
 /// 127.0.0.1: the status code and the body.
 async fn https_get(address: &str, ca: &[u8], path: &str) -> (u16, String) {
+    https_request(address, ca, "GET", path, &[], None).await
+}
+
+async fn https_request(
+    address: &str,
+    ca: &[u8],
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    client: Option<(&str, &str)>,
+) -> (u16, String) {
+    try_https_request(address, ca, method, path, headers, client)
+        .await
+        .expect("an HTTPS answer")
+}
+
+/// `method path` with `headers` (no body) over TLS, with `client`'s certificate and key
+/// (PEM) if given: the status code and the body, or why there was no answer.
+async fn try_https_request(
+    address: &str,
+    ca: &[u8],
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    client: Option<(&str, &str)>,
+) -> Result<(u16, String), String> {
     use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut roots = rustls::RootCertStore::empty();
@@ -323,30 +381,47 @@ async fn https_get(address: &str, ca: &[u8], path: &str) -> (u16, String) {
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let config = match client {
+        None => config.with_no_client_auth(),
+        Some((cert, key)) => config
+            .with_client_auth_cert(
+                vec![rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .expect("a client certificate"),
+    };
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(address)
         .await
-        .expect("connect");
+        .map_err(|e| format!("connect: {e}"))?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let mut tls = connector
         .connect(name, tcp)
         .await
-        .expect("a TLS session the CA verifies");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    tls.write_all(request.as_bytes()).await.unwrap();
+        .map_err(|e| format!("TLS: {e}"))?;
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Content-Length: 0\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
     let mut response = Vec::new();
     // A peer that closes without close_notify is fine here: the body is complete.
     let _ = tls.read_to_end(&mut response).await;
     let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
     let code = head
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .expect("a status line");
-    (code, body.to_string())
+        .ok_or_else(|| format!("no status line: {head:?}"))?;
+    Ok((code, body.to_string()))
 }
 
 /// A child process that is killed (and reaped) when the test ends, even by a panic.

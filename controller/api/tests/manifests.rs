@@ -91,3 +91,19 @@ fn the_service_and_deployment_are_the_ones_the_webhooks_name() {
         Some("/apis/subresources.kubevirt.io/v1/healthz")
     );
 }
+
+#[test]
+fn the_deployed_api_services_are_the_ones_configurations_rs_builds() {
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    let deployed: Vec<APIService> = objects("APIService");
+    assert_eq!(deployed, configurations::api_services("kubevirt"));
+    let names: Vec<_> = deployed
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        virt_api::Options::new("kubevirt").api_services,
+        "virt-api writes the caBundle of every deployed APIService"
+    );
+}

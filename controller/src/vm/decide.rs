@@ -9,7 +9,7 @@ pub(crate) const MAX_START_BACKOFF_SECONDS: u64 = 300;
 
 /// The run strategy of a VM (`vm.RunStrategy()`): `running` and `runStrategy` are exclusive;
 /// neither means `Halted`.
-pub(crate) fn run_strategy(vm: &VirtualMachine) -> Result<RunStrategy, String> {
+pub fn run_strategy(vm: &VirtualMachine) -> Result<RunStrategy, String> {
     match (vm.spec.running, vm.spec.run_strategy) {
         (Some(_), Some(_)) => Err("running and runstrategy are mutually exclusive".into()),
         (Some(true), None) => Ok(RunStrategy::Always),

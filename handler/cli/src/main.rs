@@ -71,6 +71,15 @@ struct Cluster {
     /// The kubelet pods directory as mounted in the handler.
     #[arg(long, default_value = "/pods")]
     pods_dir: PathBuf,
+    /// Serve virt-api's VMI subresources (pause, reset, ...) on this port, over mutual TLS.
+    #[arg(long, default_value_t = handler_api::PORT)]
+    console_server_port: u16,
+    /// `tls.crt` and `tls.key` of the Secret kubevirt-virt-handler-server-certs.
+    #[arg(long, default_value = "/etc/virt-handler/servercertificates")]
+    server_cert_dir: PathBuf,
+    /// The CA bundle clients must chain to (ConfigMap kubevirt-ca, key ca-bundle).
+    #[arg(long, default_value = "/etc/virt-handler/ca/ca-bundle")]
+    ca_bundle: PathBuf,
 }
 
 /// Flags of the Kubernetes mode's node side: device plugins, heartbeat, node labels.
@@ -234,8 +243,23 @@ async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> R
     let mut config = AgentConfig::new(&node, cluster.kubevirt_private_dir.clone());
     config.resync_period = Duration::from_secs(common.domain_resync_period_seconds.max(1));
     config.watchdog_timeout = Duration::from_secs(common.watchdog_timeout.max(1));
-    let agent = Agent::new(config, vmis.clone(), vmis, cache, launchers, metrics);
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let rest = handler::rest::serve(
+        handler::rest::RestConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], cluster.console_server_port)),
+            server_cert_dir: cluster.server_cert_dir.clone(),
+            ca_bundle: cluster.ca_bundle.clone(),
+        },
+        vmis.clone(),
+        Arc::clone(&launchers),
+        stopped.clone(),
+    );
+    let rest_task = tokio::spawn(async move {
+        if let Err(e) = rest.await {
+            tracing::error!(error = format!("{e:#}"), "the endpoint for virt-api failed");
+        }
+    });
+    let agent = Agent::new(config, vmis.clone(), vmis, cache, launchers, metrics);
     let agent_task = tokio::spawn(agent.run(cache_changes, vmi_changes, stopped));
     tracing::info!(%node, "virt-handler running");
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -247,6 +271,7 @@ async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> R
     node_services.stop().await;
     let _ = stop.send(true);
     let _ = agent_task.await;
+    let _ = rest_task.await;
     watch_task.abort();
     let _ = notify_server.stop().await;
     if let Some(t) = metrics_task {

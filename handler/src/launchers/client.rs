@@ -126,6 +126,9 @@ pub enum VmiCommand {
     Delete,
     Pause,
     Unpause,
+    SoftReboot,
+    Reset,
+    Unfreeze,
 }
 
 impl VmiCommand {
@@ -138,6 +141,9 @@ impl VmiCommand {
             VmiCommand::Delete => "DeleteVirtualMachine",
             VmiCommand::Pause => "PauseVirtualMachine",
             VmiCommand::Unpause => "UnpauseVirtualMachine",
+            VmiCommand::SoftReboot => "SoftRebootVirtualMachine",
+            VmiCommand::Reset => "ResetVirtualMachine",
+            VmiCommand::Unfreeze => "UnfreezeVirtualMachine",
         }
     }
 }
@@ -282,6 +288,9 @@ impl LauncherClient {
             VmiCommand::Delete => cmd.delete_virtual_machine(request).await,
             VmiCommand::Pause => cmd.pause_virtual_machine(request).await,
             VmiCommand::Unpause => cmd.unpause_virtual_machine(request).await,
+            VmiCommand::SoftReboot => cmd.soft_reboot_virtual_machine(request).await,
+            VmiCommand::Reset => cmd.reset_virtual_machine(request).await,
+            VmiCommand::Unfreeze => cmd.unfreeze_virtual_machine(request).await,
         };
         let reply = reply.map_err(|status| classify(name, status))?.into_inner();
         check_response(name, Some(&reply))
@@ -301,6 +310,31 @@ impl LauncherClient {
     ) -> Result<(), CmdError> {
         self.vmi_command(command, vmi, VirtualMachineOptions::default())
             .await
+    }
+
+    /// `FreezeVirtualMachine`: the guest's file systems frozen (through its agent), thawed
+    /// again after `unfreeze_timeout_seconds` at the latest.
+    pub async fn freeze(
+        &self,
+        vmi: &VirtualMachineInstance,
+        unfreeze_timeout_seconds: i32,
+    ) -> Result<(), CmdError> {
+        let request = vmi_request(vmi, None)?;
+        let request = with_timeout(
+            cmdv1::FreezeRequest {
+                vmi: request.vmi,
+                unfreeze_timeout_seconds,
+            },
+            LONG_TIMEOUT,
+        );
+        let reply = self
+            .cmd
+            .clone()
+            .freeze_virtual_machine(request)
+            .await
+            .map_err(|status| classify("FreezeVirtualMachine", status))?
+            .into_inner();
+        check_response("FreezeVirtualMachine", Some(&reply))
     }
 
     pub async fn ping(&self) -> Result<(), CmdError> {

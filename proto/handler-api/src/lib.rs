@@ -1,0 +1,320 @@
+//! virt-handler's HTTPS endpoint for virt-api (KubeVirt v1.9.0's "console server",
+//! `pkg/virt-handler/rest`): virt-api forwards a VMI subresource (`pause`, `unpause`,
+//! `softreboot`, `reset`, `freeze`, `unfreeze`) to the handler of the VMI's node, which sends it
+//! to the VMI's launcher.
+//!
+//! Both sides hold certificates of the install's CA (`kubevirt-ca`), as in v1.9.0: the handler
+//! serves with `kubevirt-virt-handler-server-certs` (common name
+//! [`SERVER_COMMON_NAME`]) and accepts only clients with `kubevirt-virt-handler-certs`
+//! ([`CLIENT_COMMON_NAME`]); virt-api calls with that client certificate and accepts only a
+//! server certificate of the CA for server use. v1.9.0 checks the server's common name and no
+//! host name (it calls a pod IP); rustls checks a name, so the server certificate also carries
+//! the DNS name [`SERVER_NAME`], which the client asks for.
+//!
+//! Also here, because virt-api serves TLS the same way: [`TlsListener`], TCP connections
+//! through a TLS handshake for `axum::serve`.
+
+use anyhow::{Context as _, Result, bail};
+use http_body_util::{BodyExt as _, Full};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// `--console-server-port`.
+pub const PORT: u16 = 8186;
+/// The handler's serving certificate's common name (`components.VirtHandlerServerCertSecretName`'s).
+pub const SERVER_COMMON_NAME: &str = "kubevirt.io:system:node:virt-handler";
+/// The client certificate's common name (the one handlers and virt-api present).
+pub const CLIENT_COMMON_NAME: &str = "kubevirt.io:system:client:virt-handler";
+/// The DNS name the serving certificate carries and the client asks for.
+pub const SERVER_NAME: &str = "virt-handler";
+/// The Secrets (`kubernetes.io/tls`) of the two certificates.
+pub const SERVER_SECRET: &str = "kubevirt-virt-handler-server-certs";
+pub const CLIENT_SECRET: &str = "kubevirt-virt-handler-certs";
+/// The ConfigMap with the CA certificate both sides trust, and its key.
+pub const CA_CONFIG_MAP: &str = "kubevirt-ca";
+pub const CA_BUNDLE_KEY: &str = "ca-bundle";
+
+/// What virt-api forwards (v1.9.0 `kubecli/handler.go`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pause,
+    Unpause,
+    SoftReboot,
+    Reset,
+    Freeze,
+    Unfreeze,
+}
+
+impl Action {
+    pub const ALL: [Action; 6] = [
+        Action::Pause,
+        Action::Unpause,
+        Action::SoftReboot,
+        Action::Reset,
+        Action::Freeze,
+        Action::Unfreeze,
+    ];
+
+    /// The last path segment, as the subresource is named.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Pause => "pause",
+            Action::Unpause => "unpause",
+            Action::SoftReboot => "softreboot",
+            Action::Reset => "reset",
+            Action::Freeze => "freeze",
+            Action::Unfreeze => "unfreeze",
+        }
+    }
+
+    pub fn from_segment(segment: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == segment)
+    }
+}
+
+/// The handler's path for `action` on a VMI (always `/v1`, whatever version virt-api was
+/// called with).
+pub fn vmi_path(namespace: &str, name: &str, action: Action) -> String {
+    format!(
+        "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{}",
+        action.as_str()
+    )
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certificates(pem: &str, what: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{what} is not PEM"))?;
+    if certs.is_empty() {
+        bail!("{what} holds no certificate");
+    }
+    Ok(certs)
+}
+
+fn roots(ca_pem: &str) -> Result<Arc<rustls::RootCertStore>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certificates(ca_pem, "the CA bundle")? {
+        roots.add(cert).context("the CA bundle")?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// The handler's TLS: its certificate, and a client certificate of the CA with
+/// [`CLIENT_COMMON_NAME`] required of every client.
+pub fn server_config(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<rustls::ServerConfig> {
+    let chain = WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider())
+        .build()
+        .context("the client-certificate verifier")?;
+    let verifier = Arc::new(CommonNameVerifier {
+        chain,
+        common_name: CLIENT_COMMON_NAME,
+    });
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("the serving key is not PEM")?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certificates(cert_pem, "the serving certificate")?, key)
+        .context("the serving certificate and key")?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// virt-api's TLS towards handlers: its client certificate, and a server certificate of the
+/// CA for [`SERVER_NAME`].
+pub fn client_config(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<rustls::ClientConfig> {
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("the client key is not PEM")?;
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(ca_pem)?)
+        .with_client_auth_cert(certificates(cert_pem, "the client certificate")?, key)
+        .context("the client certificate and key")?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// A verified chain whose leaf has `common_name` (v1.9.0 `verifyPeerCert`: "common name is
+/// invalid").
+#[derive(Debug)]
+struct CommonNameVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    common_name: &'static str,
+}
+
+impl ClientCertVerifier for CommonNameVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        match common_name(end_entity) {
+            Some(name) if name == self.common_name => Ok(verified),
+            other => Err(rustls::Error::General(format!(
+                "common name is invalid, got {}",
+                other.unwrap_or_default()
+            ))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+/// The common name of a DER certificate.
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    parsed
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_string)
+}
+
+/// One request to a handler at `address`: the status and the body. `timeout` bounds all of
+/// it (v1.9.0's client gives a handler 10 s).
+pub async fn request(
+    config: Arc<rustls::ClientConfig>,
+    address: SocketAddr,
+    method: http::Method,
+    path: &str,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<(http::StatusCode, Vec<u8>)> {
+    tokio::time::timeout(timeout, async {
+        let tcp = TcpStream::connect(address)
+            .await
+            .with_context(|| format!("connecting to virt-handler at {address}"))?;
+        let name = ServerName::try_from(SERVER_NAME)?;
+        let tls = TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .with_context(|| format!("TLS with virt-handler at {address}"))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
+        let connection = tokio::spawn(connection);
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, address.to_string())
+            .header(http::header::ACCEPT, "application/json")
+            .body(Full::new(axum::body::Bytes::from(body)))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes().to_vec();
+        connection.abort();
+        Ok((status, body))
+    })
+    .await
+    .with_context(|| format!("virt-handler at {address} did not answer within {timeout:?}"))?
+}
+
+/// TCP connections through a TLS handshake, each on its own task (a slow client holds up
+/// no other), for `axum::serve`.
+pub struct TlsListener {
+    local: SocketAddr,
+    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        let tls = TlsAcceptor::from(Arc::new(config));
+        let (send, accepted) = mpsc::channel(64);
+        let acceptor = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let tls = tls.clone();
+                let send = send.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(Duration::from_secs(10), tls.accept(stream)).await {
+                        Ok(Ok(session)) => {
+                            let _ = send.send((session, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener {
+            local,
+            accepted,
+            acceptor,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(accepted) => accepted,
+            // The acceptor ended (it never does by itself): no more connections.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
