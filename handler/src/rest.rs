@@ -132,41 +132,9 @@ fn unfreeze_timeout(body: &[u8]) -> Result<i32, String> {
     };
     let duration = timeout
         .as_str()
-        .and_then(parse_go_duration)
+        .and_then(|t| proto::contract::go_duration::parse(t).ok())
         .ok_or_else(|| "failed to unmarshal unfreeze timeout".to_string())?;
     i32::try_from(duration.as_secs()).map_err(|_| "failed to unmarshal unfreeze timeout".into())
-}
-
-/// A Go duration string (`5m0s`, `1h`, `90s`, `1.5m`; no sign: a timeout is not negative).
-/// Hand-written: a dozen lines, where a crate would bring a whole duration syntax of its own.
-pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    if text == "0" {
-        return Some(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter(|&i| i > 0)?;
-        let number: f64 = rest[..number_end].parse().ok()?;
-        rest = &rest[number_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += number * seconds;
-        rest = &rest[unit_end..];
-    }
-    (!text.is_empty() && total.is_finite() && total < 1e12).then(|| Duration::from_secs_f64(total))
 }
 
 /// Reads the certificate files, waiting until they are there: the Secret and ConfigMap are
@@ -223,37 +191,6 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations() {
-        for (text, seconds) in [
-            ("5m0s", 300.0),
-            ("1h", 3600.0),
-            ("90s", 90.0),
-            ("1.5m", 90.0),
-            ("1h2m3s", 3723.0),
-            ("0", 0.0),
-            ("250ms", 0.25),
-        ] {
-            assert_eq!(
-                parse_go_duration(text),
-                Some(Duration::from_secs_f64(seconds)),
-                "{text}"
-            );
-        }
-        for bad in [
-            "",
-            "5",
-            "m",
-            "5x",
-            "-5s",
-            "1..2s",
-            "1e3s",
-            "99999999999999h",
-        ] {
-            assert_eq!(parse_go_duration(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn freeze_needs_its_timeout() {

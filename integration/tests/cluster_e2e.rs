@@ -1576,9 +1576,11 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
 /// unschedulable while it restarts) and one launcher process; deleting them all leaves no pod
 /// or launcher process behind.
 ///
-/// Not in CI yet: in its first full CI run no handler came back within 300 s (and the tests
-/// after it found no handler and no virt-api); three runs on a fresh cluster since passed.
-/// Run it with `-- --ignored a_burst`.
+/// Two failures it found: the kubelet's device manager panicked when the handler's plugins
+/// deregistered during a pod's admission, and the node was lost (its first CI run; the test
+/// cluster now restarts the kubelet as a service manager would); a pod the scheduler placed
+/// just before the handler labelled the node unschedulable was rejected by the kubelet and
+/// its VMI failed (virt-controller now schedules a new pod).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "failed once in CI (no handler back within 300 s), not reproduced since; run explicitly"]
 async fn a_burst_survives_a_handler_and_a_leader_restart() {
@@ -1757,8 +1759,13 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // The kubelet's restarts by cluster.sh's supervisor (its device manager can panic when
+    // the handler's plugins deregister during admissions): said, not judged.
+    let kubelet_restarts = std::fs::read_to_string(Path::new(STATE_DIR).join("log/kubelet.log"))
+        .map(|log| log.matches("kubelet exited with status").count())
+        .unwrap_or(0);
     eprintln!(
-        "{BURST} VMIs Running {:?} after the first create",
+        "{BURST} VMIs Running {:?} after the first create (the kubelet restarted {kubelet_restarts} times)",
         started.elapsed()
     );
     // A moment for late events (a second pod, a phase change) to arrive before judging.

@@ -16,13 +16,7 @@
 use anyhow::{Context as _, Result, bail};
 use axum::http::HeaderMap;
 use k8s_openapi::api::core::v1::ConfigMap;
-use rustls::client::danger::HandshakeSignatureValid;
-use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, UnixTime};
-use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use rustls::server::danger::ClientCertVerifier;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
@@ -103,7 +97,6 @@ pub struct Unauthenticated(pub String);
 /// it for the TLS layer.
 pub struct FrontProxy {
     current: RwLock<Option<Current>>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
 #[derive(Clone)]
@@ -132,26 +125,14 @@ impl FrontProxy {
     pub fn new() -> Self {
         FrontProxy {
             current: RwLock::new(None),
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
         }
     }
 
     /// Takes a new configuration (its CA must parse).
     pub fn update(&self, config: RequestHeaderConfig) -> Result<()> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(config.ca_pem.as_bytes()) {
-            roots
-                .add(cert.context("requestheader-client-ca-file is not PEM")?)
-                .context("requestheader-client-ca-file holds a certificate that is not a CA")?;
-        }
-        if roots.is_empty() {
-            bail!("requestheader-client-ca-file holds no certificate");
-        }
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-                .allow_unauthenticated()
-                .build()
-                .context("the front proxy's client-certificate verifier")?;
+        let roots = handler_api::roots(&config.ca_pem).context("requestheader-client-ca-file")?;
+        let verifier = handler_api::chain_verifier(roots)
+            .context("the front proxy's client-certificate verifier")?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Current {
             config: Arc::new(config),
             verifier,
@@ -236,12 +217,16 @@ impl FrontProxy {
         })
     }
 
-    /// The verifier for the TLS layer: always the current configuration's.
+    /// The verifier for the TLS layer: always the current configuration's; a client
+    /// without a certificate gets in (the webhooks' caller), one with a certificate the
+    /// current CA did not sign does not.
     pub fn client_verifier(self: &Arc<Self>) -> Arc<dyn ClientCertVerifier> {
-        Arc::new(CurrentVerifier {
-            front_proxy: self.clone(),
-            algorithms: self.provider.signature_verification_algorithms,
-        })
+        let front_proxy = self.clone();
+        Arc::new(handler_api::ClientVerifier::new(
+            move || front_proxy.verifier(),
+            None,
+            false,
+        ))
     }
 }
 
@@ -297,64 +282,6 @@ fn percent_decode(text: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Delegates to the verifier of the configuration current at each handshake.
-#[derive(Debug)]
-struct CurrentVerifier {
-    front_proxy: Arc<FrontProxy>,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ClientCertVerifier for CurrentVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    // No hints: a client with one certificate sends it whatever the server names.
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        match self.front_proxy.verifier() {
-            Some(verifier) => verifier.verify_client_cert(end_entity, intermediates, now),
-            None => Err(rustls::Error::General(
-                "no request-header CA known yet".into(),
-            )),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
 
 /// The common name of a DER certificate (the handshake verified it already).

@@ -106,7 +106,8 @@ fn certificates(pem: &str, what: &str) -> Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
-fn roots(ca_pem: &str) -> Result<Arc<rustls::RootCertStore>> {
+/// The CA certificates of a PEM bundle.
+pub fn roots(ca_pem: &str) -> Result<Arc<rustls::RootCertStore>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(ca_pem, "the CA bundle")? {
         roots.add(cert).context("the CA bundle")?;
@@ -117,13 +118,12 @@ fn roots(ca_pem: &str) -> Result<Arc<rustls::RootCertStore>> {
 /// The handler's TLS: its certificate, and a client certificate of the CA with
 /// [`CLIENT_COMMON_NAME`] required of every client.
 pub fn server_config(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<rustls::ServerConfig> {
-    let chain = WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider())
-        .build()
-        .context("the client-certificate verifier")?;
-    let verifier = Arc::new(CommonNameVerifier {
-        chain,
-        common_name: CLIENT_COMMON_NAME,
-    });
+    let chain = chain_verifier(roots(ca_pem)?)?;
+    let verifier = Arc::new(ClientVerifier::new(
+        move || Some(chain.clone()),
+        Some(CLIENT_COMMON_NAME),
+        true,
+    ));
     let key =
         PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("the serving key is not PEM")?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
@@ -149,17 +149,53 @@ pub fn client_config(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<rust
     Ok(config)
 }
 
-/// A verified chain whose leaf has `common_name` (v1.9.0 `verifyPeerCert`: "common name is
-/// invalid").
-#[derive(Debug)]
-struct CommonNameVerifier {
-    chain: Arc<dyn ClientCertVerifier>,
-    common_name: &'static str,
+/// A client-certificate verifier that judges each handshake's chain by the verifier `current`
+/// gives at that moment (none: every certificate is refused), then, if `common_name` is set,
+/// the leaf's common name (v1.9.0 `verifyPeerCert`: "common name is invalid").
+/// `mandatory: false` asks for a certificate but lets a client without one in.
+pub struct ClientVerifier {
+    current: Box<dyn Fn() -> Option<Arc<dyn ClientCertVerifier>> + Send + Sync>,
+    common_name: Option<&'static str>,
+    mandatory: bool,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
-impl ClientCertVerifier for CommonNameVerifier {
+impl std::fmt::Debug for ClientVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientVerifier")
+            .field("common_name", &self.common_name)
+            .field("mandatory", &self.mandatory)
+            .finish()
+    }
+}
+
+impl ClientVerifier {
+    pub fn new(
+        current: impl Fn() -> Option<Arc<dyn ClientCertVerifier>> + Send + Sync + 'static,
+        common_name: Option<&'static str>,
+        mandatory: bool,
+    ) -> Self {
+        ClientVerifier {
+            current: Box::new(current),
+            common_name,
+            mandatory,
+            algorithms: provider().signature_verification_algorithms,
+        }
+    }
+}
+
+impl ClientCertVerifier for ClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.mandatory
+    }
+
+    // No hints: a client with one certificate sends it whatever the server names.
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.chain.root_hint_subjects()
+        &[]
     }
 
     fn verify_client_cert(
@@ -168,12 +204,14 @@ impl ClientCertVerifier for CommonNameVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .chain
-            .verify_client_cert(end_entity, intermediates, now)?;
-        match common_name(end_entity) {
-            Some(name) if name == self.common_name => Ok(verified),
-            other => Err(rustls::Error::General(format!(
+        let Some(chain) = (self.current)() else {
+            return Err(rustls::Error::General("no client CA known yet".into()));
+        };
+        let verified = chain.verify_client_cert(end_entity, intermediates, now)?;
+        match (self.common_name, common_name(end_entity)) {
+            (None, _) => Ok(verified),
+            (Some(wanted), Some(name)) if name == wanted => Ok(verified),
+            (Some(_), other) => Err(rustls::Error::General(format!(
                 "common name is invalid, got {}",
                 other.unwrap_or_default()
             ))),
@@ -186,7 +224,7 @@ impl ClientCertVerifier for CommonNameVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -195,12 +233,20 @@ impl ClientCertVerifier for CommonNameVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
+}
+
+/// A chain verifier for clients of `roots` (for [`ClientVerifier`]).
+pub fn chain_verifier(roots: Arc<rustls::RootCertStore>) -> Result<Arc<dyn ClientCertVerifier>> {
+    WebPkiClientVerifier::builder_with_provider(roots, provider())
+        .allow_unauthenticated()
+        .build()
+        .context("the client-certificate verifier")
 }
 
 /// The common name of a DER certificate.

@@ -22,6 +22,7 @@ pub mod boot_disk;
 pub mod defaults;
 pub mod dhcp_cache;
 pub mod feature_gates;
+pub mod go_duration;
 pub mod kernel_boot;
 pub mod node_labels;
 pub mod pod_network;

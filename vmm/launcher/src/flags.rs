@@ -15,7 +15,7 @@ use std::time::Duration;
 )]
 pub struct Flags {
     /// Exit if no domain is defined within this time (Go duration: 240s, 3m).
-    #[arg(long, default_value = "3m", value_parser = parse_go_duration)]
+    #[arg(long, default_value = "3m", value_parser = proto::contract::go_duration::parse)]
     pub(crate) qemu_timeout: Duration,
     #[arg(long, default_value = "")]
     pub name: String,
@@ -78,15 +78,15 @@ pub struct Flags {
     pub(crate) hypervisor: String,
     #[arg(long, default_value = "")]
     pub(crate) libvirt_log_filters: String,
-    #[arg(long, value_parser = parse_go_duration)]
+    #[arg(long, value_parser = proto::contract::go_duration::parse)]
     pub(crate) qemu_agent_sys_interval: Option<Duration>,
-    #[arg(long, value_parser = parse_go_duration)]
+    #[arg(long, value_parser = proto::contract::go_duration::parse)]
     pub(crate) qemu_agent_file_interval: Option<Duration>,
-    #[arg(long, value_parser = parse_go_duration)]
+    #[arg(long, value_parser = proto::contract::go_duration::parse)]
     pub(crate) qemu_agent_user_interval: Option<Duration>,
-    #[arg(long, value_parser = parse_go_duration)]
+    #[arg(long, value_parser = proto::contract::go_duration::parse)]
     pub(crate) qemu_agent_version_interval: Option<Duration>,
-    #[arg(long, value_parser = parse_go_duration)]
+    #[arg(long, value_parser = proto::contract::go_duration::parse)]
     pub(crate) qemu_fsfreeze_status_interval: Option<Duration>,
     /// glog verbosity, as KubeVirt's `-v`.
     #[arg(short = 'v', long = "v", default_value_t = 2)]
@@ -108,63 +108,9 @@ impl Flags {
     }
 }
 
-/// Parses a Go `time.Duration` string: a sequence of numbers with units
-/// `h`, `m`, `s`, `ms`, `us`, `ns` (`240s`, `3m`, `1h30m`, `1.5s`).
-pub(crate) fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {text:?} (examples: 240s, 3m, 1h30m)");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        if num_len == 0 {
-            return Err(bad());
-        }
-        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Err(bad()),
-        };
-        total += value * seconds;
-        rest = &rest[unit_len..];
-    }
-    if !total.is_finite() || total > 1e12 {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(total))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("240s"), Ok(Duration::from_secs(240)));
-        assert_eq!(parse_go_duration("3m"), Ok(Duration::from_secs(180)));
-        assert_eq!(parse_go_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_go_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_go_duration("250ms"), Ok(Duration::from_millis(250)));
-        for bad in ["", "s", "10", "10x", "-3s", "1e9h"] {
-            assert!(parse_go_duration(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn accepts_the_flags_kubevirt_renders() {
