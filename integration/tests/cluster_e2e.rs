@@ -1582,7 +1582,6 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
 /// just before the handler labelled the node unschedulable was rejected by the kubelet and
 /// its VMI failed (virt-controller now schedules a new pod).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "failed once in CI (no handler back within 300 s), not reproduced since; run explicitly"]
 async fn a_burst_survives_a_handler_and_a_leader_restart() {
     const BURST: usize = 20;
     let cluster = kubevirt().await;
