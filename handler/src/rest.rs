@@ -7,6 +7,11 @@
 //! `unfreeze`: 202 once the launcher did it; 404 for a VMI this node does not run; 500 (400 for
 //! freeze and unfreeze) with the launcher's message when it refused. The VMI's status follows
 //! from the domain's events, as for every other change.
+//!
+//! `GET …/console`: a websocket (`plain.kubevirt.io`) on the VMI's serial console, the
+//! launcher's `virt-serial0` socket in its pod: the console's bytes go out as binary messages,
+//! binary messages come in as typed bytes (text messages are dropped, as v1.9.0 does). One
+//! session per VMI: a new one takes over and the old one is closed (v1.9.0's behaviour).
 
 use crate::launchers::Launchers;
 use crate::launchers::client::VmiCommand;
@@ -35,6 +40,8 @@ pub struct RestConfig {
 struct RestState {
     store: Arc<dyn VmiStore>,
     launchers: Arc<Launchers>,
+    /// The console session of each VMI UID; a new one ends the one before.
+    consoles: std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Sender<bool>>>,
 }
 
 /// The routes (also driven directly by tests).
@@ -42,9 +49,13 @@ pub fn router(store: Arc<dyn VmiStore>, launchers: Arc<Launchers>) -> Router {
     Router::new()
         .route(
             "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{action}",
-            put(act),
+            put(act).get(console),
         )
-        .with_state(Arc::new(RestState { store, launchers }))
+        .with_state(Arc::new(RestState {
+            store,
+            launchers,
+            consoles: Default::default(),
+        }))
 }
 
 fn text(code: StatusCode, message: impl Into<String>) -> Response {
@@ -118,6 +129,100 @@ async fn act(
             text(failure_code, e.to_string())
         }
     }
+}
+
+/// The console: the websocket upgraded first, then the launcher's socket dialed (a failure
+/// closes the websocket), then bytes both ways until either side ends or a newer session of
+/// the same VMI takes over.
+async fn console(
+    State(state): State<Arc<RestState>>,
+    Path((namespace, name, action)): Path<(String, String, String)>,
+    upgrade: axum::extract::ws::WebSocketUpgrade,
+) -> Response {
+    if action != "console" {
+        return text(StatusCode::NOT_FOUND, "404 page not found");
+    }
+    let Some(vmi) = state.store.get(&format!("{namespace}/{name}")) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("VMI {namespace}/{name} does not exist"),
+        );
+    };
+    let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(previous) = state
+        .consoles
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(uid.clone(), stop)
+    {
+        // The session before is over: its relay sees this and closes.
+        let _ = previous.send(true);
+    }
+    upgrade
+        .protocols([handler_api::CONSOLE_PROTOCOL])
+        .on_upgrade(move |socket| async move {
+            let serial = state.launchers.serial_console(&vmi).and_then(|pinned| {
+                let stream = pinned.connect().map_err(|e| e.to_string())?;
+                stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+                tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())
+            });
+            match serial {
+                Ok(serial) => {
+                    tracing::info!(vmi = %format!("{namespace}/{name}"), "console session");
+                    relay(socket, serial, stopped).await;
+                }
+                Err(e) => {
+                    tracing::warn!(vmi = %format!("{namespace}/{name}"), error = %e, "no serial console");
+                }
+            }
+            let mut consoles = state.consoles.lock().unwrap_or_else(|p| p.into_inner());
+            if consoles.get(&uid).is_some_and(|s| s.is_closed()) {
+                consoles.remove(&uid);
+            }
+        })
+}
+
+/// Copies the console's bytes to the websocket and the websocket's binary messages to the
+/// console, until either ends or `stop` turns true.
+async fn relay(
+    socket: axum::extract::ws::WebSocket,
+    serial: tokio::net::UnixStream,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use axum::extract::ws::Message;
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut ws_out, mut ws_in) = socket.split();
+    let (mut serial_in, mut serial_out) = serial.into_split();
+    let mut buffer = vec![0u8; 10240];
+    loop {
+        tokio::select! {
+            read = serial_in.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let bytes = axum::body::Bytes::copy_from_slice(&buffer[..n]);
+                    if ws_out.send(Message::Binary(bytes)).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            message = ws_in.next() => match message {
+                Some(Ok(Message::Binary(bytes))) => {
+                    if serial_out.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                // Text, ping, pong: nothing for the console.
+                Some(Ok(_)) => {}
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    // Closed without a close frame, as v1.9.0's handler closes it: the client sees an abnormal
+    // closure (virtctl: "You were disconnected from the console").
+    drop((ws_out, ws_in));
 }
 
 /// The freeze request's `unfreezeTimeout` in whole seconds (v1.9.0's messages).

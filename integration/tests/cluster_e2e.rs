@@ -1424,8 +1424,82 @@ fn console_of(cluster: &Cluster, namespace: &str, pod: &str) -> String {
         .unwrap_or_default()
 }
 
+/// A `virtctl console` session: its stdin to type, its stdout read by a thread.
+struct ConsoleSession {
+    child: std::process::Child,
+    output: Arc<Mutex<Vec<u8>>>,
+}
+
+impl ConsoleSession {
+    fn open(cluster: &Cluster, namespace: &str, vmi: &str) -> Self {
+        let mut child = cluster
+            .virtctl()
+            .args(["-n", namespace, "console", vmi, "--timeout", "1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("virtctl console starts");
+        let output = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let output = output.clone();
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buffer = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut stream, &mut buffer) {
+                    if n == 0 {
+                        break;
+                    }
+                    output.lock().unwrap().extend_from_slice(&buffer[..n]);
+                }
+            });
+        }
+        ConsoleSession { child, output }
+    }
+
+    fn type_in(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(bytes).expect("typing into virtctl console");
+        stdin.flush().unwrap();
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the session's output (stdout and stderr) contains `needle`.
+    async fn wait_for(&self, needle: &str) {
+        wait_for_within(
+            &format!("{needle:?} in the console"),
+            Duration::from_secs(60),
+            || {
+                let seen = self.text().contains(needle);
+                async move { seen.then_some(()) }
+            },
+        )
+        .await;
+    }
+
+    /// Whether virtctl has ended.
+    fn ended(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+}
+
+impl Drop for ConsoleSession {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// KubeVirt v1.9.0's virtctl on a running VMI, through virt-api and the handler of its node
-/// (mutual TLS): `pause` stops the guest (the VMI's `Paused` condition, the launcher pod not
+/// (mutual TLS): `console` (typed text echoed by the guest; a second session takes over; the
+/// console log keeps logging), `pause` stops the guest (the VMI's `Paused` condition, the launcher pod not
 /// Ready through its readiness gate), `unpause` resumes it; `soft-reboot` (Ctrl-Alt-Del) and
 /// `reset` boot the guest again in the same VMI; what v1.9.0 refuses is refused with its
 /// message; the agent queries answer as v1.9.0 does without a guest agent.
@@ -1441,6 +1515,7 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
     let pod = vms.launcher_pod(&vmi).await;
     let pod_name = pod.metadata.name.clone().unwrap();
     vms.console_done(cluster, &pod_name).await;
+
     eprintln!("lively: the guest is up, pausing it");
     let boots = |console: &str| console.lines().filter(|l| l.starts_with("DONE ")).count();
 
@@ -1520,6 +1595,54 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
     .await;
     let (ok, _, err) = virtctl(cluster, &["-n", &ns, "unpause", "vmi", "lively"]);
     assert!(!ok && err.contains("VMI is not paused"), "{err}");
+
+    // console: through the API server, virt-api and the handler to the launcher's serial
+    // socket; the waiting guest echoes what is typed. A second session takes over: the first
+    // ends. The console log sidecar logs on throughout.
+    let mut first = ConsoleSession::open(cluster, &ns, "lively");
+    first
+        .wait_for("Successfully connected to lively console")
+        .await;
+    first.type_in(b"first-session-ping\r\n");
+    first.wait_for("first-session-ping").await;
+    let mut second = ConsoleSession::open(cluster, &ns, "lively");
+    second
+        .wait_for("Successfully connected to lively console")
+        .await;
+    wait_for_within(
+        "the first console session to end",
+        Duration::from_secs(30),
+        || {
+            let ended = first.ended();
+            async move { ended.then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        first
+            .text()
+            .contains("You were disconnected from the console"),
+        "{}",
+        first.text()
+    );
+    second.type_in(b"second-session-ping\r\n");
+    second.wait_for("second-session-ping").await;
+    second.type_in(&[29]); // Ctrl+], virtctl's escape
+    wait_for_within(
+        "the second console session to end",
+        Duration::from_secs(30),
+        || {
+            let ended = second.ended();
+            async move { ended.then_some(()) }
+        },
+    )
+    .await;
+    let log = console_of(cluster, &ns, &pod_name);
+    assert!(
+        log.contains("first-session-ping") && log.contains("second-session-ping"),
+        "the console log has both sessions' echoes: {log}"
+    );
+    drop((first, second));
 
     // soft-reboot: Ctrl-Alt-Del; the guest asks for a reset and boots again.
     let (ok, out, err) = virtctl(cluster, &["-n", &ns, "soft-reboot", "lively"]);

@@ -265,8 +265,10 @@ fn a_console_client_reads_serial_output_from_a_unix_socket() {
         "{seen:?}"
     );
 
-    // Input from the client reaches the UART without disturbing the VM.
-    (&stream).write_all(b"hello").unwrap();
+    // Input from the client reaches the UART: the waiting guest echoes it.
+    (&stream).write_all(b"hello\n").unwrap();
+    let line = lines.next().and_then(Result::ok);
+    assert_eq!(line.as_deref(), Some("hello"), "the guest's echo");
     vm.request_shutdown().unwrap();
     assert_eq!(vm.wait_timeout(BOOT), Some(VmExit::PowerOff { code: 0 }));
     let line = lines.next().and_then(Result::ok);

@@ -124,6 +124,23 @@ impl Launchers {
         self
     }
 
+    /// The serial console socket of `vmi`'s launcher (`virt-serial0` in its pod's `private`
+    /// volume), opened without following links and pinned: a connection reaches that socket.
+    pub(crate) fn serial_console(
+        &self,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<podfs::PinnedSocket, String> {
+        let pod = socket::find_socket(vmi, &self.node, &self.paths.pods_dir)
+            .map_err(|e| e.to_string())?;
+        let uid = vmi.metadata.uid.as_deref().unwrap_or_default();
+        let path = pod
+            .empty_dir(proto::contract::pod_paths::PRIVATE_VOLUME)
+            .join(uid)
+            .join(proto::contract::pod_paths::SERIAL_CONSOLE_SOCKET);
+        podfs::PinnedSocket::open(&self.paths.pods_dir, &path)
+            .map_err(|e| format!("the serial console socket {}: {e}", path.display()))
+    }
+
     pub fn paths(&self) -> &LauncherPaths {
         &self.paths
     }

@@ -9,7 +9,8 @@
 //!   `interrupts` (`int n`, `int3`, `int 2` and their gate checks), `acpi`,
 //!   `pci`, `smbios` (the SMBIOS tables) and `rtc` (the CMOS clock, which
 //!   sleeps 1.1 s to see it tick).
-//! - `exit=poweroff|reset|halt|spin` — how the guest ends (see `exit.rs`).
+//! - `exit=poweroff|reset|halt|tick` — how the guest ends (see `exit.rs`); in the waiting
+//!   modes (`halt`, `tick`) the guest also echoes what arrives on its serial console.
 //! - `acpi_delay=MS` — in the waiting exit modes, enable the power button
 //!   (route the GED's interrupt) only MS milliseconds after the checks, as
 //!   a guest whose ACPI comes up late: a press before must still arrive.

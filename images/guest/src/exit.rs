@@ -99,6 +99,9 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
         _ => return,
     };
     crate::irq::route(KEYBOARD_PIN);
+    // What arrives on the serial console is echoed while the guest waits.
+    crate::irq::route(crate::serial::COM1_PIN);
+    crate::serial::enable_receive_interrupt();
     if acpi_delay_ms > 0 {
         crate::serial::write_str("ACPI power button enabled later\n");
         crate::irq::sleep_ms(acpi_delay_ms);
@@ -120,9 +123,14 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
         let keyboard = if tick {
             crate::irq::wait(KEYBOARD_PIN, step_ms)
         } else {
-            crate::irq::wait_any(&[KEYBOARD_PIN, crate::acpi::GED_PIN], step_ms);
+            crate::irq::wait_any(
+                &[KEYBOARD_PIN, crate::acpi::GED_PIN, crate::serial::COM1_PIN],
+                step_ms,
+            );
             crate::irq::take(KEYBOARD_PIN)
         };
+        crate::irq::take(crate::serial::COM1_PIN);
+        crate::serial::echo_input();
         if keyboard || inb(I8042_STATUS) & I8042_OUTPUT_FULL != 0 {
             // Drain the controller's buffer, bounded.
             for _ in 0..32 {

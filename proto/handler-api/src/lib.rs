@@ -45,6 +45,15 @@ pub const CLIENT_SECRET: &str = "kubevirt-virt-handler-certs";
 pub const CA_CONFIG_MAP: &str = "kubevirt-ca";
 pub const CA_BUNDLE_KEY: &str = "ca-bundle";
 
+/// The websocket subprotocol of the console (`plain.kubevirt.io`): raw bytes in binary
+/// messages.
+pub const CONSOLE_PROTOCOL: &str = "plain.kubevirt.io";
+
+/// The handler's path for a VMI's console websocket.
+pub fn console_path(namespace: &str, name: &str) -> String {
+    format!("/v1/namespaces/{namespace}/virtualmachineinstances/{name}/console")
+}
+
 /// What virt-api forwards (v1.9.0 `kubecli/handler.go`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -260,6 +269,21 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
         .map(str::to_string)
 }
 
+/// A TLS connection to the handler at `address` (for a websocket relay).
+pub async fn connect(
+    config: Arc<rustls::ClientConfig>,
+    address: SocketAddr,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(address)
+        .await
+        .with_context(|| format!("connecting to virt-handler at {address}"))?;
+    let name = ServerName::try_from(SERVER_NAME)?;
+    TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .with_context(|| format!("TLS with virt-handler at {address}"))
+}
+
 /// One request to a handler at `address`: the status and the body. `timeout` bounds all of
 /// it (v1.9.0's client gives a handler 10 s).
 pub async fn request(
@@ -271,14 +295,7 @@ pub async fn request(
     timeout: Duration,
 ) -> Result<(http::StatusCode, Vec<u8>)> {
     tokio::time::timeout(timeout, async {
-        let tcp = TcpStream::connect(address)
-            .await
-            .with_context(|| format!("connecting to virt-handler at {address}"))?;
-        let name = ServerName::try_from(SERVER_NAME)?;
-        let tls = TlsConnector::from(config)
-            .connect(name, tcp)
-            .await
-            .with_context(|| format!("TLS with virt-handler at {address}"))?;
+        let tls = connect(config, address).await?;
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
         let connection = tokio::spawn(connection);

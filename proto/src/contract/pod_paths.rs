@@ -15,6 +15,14 @@ pub const KERNEL_BOOT_VOLUME: &str = "kernel-boot-volume";
 /// binding's DHCP cache.
 pub const PRIVATE_DIR: &str = "/var/run/kubevirt-private";
 
+/// The serial console's socket in `PRIVATE_DIR/<vmi uid>/` (`converter/compute/console.go`);
+/// the handler connects to it for `virtctl console`. Its log beside it.
+pub const SERIAL_CONSOLE_SOCKET: &str = "virt-serial0";
+pub const SERIAL_CONSOLE_LOG: &str = "virt-serial0-log";
+
+/// The pod volume `PRIVATE_DIR` is (an emptyDir).
+pub const PRIVATE_VOLUME: &str = "private";
+
 /// Where the launcher links container disks (`disk_<i>.img`) and kernel-boot artifacts
 /// (`kernel-boot/<basename>`).
 pub const CONTAINER_DISK_DIR: &str = "/var/run/kubevirt/container-disks";

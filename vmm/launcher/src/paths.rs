@@ -149,12 +149,14 @@ impl Paths {
         self.private_dir.join(uid)
     }
     pub fn serial_socket(&self, uid: &PathName) -> PathBuf {
-        self.vmi_private_dir(uid).join("virt-serial0")
+        self.vmi_private_dir(uid)
+            .join(proto::contract::pod_paths::SERIAL_CONSOLE_SOCKET)
     }
     /// The console log; its rotated backups are `<log>.0` (newest) and up
     /// (`crate::console_log`).
     pub fn serial_log(&self, uid: &PathName) -> PathBuf {
-        self.vmi_private_dir(uid).join("virt-serial0-log")
+        self.vmi_private_dir(uid)
+            .join(proto::contract::pod_paths::SERIAL_CONSOLE_LOG)
     }
     /// `disk-data/<volume>/disk.qcow2`: the overlay of a container disk or ephemeral volume.
     pub fn overlay(&self, volume: &PathName) -> PathBuf {

@@ -69,6 +69,10 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
             put(restart_vm),
         )
         .route(
+            &format!("{namespaced}/virtualmachineinstances/{{name}}/console"),
+            get(console),
+        )
+        .route(
             &format!("{namespaced}/virtualmachineinstances/{{name}}/{{action}}"),
             put(vmi_action).get(agent_query),
         )
@@ -395,6 +399,38 @@ async fn forward(
     dry_run: bool,
 ) -> Result<(), ApiError> {
     vmi::check_connectable(vmi)?;
+    let address = handler_address(state, vmi).await?;
+    if dry_run {
+        return Ok(());
+    }
+    let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
+    let name = vmi.metadata.name.as_deref().unwrap_or_default();
+    let (status, answer) = handler_api::request(
+        state.handler_tls.clone(),
+        address,
+        axum::http::Method::PUT,
+        &handler_api::vmi_path(namespace, name, action),
+        body,
+        HANDLER_TIMEOUT,
+    )
+    .await
+    .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    if !status.is_success() {
+        return Err(ApiError::internal(format!(
+            "unexpected return code {} ({status}), message: {}",
+            status.as_u16(),
+            String::from_utf8_lossy(&answer)
+        )));
+    }
+    Ok(())
+}
+
+/// The endpoint of the handler on `vmi`'s node (v1.9.0 `kubecli/handler.go`): the one
+/// virt-handler pod of the install namespace there, at its pod IP (400 otherwise).
+async fn handler_address(
+    state: &AppState,
+    vmi: &VirtualMachineInstance,
+) -> Result<std::net::SocketAddr, ApiError> {
     let node = vmi
         .status
         .as_ref()
@@ -430,29 +466,7 @@ async fn forward(
         .and_then(|s| s.pod_ip.as_deref())
         .and_then(|ip| ip.parse().ok())
         .ok_or_else(|| ApiError::bad_request(format!("virt-handler on node {node} has no IP")))?;
-    if dry_run {
-        return Ok(());
-    }
-    let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
-    let name = vmi.metadata.name.as_deref().unwrap_or_default();
-    let (status, answer) = handler_api::request(
-        state.handler_tls.clone(),
-        std::net::SocketAddr::new(ip, handler_api::PORT),
-        axum::http::Method::PUT,
-        &handler_api::vmi_path(namespace, name, action),
-        body,
-        HANDLER_TIMEOUT,
-    )
-    .await
-    .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    if !status.is_success() {
-        return Err(ApiError::internal(format!(
-            "unexpected return code {} ({status}), message: {}",
-            status.as_u16(),
-            String::from_utf8_lossy(&answer)
-        )));
-    }
-    Ok(())
+    Ok(std::net::SocketAddr::new(ip, handler_api::PORT))
 }
 
 /// v1.9.0's client gives a handler 10 s.
@@ -478,4 +492,152 @@ async fn agent_query(
         .await
         .map_err(|e| ApiError::internal(e).as_plain(500))?;
     Err(vmi::agent_query(vmi.as_ref(), &target.name))
+}
+
+/// `console`: v1.9.0's checks, then the handler's websocket dialed before the client's is
+/// accepted (a failure is an ordinary answer), then bytes relayed both ways unchanged: the
+/// client's websocket handshake goes to the handler, whose `Sec-WebSocket-Accept` answers the
+/// client, so the frames pass through virt-api as they are (v1.9.0's raw streamer).
+async fn console(
+    State(state): State<Arc<AppState>>,
+    Path(target): Path<Target>,
+    mut request: Request,
+) -> Result<Response, ApiError> {
+    // What is needed of the request, taken before anything is awaited (its body is not Sync).
+    let (key, offered_protocol, on_upgrade) = {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let key = header("sec-websocket-key");
+        let offered = header("sec-websocket-protocol").is_some_and(|p| {
+            p.split(',')
+                .any(|p| p.trim() == handler_api::CONSOLE_PROTOCOL)
+        });
+        let on_upgrade = request
+            .extensions_mut()
+            .remove::<hyper::upgrade::OnUpgrade>();
+        (key, offered, on_upgrade)
+    };
+    drop(request);
+    target.check_version()?;
+    let vmi = get_vmi_or_404(&state, &target).await?;
+    vmi::check_console(&vmi)?;
+    vmi::check_connectable(&vmi)?;
+    let address = handler_address(&state, &vmi).await?;
+    let (Some(key), Some(on_upgrade)) = (key, on_upgrade) else {
+        return Err(ApiError::bad_request(
+            "Bad Request: not a websocket request",
+        ));
+    };
+    let namespace = vmi.metadata.namespace.clone().unwrap_or_default();
+    let name = vmi.metadata.name.clone().unwrap_or_default();
+    let (upstream, accept, early) = console_upstream(&state, address, &namespace, &name, &key)
+        .await
+        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    tokio::spawn(async move {
+        let client = match on_upgrade.await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::info!(error = %e, "the console's client went away before its upgrade");
+                return;
+            }
+        };
+        let mut client = hyper_util::rt::TokioIo::new(client);
+        let mut upstream = upstream;
+        use tokio::io::AsyncWriteExt;
+        if !early.is_empty() && client.write_all(&early).await.is_err() {
+            return;
+        }
+        match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+            Ok((sent, received)) => {
+                tracing::info!(vmi = %format!("{namespace}/{name}"), sent, received, "console session ended")
+            }
+            Err(e) => {
+                tracing::info!(vmi = %format!("{namespace}/{name}"), error = %e, "console session ended")
+            }
+        }
+    });
+    let mut response = Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header("Sec-WebSocket-Accept", accept);
+    if offered_protocol {
+        response = response.header("Sec-WebSocket-Protocol", handler_api::CONSOLE_PROTOCOL);
+    }
+    response
+        .body(axum::body::Body::empty())
+        .map_err(ApiError::internal)
+}
+
+/// The handler's console websocket, upgraded with the client's key: the stream, the
+/// handler's `Sec-WebSocket-Accept`, and any bytes that came after its answer.
+async fn console_upstream(
+    state: &AppState,
+    address: std::net::SocketAddr,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> anyhow::Result<(
+    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    String,
+    Vec<u8>,
+)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tokio::time::timeout(
+        HANDLER_TIMEOUT,
+        handler_api::connect(state.handler_tls.clone(), address),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("virt-handler at {address} did not answer"))??;
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Protocol: {}\r\n\r\n",
+        handler_api::console_path(namespace, name),
+        handler_api::SERVER_NAME,
+        handler_api::CONSOLE_PROTOCOL,
+    );
+    tls.write_all(request.as_bytes()).await?;
+    // The answer's head, bounded; what follows it is the console already.
+    let mut received = Vec::new();
+    let head_end = loop {
+        if let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        anyhow::ensure!(
+            received.len() < 16 << 10,
+            "virt-handler's answer has no end"
+        );
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(HANDLER_TIMEOUT, tls.read(&mut chunk))
+            .await
+            .map_err(|_| anyhow::anyhow!("virt-handler at {address} did not answer"))??;
+        anyhow::ensure!(n > 0, "virt-handler closed the connection");
+        received.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&received[..head_end]).into_owned();
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .unwrap_or(0);
+    if code != 101 {
+        let body = String::from_utf8_lossy(&received[head_end..]).into_owned();
+        anyhow::bail!("Can't connect to websocket ({code}): websocket: bad handshake: {body}");
+    }
+    let accept = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("sec-websocket-accept")
+                .then(|| value.trim().to_string())
+        })
+        .ok_or_else(|| anyhow::anyhow!("virt-handler's answer has no Sec-WebSocket-Accept"))?;
+    Ok((tls, accept, received[head_end..].to_vec()))
 }

@@ -122,6 +122,18 @@ pub fn check(
     Ok(())
 }
 
+/// The console's own checks (v1.9.0 `console.go`): a serial console at all, a VMI that runs.
+pub fn check_console(vmi: &VirtualMachineInstance) -> Result<(), ApiError> {
+    if vmi.spec.domain.devices.autoattach_serial_console == Some(false) {
+        return Err(ApiError::bad_request("No serial consoles are present."));
+    }
+    match vmi.phase() {
+        Phase::Failed => Err(conflict(vmi, "VMI is in failed status")),
+        Phase::Running => Ok(()),
+        _ => Err(ApiError::bad_request("VMI is not running")),
+    }
+}
+
 /// `ValidateVMIForConnection`'s phase check: a handler is asked only for a VMI it runs.
 pub fn check_connectable(vmi: &VirtualMachineInstance) -> Result<(), ApiError> {
     let phase = vmi.phase();
