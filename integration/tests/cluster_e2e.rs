@@ -1432,8 +1432,16 @@ struct ConsoleSession {
 
 impl ConsoleSession {
     fn open(cluster: &Cluster, namespace: &str, vmi: &str) -> Self {
-        let mut child = cluster
-            .virtctl()
+        Self::open_as(cluster, namespace, vmi, None)
+    }
+
+    /// The session as the admin, or as the holder of `token`.
+    fn open_as(cluster: &Cluster, namespace: &str, vmi: &str, token: Option<&str>) -> Self {
+        let mut command = cluster.virtctl();
+        if let Some(token) = token {
+            command.args(["--token", token]);
+        }
+        let mut child = command
             .args(["-n", namespace, "console", vmi, "--timeout", "1"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1643,6 +1651,80 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
         "the console log has both sessions' echoes: {log}"
     );
     drop((first, second));
+    // RBAC: a ServiceAccount without `get` on virtualmachineinstances/console is refused by
+    // the API server; a Role granting just that opens the console.
+    cluster
+        .kubectl_output(&["-n", &ns, "create", "serviceaccount", "watcher"])
+        .unwrap();
+    // Through the API (kubectl's `create role` checks the resource against discovery, which
+    // lists only subresource names for this group).
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "console-only"},
+        "rules": [{
+            "apiGroups": ["subresources.kubevirt.io"],
+            "resources": ["virtualmachineinstances/console"],
+            "verbs": ["get"],
+        }],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(vms.client.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("the Role");
+    let token = cluster
+        .kubectl_output(&["-n", &ns, "create", "token", "watcher"])
+        .unwrap();
+    let token = token.trim().to_string();
+    let (ok, out, err) = virtctl(
+        cluster,
+        &[
+            "--token",
+            &token,
+            "-n",
+            &ns,
+            "console",
+            "lively",
+            "--timeout",
+            "1",
+        ],
+    );
+    assert!(
+        !ok && err.contains("forbidden")
+            && err.contains("cannot get resource \"virtualmachineinstances/console\""),
+        "{out}{err}"
+    );
+    cluster
+        .kubectl_output(&[
+            "-n",
+            &ns,
+            "create",
+            "rolebinding",
+            "watcher-console",
+            "--role=console-only",
+            &format!("--serviceaccount={ns}:watcher"),
+        ])
+        .unwrap();
+    let watcher = wait_for_within("the watcher's console", Duration::from_secs(30), || {
+        let mut session = ConsoleSession::open_as(cluster, &ns, "lively", Some(&token));
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if session
+                    .text()
+                    .contains("Successfully connected to lively console")
+                {
+                    return Some(session);
+                }
+                if session.ended() {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None
+        }
+    })
+    .await;
+    drop(watcher);
 
     // soft-reboot: Ctrl-Alt-Del; the guest asks for a reset and boots again.
     let (ok, out, err) = virtctl(cluster, &["-n", &ns, "soft-reboot", "lively"]);

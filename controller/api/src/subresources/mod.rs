@@ -23,7 +23,7 @@ use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{any, get, put};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use proto::kubevirt::{VirtualMachine, VirtualMachineInstance};
@@ -75,6 +75,19 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route(
             &format!("{namespaced}/virtualmachineinstances/{{name}}/{{action}}"),
             put(vmi_action).get(agent_query),
+        )
+        // What v1.9.0 serves and this project does not (yet): a clear answer, not a 404.
+        .route(
+            &format!("{namespaced}/virtualmachineinstances/{{name}}/{{action}}/{{*rest}}"),
+            any(not_served_vmi),
+        )
+        .route(
+            &format!("{namespaced}/virtualmachines/{{name}}/{{action}}"),
+            any(not_served_vm),
+        )
+        .route(
+            &format!("{namespaced}/virtualmachines/{{name}}/{{action}}/{{*rest}}"),
+            any(not_served_vm),
         )
         .route_layer(axum::middleware::from_fn_with_state(state, authorize))
 }
@@ -320,6 +333,64 @@ impl ActionTarget {
     }
 }
 
+/// The subresources v1.9.0 serves that this project does not, and why.
+const NOT_SERVED: &[(&str, &str)] = &[
+    ("vnc", "the VMs have no display device"),
+    ("usbredir", "the VMs have no USB controller"),
+    ("portforward", "port forwarding is not implemented yet"),
+    ("vsock", "the VMs have no vsock device"),
+    ("migrate", "live migration is not implemented yet"),
+    ("evacuate", "live migration is not implemented yet"),
+    ("addvolume", "volume hotplug is not implemented"),
+    ("removevolume", "volume hotplug is not implemented"),
+    ("memorydump", "memory dumps are not implemented"),
+    ("removememorydump", "memory dumps are not implemented"),
+    (
+        "expand-spec",
+        "instance types and preferences are not implemented",
+    ),
+    ("objectgraph", "object graphs are not implemented"),
+    ("sev", "the VMs have no SEV"),
+    ("backup", "backups are not implemented"),
+    ("redefine-checkpoint", "backups are not implemented"),
+];
+
+/// 501 for a subresource v1.9.0 serves and this project does not (with the reason); the
+/// API machinery's 404 for anything else.
+fn not_served(resource: &str, action: &str) -> ApiError {
+    match NOT_SERVED.iter().find(|(name, _)| *name == action) {
+        Some((_, why)) => ApiError {
+            code: 501,
+            reason: "NotImplemented",
+            message: format!("{resource}/{action} is not supported by kubevirt-rs: {why}"),
+            details: None,
+            plain: false,
+        },
+        None => page_not_found(),
+    }
+}
+
+/// The names in a path of a subresource that is not served.
+#[derive(serde::Deserialize)]
+struct OtherTarget {
+    version: String,
+    action: String,
+}
+
+async fn not_served_vmi(Path(path): Path<OtherTarget>) -> ApiError {
+    if !SUBRESOURCE_VERSIONS.contains(&path.version.as_str()) {
+        return page_not_found();
+    }
+    not_served("virtualmachineinstances", &path.action)
+}
+
+async fn not_served_vm(Path(path): Path<OtherTarget>) -> ApiError {
+    if !SUBRESOURCE_VERSIONS.contains(&path.version.as_str()) {
+        return page_not_found();
+    }
+    not_served("virtualmachines", &path.action)
+}
+
 fn page_not_found() -> ApiError {
     ApiError {
         code: 404,
@@ -358,7 +429,7 @@ async fn vmi_action(
     let target = path.target();
     target.check_version()?;
     let Some(action) = handler_api::Action::from_segment(&path.action) else {
-        return Err(page_not_found());
+        return Err(not_served("virtualmachineinstances", &path.action));
     };
     let vmi = get_vmi_or_404(&state, &target).await?;
     let vm = if action == handler_api::Action::Unpause {
@@ -484,7 +555,7 @@ async fn agent_query(
         path.action.as_str(),
         "guestosinfo" | "userlist" | "filesystemlist"
     ) {
-        return Err(page_not_found());
+        return Err(not_served("virtualmachineinstances", &path.action));
     }
     let api: Api<VirtualMachineInstance> = Api::namespaced(state.client.clone(), &target.namespace);
     let vmi = api
@@ -640,4 +711,22 @@ async fn console_upstream(
         })
         .ok_or_else(|| anyhow::anyhow!("virt-handler's answer has no Sec-WebSocket-Accept"))?;
     Ok((tls, accept, received[head_end..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_not_served_says_why() {
+        let vnc = not_served("virtualmachineinstances", "vnc");
+        assert_eq!(
+            (vnc.code, vnc.message.as_str()),
+            (
+                501,
+                "virtualmachineinstances/vnc is not supported by kubevirt-rs: the VMs have no display device"
+            )
+        );
+        assert_eq!(not_served("virtualmachines", "nonsense").code, 404);
+    }
 }
