@@ -95,14 +95,29 @@ fn the_daemonset_runs_the_handler_as_kubevirts_does() {
             );
         }
     }
+    // Each volume by what it shows: a host path, or `secret:<name>` / `configmap:<name>` (the
+    // endpoint for virt-api's certificate and CA, optional: written by virt-api).
     let volumes: BTreeMap<String, String> = pod
         .volumes
         .as_ref()
         .expect("volumes")
         .iter()
         .map(|v| {
-            let host = v.host_path.as_ref().expect("hostPath volume").path.clone();
-            (v.name.clone(), host)
+            let source = if let Some(host) = &v.host_path {
+                host.path.clone()
+            } else if let Some(secret) = &v.secret {
+                assert_eq!(secret.optional, Some(true), "{}", v.name);
+                format!("secret:{}", secret.secret_name.clone().unwrap_or_default())
+            } else if let Some(config_map) = &v.config_map {
+                assert_eq!(config_map.optional, Some(true), "{}", v.name);
+                format!("configmap:{}", config_map.name)
+            } else {
+                panic!(
+                    "volume {} is neither a host path, a Secret nor a ConfigMap",
+                    v.name
+                )
+            };
+            (v.name.clone(), source)
         })
         .collect();
     let mounts: BTreeMap<String, String> = c
@@ -128,6 +143,16 @@ fn the_daemonset_runs_the_handler_as_kubevirts_does() {
             "/var/lib/kubelet/device-plugins",
             "/var/lib/kubelet/device-plugins",
             "[default: /var/lib/kubelet/device-plugins]",
+        ),
+        (
+            "/etc/virt-handler/servercertificates",
+            "secret:kubevirt-virt-handler-server-certs",
+            "[default: /etc/virt-handler/servercertificates]",
+        ),
+        (
+            "/etc/virt-handler/ca",
+            "configmap:kubevirt-ca",
+            "[default: /etc/virt-handler/ca/ca-bundle]",
         ),
     ] {
         assert_eq!(
