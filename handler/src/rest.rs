@@ -150,23 +150,31 @@ async fn console(
     };
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    if let Some(previous) = state
-        .consoles
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(uid.clone(), stop)
     {
-        // The session before is over: its relay sees this and closes.
-        let _ = previous.send(true);
+        let mut consoles = state.consoles.lock().unwrap_or_else(|p| p.into_inner());
+        // Sessions that ended, or whose client left before its upgrade, are forgotten.
+        consoles.retain(|_, session| !session.is_closed());
+        if let Some(previous) = consoles.insert(uid.clone(), stop) {
+            // The session before is over: its relay sees this and closes.
+            let _ = previous.send(true);
+        }
     }
     upgrade
         .protocols([handler_api::CONSOLE_PROTOCOL])
         .on_upgrade(move |socket| async move {
-            let serial = state.launchers.serial_console(&vmi).and_then(|pinned| {
-                let stream = pinned.connect().map_err(|e| e.to_string())?;
-                stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-                tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())
-            });
+            // The launcher's socket is the pod's: a connect that hangs gives up.
+            let serial = match state.launchers.serial_console(&vmi) {
+                Ok(pinned) => {
+                    match tokio::time::timeout(CONSOLE_CONNECT_TIMEOUT, pinned.connect_async())
+                        .await
+                    {
+                        Ok(Ok(serial)) => Ok(serial),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("the serial console socket does not answer".to_string()),
+                    }
+                }
+                Err(e) => Err(e),
+            };
             match serial {
                 Ok(serial) => {
                     tracing::info!(vmi = %format!("{namespace}/{name}"), "console session");
@@ -174,6 +182,7 @@ async fn console(
                 }
                 Err(e) => {
                     tracing::warn!(vmi = %format!("{namespace}/{name}"), error = %e, "no serial console");
+                    drop(stopped);
                 }
             }
             let mut consoles = state.consoles.lock().unwrap_or_else(|p| p.into_inner());
@@ -183,8 +192,12 @@ async fn console(
         })
 }
 
+/// How long connecting to a launcher's serial console may take.
+const CONSOLE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Copies the console's bytes to the websocket and the websocket's binary messages to the
-/// console, until either ends or `stop` turns true.
+/// console, each direction on a task of its own (a side that stops reading holds up only its
+/// direction), until either direction ends or `stop` turns true; then both end.
 async fn relay(
     socket: axum::extract::ws::WebSocket,
     serial: tokio::net::UnixStream,
@@ -195,10 +208,10 @@ async fn relay(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut ws_out, mut ws_in) = socket.split();
     let (mut serial_in, mut serial_out) = serial.into_split();
-    let mut buffer = vec![0u8; 10240];
-    loop {
-        tokio::select! {
-            read = serial_in.read(&mut buffer) => match read {
+    let mut to_client = tokio::spawn(async move {
+        let mut buffer = vec![0u8; 10240];
+        loop {
+            match serial_in.read(&mut buffer).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let bytes = axum::body::Bytes::copy_from_slice(&buffer[..n]);
@@ -206,23 +219,33 @@ async fn relay(
                         break;
                     }
                 }
-            },
-            message = ws_in.next() => match message {
-                Some(Ok(Message::Binary(bytes))) => {
+            }
+        }
+    });
+    let mut to_guest = tokio::spawn(async move {
+        while let Some(message) = ws_in.next().await {
+            match message {
+                Ok(Message::Binary(bytes)) => {
                     if serial_out.write_all(&bytes).await.is_err() {
                         break;
                     }
                 }
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                Ok(Message::Close(_)) | Err(_) => break,
                 // Text, ping, pong: nothing for the console.
-                Some(Ok(_)) => {}
-            },
-            _ = stop.changed() => break,
+                Ok(_) => {}
+            }
         }
+    });
+    tokio::select! {
+        _ = &mut to_client => {}
+        _ = &mut to_guest => {}
+        _ = stop.changed() => {}
     }
-    // Closed without a close frame, as v1.9.0's handler closes it: the client sees an abnormal
-    // closure (virtctl: "You were disconnected from the console").
-    drop((ws_out, ws_in));
+    // Both halves dropped with their tasks: the websocket is closed without a close frame, as
+    // v1.9.0's handler closes it (the client sees an abnormal closure; virtctl: "You were
+    // disconnected from the console").
+    to_client.abort();
+    to_guest.abort();
 }
 
 /// The freeze request's `unfreezeTimeout` in whole seconds (v1.9.0's messages).

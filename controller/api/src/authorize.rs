@@ -18,6 +18,12 @@ pub fn access_review(
     path: &str,
     user: &User,
 ) -> Result<SubjectAccessReview, String> {
+    // The review is built from the path as sent, the handlers act on its decoded segments:
+    // no Kubernetes name or namespace holds a `%`, so an encoded path is refused rather than
+    // reviewed under one name and acted on under another.
+    if path.contains('%') {
+        return Err(format!("unknown api endpoint: {path}"));
+    }
     // "", "apis", group, version, "namespaces", namespace, resource, [name, subresource...]
     let parts: Vec<&str> = path.split('/').collect();
     let attributes = if parts.len() >= 9 {
@@ -207,6 +213,11 @@ mod tests {
                 "unknown resource type secrets",
             ),
             (Method::GET, "/apis/x".to_string(), "unknown api endpoint"),
+            (
+                Method::PUT,
+                format!("{base}/virtualmachineinstances/vm%31/pause"),
+                "unknown api endpoint",
+            ),
             (
                 Method::OPTIONS,
                 format!("{base}/virtualmachines/v/start"),
