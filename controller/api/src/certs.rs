@@ -118,30 +118,35 @@ pub fn new_serving(ca: &Pair, service: &str, namespace: &str, names: &[String]) 
 /// key that goes with it.
 pub fn verifies(ca: &Pair, serving: &Pair, names: &[String]) -> bool {
     let check = || -> Result<()> {
-        let ca_der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca_der)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()?;
-        let cert = CertificateDer::from_pem_slice(serving.cert_pem.as_bytes())?;
-        for name in names {
-            let name = ServerName::try_from(name.clone())?;
-            rustls::client::danger::ServerCertVerifier::verify_server_cert(
-                verifier.as_ref(),
-                &cert,
-                &[],
-                &name,
-                &[],
-                UnixTime::now(),
-            )?;
-        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        verify_server_cert(ca, serving, &names)?;
         // The key must be the certificate's: rustls checks that when it loads both.
         server_config(serving)?;
         Ok(())
     };
     check().is_ok()
+}
+
+/// Whether a TLS client trusting only `ca` accepts `serving` for each of `names`.
+fn verify_server_cert(ca: &Pair, serving: &Pair, names: &[&str]) -> Result<()> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())?)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()?;
+    let cert = CertificateDer::from_pem_slice(serving.cert_pem.as_bytes())?;
+    for name in names {
+        rustls::client::danger::ServerCertVerifier::verify_server_cert(
+            verifier.as_ref(),
+            &cert,
+            &[],
+            &ServerName::try_from(name.to_string())?,
+            &[],
+            UnixTime::now(),
+        )?;
+    }
+    Ok(())
 }
 
 /// rustls' server configuration for `serving` (HTTP/1.1, ring, TLS 1.2 and 1.3), without
@@ -351,27 +356,17 @@ pub fn new_handler_cert(ca: &Pair, kind: HandlerCert) -> Result<Pair> {
 /// Whether `pair` is a handler certificate of `kind` that `ca` verifies now, with its key.
 pub fn handler_cert_verifies(ca: &Pair, pair: &Pair, kind: HandlerCert) -> bool {
     let check = || -> Result<()> {
-        let cert = CertificateDer::from_pem_slice(pair.cert_pem.as_bytes())?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())?)?;
-        let roots = Arc::new(roots);
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
         match kind {
             HandlerCert::Server => {
-                let verifier =
-                    rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider)
-                        .build()?;
-                rustls::client::danger::ServerCertVerifier::verify_server_cert(
-                    verifier.as_ref(),
-                    &cert,
-                    &[],
-                    &ServerName::try_from(handler_api::SERVER_NAME)?,
-                    &[],
-                    UnixTime::now(),
-                )?;
+                verify_server_cert(ca, pair, &[handler_api::SERVER_NAME])?;
                 handler_api::server_config(&pair.cert_pem, &pair.key_pem, &ca.cert_pem)?;
             }
             HandlerCert::Client => {
+                let cert = CertificateDer::from_pem_slice(pair.cert_pem.as_bytes())?;
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes())?)?;
+                let roots = Arc::new(roots);
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
                 let verifier =
                     rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
                         .build()?;

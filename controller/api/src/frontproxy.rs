@@ -16,6 +16,7 @@
 use anyhow::{Context as _, Result, bail};
 use axum::http::HeaderMap;
 use k8s_openapi::api::core::v1::ConfigMap;
+use percent_encoding::percent_decode_str;
 use rustls::server::danger::ClientCertVerifier;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -204,7 +205,7 @@ impl FrontProxy {
             if let Ok(value) = value.to_str() {
                 // Keys travel percent-encoded (they may hold characters a header name cannot).
                 extra
-                    .entry(percent_decode(key))
+                    .entry(percent_decode_str(key).decode_utf8_lossy().into_owned())
                     .or_default()
                     .push(value.to_string());
             }
@@ -262,26 +263,6 @@ pub async fn watch(client: kube::Client, front_proxy: Arc<FrontProxy>) {
             ),
         }
     }
-}
-
-/// `%XX` decoding of an extra key (malformed escapes stay as they are).
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(hex) = text.get(i + 1..i + 3)
-            && let Ok(byte) = u8::from_str_radix(hex, 16)
-        {
-            out.push(byte);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The common name of a DER certificate (the handshake verified it already).

@@ -65,6 +65,13 @@ pub struct VirtualMachineInstanceTemplateSpec {
     pub extra: Extra,
 }
 
+impl VirtualMachine {
+    /// The condition of this type, if the status has it.
+    pub fn condition(&self, condition_type: &str) -> Option<&Condition> {
+        Condition::find(self.status.as_ref()?.conditions.as_slice(), condition_type)
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineStatus {

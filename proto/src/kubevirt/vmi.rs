@@ -721,7 +721,26 @@ pub struct MemoryStatus {
     pub extra: Extra,
 }
 
+impl Condition {
+    /// The condition of this type in a status's list (KubeVirt keeps at most one per type).
+    pub fn find<'a>(conditions: &'a [Condition], condition_type: &str) -> Option<&'a Condition> {
+        conditions
+            .iter()
+            .find(|c| c.condition_type == condition_type)
+    }
+
+    /// Whether its status is `True`.
+    pub fn is_true(&self) -> bool {
+        self.status == "True"
+    }
+}
+
 impl VirtualMachineInstance {
+    /// The condition of this type, if the status has it.
+    pub fn condition(&self, condition_type: &str) -> Option<&Condition> {
+        Condition::find(self.status.as_ref()?.conditions.as_slice(), condition_type)
+    }
+
     /// The phase, `Unset` when there is no status yet.
     pub fn phase(&self) -> Phase {
         self.status

@@ -79,15 +79,15 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         // What v1.9.0 serves and this project does not (yet): a clear answer, not a 404.
         .route(
             &format!("{namespaced}/virtualmachineinstances/{{name}}/{{action}}/{{*rest}}"),
-            any(not_served_vmi),
+            any(|path: Path<OtherTarget>| not_served_path("virtualmachineinstances", path)),
         )
         .route(
             &format!("{namespaced}/virtualmachines/{{name}}/{{action}}"),
-            any(not_served_vm),
+            any(|path: Path<OtherTarget>| not_served_path("virtualmachines", path)),
         )
         .route(
             &format!("{namespaced}/virtualmachines/{{name}}/{{action}}/{{*rest}}"),
-            any(not_served_vm),
+            any(|path: Path<OtherTarget>| not_served_path("virtualmachines", path)),
         )
         .route_layer(axum::middleware::from_fn_with_state(state, authorize))
 }
@@ -377,18 +377,11 @@ struct OtherTarget {
     action: String,
 }
 
-async fn not_served_vmi(Path(path): Path<OtherTarget>) -> ApiError {
+async fn not_served_path(resource: &'static str, Path(path): Path<OtherTarget>) -> ApiError {
     if !SUBRESOURCE_VERSIONS.contains(&path.version.as_str()) {
         return page_not_found();
     }
-    not_served("virtualmachineinstances", &path.action)
-}
-
-async fn not_served_vm(Path(path): Path<OtherTarget>) -> ApiError {
-    if !SUBRESOURCE_VERSIONS.contains(&path.version.as_str()) {
-        return page_not_found();
-    }
-    not_served("virtualmachines", &path.action)
+    not_served(resource, &path.action)
 }
 
 fn page_not_found() -> ApiError {

@@ -6,7 +6,7 @@
 //! [`stop`], [`restart`]): the JSON patches in order, or the refusal.
 
 use super::status::{ApiError, Kind};
-use proto::kubevirt::{Phase, RunStrategy, VirtualMachine, VirtualMachineInstance};
+use proto::kubevirt::{Condition, Phase, RunStrategy, VirtualMachine, VirtualMachineInstance};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -76,14 +76,6 @@ fn strategy_name(strategy: RunStrategy) -> &'static str {
 
 fn run_strategy(vm: &VirtualMachine) -> Result<RunStrategy, ApiError> {
     controller::vm::decide::run_strategy(vm).map_err(ApiError::internal)
-}
-
-fn condition_true(vm: &VirtualMachine, condition: &str) -> bool {
-    vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.condition_type == condition && c.status == "True")
-    })
 }
 
 fn name(vm: &VirtualMachine) -> String {
@@ -189,7 +181,10 @@ pub fn start(
             "VM is already running",
         ));
     }
-    if condition_true(vm, "ManualRecoveryRequired") {
+    if vm
+        .condition("ManualRecoveryRequired")
+        .is_some_and(Condition::is_true)
+    {
         return Err(ApiError::conflict(
             Kind::VirtualMachine,
             &name,
@@ -320,7 +315,10 @@ pub fn restart(
     options: &RestartOptions,
 ) -> Result<Plan, ApiError> {
     let name = name(vm);
-    if condition_true(vm, "VolumesChange") {
+    if vm
+        .condition("VolumesChange")
+        .is_some_and(Condition::is_true)
+    {
         return Err(ApiError::conflict(
             Kind::VirtualMachine,
             &name,

@@ -5,7 +5,7 @@
 //! (`guestosinfo`, `userlist`, `filesystemlist`) answer as v1.9.0 does without a guest agent.
 
 use super::status::{ApiError, Kind};
-use proto::kubevirt::{Phase, VirtualMachine, VirtualMachineInstance};
+use proto::kubevirt::{Condition, Phase, VirtualMachine, VirtualMachineInstance};
 
 /// `PauseOptions`, `UnpauseOptions`.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -13,20 +13,6 @@ use proto::kubevirt::{Phase, VirtualMachine, VirtualMachineInstance};
 pub struct DryRunOptions {
     #[serde(default)]
     pub dry_run: Vec<String>,
-}
-
-fn has_condition(vmi: &VirtualMachineInstance, condition: &str) -> bool {
-    vmi.status
-        .as_ref()
-        .is_some_and(|s| s.conditions.iter().any(|c| c.condition_type == condition))
-}
-
-fn condition_true(vmi: &VirtualMachineInstance, condition: &str) -> bool {
-    vmi.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.condition_type == condition && c.status == "True")
-    })
 }
 
 fn conflict(vmi: &VirtualMachineInstance, message: &str) -> ApiError {
@@ -59,7 +45,7 @@ pub fn check(
                     "Pausing VMIs with a non-GuestAgentPing LivenessProbe is not supported",
                 ));
             }
-            if has_condition(vmi, "Paused") {
+            if vmi.condition("Paused").is_some() {
                 return Err(conflict(vmi, "VMI is already paused"));
             }
         }
@@ -80,7 +66,7 @@ pub fn check(
             if !running {
                 return Err(conflict(vmi, "VMI is not running"));
             }
-            if !has_condition(vmi, "Paused") {
+            if vmi.condition("Paused").is_none() {
                 return Err(conflict(vmi, "VMI is not paused"));
             }
         }
@@ -88,7 +74,7 @@ pub fn check(
             if !running {
                 return Err(conflict(vmi, "VM is not running"));
             }
-            if condition_true(vmi, "Paused") {
+            if vmi.condition("Paused").is_some_and(Condition::is_true) {
                 return Err(conflict(vmi, "VMI is paused"));
             }
             let acpi_off = vmi
@@ -99,7 +85,7 @@ pub fn check(
                 .and_then(|f| f.acpi.as_ref())
                 .and_then(|a| a.enabled)
                 == Some(false);
-            if !has_condition(vmi, "AgentConnected") && acpi_off {
+            if vmi.condition("AgentConnected").is_none() && acpi_off {
                 return Err(conflict(
                     vmi,
                     "VMI neither have the agent connected nor the ACPI feature enabled",
