@@ -940,9 +940,10 @@ cmd_respawn() {
         "$@" &
         child=$!
         # `wait` returns early when a trapped signal arrives: wait until the child is gone.
+        # (`set -e` would end this supervisor with the child's failure: the status is taken
+        # in a list, which errexit leaves alone.)
         while true; do
-            wait "$child"
-            status=$?
+            wait "$child" && status=0 || status=$?
             alive "$child" || break
         done
         ((stopping)) && exit 0
