@@ -112,10 +112,21 @@ pub async fn reconcile(
     // ones keep theirs.
     let config = ctx.config();
 
-    if plan.add_foreground_finalizer {
-        let mut finalizers = current.finalizers().to_vec();
-        finalizers.push(FOREGROUND_DELETE_FINALIZER.to_string());
-        current = patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
+    // v1.9.0 writes its API-version annotations first thing, in a write of their own; here
+    // they go with the first metadata write (the foreground finalizer of a new VMI).
+    let observed =
+        proto::kubevirt::well_known::api_version_observed(current.metadata.annotations.as_ref());
+    if plan.add_foreground_finalizer || !observed {
+        let mut metadata = json!({});
+        if plan.add_foreground_finalizer {
+            let mut finalizers = current.finalizers().to_vec();
+            finalizers.push(FOREGROUND_DELETE_FINALIZER.to_string());
+            metadata["finalizers"] = json!(finalizers);
+        }
+        if !observed {
+            metadata["annotations"] = proto::kubevirt::well_known::api_version_annotations();
+        }
+        current = patch_metadata(&ctx, &api, &current, metadata).await?;
     }
 
     // A VMI created directly never went through virt-api's mutating webhook (there is none
@@ -142,7 +153,7 @@ pub async fn reconcile(
                 message: format!("{RENDER_FAILED}: {refusal}"),
                 permanent: true,
             }),
-            None => create_pod(&ctx, &current, &config).await,
+            None => create_pod(&ctx, &current, &config, plan.admission_attempt).await,
         };
         match attempt {
             Ok(pod) => created_pod = Some(pod),
@@ -281,7 +292,9 @@ pub async fn reconcile(
         patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
     }
 
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(
+        plan.requeue_after.unwrap_or(Duration::from_secs(300)),
+    ))
 }
 
 /// A merge patch of `metadata` guarded by the resource version (a conflict retries).
@@ -372,6 +385,7 @@ async fn create_pod(
     ctx: &Context,
     vmi: &VirtualMachineInstance,
     config: &TemplateConfig,
+    admission_attempt: Option<u32>,
 ) -> Result<Pod, SyncFailure> {
     let namespace = vmi.namespace().unwrap_or_default();
     let mut pvcs = BTreeMap::new();
@@ -402,7 +416,7 @@ async fn create_pod(
             0..crate::template::QEMU_TIMEOUT_JITTER_RANGE,
         ),
     };
-    let pod = match render_launcher_pod(vmi, config, &render_context) {
+    let mut pod = match render_launcher_pod(vmi, config, &render_context) {
         Ok(pod) => pod,
         Err(e) => {
             let message = format!("{RENDER_FAILED}: {e}");
@@ -415,6 +429,12 @@ async fn create_pod(
             return Err(SyncFailure::retry(reason, message));
         }
     };
+    if let Some(attempt) = admission_attempt {
+        pod.metadata.annotations.get_or_insert_default().insert(
+            super::decide::ADMISSION_ATTEMPT_ANNOTATION.to_string(),
+            attempt.to_string(),
+        );
+    }
     let pod_api: Api<Pod> = ctx.api(&namespace);
     match pod_api.create(&PostParams::default(), &pod).await {
         Ok(created) => {

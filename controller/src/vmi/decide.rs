@@ -10,6 +10,37 @@ use proto::kubevirt::well_known::{FOREGROUND_DELETE_FINALIZER, VM_CONTROLLER_FIN
 /// The deprecated spelling of the foreground finalizer, migrated to the qualified one.
 pub(crate) const DEPRECATED_FOREGROUND_FINALIZER: &str = "foregroundDeleteVirtualMachine";
 
+/// On a launcher pod that replaces one the kubelet rejected at admission: which attempt it
+/// is (2, 3, ...), so that the replacements stay bounded without any other state.
+pub const ADMISSION_ATTEMPT_ANNOTATION: &str = "kubevirt-rs.io/admission-attempt";
+
+/// How many launcher pods a VMI gets when the kubelet rejects them at admission for
+/// virt-handler's state; the VMI fails after the last, as KubeVirt's does after the first.
+pub const MAX_ADMISSION_ATTEMPTS: u32 = 5;
+
+/// How long after the `attempt`-th launcher pod was created its replacement may be, when
+/// the kubelet rejected it: 2 s, 4 s, 8 s, 16 s (the attempts span half a minute, longer than
+/// virt-handler takes to come back and register its device plugins).
+fn admission_backoff(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(1 << attempt.clamp(1, MAX_ADMISSION_ATTEMPTS))
+}
+
+/// Whether the kubelet's admission `reason` (`status.reason` of a pod it rejected) is one
+/// that virt-handler's own restart causes for a moment: it labels its node
+/// `kubevirt.io/schedulable=false` while it is away (`NodeAffinity`), and its device plugins
+/// go away with it, so the kubelet has no healthy `devices.kubevirt.io/*` to allocate
+/// (`UnexpectedAdmissionError`: "Allocate failed due to no healthy devices present") or none
+/// at all (`OutOfdevices.kubevirt.io/kvm`). The scheduler placed the pod before the node's
+/// labels or allocatable changed. Other rejections (`OutOfcpu`, `OutOfmemory`, ...) are real
+/// and fail the VMI, as in KubeVirt.
+fn rejected_for_handler_state(reason: &str) -> bool {
+    reason == "NodeAffinity"
+        || reason == "UnexpectedAdmissionError"
+        || reason
+            .strip_prefix("OutOf")
+            .is_some_and(|resource| resource.starts_with("devices.kubevirt.io/"))
+}
+
 /// The facts about a launcher pod the decisions depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodView {
@@ -27,9 +58,12 @@ pub struct PodView {
     pub unschedulable: Option<(String, String)>,
     /// Why the pod failed, from its status.
     pub failure: Option<String>,
-    /// The kubelet refused the pod at admission because the node's labels no longer match
-    /// its node selector (`status.reason: NodeAffinity`), and none of its containers ever ran.
-    pub rejected_by_node_labels: bool,
+    /// The kubelet refused the pod at admission for what virt-handler's restart flips for a
+    /// moment (see [`rejected_for_handler_state`]), and none of its containers ever ran.
+    pub rejected_at_admission: bool,
+    /// Which launcher pod of its VMI this is, counting those the kubelet rejected at
+    /// admission ([`ADMISSION_ATTEMPT_ANNOTATION`]; 1 without it).
+    pub admission_attempt: u32,
     /// Status (`True`/`False`) of the pod condition behind the readiness gate.
     pub unpaused_condition: Option<String>,
     /// The pod's `Ready` condition: status, reason, message.
@@ -82,8 +116,19 @@ impl PodView {
                     .as_ref()
                     .is_none_or(|s| s.running.is_none() && s.terminated.is_none())
         });
-        let rejected_by_node_labels =
-            phase == "Failed" && status.reason.as_deref() == Some("NodeAffinity") && never_ran;
+        let rejected_at_admission = phase == "Failed"
+            && status
+                .reason
+                .as_deref()
+                .is_some_and(rejected_for_handler_state)
+            && never_ran;
+        let admission_attempt = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ADMISSION_ATTEMPT_ANNOTATION))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
         let failure = match (&status.reason, &status.message) {
             (Some(r), Some(m)) => Some(format!("{r}: {m}")),
             (Some(r), None) => Some(r.clone()),
@@ -140,9 +185,17 @@ impl PodView {
             compute_terminated,
             unschedulable,
             failure,
-            rejected_by_node_labels,
+            rejected_at_admission,
+            admission_attempt,
             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
+    }
+
+    /// Time since the pod was created (zero without a creation time or in the future).
+    fn age(&self, now: k8s_openapi::jiff::Timestamp) -> std::time::Duration {
+        self.created
+            .and_then(|created| std::time::Duration::try_from(now.duration_since(created)).ok())
+            .unwrap_or_default()
     }
 
     fn is_final(&self) -> bool {
@@ -163,6 +216,10 @@ pub struct VmiPlan {
     pub add_foreground_finalizer: bool,
     /// Create the launcher pod.
     pub create_pod: bool,
+    /// The pod to create replaces one the kubelet rejected: this attempt (2, 3, ...).
+    pub admission_attempt: Option<u32>,
+    /// Look again this soon (a rejected pod's replacement waits for its back-off).
+    pub requeue_after: Option<std::time::Duration>,
     /// Delete these pods (by name).
     pub delete_pods: Vec<String>,
     /// New phase, if it changes.
@@ -219,12 +276,27 @@ pub fn ready_condition(phase: Phase, pod: Option<&PodView>) -> (String, String, 
 /// rejected while another exists (its replacement may be as old, to the second).
 pub(crate) fn current_pod(pods: &[PodView]) -> Option<&PodView> {
     pods.iter()
-        .max_by_key(|p| (!p.rejected_by_node_labels, p.created))
+        .max_by_key(|p| (!p.rejected_at_admission, p.created))
 }
 
 /// Decides one reconcile. `pods` are the pods controlled by the VMI (including one created but
 /// not cached yet); `owner_vm_exists` says whether the VM that owns the VMI is still there.
 pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: bool) -> VmiPlan {
+    decide_at(
+        vmi,
+        pods,
+        owner_vm_exists,
+        k8s_openapi::jiff::Timestamp::now(),
+    )
+}
+
+/// [`decide`] at time `now` (the back-off between launcher pods the kubelet rejected).
+pub fn decide_at(
+    vmi: &VirtualMachineInstance,
+    pods: &[PodView],
+    owner_vm_exists: bool,
+    now: k8s_openapi::jiff::Timestamp,
+) -> VmiPlan {
     let mut plan = VmiPlan::default();
     let deleting = vmi.metadata.deletion_timestamp.is_some();
     let finalizers = vmi.metadata.finalizers.clone().unwrap_or_default();
@@ -295,15 +367,25 @@ pub fn decide(vmi: &VirtualMachineInstance, pods: &[PodView], owner_vm_exists: b
                         plan.phase = Some(Phase::Scheduled);
                         plan.node_name = Some(node);
                     }
-                } else if pod.rejected_by_node_labels && !deleting {
-                    // The node's labels changed between the scheduler's choice and the kubelet's
-                    // admission (virt-handler labels its node unschedulable while it restarts):
-                    // nothing ran, so a new pod is scheduled again. KubeVirt v1.9.0 fails the
-                    // VMI here; a handler restart during a burst would fail VMIs that were
-                    // never started. The scheduler places the new pod only where the labels
-                    // match, so this repeats only as often as the labels really flip.
-                    plan.create_pod = true;
-                    plan.delete_pods.push(pod.name.clone());
+                } else if pod.rejected_at_admission
+                    && pod.admission_attempt < MAX_ADMISSION_ATTEMPTS
+                    && !deleting
+                {
+                    // The kubelet refused the pod for what virt-handler's restart flips for a
+                    // moment (its node's labels, its device plugins), after the scheduler had
+                    // placed it: nothing ran, so a new pod is scheduled again. KubeVirt v1.9.0
+                    // fails the VMI here; a handler restart during a burst would fail VMIs
+                    // that were never started. The scheduler places the new pod only where the
+                    // labels and devices are back; the attempts are bounded all the same.
+                    let wait =
+                        admission_backoff(pod.admission_attempt).saturating_sub(pod.age(now));
+                    if wait.is_zero() {
+                        plan.create_pod = true;
+                        plan.admission_attempt = Some(pod.admission_attempt + 1);
+                        plan.delete_pods.push(pod.name.clone());
+                    } else {
+                        plan.requeue_after = Some(wait);
+                    }
                 } else if pod.is_down_or_going_down() {
                     plan.phase = Some(Phase::Failed);
                     let detail = pod.failure.clone().unwrap_or_else(|| {
@@ -615,10 +697,16 @@ mod tests {
         );
     }
 
-    /// A pod as the kubelet leaves it when the node's labels changed after scheduling.
-    fn rejected_by_kubelet(reason: &str, ran: bool) -> PodView {
+    /// A pod as the kubelet leaves it when it rejects it at admission (`reason`; as seen
+    /// when the node's labels changed after scheduling), the `attempt`-th of its VMI.
+    fn rejected_by_kubelet_attempt(reason: &str, ran: bool, attempt: Option<u32>) -> PodView {
+        let annotations = match attempt {
+            Some(n) => serde_json::json!({ADMISSION_ATTEMPT_ANNOTATION: n.to_string()}),
+            None => serde_json::json!({}),
+        };
         let mut pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "virt-launcher-v-rejct", "uid": "r",
+                         "annotations": annotations,
                          "creationTimestamp": "2026-12-05T06:47:29Z"},
             "spec": {"nodeName": "n1", "containers": [{"name": "compute"}]},
             "status": {"phase": "Failed", "reason": reason,
@@ -637,18 +725,68 @@ mod tests {
         PodView::from_pod(&pod)
     }
 
+    fn rejected_by_kubelet(reason: &str, ran: bool) -> PodView {
+        rejected_by_kubelet_attempt(reason, ran, None)
+    }
+
     #[test]
-    fn a_pod_the_kubelet_rejected_for_node_labels_is_replaced_not_failed() {
+    fn a_pod_the_kubelet_rejected_for_the_handlers_state_is_replaced_not_failed() {
+        // The node's labels; the device plugins unhealthy (seen in the burst scenario while
+        // virt-handler restarted) or gone.
+        for reason in [
+            "NodeAffinity",
+            "UnexpectedAdmissionError",
+            "OutOfdevices.kubevirt.io/kvm",
+        ] {
+            let rejected = rejected_by_kubelet(reason, false);
+            assert!(rejected.rejected_at_admission, "{reason}");
+            let plan = decide(
+                &vmi("Scheduling", false, &[FG]),
+                std::slice::from_ref(&rejected),
+                true,
+            );
+            assert!(plan.create_pod, "{reason}: {plan:?}");
+            assert_eq!(plan.admission_attempt, Some(2), "{reason}");
+            assert_eq!(plan.delete_pods, vec!["virt-launcher-v-rejct".to_string()]);
+            assert_eq!((plan.phase, plan.failure), (None, None), "{reason}");
+        }
         let rejected = rejected_by_kubelet("NodeAffinity", false);
-        assert!(rejected.rejected_by_node_labels);
-        let plan = decide(
+
+        // Not at once: the replacement waits 2 s after the first pod was created, then 4 s ...
+        let created = rejected.created.unwrap();
+        let at = |seconds: i64| created + k8s_openapi::jiff::SignedDuration::from_secs(seconds);
+        let plan = decide_at(
             &vmi("Scheduling", false, &[FG]),
             std::slice::from_ref(&rejected),
             true,
+            at(1),
         );
-        assert!(plan.create_pod, "{plan:?}");
-        assert_eq!(plan.delete_pods, vec!["virt-launcher-v-rejct".to_string()]);
+        assert!(!plan.create_pod && plan.delete_pods.is_empty(), "{plan:?}");
+        assert_eq!(plan.requeue_after, Some(std::time::Duration::from_secs(1)));
         assert_eq!((plan.phase, plan.failure), (None, None));
+        let third = rejected_by_kubelet_attempt("NodeAffinity", false, Some(3));
+        let plan = decide_at(
+            &vmi("Scheduling", false, &[FG]),
+            std::slice::from_ref(&third),
+            true,
+            at(7),
+        );
+        assert!(!plan.create_pod, "{plan:?}");
+        let plan = decide_at(&vmi("Scheduling", false, &[FG]), &[third], true, at(8));
+        assert!(plan.create_pod, "{plan:?}");
+
+        // The attempts are bounded: the last rejected pod fails the VMI.
+        let next = rejected_by_kubelet_attempt("UnexpectedAdmissionError", false, Some(3));
+        let plan = decide(&vmi("Scheduling", false, &[FG]), &[next], true);
+        assert_eq!(plan.admission_attempt, Some(4), "{plan:?}");
+        let last = rejected_by_kubelet_attempt(
+            "UnexpectedAdmissionError",
+            false,
+            Some(MAX_ADMISSION_ATTEMPTS),
+        );
+        let plan = decide(&vmi("Scheduling", false, &[FG]), &[last], true);
+        assert!(!plan.create_pod, "{plan:?}");
+        assert_eq!(plan.phase, Some(Phase::Failed), "{plan:?}");
 
         // Its replacement, created in the same second, is the pod that counts.
         let mut replacement = pod("Pending", false, None);
@@ -665,6 +803,10 @@ mod tests {
         // Any other failure, a pod whose containers ran, or a VMI being deleted: Failed.
         for (pod, deleting) in [
             (rejected_by_kubelet("OutOfcpu", false), false),
+            (
+                rejected_by_kubelet("OutOfdevices.example.com/gpu", false),
+                false,
+            ),
             (rejected_by_kubelet("NodeAffinity", true), false),
             (rejected.clone(), true),
         ] {

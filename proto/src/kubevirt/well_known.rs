@@ -17,6 +17,32 @@ pub const VM_LABEL: &str = "kubevirt.io/vm";
 pub const DOMAIN_ANNOTATION: &str = "kubevirt.io/domain";
 /// VMI annotation with the VM generation that produced it.
 pub const VM_GENERATION_ANNOTATION: &str = "kubevirt.io/vm-generation";
+/// Annotations virt-controller writes on the VMs and VMIs it has seen, each naming the API
+/// version (`SetLatestApiVersionAnnotation`): the latest one it knows and the stored one.
+pub const LATEST_OBSERVED_API_VERSION_ANNOTATION: &str = "kubevirt.io/latest-observed-api-version";
+pub const STORAGE_OBSERVED_API_VERSION_ANNOTATION: &str =
+    "kubevirt.io/storage-observed-api-version";
+/// `v1.ApiLatestVersion` and `v1.ApiStorageVersion`.
+pub const API_VERSION: &str = "v1";
+
+/// Whether virt-controller's API-version annotations are on an object (its annotations),
+/// as `ObservedLatestApiVersionAnnotation` judges (the latest one only).
+pub fn api_version_observed(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    annotations
+        .and_then(|a| a.get(LATEST_OBSERVED_API_VERSION_ANNOTATION))
+        .is_some_and(|v| v == API_VERSION)
+}
+
+/// The API-version annotations as a merge patch of `metadata.annotations`.
+pub fn api_version_annotations() -> serde_json::Value {
+    serde_json::json!({
+        LATEST_OBSERVED_API_VERSION_ANNOTATION: API_VERSION,
+        STORAGE_OBSERVED_API_VERSION_ANNOTATION: API_VERSION,
+    })
+}
+
 /// Node label set by the handler heartbeat.
 pub const SCHEDULABLE_LABEL: &str = "kubevirt.io/schedulable";
 /// Node annotation with the time of the handler's last heartbeat (`VirtHandlerHeartbeat`).
