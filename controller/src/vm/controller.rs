@@ -102,11 +102,32 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         }
         return Ok(Action::await_change());
     }
-    if !vm.finalizers().iter().any(|f| f == VM_CONTROLLER_FINALIZER) {
-        let mut finalizers = vm.finalizers().to_vec();
-        finalizers.push(VM_CONTROLLER_FINALIZER.into());
-        vm = patch_vm_metadata(&ctx, &vm_api, &vm, json!({"finalizers": finalizers})).await?;
+    // The finalizer, and v1.9.0's API-version annotations (its first write; here the same
+    // write as the finalizer).
+    let finalized = vm.finalizers().iter().any(|f| f == VM_CONTROLLER_FINALIZER);
+    let observed =
+        proto::kubevirt::well_known::api_version_observed(vm.metadata.annotations.as_ref());
+    if !finalized || !observed {
+        let mut metadata = json!({});
+        if !finalized {
+            let mut finalizers = vm.finalizers().to_vec();
+            finalizers.push(VM_CONTROLLER_FINALIZER.into());
+            metadata["finalizers"] = json!(finalizers);
+        }
+        if !observed {
+            metadata["annotations"] = proto::kubevirt::well_known::api_version_annotations();
+        }
+        vm = patch_vm_metadata(&ctx, &vm_api, &vm, metadata).await?;
     }
+
+    let vmi = match vmi {
+        Some(current) => Some(
+            bump_generation_annotation(&ctx, &vm, &current, &vmi_api)
+                .await?
+                .map_or(current, Arc::new),
+        ),
+        None => None,
+    };
 
     let strategy = run_strategy(&vm).map_err(Error::Sync)?;
     let request = first_change_request(&vm);
@@ -242,6 +263,53 @@ async fn patch_vm_metadata(
     Ok(patched)
 }
 
+/// v1.9.0 `conditionallyBumpGenerationAnnotationOnVmi`: when the VM's generation moved on but
+/// its template is still the one the VMI was started from (only the run strategy changed, as
+/// `virtctl stop` or `start` change it), the VMI's `kubevirt.io/vm-generation` is brought up to
+/// date, so the change asks for no restart (`RestartRequired`) and `observedGeneration`
+/// follows. Returns the patched VMI, or `None` when nothing was to be done.
+async fn bump_generation_annotation(
+    ctx: &Context,
+    vm: &VirtualMachine,
+    vmi: &VirtualMachineInstance,
+    vmi_api: &Api<VirtualMachineInstance>,
+) -> Result<Option<VirtualMachineInstance>, Error> {
+    let generation = vm.metadata.generation.unwrap_or(0);
+    let annotated = vmi.annotations().get(VM_GENERATION_ANNOTATION);
+    // The start revision is named by the generation the VMI was started from.
+    let Some(started) = annotated
+        .filter(|g| **g != generation.to_string())
+        .and_then(|g| g.parse::<i64>().ok())
+    else {
+        return Ok(None);
+    };
+    if vmi.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let vm_uid = vm.metadata.uid.clone().unwrap_or_default();
+    let revisions: Api<ControllerRevision> = ctx.api(&vm.namespace().unwrap_or_default());
+    let Some(revision) = revisions.get_opt(&revision_name(&vm_uid, started)).await? else {
+        return Ok(None);
+    };
+    let started_template = revision.data.0.get("spec").and_then(|s| s.get("template"));
+    let template =
+        serde_json::to_value(&vm.spec.template).map_err(|e| Error::Sync(e.to_string()))?;
+    if started_template != Some(&template) {
+        return Ok(None);
+    }
+    let patch =
+        json!({"metadata": {"annotations": {VM_GENERATION_ANNOTATION: generation.to_string()}}});
+    let patched = vmi_api
+        .patch(
+            &vmi.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    ctx.writes.record(Write::VmiPatch);
+    Ok(Some(patched))
+}
+
 /// Records the started spec as a ControllerRevision, then creates the VMI.
 async fn start_vmi(
     ctx: &Context,
@@ -371,6 +439,66 @@ async fn stop_vmi(
     Ok(())
 }
 
+/// v1.9.0's `UpdateCondition`: a condition of a new type is appended; one of a known type is
+/// replaced only when its status or reason changed (its times then say when it changed).
+fn update_condition(conditions: &mut Vec<Condition>, condition: Condition) {
+    match conditions
+        .iter_mut()
+        .find(|c| c.condition_type == condition.condition_type)
+    {
+        Some(known) => {
+            if known.status != condition.status || known.reason != condition.reason {
+                *known = condition;
+            }
+        }
+        None => conditions.push(condition),
+    }
+}
+
+/// v1.9.0 `syncConditions` without the failure: the VM's `Ready` from the VMI's (or why
+/// there is none, at `time`); while there is a VMI, its other conditions copied and the VM's
+/// conditions it no longer has removed (`Failure` and `RestartRequired` are the VM's own).
+fn sync_conditions(
+    conditions: &mut Vec<Condition>,
+    vmi: Option<&VirtualMachineInstance>,
+    time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    const NOT_COPIED: [&str; 3] = ["Ready", "Failure", "RestartRequired"];
+    let not_ready = |reason: &str, message: &str| Condition {
+        condition_type: "Ready".into(),
+        status: "False".into(),
+        last_probe_time: Some(time.clone()),
+        last_transition_time: Some(time.clone()),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        extra: Default::default(),
+    };
+    let ready = match vmi {
+        None => not_ready("VMINotExists", "VMI does not exist"),
+        Some(vmi) => match vmi.condition("Ready") {
+            Some(condition) => condition.clone(),
+            None => not_ready("VMIConditionMissing", "VMI is missing the Ready condition"),
+        },
+    };
+    update_condition(conditions, ready);
+    let Some(vmi) = vmi else {
+        return;
+    };
+    let copied: Vec<&Condition> = vmi
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .filter(|c| !NOT_COPIED.contains(&c.condition_type.as_str()))
+        .collect();
+    for condition in &copied {
+        update_condition(conditions, (*condition).clone());
+    }
+    conditions.retain(|c| {
+        NOT_COPIED.contains(&c.condition_type.as_str())
+            || copied.iter().any(|v| v.condition_type == c.condition_type)
+    });
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn update_status(
     ctx: &Context,
@@ -384,15 +512,12 @@ async fn update_status(
     let old = vm.status.clone().unwrap_or_default();
     let mut new = old.clone();
     let now = chrono::Utc::now();
-    new.created = Some(vmi.is_some());
-    let vmi_ready = vmi.is_some_and(|v| {
-        v.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.condition_type == "Ready" && c.status == "True")
-        })
-    });
-    new.ready = Some(vmi_ready);
+    // `created` and `ready` are omitted when false (Go's `omitempty`), as v1.9.0 stores them.
+    new.created = vmi.is_some().then_some(true);
+    let vmi_ready = vmi
+        .and_then(|v| v.condition("Ready"))
+        .is_some_and(Condition::is_true);
+    new.ready = vmi_ready.then_some(true);
     if old.run_strategy.is_some() || vmi.is_some() {
         new.run_strategy = Some(strategy);
     }
@@ -458,8 +583,10 @@ async fn update_status(
         }
     }
 
-    // Conditions: Ready mirrors the VMI; Failure carries a sync error; RestartRequired when
-    // the spec moved past the generation the VMI was started from.
+    // Conditions (v1.9.0 `syncConditions`): Ready from the VMI's; every other condition of the
+    // VMI copied, and those it no longer has removed, while there is a VMI; Failure carries a
+    // sync error; RestartRequired when the spec moved past the generation the VMI was started
+    // from.
     let time =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let upsert = |conditions: &mut Vec<Condition>,
@@ -467,44 +594,20 @@ async fn update_status(
                   status: &str,
                   reason: Option<&str>,
                   message: Option<String>| {
-        let index = conditions.iter().position(|c| c.condition_type == kind);
-        let same = index.and_then(|i| conditions.get(i)).is_some_and(|c| {
-            c.status == status && c.reason.as_deref() == reason && c.message == message
-        });
-        if same {
-            return;
-        }
-        let condition = Condition {
-            condition_type: kind.into(),
-            status: status.into(),
-            last_probe_time: None,
-            last_transition_time: Some(time.clone()),
-            reason: reason.map(str::to_string),
-            message,
-            extra: Default::default(),
-        };
-        match index {
-            Some(i) => conditions[i] = condition,
-            None => conditions.push(condition),
-        }
+        update_condition(
+            conditions,
+            Condition {
+                condition_type: kind.into(),
+                status: status.into(),
+                last_probe_time: None,
+                last_transition_time: Some(time.clone()),
+                reason: reason.map(str::to_string),
+                message,
+                extra: Default::default(),
+            },
+        );
     };
-    match vmi {
-        Some(_) if vmi_ready => upsert(&mut new.conditions, "Ready", "True", None, None),
-        Some(_) => upsert(
-            &mut new.conditions,
-            "Ready",
-            "False",
-            Some("VMINotReady"),
-            Some("VMI is not ready".into()),
-        ),
-        None => upsert(
-            &mut new.conditions,
-            "Ready",
-            "False",
-            Some("VMINotExists"),
-            Some("VMI does not exist".into()),
-        ),
-    }
+    sync_conditions(&mut new.conditions, vmi, &time);
     match sync_error {
         Some(message) => upsert(
             &mut new.conditions,
@@ -567,6 +670,79 @@ async fn update_status(
 mod tests {
     use super::*;
     use crate::vm::decide::ChangeRequest;
+
+    #[test]
+    fn conditions_follow_the_vmis_as_v1_9_0_syncs_them() {
+        let time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let vmi = |conditions: serde_json::Value| -> VirtualMachineInstance {
+            serde_json::from_value(json!({
+                "metadata": {"name": "v"}, "spec": {"domain": {"devices": {}}},
+                "status": {"conditions": conditions},
+            }))
+            .unwrap()
+        };
+        let kinds = |conditions: &[Condition]| -> Vec<(String, String, Option<String>)> {
+            conditions
+                .iter()
+                .map(|c| (c.condition_type.clone(), c.status.clone(), c.reason.clone()))
+                .collect()
+        };
+        let owned = |k: &str, s: &str, r: Option<&str>| {
+            (k.to_string(), s.to_string(), r.map(str::to_string))
+        };
+
+        // No VMI: Ready False VMINotExists, probed and changed now.
+        let mut conditions = Vec::new();
+        sync_conditions(&mut conditions, None, &time);
+        assert_eq!(
+            kinds(&conditions),
+            vec![owned("Ready", "False", Some("VMINotExists"))]
+        );
+        assert_eq!(conditions[0].last_probe_time, Some(time.clone()));
+
+        // A running, paused VMI: its Ready and Paused copied (times and all).
+        let paused = vmi(json!([
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-05T01:00:00Z"},
+            {"type": "Paused", "status": "True", "reason": "PausedByUser", "message": "VMI was paused by user"},
+        ]));
+        sync_conditions(&mut conditions, Some(&paused), &time);
+        assert_eq!(
+            kinds(&conditions),
+            vec![
+                owned("Ready", "True", None),
+                owned("Paused", "True", Some("PausedByUser"))
+            ]
+        );
+        assert_eq!(conditions[0], paused.condition("Ready").unwrap().clone());
+
+        // Unpaused: Paused goes; the VM's own Failure stays.
+        conditions.push(Condition {
+            condition_type: "Failure".into(),
+            status: "True".into(),
+            last_probe_time: None,
+            last_transition_time: None,
+            reason: Some("FailedCreate".into()),
+            message: None,
+            extra: Default::default(),
+        });
+        let running = vmi(json!([{"type": "Ready", "status": "True", "message": "new text"}]));
+        sync_conditions(&mut conditions, Some(&running), &time);
+        assert_eq!(
+            kinds(&conditions),
+            vec![
+                owned("Ready", "True", None),
+                owned("Failure", "True", Some("FailedCreate"))
+            ]
+        );
+        // Same status and reason: the condition is kept as it was (v1.9.0's UpdateCondition).
+        assert_eq!(conditions[0].message, None);
+
+        // A VMI without Ready.
+        sync_conditions(&mut conditions, Some(&vmi(json!([]))), &time);
+        assert_eq!(conditions[0].reason.as_deref(), Some("VMIConditionMissing"));
+    }
 
     #[test]
     fn backoff_is_read_from_the_status() {

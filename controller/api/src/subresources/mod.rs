@@ -669,21 +669,34 @@ async fn console_upstream(
     tls.write_all(request.as_bytes()).await?;
     // The answer's head, bounded; what follows it is the console already.
     let mut received = Vec::new();
-    let head_end = loop {
-        if let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end + 4;
+    loop {
+        if let Some((accept, head_end)) = upgrade_answer(&received)? {
+            return Ok((tls, accept, received[head_end..].to_vec()));
         }
-        anyhow::ensure!(
-            received.len() < 16 << 10,
-            "virt-handler's answer has no end"
-        );
         let mut chunk = [0u8; 4096];
         let n = tokio::time::timeout(HANDLER_TIMEOUT, tls.read(&mut chunk))
             .await
             .map_err(|_| anyhow::anyhow!("virt-handler at {address} did not answer"))??;
         anyhow::ensure!(n > 0, "virt-handler closed the connection");
         received.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The handler's answer to the console's upgrade, as far as `received`: `None` until its head
+/// is complete; then its `Sec-WebSocket-Accept` and where the head ends, or why it is no
+/// upgrade (its status and body, as v1.9.0's client says it).
+fn upgrade_answer(received: &[u8]) -> anyhow::Result<Option<(String, usize)>> {
+    /// A head longer than this is no answer of virt-handler's.
+    const MAX_HEAD: usize = 16 << 10;
+    let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") else {
+        anyhow::ensure!(
+            received.len() < MAX_HEAD,
+            "virt-handler's answer has no end"
+        );
+        return Ok(None);
     };
+    let head_end = end + 4;
+    anyhow::ensure!(head_end <= MAX_HEAD, "virt-handler's answer has no end");
     let head = String::from_utf8_lossy(&received[..head_end]).into_owned();
     let code = head
         .split(' ')
@@ -703,7 +716,7 @@ async fn console_upstream(
                 .then(|| value.trim().to_string())
         })
         .ok_or_else(|| anyhow::anyhow!("virt-handler's answer has no Sec-WebSocket-Accept"))?;
-    Ok((tls, accept, received[head_end..].to_vec()))
+    Ok(Some((accept, head_end)))
 }
 
 #[cfg(test)]
@@ -721,5 +734,63 @@ mod tests {
             )
         );
         assert_eq!(not_served("virtualmachines", "nonsense").code, 404);
+    }
+
+    #[test]
+    fn a_malformed_options_body_is_a_bad_request() {
+        let e = decode::<vmi::DryRunOptions>(b"{\"dryRun\": ").unwrap_err();
+        assert_eq!(e.code, 400);
+        assert!(
+            e.message
+                .starts_with("Can not unmarshal Request body to struct, error: "),
+            "{}",
+            e.message
+        );
+        assert_eq!(decode::<vmi::DryRunOptions>(b"[1]").unwrap_err().code, 400);
+        assert_eq!(
+            decode::<vmi::DryRunOptions>(&[0xff, 0xfe])
+                .unwrap_err()
+                .code,
+            400
+        );
+        // No body is the default options.
+        assert!(
+            decode::<vmi::DryRunOptions>(b" \n")
+                .unwrap()
+                .dry_run
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_handlers_upgrade_answer_is_checked_not_trusted() {
+        let ok = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                   sec-websocket-accept: abc=\r\n\r\nconsole bytes";
+        let (accept, end) = upgrade_answer(ok).unwrap().unwrap();
+        assert_eq!(
+            (accept.as_str(), &ok[end..]),
+            ("abc=", &b"console bytes"[..])
+        );
+        // Not complete yet: read on.
+        assert!(upgrade_answer(&ok[..20]).unwrap().is_none());
+        // Refusals and garbage are errors, never a panic.
+        let refused = b"HTTP/1.1 404 Not Found\r\n\r\nno such VMI";
+        let e = upgrade_answer(refused).unwrap_err().to_string();
+        assert!(e.contains("(404)") && e.contains("no such VMI"), "{e}");
+        for garbled in [
+            &b"\xff\xfe\x00\r\n\r\n"[..],
+            b"HTTP/1.1 101\r\n\r\n",
+            b"101 HTTP\r\n\r\n",
+            b"\r\n\r\n",
+        ] {
+            assert!(upgrade_answer(garbled).is_err(), "{garbled:?}");
+        }
+        // A head without end is refused once it passes the bound.
+        let endless = vec![b'a'; 16 << 10];
+        assert!(upgrade_answer(&endless[..1000]).unwrap().is_none());
+        assert!(upgrade_answer(&endless).is_err());
+        let mut late_end = vec![b'a'; 20 << 10];
+        late_end.extend_from_slice(b"\r\n\r\n");
+        assert!(upgrade_answer(&late_end).is_err());
     }
 }
