@@ -1534,6 +1534,76 @@ fn console_of(cluster: &Cluster, namespace: &str, pod: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The port the lifecycle test's VM forwards into its guest (masquerade `ports`).
+const GUEST_FORWARDED_PORT: u16 = 2222;
+/// The port of the echo listener in that VM's pod network namespace.
+const POD_ECHO_PORT: u16 = 4321;
+
+/// A TCP echo listener on all addresses of another process's network namespace (a thread that
+/// entered it), counting the connections it served; dropped, it stops (its socket would keep
+/// the namespace alive).
+struct EchoInNetns {
+    served: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EchoInNetns {
+    fn start(pid: u32, port: u16) -> Self {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::Ordering;
+        let namespace = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+            .expect("the process's network namespace");
+        let (ready, bound) = std::sync::mpsc::channel();
+        let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, stopping) = (served.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            // SAFETY: setns on this thread only, with a namespace file it holds open.
+            let entered = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) } == 0;
+            assert!(entered, "setns: {}", std::io::Error::last_os_error());
+            let listener = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind");
+            listener.set_nonblocking(true).unwrap();
+            ready.send(()).unwrap();
+            while !stopping.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        stream.set_nonblocking(false).unwrap();
+                        stream
+                            .set_read_timeout(Some(Duration::from_secs(30)))
+                            .unwrap();
+                        let mut reader = stream.try_clone().unwrap();
+                        let _ = std::io::copy(&mut reader, &mut stream);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        bound
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the listener bound in the pod's namespace");
+        EchoInNetns {
+            served,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for EchoInNetns {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A `virtctl console` session: its stdin to type, its stdout read by a thread.
 struct ConsoleSession {
     child: std::process::Child,
@@ -1642,6 +1712,12 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
     let args = kernel_boot.kernel_args.clone().unwrap();
     assert!(args.contains("exit=halt"), "{args}");
     kernel_boot.kernel_args = Some(args.replace("exit=halt", "exit=tick"));
+    // The masquerade forwards only this port into the guest (which has no TCP stack); other
+    // ports of the pod's address stay in the pod's network namespace (the port-forward below).
+    let mut lively = serde_json::to_value(&lively).unwrap();
+    lively["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["ports"] =
+        json!([{"port": GUEST_FORWARDED_PORT}]);
+    let lively: VirtualMachine = serde_json::from_value(lively).unwrap();
     vms.create(&lively).await;
     let vmi = vms.running("lively", None).await;
     let uid = vmi.metadata.uid.clone().unwrap();
@@ -1870,6 +1946,10 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
     drop(watcher);
 
     // soft-reboot: Ctrl-Alt-Del; the guest asks for a reset and boots again.
+    let before_reboots = normalized(
+        &serde_json::to_value(vms.vmis().get("lively").await.unwrap()).unwrap(),
+        &ns,
+    );
     let (ok, out, err) = virtctl(cluster, &["-n", &ns, "soft-reboot", "lively"]);
     assert!(ok, "virtctl soft-reboot: {out}{err}");
     assert!(
@@ -1897,6 +1977,58 @@ async fn virtctl_pauses_reboots_and_resets_a_running_vmi() {
         (Some(uid.as_str()), Phase::Running),
         "the same VMI runs on"
     );
+    // As in v1.9.0, a guest's reboot or reset changes nothing of the VMI object.
+    pretty_assertions::assert_eq!(
+        before_reboots,
+        normalized(&serde_json::to_value(&vmi).unwrap(), &ns),
+        "the VMI after soft-reboot and reset"
+    );
+
+    // port-forward: virt-api connects to the VMI's address itself and relays a websocket;
+    // here an echo listener in the launcher pod's network namespace on a port the masquerade
+    // leaves there, reached by `virtctl port-forward --stdio` through the API server.
+    let launcher = launcher_pids(&uid);
+    assert_eq!(launcher.len(), 1, "one launcher process");
+    let listener = EchoInNetns::start(launcher[0], POD_ECHO_PORT);
+    for (i, target) in ["vmi/lively", "vm/lively"].into_iter().enumerate() {
+        let mut forward = cluster
+            .virtctl()
+            .args(["-n", &ns, "port-forward", "--stdio", target])
+            .arg(POD_ECHO_PORT.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("virtctl port-forward");
+        {
+            use std::io::{Read, Write};
+            let mut stdin = forward.stdin.take().unwrap();
+            stdin.write_all(b"through-port-forward\n").unwrap();
+            stdin.flush().unwrap();
+            let mut stdout = forward.stdout.take().unwrap();
+            let mut echoed = vec![0u8; 21];
+            let (sender, receiver) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = sender.send(stdout.read_exact(&mut echoed).map(|()| echoed));
+            });
+            let echoed = receiver.recv_timeout(Duration::from_secs(60));
+            let _ = forward.kill();
+            let output = forward.wait_with_output().unwrap();
+            let echoed = echoed.unwrap_or_else(|_| {
+                panic!(
+                    "no echo through virtctl port-forward {target} within 60 s: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            });
+            assert_eq!(echoed.expect("reading the echo"), b"through-port-forward\n");
+        }
+        assert_eq!(
+            listener.connections(),
+            i + 1,
+            "{target}: the listener answered"
+        );
+    }
+    drop(listener);
 
     // Without a guest agent.
     let (ok, _, err) = virtctl(cluster, &["-n", &ns, "guestosinfo", "lively"]);

@@ -979,23 +979,12 @@ fn vcpus_for_overhead(vmi: &VirtualMachineInstance) -> Result<u64, TemplateError
 /// The guest's memory as the launcher sizes it: `memory.guest`, else the memory request, else
 /// the limit; zero if none is set (the launcher refuses such a VMI).
 fn guest_memory_bytes(vmi: &VirtualMachineInstance) -> Result<u128, TemplateError> {
-    if let Some(guest) = vmi
-        .spec
-        .domain
-        .memory
-        .as_ref()
-        .and_then(|m| m.guest.as_ref())
-    {
-        return Qty::parse(guest)
+    match proto::contract::runnable::guest_memory_source(vmi) {
+        Some((field, size)) => Qty::parse(&size)
             .map(|q| q.value())
-            .map_err(|e| TemplateError::Invalid(format!("spec.domain.memory.guest: {e}")));
+            .map_err(|e| TemplateError::Invalid(format!("{field}: {e}"))),
+        None => Ok(0),
     }
-    let resources = vmi.spec.domain.resources.as_ref();
-    let memory = match resource_qty(resources, Side::Requests, "memory")? {
-        Some(request) => Some(request),
-        None => resource_qty(resources, Side::Limits, "memory")?,
-    };
-    Ok(memory.map_or(0, |q| q.value()))
 }
 
 /// vCPUs for the CPU request: the topology, 1 without one.

@@ -306,17 +306,33 @@ fn memory(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
             "hugepages are not supported: this launcher backs guest memory with ordinary pages",
         ));
     }
+    guest_memory_bytes(vmi).map(drop)
+}
+
+/// Where the guest's memory size comes from, in KubeVirt's order: `memory.guest`, else the
+/// memory request, else the limit (the field's path and its quantity); `None` without any.
+pub fn guest_memory_source(
+    vmi: &VirtualMachineInstance,
+) -> Option<(&'static str, crate::kubevirt::Quantity)> {
+    let domain = &vmi.spec.domain;
     let resources = domain.resources.as_ref();
     let from = |map: Option<&std::collections::BTreeMap<String, crate::kubevirt::Quantity>>| {
         map.and_then(|m| m.get("memory")).cloned()
     };
-    let (field, size) = if let Some(q) = domain.memory.as_ref().and_then(|m| m.guest.clone()) {
-        ("spec.domain.memory.guest", q)
+    if let Some(q) = domain.memory.as_ref().and_then(|m| m.guest.clone()) {
+        Some(("spec.domain.memory.guest", q))
     } else if let Some(q) = from(resources.and_then(|r| r.requests.as_ref())) {
-        ("spec.domain.resources.requests.memory", q)
-    } else if let Some(q) = from(resources.and_then(|r| r.limits.as_ref())) {
-        ("spec.domain.resources.limits.memory", q)
+        Some(("spec.domain.resources.requests.memory", q))
     } else {
+        from(resources.and_then(|r| r.limits.as_ref()))
+            .map(|q| ("spec.domain.resources.limits.memory", q))
+    }
+}
+
+/// The guest's RAM as this launcher maps it: [`guest_memory_source`] in whole MiB (rounded
+/// up), at least [`MIN_GUEST_MEMORY_BYTES`].
+pub fn guest_memory_bytes(vmi: &VirtualMachineInstance) -> Result<u64, Refusal> {
+    let Some((field, size)) = guest_memory_source(vmi) else {
         return Err(Refusal::new(
             "spec.domain.memory.guest",
             "no guest memory: set memory.guest or resources.requests.memory",
@@ -329,7 +345,7 @@ fn memory(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {
             format!("{} is below the minimum of 16Mi", size.0),
         ));
     }
-    Ok(())
+    Ok(bytes.div_ceil(1 << 20) << 20)
 }
 
 fn devices(vmi: &VirtualMachineInstance) -> Result<(), Refusal> {

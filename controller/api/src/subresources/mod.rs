@@ -3,6 +3,7 @@
 //!
 //! - [`status`]: KubeVirt's error answers.
 //! - [`vm`]: `start`, `stop`, `restart` of VMs (object writes; the controllers act on them).
+//! - [`portforward`]: a VMI's port, relayed over a websocket by virt-api itself.
 //! - [`vmi`]: `pause`, `unpause`, `softreboot`, `reset`, `freeze`, `unfreeze` of VMIs (judged
 //!   here, done by the handler of the VMI's node), and the guest-agent queries.
 //!
@@ -10,6 +11,7 @@
 //! the front proxy ([`crate::frontproxy`]) and its user allowed by a SubjectAccessReview
 //! ([`crate::authorize`]); a refusal is v1.9.0's 401 with the reason as plain text.
 
+mod portforward;
 pub mod status;
 pub mod vm;
 pub mod vmi;
@@ -75,6 +77,24 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route(
             &format!("{namespaced}/virtualmachineinstances/{{name}}/{{action}}"),
             put(vmi_action).get(agent_query),
+        )
+        .route(
+            &format!("{namespaced}/virtualmachineinstances/{{name}}/portforward/{{port}}"),
+            get(portforward::vmi_portforward),
+        )
+        .route(
+            &format!(
+                "{namespaced}/virtualmachineinstances/{{name}}/portforward/{{port}}/{{protocol}}"
+            ),
+            get(portforward::vmi_portforward),
+        )
+        .route(
+            &format!("{namespaced}/virtualmachines/{{name}}/portforward/{{port}}"),
+            get(portforward::vm_portforward),
+        )
+        .route(
+            &format!("{namespaced}/virtualmachines/{{name}}/portforward/{{port}}/{{protocol}}"),
+            get(portforward::vm_portforward),
         )
         // What v1.9.0 serves and this project does not (yet): a clear answer, not a 404.
         .route(
@@ -337,7 +357,6 @@ impl ActionTarget {
 const NOT_SERVED: &[(&str, &str)] = &[
     ("vnc", "the VMs have no display device"),
     ("usbredir", "the VMs have no USB controller"),
-    ("portforward", "port forwarding is not implemented yet"),
     ("vsock", "the VMs have no vsock device"),
     ("migrate", "live migration is not implemented yet"),
     ("evacuate", "live migration is not implemented yet"),

@@ -120,6 +120,14 @@ pub fn check_console(vmi: &VirtualMachineInstance) -> Result<(), ApiError> {
     }
 }
 
+/// `validateVMIForPortForward`: a paused VMI is refused.
+pub fn check_port_forward(vmi: &VirtualMachineInstance) -> Result<(), ApiError> {
+    if vmi.condition("Paused").is_some() {
+        return Err(conflict(vmi, "VMI is paused"));
+    }
+    Ok(())
+}
+
 /// `ValidateVMIForConnection`'s phase check: a handler is asked only for a VMI it runs.
 pub fn check_connectable(vmi: &VirtualMachineInstance) -> Result<(), ApiError> {
     let phase = vmi.phase();
@@ -275,6 +283,19 @@ mod tests {
                 .message,
             "Operation cannot be fulfilled on virtualmachine.kubevirt.io \"v1\": VM snapshot is in progress"
         );
+    }
+
+    #[test]
+    fn a_paused_vmi_forwards_no_port() {
+        assert!(check_port_forward(&vmi("Running", json!([]), json!({}))).is_ok());
+        let paused = vmi(
+            "Running",
+            json!([{"type": "Paused", "status": "True", "reason": "PausedByUser"}]),
+            json!({}),
+        );
+        let e = check_port_forward(&paused).unwrap_err();
+        assert_eq!(e.code, 409);
+        assert!(e.message.ends_with(": VMI is paused"), "{}", e.message);
     }
 
     #[test]

@@ -1,11 +1,9 @@
 //! Guest memory: `memory.guest`, else the memory request, else the limit.
 
 use super::{ConvertError, Result};
+use proto::contract::runnable;
 use proto::domain::{DomainSpec, MemoryAmount};
-use proto::kubevirt::{Quantity, VirtualMachineInstance, quantity};
-
-/// Smallest guest this launcher starts (the boot structures need a few MiB).
-const MIN_GUEST_BYTES: u64 = 16 << 20;
+use proto::kubevirt::VirtualMachineInstance;
 
 pub(crate) fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> Result<()> {
     let bytes = guest_memory_bytes(vmi)?;
@@ -13,34 +11,10 @@ pub(crate) fn configure(vmi: &VirtualMachineInstance, spec: &mut DomainSpec) -> 
     Ok(())
 }
 
-/// The guest's memory size in bytes, and the field it came from.
+/// The guest's memory size in bytes, whole MiB (`proto::contract::runnable`'s rule, which
+/// admission and the controller's pod sizing share).
 pub(crate) fn guest_memory_bytes(vmi: &VirtualMachineInstance) -> Result<u64> {
-    let domain = &vmi.spec.domain;
-    let request = |map: Option<&std::collections::BTreeMap<String, Quantity>>| {
-        map.and_then(|m| m.get("memory")).cloned()
-    };
-    let resources = domain.resources.as_ref();
-    let (field, q) = if let Some(q) = domain.memory.as_ref().and_then(|m| m.guest.clone()) {
-        ("spec.domain.memory.guest", q)
-    } else if let Some(q) = request(resources.and_then(|r| r.requests.as_ref())) {
-        ("spec.domain.resources.requests.memory", q)
-    } else if let Some(q) = request(resources.and_then(|r| r.limits.as_ref())) {
-        ("spec.domain.resources.limits.memory", q)
-    } else {
-        return Err(ConvertError::new(
-            "spec.domain.memory.guest",
-            "no guest memory: set memory.guest or resources.requests.memory",
-        ));
-    };
-    let bytes = quantity::to_bytes(&q).map_err(|e| ConvertError::new(field, e.to_string()))?;
-    if bytes < MIN_GUEST_BYTES {
-        return Err(ConvertError::new(
-            field,
-            format!("{} is below the minimum of 16Mi", q.0),
-        ));
-    }
-    // Guest RAM is mapped in whole MiB.
-    Ok(bytes.div_ceil(1 << 20) << 20)
+    runnable::guest_memory_bytes(vmi).map_err(|r| ConvertError::new(r.field, r.reason))
 }
 
 #[cfg(test)]
