@@ -156,6 +156,32 @@ impl Context {
     }
 }
 
+/// The first metadata write of a VM or VMI (a merge patch of `metadata`): `finalizer` added
+/// when missing, and v1.9.0's API-version annotations when not there yet (v1.9.0 writes them
+/// first thing, in a write of their own; here they share the finalizer's). `None` when both
+/// are there already.
+pub(crate) fn first_metadata_patch(
+    meta: &kube::api::ObjectMeta,
+    finalizer: Option<&str>,
+) -> Option<serde_json::Value> {
+    let finalizers = meta.finalizers.clone().unwrap_or_default();
+    let add = finalizer.filter(|f| !finalizers.iter().any(|x| x == f));
+    let observed = proto::kubevirt::well_known::api_version_observed(meta.annotations.as_ref());
+    if add.is_none() && observed {
+        return None;
+    }
+    let mut metadata = serde_json::json!({});
+    if let Some(finalizer) = add {
+        let mut finalizers = finalizers;
+        finalizers.push(finalizer.to_string());
+        metadata["finalizers"] = serde_json::json!(finalizers);
+    }
+    if !observed {
+        metadata["annotations"] = proto::kubevirt::well_known::api_version_annotations();
+    }
+    Some(metadata)
+}
+
 /// A JSON merge patch turning the object `old` into `new`, top-level keys only: changed keys
 /// get their new value, vanished keys `null` (a merge patch replaces lists wholesale).
 pub(crate) fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
@@ -178,9 +204,46 @@ pub(crate) fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> se
 
 #[cfg(test)]
 mod tests {
-    use super::{merge_diff, requeue_after};
+    use super::{first_metadata_patch, merge_diff, requeue_after};
     use serde_json::json;
     use std::time::Duration;
+
+    #[test]
+    fn the_first_metadata_write_adds_what_is_missing_once() {
+        let fresh = kube::api::ObjectMeta::default();
+        assert_eq!(
+            first_metadata_patch(&fresh, Some("f")),
+            Some(json!({
+                "finalizers": ["f"],
+                "annotations": {
+                    "kubevirt.io/latest-observed-api-version": "v1",
+                    "kubevirt.io/storage-observed-api-version": "v1",
+                },
+            }))
+        );
+        let annotated: kube::api::ObjectMeta = serde_json::from_value(json!({
+            "annotations": {"kubevirt.io/latest-observed-api-version": "v1"},
+            "finalizers": ["other"],
+        }))
+        .unwrap();
+        assert_eq!(
+            first_metadata_patch(&annotated, Some("f")),
+            Some(json!({"finalizers": ["other", "f"]}))
+        );
+        assert_eq!(first_metadata_patch(&annotated, None), None);
+        let done: kube::api::ObjectMeta = serde_json::from_value(json!({
+            "annotations": {"kubevirt.io/latest-observed-api-version": "v1"},
+            "finalizers": ["f"],
+        }))
+        .unwrap();
+        assert_eq!(first_metadata_patch(&done, Some("f")), None);
+        // An older API version seen: written again.
+        let old: kube::api::ObjectMeta = serde_json::from_value(json!({
+            "annotations": {"kubevirt.io/latest-observed-api-version": "v1alpha3"},
+        }))
+        .unwrap();
+        assert!(first_metadata_patch(&old, None).is_some());
+    }
 
     #[test]
     fn conflicts_retry_soon_other_errors_later() {

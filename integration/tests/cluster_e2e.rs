@@ -2465,20 +2465,7 @@ async fn deleting_the_handler_pod_leaves_the_vm_running() {
         new_pod.metadata.name.as_deref().unwrap_or("")
     );
     // The plugins registered again (new sockets) and the node is schedulable with them.
-    wait_for("new device-plugin sockets", || {
-        let now = plugin_socket_inodes();
-        let renewed = now.len() == 3
-            && now
-                .iter()
-                .all(|(name, inode)| sockets_before.get(name) != Some(inode));
-        async move { renewed.then_some(()) }
-    })
-    .await;
-    wait_for("the node schedulable for VMs", || {
-        let client = client.clone();
-        async move { node_ready_for_vms(&client).await.then_some(()) }
-    })
-    .await;
+    plugins_registered_again(&client, &sockets_before).await;
 
     // The VM never noticed: same launcher, Running throughout.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -2549,20 +2536,7 @@ async fn a_kubelet_restart_makes_the_plugins_register_again() {
         async move { restarted.then_some(()) }
     })
     .await;
-    wait_for("the plugins' sockets made again after the crash", || {
-        let now = plugin_socket_inodes();
-        let renewed = now.len() == 3
-            && now
-                .iter()
-                .all(|(name, inode)| before.get(name) != Some(inode));
-        async move { renewed.then_some(()) }
-    })
-    .await;
-    wait_for("kvm and tun allocatable after the crash", || {
-        let client = client.clone();
-        async move { node_ready_for_vms(&client).await.then_some(()) }
-    })
-    .await;
+    plugins_registered_again(&client, &before).await;
 
     // The restart on purpose.
     let before = plugin_socket_inodes();
@@ -2570,20 +2544,7 @@ async fn a_kubelet_restart_makes_the_plugins_register_again() {
         .await
         .unwrap()
         .expect("cluster.sh restart-kubelet");
-    wait_for("the plugins' sockets made again", || {
-        let now = plugin_socket_inodes();
-        let renewed = now.len() == 3
-            && now
-                .iter()
-                .all(|(name, inode)| before.get(name) != Some(inode));
-        async move { renewed.then_some(()) }
-    })
-    .await;
-    wait_for("kvm and tun allocatable again", || {
-        let client = client.clone();
-        async move { node_ready_for_vms(&client).await.then_some(()) }
-    })
-    .await;
+    plugins_registered_again(&client, &before).await;
     let vms = Vms::new(cluster, "e2e-kubelet").await;
     vms.create(&test_vm("after-restart", "Always")).await;
     let vmi = vms.running("after-restart", None).await;
@@ -2670,6 +2631,31 @@ async fn kvm_gone_from_the_handlers_view_keeps_vms_off_the_node() {
 /// Identity of each `kubevirt-*.sock` in the kubelet's device-plugin directory: its inode
 /// number and change time (the inode alone is not enough: a socket removed and made again can
 /// get the freed inode number back).
+/// Waits until the handler's three device plugins have new sockets (other than `before`) and
+/// the node offers their devices to VMs again.
+async fn plugins_registered_again(
+    client: &kube::Client,
+    before: &BTreeMap<String, (u64, i64, i64)>,
+) {
+    wait_for("the device plugins' sockets made again", || {
+        let now = plugin_socket_inodes();
+        let renewed = now.len() == 3
+            && now
+                .iter()
+                .all(|(name, inode)| before.get(name) != Some(inode));
+        async move { renewed.then_some(()) }
+    })
+    .await;
+    wait_for(
+        "the node schedulable for VMs, kvm and tun allocatable",
+        || {
+            let client = client.clone();
+            async move { node_ready_for_vms(&client).await.then_some(()) }
+        },
+    )
+    .await;
+}
+
 fn plugin_socket_inodes() -> BTreeMap<String, (u64, i64, i64)> {
     std::fs::read_dir(DEVICE_PLUGIN_DIR)
         .map(|entries| {

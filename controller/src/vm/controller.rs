@@ -102,21 +102,10 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         }
         return Ok(Action::await_change());
     }
-    // The finalizer, and v1.9.0's API-version annotations (its first write; here the same
-    // write as the finalizer).
-    let finalized = vm.finalizers().iter().any(|f| f == VM_CONTROLLER_FINALIZER);
-    let observed =
-        proto::kubevirt::well_known::api_version_observed(vm.metadata.annotations.as_ref());
-    if !finalized || !observed {
-        let mut metadata = json!({});
-        if !finalized {
-            let mut finalizers = vm.finalizers().to_vec();
-            finalizers.push(VM_CONTROLLER_FINALIZER.into());
-            metadata["finalizers"] = json!(finalizers);
-        }
-        if !observed {
-            metadata["annotations"] = proto::kubevirt::well_known::api_version_annotations();
-        }
+    // The finalizer and v1.9.0's API-version annotations.
+    if let Some(metadata) =
+        crate::context::first_metadata_patch(&vm.metadata, Some(VM_CONTROLLER_FINALIZER))
+    {
         vm = patch_vm_metadata(&ctx, &vm_api, &vm, metadata).await?;
     }
 
@@ -221,15 +210,25 @@ async fn release_final_vmi(
         .collect();
     let patch =
         json!({"metadata": {"resourceVersion": vmi.resource_version(), "finalizers": finalizers}});
-    vmi_api
+    patch_vmi(ctx, vmi_api, vmi, &patch).await.map(drop)
+}
+
+/// A merge patch of the VMI, counted.
+async fn patch_vmi(
+    ctx: &Context,
+    vmi_api: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    patch: &serde_json::Value,
+) -> Result<VirtualMachineInstance, Error> {
+    let patched = vmi_api
         .patch(
             &vmi.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Merge(patch),
         )
         .await?;
     ctx.writes.record(Write::VmiPatch);
-    Ok(())
+    Ok(patched)
 }
 
 fn backoff_left(status: &proto::kubevirt::VirtualMachineStatus) -> u64 {
@@ -299,15 +298,7 @@ async fn bump_generation_annotation(
     }
     let patch =
         json!({"metadata": {"annotations": {VM_GENERATION_ANNOTATION: generation.to_string()}}});
-    let patched = vmi_api
-        .patch(
-            &vmi.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-    ctx.writes.record(Write::VmiPatch);
-    Ok(Some(patched))
+    patch_vmi(ctx, vmi_api, vmi, &patch).await.map(Some)
 }
 
 /// Records the started spec as a ControllerRevision, then creates the VMI.

@@ -112,20 +112,11 @@ pub async fn reconcile(
     // ones keep theirs.
     let config = ctx.config();
 
-    // v1.9.0 writes its API-version annotations first thing, in a write of their own; here
-    // they go with the first metadata write (the foreground finalizer of a new VMI).
-    let observed =
-        proto::kubevirt::well_known::api_version_observed(current.metadata.annotations.as_ref());
-    if plan.add_foreground_finalizer || !observed {
-        let mut metadata = json!({});
-        if plan.add_foreground_finalizer {
-            let mut finalizers = current.finalizers().to_vec();
-            finalizers.push(FOREGROUND_DELETE_FINALIZER.to_string());
-            metadata["finalizers"] = json!(finalizers);
-        }
-        if !observed {
-            metadata["annotations"] = proto::kubevirt::well_known::api_version_annotations();
-        }
+    // The foreground finalizer (a new VMI) and v1.9.0's API-version annotations.
+    let finalizer = plan
+        .add_foreground_finalizer
+        .then_some(FOREGROUND_DELETE_FINALIZER);
+    if let Some(metadata) = crate::context::first_metadata_patch(&current.metadata, finalizer) {
         current = patch_metadata(&ctx, &api, &current, metadata).await?;
     }
 
