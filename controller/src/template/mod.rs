@@ -843,6 +843,8 @@ fn pod_annotations(
         if key.starts_with("kubectl.kubernetes.io")
             || key.starts_with("kubevirt.io/storage-observed-api-version")
             || key.starts_with("kubevirt.io/latest-observed-api-version")
+            // The controller's own count of rejected pods is never the VMI's to preset.
+            || key == crate::vmi::decide::ADMISSION_ATTEMPT_ANNOTATION
         {
             continue;
         }

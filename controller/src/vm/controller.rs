@@ -275,19 +275,29 @@ async fn bump_generation_annotation(
 ) -> Result<Option<VirtualMachineInstance>, Error> {
     let generation = vm.metadata.generation.unwrap_or(0);
     let annotated = vmi.annotations().get(VM_GENERATION_ANNOTATION);
-    // The start revision is named by the generation the VMI was started from.
-    let Some(started) = annotated
-        .filter(|g| **g != generation.to_string())
-        .and_then(|g| g.parse::<i64>().ok())
-    else {
-        return Ok(None);
-    };
-    if vmi.metadata.deletion_timestamp.is_some() {
+    if annotated.is_some_and(|g| *g == generation.to_string())
+        || vmi.metadata.deletion_timestamp.is_some()
+    {
         return Ok(None);
     }
+    // The start revision the VMI names (`status.virtualMachineRevisionName`, written when it
+    // was created); a VMI without it, by the generation it was started from.
     let vm_uid = vm.metadata.uid.clone().unwrap_or_default();
+    let named = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.extra.get("virtualMachineRevisionName"))
+        .and_then(|n| n.as_str())
+        .map(str::to_string);
+    let Some(revision_name) = named.or_else(|| {
+        annotated
+            .and_then(|g| g.parse::<i64>().ok())
+            .map(|started| revision_name(&vm_uid, started))
+    }) else {
+        return Ok(None);
+    };
     let revisions: Api<ControllerRevision> = ctx.api(&vm.namespace().unwrap_or_default());
-    let Some(revision) = revisions.get_opt(&revision_name(&vm_uid, started)).await? else {
+    let Some(revision) = revisions.get_opt(&revision_name).await? else {
         return Ok(None);
     };
     let started_template = revision.data.0.get("spec").and_then(|s| s.get("template"));

@@ -304,6 +304,18 @@ pub fn decide_at(
     let phase = vmi.phase();
     let pod = current_pod(pods);
 
+    // A pod the kubelet rejected stays only until its replacement exists (a failed write after
+    // the replacement's creation must not leave it behind).
+    if let Some(current) = pod
+        && !current.rejected_at_admission
+    {
+        plan.delete_pods.extend(
+            pods.iter()
+                .filter(|p| p.rejected_at_admission && !p.deleting && p.name != current.name)
+                .map(|p| p.name.clone()),
+        );
+    }
+
     if deleting || phase.is_final() {
         // A deleted VMI loses its pods; a finished one too, so that its finalizer can go
         // (a pod that has not finished yet is being deleted already or is deleted now).
@@ -798,6 +810,9 @@ mod tests {
             assert_eq!(current_pod(&pods).unwrap().name, replacement.name);
             let plan = decide(&vmi("Scheduling", false, &[FG]), &pods, true);
             assert!(!plan.create_pod && plan.failure.is_none(), "{plan:?}");
+            // The rejected pod goes, even if the write after the replacement's creation
+            // failed before.
+            assert_eq!(plan.delete_pods, vec![rejected.name.clone()], "{plan:?}");
         }
 
         // Any other failure, a pod whose containers ran, or a VMI being deleted: Failed.

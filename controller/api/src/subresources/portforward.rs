@@ -27,6 +27,11 @@ const PING_EVERY: Duration = Duration::from_secs(1);
 const KEEP_ALIVE: Duration = Duration::from_secs(60);
 /// The largest piece read from the VM's side at once (one message; a UDP datagram fits).
 const CHUNK: usize = 64 << 10;
+/// The largest datagram sent to the VM: Go's copy buffer, which v1.9.0's relay writes through.
+const UDP_PIECE: usize = 32 << 10;
+/// The largest message accepted from the client (virtctl sends at most 32 KiB at once): a
+/// client cannot make virt-api hold more per session.
+const MAX_CLIENT_MESSAGE: usize = 1 << 20;
 
 /// The names in a port-forward path.
 #[derive(serde::Deserialize)]
@@ -127,6 +132,8 @@ async fn forward(
         target.namespace, target.name, target.port
     );
     Ok(upgrade
+        .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE)
         .protocols([handler_api::CONSOLE_PROTOCOL])
         .on_upgrade(move |socket| async move {
             relay(socket, upstream).await;
@@ -148,67 +155,81 @@ fn target_address(vmi: &VirtualMachineInstance, port: &str) -> Result<IpAddr, Ap
     let Some(first) = interfaces.first() else {
         return Err(ApiError::bad_request("no network interfaces are present"));
     };
-    let ip = first.ip_address.as_deref().unwrap_or_default();
-    ip.parse().map_err(|_| {
+    let text = first.ip_address.as_deref().unwrap_or_default();
+    let unusable = || {
         ApiError::internal(format!(
-            "dialing VM: the VMI's first interface has no usable address {ip:?}"
+            "dialing VM: the VMI's first interface has no usable address {text:?}"
         ))
-    })
+    };
+    let ip: IpAddr = text.parse().map_err(|_| unusable())?;
+    // Not in v1.9.0, which dials whatever the status says: virt-api's own loopback, "any" and
+    // multicast are no VM's address, whoever wrote the status.
+    if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
+        return Err(unusable());
+    }
+    Ok(ip)
 }
 
 /// `net.Dial(protocol, ip:port)` for the protocols Go names `tcp` and `udp` (and their
-/// `4`/`6` forms); anything else fails as Go's dial does.
+/// `4`/`6` forms), its errors worded as Go's (`dial tcp 10.0.0.7:22: connect: connection
+/// refused`); a port must be a number (Go also looks service names up).
 async fn dial(protocol: &str, port: &str, ip: IpAddr) -> std::io::Result<Upstream> {
     use std::io::{Error, ErrorKind};
+    let tcp = protocol.strip_prefix("tcp");
+    let udp = protocol.strip_prefix("udp");
+    let Some(family) = tcp.or(udp).filter(|f| ["", "4", "6"].contains(f)) else {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("dial {protocol}: unknown network {protocol}"),
+        ));
+    };
     let port: u16 = port.parse().map_err(|_| {
         Error::new(
             ErrorKind::InvalidInput,
-            format!("dial {protocol}: address {ip}:{port}: invalid port"),
+            format!("dial {protocol}: address {port}: invalid port"),
         )
     })?;
     let address = SocketAddr::new(ip, port);
-    let family_ok = |suffix: &str| match suffix {
-        "" => true,
-        "4" => ip.is_ipv4(),
-        "6" => ip.is_ipv6(),
-        _ => false,
-    };
-    let timed_out = || {
+    if (family == "4" && !ip.is_ipv4()) || (family == "6" && !ip.is_ipv6()) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("dial {protocol}: address {address}: no suitable address found"),
+        ));
+    }
+    let op_error = |e: Error| {
+        let detail = match e.kind() {
+            ErrorKind::ConnectionRefused => "connection refused".to_string(),
+            ErrorKind::TimedOut => "i/o timeout".to_string(),
+            _ => e.to_string(),
+        };
         Error::new(
-            ErrorKind::TimedOut,
-            format!("dial {protocol} {address}: i/o timeout"),
+            e.kind(),
+            format!("dial {protocol} {address}: connect: {detail}"),
         )
     };
-    if let Some(suffix) = protocol.strip_prefix("tcp")
-        && family_ok(suffix)
-    {
+    if tcp.is_some() {
         let stream = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(address))
             .await
-            .map_err(|_| timed_out())??;
+            .map_err(|_| op_error(ErrorKind::TimedOut.into()))?
+            .map_err(op_error)?;
         return Ok(Upstream::Tcp(stream));
     }
-    if let Some(suffix) = protocol.strip_prefix("udp")
-        && family_ok(suffix)
-    {
-        let local: SocketAddr = if ip.is_ipv4() {
-            "0.0.0.0:0".parse().unwrap()
-        } else {
-            "[::]:0".parse().unwrap()
-        };
-        let socket = tokio::net::UdpSocket::bind(local).await?;
-        socket.connect(address).await?;
-        return Ok(Upstream::Udp(socket));
-    }
-    Err(Error::new(
-        ErrorKind::InvalidInput,
-        format!("dial {protocol}: unknown network {protocol}"),
-    ))
+    let local: SocketAddr = if ip.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = tokio::net::UdpSocket::bind(local).await.map_err(op_error)?;
+    socket.connect(address).await.map_err(op_error)?;
+    Ok(Upstream::Udp(socket))
 }
 
 /// Relays until either side ends or the client is silent for [`KEEP_ALIVE`]; each direction
-/// on its own task, so that one side that stops reading holds up only its direction.
+/// on its own task, so that one side that stops reading holds up only its direction, and no
+/// write waits longer than [`KEEP_ALIVE`] either. The client's close is answered.
 async fn relay(socket: WebSocket, upstream: Upstream) {
     let (mut to_client, mut from_client) = socket.split();
+    let udp = matches!(upstream, Upstream::Udp(_));
     let (mut reader, mut writer) = match upstream {
         Upstream::Tcp(stream) => {
             let (r, w) = stream.into_split();
@@ -219,24 +240,34 @@ async fn relay(socket: WebSocket, upstream: Upstream) {
             (UpRead::Udp(socket.clone()), UpWrite::Udp(socket))
         }
     };
-    // Client → VM; any frame (a pong included) proves the client alive.
-    let mut inbound = tokio::spawn(async move {
-        loop {
-            match tokio::time::timeout(KEEP_ALIVE, from_client.next()).await {
-                Err(_) | Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Message::Close(_)))) => {
-                    return;
-                }
-                Ok(Some(Ok(Message::Binary(data)))) => {
-                    if writer.write(&data).await.is_err() {
+    let client_gone = Arc::new(tokio::sync::Notify::new());
+    // Client → VM; any frame (a pong included) proves the client alive. As v1.9.0's reader,
+    // only binary messages carry data; an empty one sends nothing.
+    let mut inbound = tokio::spawn({
+        let client_gone = client_gone.clone();
+        async move {
+            loop {
+                let data = match tokio::time::timeout(KEEP_ALIVE, from_client.next()).await {
+                    Ok(Some(Ok(Message::Binary(data)))) => data,
+                    Ok(Some(Ok(Message::Close(_)))) => {
+                        client_gone.notify_one();
                         return;
                     }
-                }
-                Ok(Some(Ok(Message::Text(text)))) => {
-                    if writer.write(text.as_bytes()).await.is_err() {
-                        return;
+                    Err(_) | Ok(None) | Ok(Some(Err(_))) => return,
+                    Ok(Some(Ok(_))) => continue,
+                };
+                // Datagrams of at most what Go's copy buffer holds, as v1.9.0 sends them.
+                let pieces: Vec<&[u8]> = if udp {
+                    data.chunks(UDP_PIECE).collect()
+                } else {
+                    vec![&data[..]]
+                };
+                for piece in pieces.into_iter().filter(|p| !p.is_empty()) {
+                    match tokio::time::timeout(KEEP_ALIVE, writer.write(piece)).await {
+                        Ok(Ok(())) => {}
+                        _ => return,
                     }
                 }
-                Ok(Some(Ok(_))) => {}
             }
         }
     });
@@ -244,28 +275,37 @@ async fn relay(socket: WebSocket, upstream: Upstream) {
     let mut outbound = tokio::spawn(async move {
         let mut ping = tokio::time::interval(PING_EVERY);
         let mut buffer = vec![0u8; CHUNK];
+        let send = async |to_client: &mut futures::stream::SplitSink<WebSocket, Message>,
+                          message: Message| {
+            matches!(
+                tokio::time::timeout(KEEP_ALIVE, to_client.send(message)).await,
+                Ok(Ok(()))
+            )
+        };
         loop {
-            tokio::select! {
+            let message = tokio::select! {
                 read = reader.read(&mut buffer) => match read {
+                    // An empty datagram is a datagram; an empty TCP read is the end.
+                    Ok(0) if udp => continue,
                     Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let data = axum::body::Bytes::copy_from_slice(&buffer[..n]);
-                        if to_client.send(Message::Binary(data)).await.is_err() {
-                            return;
-                        }
-                    }
+                    Ok(n) => Message::Binary(axum::body::Bytes::copy_from_slice(&buffer[..n])),
                 },
-                _ = ping.tick() => {
-                    if to_client.send(Message::Ping(Default::default())).await.is_err() {
-                        return;
-                    }
-                }
+                _ = ping.tick() => Message::Ping(Default::default()),
+                _ = client_gone.notified() => break,
+            };
+            if !send(&mut to_client, message).await {
+                return;
             }
         }
-        let _ = to_client.send(Message::Close(None)).await;
+        let _ = send(&mut to_client, Message::Close(None)).await;
     });
     tokio::select! {
-        _ = &mut inbound => outbound.abort(),
+        _ = &mut inbound => {
+            // The VM's side may still owe the client its close.
+            if tokio::time::timeout(Duration::from_secs(5), &mut outbound).await.is_err() {
+                outbound.abort();
+            }
+        }
         _ = &mut outbound => inbound.abort(),
     }
 }
@@ -332,13 +372,22 @@ mod tests {
             (e.code, e.message.as_str()),
             (400, "no network interfaces are present")
         );
-        // An interface without a usable address: no dial to garbage.
-        let e = target_address(
-            &vmi_with(json!({"interfaces": [{"ipAddress": "10.0.0.7; rm"}]})),
-            "22",
-        )
-        .unwrap_err();
-        assert_eq!(e.code, 500);
+        // An interface without a usable address: no dial to garbage, nor to virt-api itself.
+        for address in [
+            "10.0.0.7; rm",
+            "127.0.0.1",
+            "0.0.0.0",
+            "::1",
+            "224.0.0.1",
+            "",
+        ] {
+            let vmi = vmi_with(json!({"interfaces": [{"ipAddress": address}]}));
+            assert_eq!(
+                target_address(&vmi, "22").unwrap_err().code,
+                500,
+                "{address}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -353,24 +402,36 @@ mod tests {
         ));
         assert!(matches!(dial("udp", &port, ip).await, Ok(Upstream::Udp(_))));
         for (protocol, port, says) in [
-            ("sctp", port.as_str(), "dial sctp: unknown network sctp"),
-            ("tcp6", port.as_str(), "dial tcp6: unknown network tcp6"),
+            (
+                "sctp",
+                port.as_str(),
+                "dial sctp: unknown network sctp".to_string(),
+            ),
+            (
+                "tcp6",
+                port.as_str(),
+                format!("dial tcp6: address 127.0.0.1:{port}: no suitable address found"),
+            ),
             (
                 "tcp",
                 "http",
-                "dial tcp: address 127.0.0.1:http: invalid port",
+                "dial tcp: address http: invalid port".to_string(),
             ),
             (
                 "tcp",
                 "70000",
-                "dial tcp: address 127.0.0.1:70000: invalid port",
+                "dial tcp: address 70000: invalid port".to_string(),
             ),
         ] {
             let e = dial(protocol, port, ip).await.err().expect(protocol);
             assert_eq!(e.to_string(), says);
         }
         drop(listener);
-        // Nothing listening: the kernel's refusal, as Go's dial reports it.
-        assert!(dial("tcp", &port, ip).await.is_err());
+        // Nothing listening: the kernel's refusal, worded as Go's dial reports it.
+        let e = dial("tcp", &port, ip).await.err().expect("refused");
+        assert_eq!(
+            e.to_string(),
+            format!("dial tcp 127.0.0.1:{port}: connect: connection refused")
+        );
     }
 }
