@@ -141,12 +141,9 @@ async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
         }
     })
     .await;
-    wait_for(
+    wait_node_ready_for_vms(
+        &client,
         "the node to be schedulable with device-plugin resources",
-        || {
-            let client = client.clone();
-            async move { node_ready_for_vms(&client).await.then_some(()) }
-        },
     )
     .await;
     eprintln!(
@@ -158,6 +155,14 @@ async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Waits (saying `what`) until [`node_ready_for_vms`].
+async fn wait_node_ready_for_vms(client: &kube::Client, what: &str) {
+    wait_for(what, || async {
+        node_ready_for_vms(client).await.then_some(())
+    })
+    .await;
 }
 
 /// `kubevirt.io/schedulable=true` and kvm and tun allocatable.
@@ -2361,11 +2366,7 @@ async fn a_burst_survives_a_handler_and_a_leader_restart() {
     )
     .await;
     // The next tests need a ready handler and a schedulable node again.
-    wait_for("the node ready for VMs again", || {
-        let client = client.clone();
-        async move { node_ready_for_vms(&client).await.then_some(()) }
-    })
-    .await;
+    wait_node_ready_for_vms(&client, "the node ready for VMs again").await;
 }
 
 /// The node as the kubelet reports it with virt-handler running: the three device-plugin
@@ -2594,11 +2595,7 @@ async fn kvm_gone_from_the_handlers_view_keeps_vms_off_the_node() {
     let client = cluster.client().unwrap();
     let view = FakeDev::new();
     let _restore = HostDevView::point_at(cluster, &view.dir);
-    wait_for("the handler on the test's /dev, kvm allocatable", || {
-        let client = client.clone();
-        async move { node_ready_for_vms(&client).await.then_some(()) }
-    })
-    .await;
+    wait_node_ready_for_vms(&client, "the handler on the test's /dev, kvm allocatable").await;
 
     view.remove_kvm();
     let nodes: Api<Node> = Api::all(client.clone());
@@ -2665,12 +2662,9 @@ async fn plugins_registered_again(
         async move { renewed.then_some(()) }
     })
     .await;
-    wait_for(
+    wait_node_ready_for_vms(
+        client,
         "the node schedulable for VMs, kvm and tun allocatable",
-        || {
-            let client = client.clone();
-            async move { node_ready_for_vms(&client).await.then_some(()) }
-        },
     )
     .await;
 }

@@ -763,3 +763,23 @@ fn vmi_nocloud_volumes() {
             .any(|v| v["name"] == "launcher-volume")
     );
 }
+
+#[test]
+fn a_vmi_cannot_preset_the_controllers_admission_attempt() {
+    let mut vmi = migratable();
+    let annotations = vmi.metadata.annotations.get_or_insert_default();
+    annotations.insert(
+        crate::vmi::decide::ADMISSION_ATTEMPT_ANNOTATION.into(),
+        "5".into(),
+    );
+    annotations.insert("example.com/kept".into(), "yes".into());
+    let pod = render(&vmi);
+    let rendered = &pod["metadata"]["annotations"];
+    assert_eq!(rendered["example.com/kept"], "yes");
+    assert!(
+        rendered
+            .get(crate::vmi::decide::ADMISSION_ATTEMPT_ANNOTATION)
+            .is_none(),
+        "{rendered}"
+    );
+}
