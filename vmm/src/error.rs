@@ -51,6 +51,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A live migration's target could not take the VM (`crate::migration`).
+    #[error("incoming migration: {0}")]
+    Migration(#[from] crate::migration::MigrationError),
     /// A vCPU thread ended before it reported whether it could start.
     #[error("a vCPU thread ended at start")]
     VcpuThreadEnded,

@@ -14,7 +14,8 @@
 //! in parallel with the devices), `sandbox` (what every VMM thread enters: credentials,
 //! no_new_privs, Landlock, seccomp), `stats` (device counters, CPU time), `timing` (boot
 //! milestones for the boot benchmark), `fuzzing` (the fuzz targets' entry points, with the
-//! `testing` feature only).
+//! `testing` feature only), `migration` (live migration: pre-copy by KVM's dirty log, the
+//! VM's state saved and restored) over `wire` (the migration stream's checked format).
 //! Modules import downwards only: ARCHITECTURE.md (section 2) draws the floors.
 //! The `vmm` command (`run`, `selftest`, `test-guest`, `cpuid`, `img`) is the `vmm-cli`
 //! crate; the test guest is the `test-guest` crate.
@@ -30,6 +31,7 @@ pub mod fuzzing;
 pub(crate) mod kick;
 pub(crate) mod kvm;
 pub mod lifecycle;
+pub mod migration;
 pub(crate) mod pci;
 pub mod sandbox;
 pub(crate) mod smbios;
@@ -37,6 +39,7 @@ pub mod stats;
 pub mod timing;
 pub(crate) mod vcpu_threads;
 pub mod vm;
+pub mod wire;
 
 pub use boot_disk::BootReport;
 pub use config::{
@@ -46,6 +49,7 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use lifecycle::{VmExit, VmState};
+pub use migration::{MigrationError, MigrationOptions, MigrationProgress, MigrationReport};
 pub use sandbox::{Credentials, SandboxConfig, SeccompMode};
 pub use stats::VmStats;
 pub use vm::{Vm, VmHandle};

@@ -32,6 +32,8 @@ pub enum VmExit {
     Crash { vcpu: u8, detail: String },
     /// Stopped from outside ([`crate::VmHandle::kill`]).
     Killed,
+    /// The VM moved to another VMM ([`crate::VmHandle::migrate`]) and runs there now.
+    Migrated,
     /// The VMM itself failed (a KVM call returned an error).
     InternalError(String),
 }
@@ -48,7 +50,7 @@ impl VmExit {
     /// guest's code for a power-off, non-zero otherwise.
     pub fn exit_status(&self) -> i32 {
         match self {
-            VmExit::Reset => 0,
+            VmExit::Reset | VmExit::Migrated => 0,
             VmExit::PowerOff { code } => i32::from(*code),
             VmExit::TripleFault { .. } | VmExit::Crash { .. } => CRASH_EXIT_STATUS,
             VmExit::Killed => KILLED_EXIT_STATUS,
@@ -67,6 +69,7 @@ impl fmt::Display for VmExit {
             }
             VmExit::Crash { vcpu, detail } => write!(f, "guest crash on vCPU {vcpu}: {detail}"),
             VmExit::Killed => write!(f, "killed"),
+            VmExit::Migrated => write!(f, "migrated to another VMM"),
             VmExit::InternalError(e) => write!(f, "internal VMM error: {e}"),
         }
     }
@@ -80,7 +83,16 @@ struct Inner {
     running_vcpus: usize,
     /// vCPU threads to kick; emptied once they are joined.
     threads: Vec<libc::pthread_t>,
+    /// While the VM is paused for migration: each vCPU's saved state (encoded), filled
+    /// in by the vCPU's own thread.
+    saves: Option<Vec<Option<SavedVcpu>>>,
 }
+
+/// One vCPU's encoded state, or why it could not be read.
+type SavedVcpu = Result<Vec<u8>, String>;
+
+/// What a paused vCPU's thread does when asked for its state: reads it (encoded).
+pub(crate) type SaveState<'a> = &'a mut dyn FnMut() -> Result<Vec<u8>, String>;
 
 /// The shared control block. vCPU threads call [`Control::checkpoint`]
 /// before every `KVM_RUN`; anything that wants them to react first changes
@@ -109,6 +121,7 @@ impl Control {
                 paused_vcpus: 0,
                 running_vcpus: vcpus,
                 threads: Vec::new(),
+                saves: None,
             }),
             changed: Condvar::new(),
             timeline: Arc::default(),
@@ -173,14 +186,29 @@ impl Control {
         }
     }
 
-    /// Called by a vCPU thread before entering the guest: blocks while the VM
-    /// is paused; says whether to run or stop.
-    pub(crate) fn checkpoint(&self) -> Checkpoint {
+    /// Called by vCPU `index`'s thread before entering the guest: blocks while the VM
+    /// is paused (saving the vCPU's state with `save` when asked); says whether to run
+    /// or stop.
+    pub(crate) fn checkpoint(&self, index: usize, save: SaveState) -> Checkpoint {
         let mut inner = self.lock();
         if inner.pause_requested && inner.exit.is_none() {
             inner.paused_vcpus += 1;
             self.changed.notify_all();
             while inner.pause_requested && inner.exit.is_none() {
+                let asked = inner
+                    .saves
+                    .as_ref()
+                    .is_some_and(|saves| matches!(saves.get(index), Some(None)));
+                if asked {
+                    drop(inner);
+                    let state = save();
+                    inner = self.lock();
+                    if let Some(slot) = inner.saves.as_mut().and_then(|s| s.get_mut(index)) {
+                        *slot = Some(state);
+                    }
+                    self.changed.notify_all();
+                    continue;
+                }
                 inner = self
                     .changed
                     .wait(inner)
@@ -224,8 +252,49 @@ impl Control {
 
     /// Lets paused vCPUs run again.
     pub(crate) fn resume(&self) {
-        self.lock().pause_requested = false;
+        let mut inner = self.lock();
+        inner.pause_requested = false;
+        inner.saves = None;
         self.changed.notify_all();
+    }
+
+    /// Asks every vCPU of a paused VM for its state (`vcpus` of them, indexes
+    /// 0..vcpus) and waits for them: the states, encoded, in vCPU order.
+    pub(crate) fn save_vcpus(
+        &self,
+        vcpus: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, String> {
+        let mut inner = self.lock();
+        if !inner.pause_requested || inner.paused_vcpus < vcpus {
+            return Err("the vCPUs are not paused".into());
+        }
+        inner.saves = Some(vec![None; vcpus]);
+        self.changed.notify_all();
+        let (mut inner, _) = self
+            .changed
+            .wait_timeout_while(inner, timeout, |i| {
+                i.exit.is_none()
+                    && i.saves
+                        .as_ref()
+                        .is_some_and(|saves| saves.iter().any(Option::is_none))
+            })
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(exit) = &inner.exit {
+            return Err(format!("the VM ended: {exit}"));
+        }
+        let saves = inner.saves.take().unwrap_or_default();
+        saves
+            .into_iter()
+            .enumerate()
+            .map(|(index, state)| match state {
+                Some(Ok(state)) => Ok(state),
+                Some(Err(e)) => Err(format!("vCPU {index}: {e}")),
+                None => Err(format!(
+                    "vCPU {index} did not give its state within {timeout:?}"
+                )),
+            })
+            .collect()
     }
 
     /// Blocks until the VM ended (or the timeout passed) and returns the ending.
@@ -259,7 +328,7 @@ mod tests {
         assert!(!c.finish(VmExit::Killed));
         assert_eq!(c.exit(), Some(VmExit::Reset));
         assert_eq!(c.state(), VmState::Exited);
-        assert_eq!(c.checkpoint(), Checkpoint::Stop);
+        assert_eq!(c.checkpoint(0, &mut || Ok(Vec::new())), Checkpoint::Stop);
     }
 
     #[test]
@@ -288,7 +357,7 @@ mod tests {
         let threads: Vec<_> = (0..2)
             .map(|_| {
                 let c = c.clone();
-                std::thread::spawn(move || c.checkpoint())
+                std::thread::spawn(move || c.checkpoint(0, &mut || Ok(Vec::new())))
             })
             .collect();
         assert!(c.wait_paused(Duration::from_secs(10)));
@@ -301,12 +370,39 @@ mod tests {
     }
 
     #[test]
+    fn paused_vcpus_give_their_state_on_their_own_threads() {
+        let c = Arc::new(Control::new(2));
+        assert!(
+            c.save_vcpus(2, Duration::from_secs(1)).is_err(),
+            "not paused"
+        );
+        c.request_pause();
+        let threads: Vec<_> = (0..2u8)
+            .map(|index| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    let mut save = || Ok(vec![index; 3]);
+                    c.checkpoint(usize::from(index), &mut save)
+                })
+            })
+            .collect();
+        assert!(c.wait_paused(Duration::from_secs(10)));
+        let states = c.save_vcpus(2, Duration::from_secs(10)).unwrap();
+        assert_eq!(states, vec![vec![0; 3], vec![1; 3]]);
+        assert_eq!(c.state(), VmState::Paused, "saving does not resume");
+        c.resume();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), Checkpoint::Run);
+        }
+    }
+
+    #[test]
     fn an_ending_releases_paused_vcpus() {
         let c = Arc::new(Control::new(1));
         c.request_pause();
         let t = {
             let c = c.clone();
-            std::thread::spawn(move || c.checkpoint())
+            std::thread::spawn(move || c.checkpoint(0, &mut || Ok(Vec::new())))
         };
         assert!(c.wait_paused(Duration::from_secs(10)));
         c.finish(VmExit::Killed);

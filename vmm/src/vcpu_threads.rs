@@ -9,7 +9,7 @@
 //! buses, or [`StartingVcpus::abort`] sends them home.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, channel};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -21,6 +21,7 @@ use crate::config::ApStart;
 use crate::error::{Error, Result};
 use crate::kvm::cpuid::CpuidPolicy;
 use crate::kvm::vcpu::{Buses, Vcpu};
+use crate::kvm::vcpu_state::VcpuState;
 use crate::lifecycle::{Control, VmExit};
 use crate::sandbox::{Sandbox, ThreadKind};
 use crate::stats::VcpuTids;
@@ -28,9 +29,47 @@ use crate::stats::VcpuTids;
 /// What the vCPUs need once the VM is built.
 #[derive(Clone)]
 pub(crate) struct Launch {
-    /// The kernel entry point.
-    pub(crate) entry: u64,
+    pub(crate) start: Start,
     pub(crate) buses: Arc<Buses>,
+}
+
+/// Where the vCPUs start.
+#[derive(Clone)]
+pub(crate) enum Start {
+    /// At the kernel's entry point.
+    Entry(u64),
+    /// From the states another VMM saved (a migration's target).
+    Restore(Arc<Restore>),
+}
+
+/// The saved states and the two-step start of restored vCPUs: each thread restores its
+/// vCPU and reports, then all wait for the word to run, so that no vCPU runs unless
+/// every one (and the rest of the VM) was restored.
+pub(crate) struct Restore {
+    states: Vec<VcpuState>,
+    restored: Mutex<Sender<std::result::Result<(), String>>>,
+    go: Gate<bool>,
+}
+
+impl Restore {
+    /// Restores vCPU `index`, then enters the vCPU's sandbox (whose filter does not
+    /// let a vCPU thread set registers or MSRs); returns whether it may run.
+    fn apply(&self, vcpu: &Vcpu, index: u8, sandbox: &Sandbox) -> bool {
+        let result = self
+            .states
+            .get(usize::from(index))
+            .ok_or_else(|| "no saved state".to_string())
+            .and_then(|state| vcpu.restore(state))
+            .and_then(|()| {
+                sandbox
+                    .enter(ThreadKind::Vcpu)
+                    .map_err(|e| format!("cannot enter the sandbox: {e}"))
+            })
+            .map_err(|e| format!("vCPU {index}: {e}"));
+        let restored = result.is_ok();
+        let _ = lock(&self.restored).send(result);
+        restored && self.go.wait() == Some(true)
+    }
 }
 
 /// vCPU threads that are being set up, or wait at the gate.
@@ -50,6 +89,10 @@ pub(crate) struct Shared<'a> {
     pub(crate) control: &'a Arc<Control>,
     pub(crate) tids: &'a VcpuTids,
     pub(crate) sandbox: &'a Arc<Sandbox>,
+    pub(crate) msr_indices: &'a Arc<[u32]>,
+    /// The vCPUs will be restored from a migration's state: their threads enter the
+    /// sandbox after that, not before the gate.
+    pub(crate) restore_first: bool,
 }
 
 impl StartingVcpus {
@@ -68,6 +111,8 @@ impl StartingVcpus {
             let memory = shared.memory.clone();
             let cpuid = shared.cpuid.for_vcpu(index);
             let ap_start = shared.ap_start;
+            let msr_indices = shared.msr_indices.clone();
+            let restore_first = shared.restore_first;
             let (control, tids, sandbox) = (
                 shared.control.clone(),
                 shared.tids.clone(),
@@ -87,9 +132,14 @@ impl StartingVcpus {
                         Ok(())
                     };
                     let vcpu = pit
-                        .and_then(|()| Vcpu::new(&vm, &memory, &cpuid, index, ap_start))
+                        .and_then(|()| {
+                            Vcpu::new(&vm, &memory, &cpuid, index, ap_start, msr_indices)
+                        })
                         .map_err(Error::from)
                         .and_then(|vcpu| {
+                            if restore_first {
+                                return Ok(vcpu);
+                            }
                             sandbox
                                 .enter(ThreadKind::Vcpu)
                                 .map(|()| vcpu)
@@ -106,11 +156,35 @@ impl StartingVcpus {
                     };
                     let _ = ready_tx.send(report);
                     match (vcpu, gate.wait()) {
-                        (Some(vcpu), Some(launch)) => match vcpu.set_entry(launch.entry) {
-                            Ok(()) => vcpu.run(&control, &launch.buses),
-                            Err(e) => {
-                                control.finish(VmExit::InternalError(format!("vCPU {index}: {e}")));
-                                control.vcpu_stopped();
+                        (Some(vcpu), Some(launch)) => match &launch.start {
+                            // Never unsandboxed in the guest: a kernel start enters here
+                            // if it did not before the gate.
+                            Start::Entry(entry) => match (if restore_first {
+                                sandbox.enter(ThreadKind::Vcpu).map_err(|source| {
+                                    Error::EnterSandbox {
+                                        kind: ThreadKind::Vcpu,
+                                        source,
+                                    }
+                                })
+                            } else {
+                                Ok(())
+                            })
+                            .and_then(|()| vcpu.set_entry(*entry).map_err(Error::from))
+                            {
+                                Ok(()) => vcpu.run(&control, &launch.buses),
+                                Err(e) => {
+                                    control.finish(VmExit::InternalError(format!(
+                                        "vCPU {index}: {e}"
+                                    )));
+                                    control.vcpu_stopped();
+                                }
+                            },
+                            Start::Restore(restore) => {
+                                if restore.apply(&vcpu, index, &sandbox) {
+                                    vcpu.run(&control, &launch.buses);
+                                } else {
+                                    control.vcpu_stopped();
+                                }
                             }
                         },
                         _ => control.vcpu_stopped(),
@@ -135,7 +209,70 @@ impl StartingVcpus {
     /// then lets them enter the guest. If a vCPU could not be set up, none
     /// runs and its error is returned.
     pub(crate) fn release(self, control: &Control, launch: Launch) -> Result<Vec<JoinHandle<()>>> {
+        if let Err(e) = self.wait_ready(control) {
+            self.abort();
+            return Err(e);
+        }
+        self.register(control);
+        self.gate.open(Some(launch));
+        Ok(self.threads)
+    }
+
+    /// Restores every vCPU from `states`, then `platform` (the VM-wide state, with the
+    /// vCPUs restored and not yet running), then lets the vCPUs run. If anything fails
+    /// no vCPU runs, the VM ends, and the error is returned.
+    pub(crate) fn release_restored(
+        self,
+        control: &Control,
+        buses: Arc<Buses>,
+        states: Vec<VcpuState>,
+        platform: impl FnOnce() -> std::result::Result<(), String>,
+    ) -> std::result::Result<Vec<JoinHandle<()>>, String> {
+        if let Err(e) = self.wait_ready(control) {
+            self.abort();
+            return Err(e.to_string());
+        }
+        self.register(control);
+        let (restored_tx, restored) = channel();
+        let restore = Arc::new(Restore {
+            states,
+            restored: Mutex::new(restored_tx),
+            go: Gate::default(),
+        });
+        self.gate.open(Some(Launch {
+            start: Start::Restore(restore.clone()),
+            buses,
+        }));
+        let outcome = (0..self.threads.len())
+            .try_for_each(|_| restored.recv().unwrap_or(Err("a vCPU thread ended".into())))
+            .and_then(|()| platform());
+        match outcome {
+            Ok(()) => {
+                restore.go.open(Some(true));
+                Ok(self.threads)
+            }
+            Err(e) => {
+                control.finish(VmExit::InternalError(format!("cannot restore the VM: {e}")));
+                restore.go.open(None);
+                control.forget_vcpu_threads();
+                for thread in self.threads {
+                    let _ = thread.join();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers the threads for kicks, before any of them enters the guest, so that
+    /// no kick can miss one.
+    fn register(&self, control: &Control) {
         use std::os::unix::thread::JoinHandleExt;
+        control.set_vcpu_threads(self.threads.iter().map(|t| t.as_pthread_t()).collect());
+    }
+
+    /// Waits until every vCPU is ready. If a vCPU could not be set up, the VM ends and
+    /// the vCPU's error is returned (the caller sends the threads home).
+    fn wait_ready(&self, control: &Control) -> Result<()> {
         for _ in 0..self.threads.len() {
             let failure = match self.ready.recv() {
                 Ok(Ok(())) => continue,
@@ -145,13 +282,9 @@ impl StartingVcpus {
             control.finish(VmExit::InternalError(format!(
                 "cannot start the vCPUs: {failure}"
             )));
-            self.abort();
             return Err(failure);
         }
-        // Registered before any thread enters the guest, so no kick can miss one.
-        control.set_vcpu_threads(self.threads.iter().map(|t| t.as_pthread_t()).collect());
-        self.gate.open(Some(launch));
-        Ok(self.threads)
+        Ok(())
     }
 
     /// Sends the threads home without entering the guest and waits for them

@@ -1,5 +1,6 @@
 //! Building a VM from a [`VmConfig`] and running it on its own threads.
 
+use std::io::{Read, Write};
 use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -19,7 +20,7 @@ use crate::devices::irq::IrqLine;
 use crate::devices::legacy::exit_port::ExitPort;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::rtc::Rtc;
-use crate::devices::legacy::serial::Console;
+use crate::devices::legacy::serial::{Console, SerialDevice};
 use crate::devices::legacy::{
     EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, RTC_PORT, RTC_PORT_LEN,
     SERIAL_GSI, SERIAL_PORT, SERIAL_PORT_LEN,
@@ -30,9 +31,14 @@ use crate::kvm::cpuid::CpuidPolicy;
 use crate::kvm::vcpu::Buses;
 use crate::kvm::{self, layout};
 use crate::lifecycle::{Control, VmExit, VmState};
+use crate::migration::{
+    self, MigrationError, MigrationOptions, MigrationProgress, MigrationReport,
+};
+use crate::pci::CONFIG_PORTS;
 use crate::sandbox::Sandbox;
 use crate::stats::{DeviceCounters, VcpuTids, VmStats};
-use crate::vcpu_threads::{Launch, Shared, StartingVcpus};
+use crate::vcpu_threads::{Launch, Shared, Start, StartingVcpus};
+use crate::wire::{self, Decoder, Encoder, FormatError, Reply};
 
 /// How long `pause` waits for every vCPU to leave the guest.
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,102 +51,279 @@ impl Vm {
     /// threads. Configuration and set-up errors are returned here; once this
     /// returns, how the VM ends is reported by [`VmHandle::wait`].
     pub fn start(config: VmConfig) -> Result<VmHandle> {
-        validate(&config)?;
-        // Asked on a thread of its own while the VM is created: the kernel
-        // answers with a few hundred host CPUID instructions, each a trap to
-        // the outer hypervisor when this host is itself a VM (0.3-0.5 ms here).
-        let (profile, vcpu_count) = (config.cpu_profile, config.vcpus);
-        let cpuid_policy = std::thread::Builder::new()
-            .name("cpuid".into())
-            .spawn(move || {
-                let supported = kvm::supported_cpuid()?;
-                let profile = profile.unwrap_or_else(CpuProfile::detect);
-                Ok::<_, kvm::Error>(CpuidPolicy::new(&supported, profile, vcpu_count))
-            })
-            .map_err(Error::Thread)?;
-        crate::kick::install_handler().map_err(Error::KickHandler)?;
-        let sandbox = Sandbox::new(config.sandbox.clone(), removable_dirs(&config))
-            .map_err(Error::Sandbox)?;
-        // A boot disk is read on a sandboxed thread of its own while the VM is created.
-        let finding = match &config.kernel {
-            KernelSource::Disk(boot) => Some(boot_disk::spawn(&config, *boot, &sandbox)?),
-            _ => None,
-        };
-        let (vm, memory) = kvm::create_vm(config.memory_mib << 20)?;
-        let vm = Arc::new(vm);
-        let control = Arc::new(Control::new(usize::from(config.vcpus)));
-        let cpuid = cpuid_policy
-            .join()
-            .map_err(|_| Error::CpuidThreadPanicked)??;
-
-        // The vCPUs are set up on their own threads while this one builds the
-        // devices and loads the kernel.
-        let vcpu_tids: VcpuTids = (0..config.vcpus).map(|_| AtomicI32::new(0)).collect();
-        let starting = StartingVcpus::spawn(
-            config.vcpus,
-            &Shared {
-                vm: &vm,
-                memory: &memory,
-                cpuid: &cpuid,
-                ap_start: config.ap_start,
-                control: &control,
-                tids: &vcpu_tids,
-                sandbox: &sandbox,
-            },
-        )?;
-        let platform =
-            match build_platform(&config, finding, &vm, &memory, &control, &sandbox, &cpuid) {
-                Ok(platform) => platform,
-                Err(e) => {
-                    starting.abort();
-                    return Err(e);
-                }
-            };
-        let buses = Arc::new(platform.buses);
+        let (built, starting) = build(config, Boot::Kernel)?;
         let threads = starting.release(
-            &control,
+            &built.control,
             Launch {
-                entry: platform.entry,
-                buses: buses.clone(),
+                start: Start::Entry(built.platform.entry),
+                buses: built.platform.buses.clone(),
             },
         )?;
-        Ok(VmHandle {
-            control,
-            sandbox,
+        Ok(built.into_handle(threads))
+    }
+
+    /// Builds the VM `config` describes, as the source of a live migration built it,
+    /// and takes the source's VM from `stream` ([`VmHandle::migrate`] on the other
+    /// end): its memory, devices and vCPUs, checked as untrusted input. Returns the VM
+    /// running here; on failure the source is told why (and keeps its VM).
+    pub fn receive<S: Read + Write>(config: VmConfig, stream: &mut S) -> Result<VmHandle> {
+        let result = Self::receive_inner(config, stream);
+        let reply = match &result {
+            Ok(_) => Reply::Running {
+                released_at_ns: migration::monotonic_ns(),
+            },
+            Err(e) => Reply::Failed(e.to_string()),
+        };
+        match (result, wire::write_reply(stream, &reply)) {
+            (Ok(handle), Ok(())) => Ok(handle),
+            (Ok(handle), Err(e)) => {
+                // The source cannot know the VM runs here: it resumes its own. Two
+                // copies must never run.
+                handle.kill();
+                Err(Error::Migration(MigrationError::Stream(e)))
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    fn receive_inner<S: Read>(config: VmConfig, stream: &mut S) -> Result<VmHandle> {
+        let layout = layout(&config)?;
+        let (built, starting) = build(config, Boot::Incoming)?;
+        let incoming = match migration::receive(stream, &built.memory, &layout) {
+            Ok(incoming) => incoming,
+            Err(e) => {
+                built.control.finish(VmExit::InternalError(e.to_string()));
+                starting.abort();
+                return Err(Error::Migration(e));
+            }
+        };
+        let devices = built.platform.devices();
+        let vm = built.vm.clone();
+        let threads = starting
+            .release_restored(
+                &built.control,
+                built.platform.buses.clone(),
+                incoming.vcpus,
+                || {
+                    incoming.vm_state.restore(&vm)?;
+                    devices
+                        .restore(&incoming.devices)
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .map_err(|e| Error::Migration(MigrationError::State(e)))?;
+        Ok(built.into_handle(threads))
+    }
+}
+
+/// Whether a new VM boots its kernel or waits for a migration's state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Boot {
+    Kernel,
+    /// Nothing is loaded into memory: the source's memory comes instead.
+    Incoming,
+}
+
+/// A VM whose vCPUs wait at their gate.
+struct Built {
+    control: Arc<Control>,
+    sandbox: Arc<Sandbox>,
+    vm: Arc<VmFd>,
+    memory: GuestMemoryMmap,
+    platform: Platform,
+    vcpu_tids: VcpuTids,
+    layout: wire::Layout,
+}
+
+impl Built {
+    fn into_handle(self, threads: Vec<JoinHandle<()>>) -> VmHandle {
+        let platform = self.platform;
+        VmHandle {
+            control: self.control,
+            sandbox: self.sandbox,
             i8042: platform.i8042,
             acpi: platform.acpi,
+            rtc: platform.rtc,
+            pci_config: platform.pci_config,
             virtio: platform.virtio.transports,
             counters: platform.virtio.counters,
             boot_report: platform.boot_report,
-            vcpu_tids,
+            vcpu_tids: self.vcpu_tids,
+            layout: self.layout,
             threads: Mutex::new(threads),
-            _resources: Resources {
-                _vm: vm,
-                _memory: memory,
-                _console: platform.console,
-                _buses: buses,
+            resources: Resources {
+                buses: platform.buses,
+                vm: self.vm,
+                memory: self.memory,
+                console: platform.console,
             },
-        })
+        }
     }
+}
+
+/// Builds the VM (memory, devices, vCPUs set up on their threads) and, for
+/// [`Boot::Kernel`], loads the kernel; the vCPUs wait at their gate.
+fn build(config: VmConfig, boot: Boot) -> Result<(Built, StartingVcpus)> {
+    validate(&config)?;
+    let layout = layout(&config)?;
+    // Asked on a thread of its own while the VM is created: the kernel
+    // answers with a few hundred host CPUID instructions, each a trap to
+    // the outer hypervisor when this host is itself a VM (0.3-0.5 ms here).
+    let (profile, vcpu_count) = (config.cpu_profile, config.vcpus);
+    let cpuid_policy = std::thread::Builder::new()
+        .name("cpuid".into())
+        .spawn(move || {
+            let supported = kvm::supported_cpuid()?;
+            let profile = profile.unwrap_or_else(CpuProfile::detect);
+            let msrs: Arc<[u32]> = kvm::msrs_to_save()?.into();
+            Ok::<_, kvm::Error>((CpuidPolicy::new(&supported, profile, vcpu_count), msrs))
+        })
+        .map_err(Error::Thread)?;
+    crate::kick::install_handler().map_err(Error::KickHandler)?;
+    let sandbox =
+        Sandbox::new(config.sandbox.clone(), removable_dirs(&config)).map_err(Error::Sandbox)?;
+    // A boot disk is read on a sandboxed thread of its own while the VM is created.
+    let finding = match (&config.kernel, boot) {
+        (KernelSource::Disk(disk), Boot::Kernel) => {
+            Some(boot_disk::spawn(&config, *disk, &sandbox)?)
+        }
+        _ => None,
+    };
+    let (vm, memory) = kvm::create_vm(config.memory_mib << 20)?;
+    let vm = Arc::new(vm);
+    let control = Arc::new(Control::new(usize::from(config.vcpus)));
+    let (cpuid, msr_indices) = cpuid_policy
+        .join()
+        .map_err(|_| Error::CpuidThreadPanicked)??;
+
+    // The vCPUs are set up on their own threads while this one builds the
+    // devices and loads the kernel.
+    let vcpu_tids: VcpuTids = (0..config.vcpus).map(|_| AtomicI32::new(0)).collect();
+    let starting = StartingVcpus::spawn(
+        config.vcpus,
+        &Shared {
+            vm: &vm,
+            memory: &memory,
+            cpuid: &cpuid,
+            ap_start: config.ap_start,
+            control: &control,
+            tids: &vcpu_tids,
+            sandbox: &sandbox,
+            msr_indices: &msr_indices,
+            restore_first: boot == Boot::Incoming,
+        },
+    )?;
+    let platform = match build_platform(
+        &config, boot, finding, &vm, &memory, &control, &sandbox, &cpuid,
+    ) {
+        Ok(platform) => platform,
+        Err(e) => {
+            starting.abort();
+            return Err(e);
+        }
+    };
+    let built = Built {
+        control,
+        sandbox,
+        vm,
+        memory,
+        platform,
+        vcpu_tids,
+        layout,
+    };
+    Ok((built, starting))
+}
+
+/// What both sides of a migration must have alike: the target checks the source's.
+fn layout(config: &VmConfig) -> Result<wire::Layout> {
+    let mut devices = vec![
+        format!("transport={:?}", config.transport).to_lowercase(),
+        "com1,i8042,rtc,acpi-ged".to_string(),
+    ];
+    devices.extend(config.disks.iter().map(|_| "virtio-blk".to_string()));
+    devices.extend(config.nets.iter().map(|_| "virtio-net".to_string()));
+    if config.rng {
+        devices.push("virtio-rng".into());
+    }
+    Ok(wire::Layout {
+        memory_bytes: config.memory_mib << 20,
+        vcpus: config.vcpus,
+        devices: devices.join(" "),
+    })
 }
 
 /// The devices on their buses and the loaded kernel.
 struct Platform {
-    buses: Buses,
-    /// The kernel entry point.
+    buses: Arc<Buses>,
+    /// The kernel entry point (0 for an incoming VM).
     entry: u64,
     console: Console,
     i8042: Arc<Mutex<I8042>>,
     acpi: Arc<Mutex<AcpiPlatform>>,
+    rtc: Arc<Mutex<Rtc>>,
+    /// Whether the legacy PCI configuration ports exist (virtio-pci).
+    pci_config: bool,
     virtio: crate::devices::virtio::Attached,
     /// The entry a boot disk gave.
     boot_report: Option<BootReport>,
 }
 
+impl Platform {
+    fn devices(&self) -> Devices {
+        Devices {
+            serial: self.console.device.clone(),
+            i8042: self.i8042.clone(),
+            rtc: self.rtc.clone(),
+            acpi: self.acpi.clone(),
+            pci_config: self.pci_config.then(|| self.buses.clone()),
+        }
+    }
+}
+
+/// The legacy devices' state, saved and restored for migration (in this order).
+struct Devices {
+    serial: Arc<Mutex<SerialDevice>>,
+    i8042: Arc<Mutex<I8042>>,
+    rtc: Arc<Mutex<Rtc>>,
+    acpi: Arc<Mutex<AcpiPlatform>>,
+    /// The buses, to reach the 0xCF8 address latch through its port.
+    pci_config: Option<Arc<Buses>>,
+}
+
+impl Devices {
+    fn save(&self, e: &mut Encoder) {
+        lock(&self.serial).save(e);
+        lock(&self.i8042).save(e);
+        lock(&self.rtc).save(e);
+        lock(&self.acpi).save(e);
+        if let Some(buses) = &self.pci_config {
+            // The latch reads back what the guest wrote, as a CPU would see it.
+            let mut latch = [0u8; 4];
+            buses.pio.read(CONFIG_PORTS, &mut latch);
+            e.bytes(&latch);
+        }
+    }
+
+    fn restore(&self, payload: &[u8]) -> std::result::Result<(), FormatError> {
+        let mut d = Decoder::new(payload, "the devices' state");
+        lock(&self.serial).restore(&mut d)?;
+        lock(&self.i8042).restore(&mut d)?;
+        lock(&self.rtc).restore(&mut d)?;
+        lock(&self.acpi).restore(&mut d)?;
+        if let Some(buses) = &self.pci_config {
+            let latch: [u8; 4] = d.array()?;
+            buses.pio.write(CONFIG_PORTS, &latch);
+        }
+        d.finish()
+    }
+}
+
 /// Attaches the devices, writes the boot tables and loads the kernel (a boot disk's
 /// once `finding` has it).
+#[allow(clippy::too_many_arguments)]
 fn build_platform(
     config: &VmConfig,
+    boot: Boot,
     finding: Option<boot_disk::Finding>,
     vm: &Arc<VmFd>,
     memory: &GuestMemoryMmap,
@@ -168,11 +351,8 @@ fn build_platform(
         EXIT_PORT_LEN,
         Arc::new(Mutex::new(ExitPort::new(control.clone()))),
     )?;
-    pio.insert(
-        RTC_PORT,
-        RTC_PORT_LEN,
-        Arc::new(Mutex::new(Rtc::new(config.rtc_offset_seconds))),
-    )?;
+    let rtc = Arc::new(Mutex::new(Rtc::new(config.rtc_offset_seconds)));
+    pio.insert(RTC_PORT, RTC_PORT_LEN, rtc.clone())?;
 
     let acpi = Arc::new(Mutex::new(AcpiPlatform::new(
         control.clone(),
@@ -195,6 +375,21 @@ fn build_platform(
         }
     }
     .map_err(Error::Virtio)?;
+    let pci_config = config.transport == VirtioTransportKind::Pci;
+    if boot == Boot::Incoming {
+        // The source's memory comes with its kernel and tables.
+        return Ok(Platform {
+            buses: Arc::new(Buses { pio, mmio }),
+            entry: 0,
+            console,
+            i8042,
+            acpi,
+            rtc,
+            pci_config,
+            virtio,
+            boot_report: None,
+        });
+    }
     kvm::boot::write_long_mode_tables(memory)?;
     kvm::mptable::write(memory, config.vcpus)?;
     let rsdp = crate::acpi::write(
@@ -238,11 +433,13 @@ fn build_platform(
     };
     let entry = kvm::boot::load(memory, kernel, &cmdline, initrd, rsdp)?;
     Ok(Platform {
-        buses: Buses { pio, mmio },
+        buses: Arc::new(Buses { pio, mmio }),
         entry: entry.entry.0,
         console,
         i8042,
         acpi,
+        rtc,
+        pci_config,
         virtio,
         boot_report: booted.map(|b| b.report),
     })
@@ -334,10 +531,10 @@ fn build_cmdline(entry: Option<&str>, configured: &str) -> Result<Cmdline> {
 /// buses (whose PCI devices hold the VM fd for MSI routing) go first, then
 /// the VM fd goes before the memory KVM maps.
 struct Resources {
-    _buses: Arc<Buses>,
-    _vm: Arc<VmFd>,
-    _memory: GuestMemoryMmap,
-    _console: Console,
+    buses: Arc<Buses>,
+    vm: Arc<VmFd>,
+    memory: GuestMemoryMmap,
+    console: Console,
 }
 
 /// A running VM. Methods may be called from any thread; dropping the
@@ -347,12 +544,16 @@ pub struct VmHandle {
     sandbox: Arc<Sandbox>,
     i8042: Arc<Mutex<I8042>>,
     acpi: Arc<Mutex<AcpiPlatform>>,
+    rtc: Arc<Mutex<Rtc>>,
+    pci_config: bool,
     virtio: Vec<VirtioTransport>,
     counters: DeviceCounters,
     boot_report: Option<BootReport>,
     vcpu_tids: VcpuTids,
+    /// What a migration's target must have alike.
+    layout: wire::Layout,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    _resources: Resources,
+    resources: Resources,
 }
 
 impl VmHandle {
@@ -402,6 +603,39 @@ impl VmHandle {
         self.ensure_running()?;
         lock(&self.i8042).trigger_ctrl_alt_del();
         Ok(())
+    }
+
+    /// Moves the running VM to the VMM at the other end of `stream` (which called
+    /// [`Vm::receive`] with the same configuration): see `crate::migration`. On success
+    /// the VM runs there and ends here as [`VmExit::Migrated`]; on failure it goes on
+    /// running here. `progress` shows the rounds and cancels from another thread.
+    pub fn migrate<S: Read + Write>(
+        &self,
+        stream: &mut S,
+        options: &MigrationOptions,
+        progress: &MigrationProgress,
+    ) -> std::result::Result<MigrationReport, MigrationError> {
+        if !self.virtio.is_empty() {
+            return Err(MigrationError::NotMigratable(format!(
+                "{} virtio devices: their queues cannot be saved yet",
+                self.virtio.len()
+            )));
+        }
+        let devices = Devices {
+            serial: self.resources.console.device.clone(),
+            i8042: self.i8042.clone(),
+            rtc: self.rtc.clone(),
+            acpi: self.acpi.clone(),
+            pci_config: self.pci_config.then(|| self.resources.buses.clone()),
+        };
+        let source = migration::Source {
+            vm: &self.resources.vm,
+            memory: &self.resources.memory,
+            control: &self.control,
+            layout: self.layout.clone(),
+            save_devices: &|e| devices.save(e),
+        };
+        migration::send(&source, stream, options, progress)
     }
 
     /// Stops the VM now. The ending is [`VmExit::Killed`] unless the VM had

@@ -11,7 +11,7 @@ const UNCLAIMED_PORT: u16 = 0x0c50;
 /// device lives.
 const UNCLAIMED_MMIO: u64 = 0xf000_1000;
 /// The end of the identity map the VMM builds.
-const MAPPED_END: u64 = 1 << 32;
+pub const MAPPED_END: u64 = 1 << 32;
 /// How long the `smp` check waits for vCPUs the VMM started itself before
 /// starting them with INIT/SIPI.
 const DIRECT_START_WAIT_MS: u32 = 100;

@@ -11,6 +11,8 @@
 //!   sleeps 1.1 s to see it tick).
 //! - `exit=poweroff|reset|halt|tick` — how the guest ends (see `exit.rs`); in the waiting
 //!   modes (`halt`, `tick`) the guest also echoes what arrives on its serial console.
+//! - `dirty=MIB` — with `exit=tick`: rewrite and check MIB MiB of memory on every
+//!   tick (see `dirty.rs`; live migration's tests).
 //! - `acpi_delay=MS` — in the waiting exit modes, enable the power button
 //!   (route the GED's interrupt) only MS milliseconds after the checks, as
 //!   a guest whose ACPI comes up late: a press before must still arrive.

@@ -145,6 +145,7 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
                 previous = code;
             }
         } else if tick {
+            crate::dirty::pass();
             crate::serial::write_byte(b'.');
         }
     }

@@ -12,6 +12,7 @@
 mod acpi;
 mod bootparams;
 mod checks;
+mod dirty;
 pub mod cmdline;
 mod exit;
 mod idt;
@@ -134,6 +135,7 @@ extern "C" fn bsp_main(_apic_id: u32, boot_params: u64) -> ! {
         .and_then(cmdline::parse_u64)
         .map(|ms| ms.min(600_000) as u32)
         .unwrap_or(0);
+    dirty::init(cmdline, bp.map_or(0, |b| b.ram_bytes()));
     exit::wait_for_shutdown_request(wait_s, acpi_delay_ms);
 
     let code = if r.failed > 0 {

@@ -721,6 +721,7 @@ fn disk_name(domain: &Domain, disk: usize) -> String {
 ///   guest going down, reported as above;
 /// - a reset whose restart failed: Shutoff/Failed;
 /// - killed (`virDomainDestroy`): Shutoff/Destroyed;
+/// - migrated away: Shutoff/Migrated;
 /// - a guest crash: Shutoff/Crashed; a VMM failure: Shutoff/Failed.
 fn libvirt_states_at_exit(
     exit: &VmExit,
@@ -735,6 +736,8 @@ fn libvirt_states_at_exit(
         }
         VmExit::Reset => vec![(Shutoff, R::Failed)],
         VmExit::Killed => vec![(Shutoff, R::Destroyed)],
+        // libvirt's VIR_DOMAIN_SHUTOFF_MIGRATED: the domain runs on the target now.
+        VmExit::Migrated => vec![(Shutoff, R::Migrated)],
         VmExit::TripleFault { .. } | VmExit::Crash { .. } => vec![(Shutoff, R::Crashed)],
         VmExit::InternalError(_) => vec![(Shutoff, R::Failed)],
     }

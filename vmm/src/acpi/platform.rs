@@ -29,6 +29,7 @@ use virtio_devices::LogLimit;
 use crate::bus::BusDevice;
 use crate::devices::irq::LevelIrqLine;
 use crate::lifecycle::{Control, VmExit};
+use crate::wire::{Decoder, Encoder, FormatError};
 
 pub(crate) const PORT_BASE: u64 = 0x600;
 pub(crate) const PORT_LEN: u64 = 0x10;
@@ -62,6 +63,22 @@ impl AcpiPlatform {
             events: 0,
             unsupported_sleep: LogLimit::new(),
         }
+    }
+
+    /// The pending events (for migration).
+    pub(crate) fn save(&self, e: &mut Encoder) {
+        e.u8(self.events);
+    }
+
+    /// The pending events as [`AcpiPlatform::save`] wrote them; the GED's line follows.
+    pub(crate) fn restore(&mut self, d: &mut Decoder) -> Result<(), FormatError> {
+        let events = d.u8()?;
+        if events & !EVENT_POWER_BUTTON != 0 {
+            return Err(FormatError::Invalid(format!("ACPI GED events {events:#x}")));
+        }
+        self.events = events;
+        self.ged.set(events != 0);
+        Ok(())
     }
 
     /// Presses the power button: an event for the guest's GED, pending

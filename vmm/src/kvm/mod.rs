@@ -10,6 +10,8 @@ pub(crate) mod layout;
 pub(crate) mod memory;
 pub(crate) mod mptable;
 pub(crate) mod vcpu;
+pub(crate) mod vcpu_state;
+pub(crate) mod vm_state;
 
 use std::path::PathBuf;
 
@@ -136,4 +138,15 @@ pub(crate) fn supported_cpuid() -> Result<kvm_bindings::CpuId> {
         .map_err(Error::OpenKvm)?
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))
+}
+
+/// The MSRs KVM saves and restores for a vCPU (`KVM_GET_MSR_INDEX_LIST`), through a
+/// /dev/kvm handle of its own (asked on the CPUID thread, before any sandbox).
+pub(crate) fn msrs_to_save() -> Result<Vec<u32>> {
+    Ok(Kvm::new()
+        .map_err(Error::OpenKvm)?
+        .get_msr_index_list()
+        .map_err(kvm_err("KVM_GET_MSR_INDEX_LIST"))?
+        .as_slice()
+        .to_vec())
 }

@@ -9,10 +9,12 @@ use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
 use super::layout::ZERO_PAGE_ADDR;
+use super::vcpu_state::VcpuState;
 use super::{Result, cpu, kvm_err};
 use crate::bus::Bus;
 use crate::config::ApStart;
 use crate::lifecycle::{Checkpoint, Control, VmExit};
+use crate::wire::Encoder;
 
 // KVM_SYSTEM_EVENT_* types.
 const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
@@ -33,6 +35,8 @@ pub(crate) struct Vcpu {
     fd: VcpuFd,
     /// For the instructions KVM could not emulate (see `emulation`).
     mem: GuestMemoryMmap,
+    /// The MSRs a saved state holds (`KVM_GET_MSR_INDEX_LIST`).
+    msr_indices: Arc<[u32]>,
 }
 
 impl Vcpu {
@@ -46,6 +50,7 @@ impl Vcpu {
         cpuid: &CpuId,
         index: u8,
         ap_start: ApStart,
+        msr_indices: Arc<[u32]>,
     ) -> Result<Self> {
         let fd = vm
             .create_vcpu(u64::from(index))
@@ -58,6 +63,7 @@ impl Vcpu {
             ap_start,
             fd,
             mem: mem.clone(),
+            msr_indices,
         };
         if vcpu.starts_at_entry() {
             cpu::set_sregs(&vcpu.fd)?;
@@ -83,6 +89,19 @@ impl Vcpu {
         cpu::set_regs(&self.fd, entry, cpu::stack_for(self.index), boot_params)
     }
 
+    /// Puts the vCPU in the state another VMM saved (live migration's target).
+    pub(crate) fn restore(&self, state: &VcpuState) -> std::result::Result<(), String> {
+        state.restore(&self.fd)
+    }
+
+    /// This vCPU's state, encoded (asked while the VM is paused).
+    fn save(&self) -> std::result::Result<Vec<u8>, String> {
+        let state = VcpuState::save(&self.fd, &self.msr_indices)?;
+        let mut e = Encoder::default();
+        state.encode(&mut e);
+        Ok(e.0)
+    }
+
     fn starts_at_entry(&self) -> bool {
         self.index == 0 || self.ap_start == ApStart::Direct
     }
@@ -98,7 +117,7 @@ impl Vcpu {
             // Unregisters before `self` (and its kvm_run mapping) goes away,
             // also when unwinding.
             let _registered = KickRegistration;
-            while control.checkpoint() == Checkpoint::Run {
+            while control.checkpoint(usize::from(index), &mut || self.save()) == Checkpoint::Run {
                 control.timeline().mark_first_kvm_run();
                 if let Some(exit) = self.run_once(buses) {
                     control.finish(exit);

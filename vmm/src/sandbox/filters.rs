@@ -66,6 +66,15 @@ ioctl_iow_nr!(
     0xa0,
     kvm_bindings::kvm_vcpu_events
 );
+// A vCPU's state, read while the VM is paused for a migration (`kvm::vcpu_state`).
+// Writing it is not allowed here: a migration target's vCPU thread restores its state
+// before it enters the sandbox (`vcpu_threads`).
+ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_bindings::kvm_msrs);
+ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_bindings::kvm_lapic_state);
+ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_bindings::kvm_mp_state);
+ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_bindings::kvm_debugregs);
+ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_bindings::kvm_xsave);
+ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_bindings::kvm_xcrs);
 // On the VM: MSI-X messages the guest programs (`pci::msi`) and the queue
 // ioeventfds that follow a virtio-pci BAR (`devices::virtio_pci`).
 ioctl_iow_nr!(
@@ -77,9 +86,10 @@ ioctl_iow_nr!(
 ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_bindings::kvm_ioeventfd);
 
 /// The `ioctl` requests of a vCPU thread: `KVM_RUN`, what the VMM's
-/// emulation reads and writes, and the VM's routing and ioeventfd updates
-/// that follow the guest's MSI-X and BAR programming.
-pub(super) fn vcpu_ioctls() -> [u64; 10] {
+/// emulation reads and writes, the VM's routing and ioeventfd updates
+/// that follow the guest's MSI-X and BAR programming, and reading the vCPU's own
+/// state for a migration.
+pub(super) fn vcpu_ioctls() -> [u64; 16] {
     [
         KVM_RUN(),
         KVM_GET_REGS(),
@@ -91,6 +101,12 @@ pub(super) fn vcpu_ioctls() -> [u64; 10] {
         KVM_SET_VCPU_EVENTS(),
         KVM_SET_GSI_ROUTING(),
         KVM_IOEVENTFD(),
+        KVM_GET_MSRS(),
+        KVM_GET_LAPIC(),
+        KVM_GET_MP_STATE(),
+        KVM_GET_DEBUGREGS(),
+        KVM_GET_XSAVE(),
+        KVM_GET_XCRS(),
     ]
 }
 

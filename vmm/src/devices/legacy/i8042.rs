@@ -15,6 +15,7 @@ use vm_superio::{I8042Device, Trigger};
 use crate::bus::BusDevice;
 use crate::devices::irq::IrqLine;
 use crate::lifecycle::{Control, VmExit};
+use crate::wire::{Decoder, Encoder, FormatError};
 
 const DATA_OFFSET: u64 = 0;
 const COMMAND_OFFSET: u64 = 4;
@@ -95,6 +96,30 @@ impl I8042 {
             pending: None,
             last_was_command: false,
         }
+    }
+
+    /// The controller's state (for migration).
+    pub(crate) fn save(&self, e: &mut Encoder) {
+        e.short_bytes(&self.output.iter().copied().collect::<Vec<u8>>());
+        e.u8(self.config);
+        e.u8(self.output_port);
+        e.u8(self.pending.unwrap_or(0));
+        e.u8(u8::from(self.pending.is_some()) | (u8::from(self.last_was_command) << 1));
+    }
+
+    /// The controller as [`I8042::save`] wrote it.
+    pub(crate) fn restore(&mut self, d: &mut Decoder) -> Result<(), FormatError> {
+        let output = d.short_bytes(MAX_BUFFERED, "the i8042 output buffer")?;
+        let (config, output_port, pending, flags) = (d.u8()?, d.u8()?, d.u8()?, d.u8()?);
+        if flags > 3 {
+            return Err(FormatError::Invalid(format!("i8042 flags {flags:#x}")));
+        }
+        self.output = output.iter().copied().collect();
+        self.config = config;
+        self.output_port = output_port;
+        self.pending = (flags & 1 != 0).then_some(pending);
+        self.last_was_command = flags & 2 != 0;
+        Ok(())
     }
 
     /// Types Ctrl-Alt-Del: Linux answers with an orderly reboot (which ends

@@ -36,6 +36,7 @@
 //! `clock_gettime` through the vDSO.
 
 use crate::bus::BusDevice;
+use crate::wire::{Decoder, Encoder, FormatError};
 
 /// Where the guest's time comes from: nanoseconds since the Unix epoch.
 pub(crate) type Clock = Box<dyn Fn() -> i128 + Send>;
@@ -190,7 +191,76 @@ pub(crate) struct Rtc {
     clock: Clock,
 }
 
+/// Nanosecond values a restored clock may hold at most (about 40 million millennia):
+/// sums and differences of them cannot overflow.
+const MAX_RESTORED_NS: i128 = 1 << 100;
+
+impl Fields {
+    fn save(self, e: &mut Encoder) {
+        let f = self;
+        e.bytes(&[
+            f.second, f.minute, f.hour, f.weekday, f.day, f.month, f.year, f.century,
+        ]);
+    }
+
+    fn restore(d: &mut Decoder) -> Result<Fields, FormatError> {
+        let [second, minute, hour, weekday, day, month, year, century] = d.array()?;
+        Ok(Fields {
+            second,
+            minute,
+            hour,
+            weekday,
+            day,
+            month,
+            year,
+            century,
+        })
+    }
+}
+
 impl Rtc {
+    /// The clock's state (for migration to a VMM on a host with the same time: the
+    /// guest's time stays an offset from the host's).
+    pub(crate) fn save(&self, e: &mut Encoder) {
+        e.u8(self.index);
+        e.bytes(&self.cmos);
+        e.i128(self.offset_ns);
+        e.i128(self.flags_since_ns);
+        match self.stopped {
+            None => e.u8(0),
+            Some((fields, phase)) => {
+                e.u8(1);
+                fields.save(e);
+                e.i128(phase);
+            }
+        }
+    }
+
+    /// The clock as [`Rtc::save`] wrote it.
+    pub(crate) fn restore(&mut self, d: &mut Decoder) -> Result<(), FormatError> {
+        let index = d.u8()?;
+        let cmos: [u8; 128] = d.array()?;
+        let offset_ns = d.i128()?;
+        let flags_since_ns = d.i128()?;
+        let stopped = match d.u8()? {
+            0 => None,
+            1 => Some((Fields::restore(d)?, d.i128()?)),
+            other => return Err(FormatError::Invalid(format!("RTC stopped flag {other}"))),
+        };
+        let in_range = |ns: i128| (-MAX_RESTORED_NS..=MAX_RESTORED_NS).contains(&ns);
+        if !in_range(offset_ns)
+            || !in_range(flags_since_ns)
+            || stopped.is_some_and(|(_, phase)| !(0..NS_PER_S).contains(&phase))
+        {
+            return Err(FormatError::Invalid("RTC time out of range".into()));
+        }
+        self.index = index;
+        self.cmos = cmos;
+        self.offset_ns = offset_ns;
+        self.flags_since_ns = flags_since_ns;
+        self.stopped = stopped;
+        Ok(())
+    }
     /// A running clock `offset_seconds` ahead of the host's (clamped to ±31,700 years).
     pub(crate) fn new(offset_seconds: i64) -> Self {
         Self::with_clock(offset_seconds, Box::new(host_realtime_ns))

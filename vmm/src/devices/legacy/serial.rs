@@ -11,13 +11,14 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use vm_superio::Serial;
-use vm_superio::serial::NoEvents;
+use vm_superio::serial::{NoEvents, SerialState};
 
 use crate::bus::{BusDevice, lock};
 use crate::config::{SerialCapture, SerialTarget};
 use crate::devices::irq::IrqLine;
 use crate::sandbox::{Sandbox, ThreadKind};
 use crate::timing::BootTimeline;
+use crate::wire::{Decoder, Encoder, FormatError};
 
 /// Where serial bytes go.
 pub(crate) enum Sink {
@@ -78,10 +79,78 @@ pub(crate) struct SerialDevice {
     uart: Uart,
 }
 
+/// The receive FIFO's size in vm-superio's UART.
+const FIFO_SIZE: usize = 64;
+
 impl SerialDevice {
     /// Queues bytes typed by a console client; returns how many fit.
     pub(crate) fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
         self.uart.enqueue_raw_bytes(bytes).unwrap_or(0)
+    }
+
+    /// The UART's registers and the input the guest has not read (for migration; the
+    /// output already went to the console).
+    pub(crate) fn save(&self, e: &mut Encoder) {
+        let s = self.uart.state();
+        for reg in [
+            s.baud_divisor_low,
+            s.baud_divisor_high,
+            s.interrupt_enable,
+            s.interrupt_identification,
+            s.line_control,
+            s.line_status,
+            s.modem_control,
+            s.modem_status,
+            s.scratch,
+        ] {
+            e.u8(reg);
+        }
+        e.short_bytes(&s.in_buffer);
+    }
+
+    /// The UART as [`SerialDevice::save`] wrote it, writing to this console.
+    pub(crate) fn restore(&mut self, d: &mut Decoder) -> Result<(), FormatError> {
+        let regs: [u8; 9] = d.array()?;
+        let in_buffer = d.short_bytes(FIFO_SIZE, "the serial input FIFO")?.to_vec();
+        let [
+            baud_divisor_low,
+            baud_divisor_high,
+            interrupt_enable,
+            interrupt_identification,
+            line_control,
+            line_status,
+            modem_control,
+            modem_status,
+            scratch,
+        ] = regs;
+        let state = SerialState {
+            baud_divisor_low,
+            baud_divisor_high,
+            interrupt_enable,
+            interrupt_identification,
+            line_control,
+            line_status,
+            modem_control,
+            modem_status,
+            scratch,
+            in_buffer,
+        };
+        // The output moves from the old UART to the restored one; a stand-in holds
+        // the place meanwhile.
+        let irq = self.uart.interrupt_evt().clone();
+        let timeline = self.uart.writer().timeline.clone();
+        let stand_in = Serial::new(
+            irq.clone(),
+            SerialOutput {
+                sink: Sink::Null,
+                timeline,
+            },
+        );
+        let out = std::mem::replace(&mut self.uart, stand_in).into_writer();
+        // The FIFO's length, the one thing `from_state` checks, is within bounds.
+        self.uart = Serial::from_state(&state, irq, NoEvents, out)
+            .map_err(|e| FormatError::Invalid(format!("the serial state: {e:?}")))?;
+        Ok(())
     }
 }
 

@@ -1,0 +1,427 @@
+//! Live migration: moving a running VM to another VMM over a byte stream, as QEMU's
+//! pre-copy does.
+//!
+//! The source turns on KVM's dirty-page log, sends all of guest memory while the guest
+//! runs, then in rounds the pages the guest wrote meanwhile, until what is left could
+//! be sent within the downtime allowed (`MigrationOptions::max_downtime`). Then it
+//! pauses the vCPUs, sends the last dirty pages, the VM-wide state (interrupt
+//! controllers, PIT, clock, devices) and every vCPU's state, and waits for the target's
+//! answer. If the target runs the VM, the source's VM ends as [`VmExit::Migrated`];
+//! if anything fails before that (the stream, the target, a cancellation, the
+//! completion timeout) the source's VM goes on running as if nothing had happened.
+//!
+//! The target builds the same VM (same configuration) without loading a kernel, writes
+//! the pages it receives, checks the stream as untrusted input (`wire`), restores the
+//! state into its vCPUs and devices while none runs, and only then lets them run.
+//!
+//! Limits: VMs with virtio devices are refused for now (their queues and transports
+//! have no saved state yet); the clock moves as an offset from the host's, which holds
+//! between two VMMs on one host (or hosts with synchronised clocks).
+
+pub(crate) mod pages;
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::VmFd;
+use vm_memory::GuestMemoryMmap;
+
+use crate::kvm::vcpu_state::VcpuState;
+use crate::kvm::vm_state::{self, VmState};
+use crate::lifecycle::{Control, VmExit};
+use crate::wire::{self, Decoder, Encoder, FormatError, Kind, Layout, Reply, WireError};
+
+/// QEMU's default maximum downtime (`downtime-limit`), which KubeVirt keeps.
+pub const DEFAULT_MAX_DOWNTIME: Duration = Duration::from_millis(300);
+/// KubeVirt's default `completionTimeoutPerGiB` (seconds per GiB of guest memory).
+pub const DEFAULT_COMPLETION_TIMEOUT_PER_GIB: u64 = 150;
+/// How long the vCPUs may take to stop, and to give their state.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a migration may go.
+#[derive(Clone, Debug)]
+pub struct MigrationOptions {
+    /// Bytes per second the stream may carry while the guest runs (KubeVirt's
+    /// `bandwidthPerMigration`); `None`: as fast as it goes. The final stop-and-copy is
+    /// not limited (as QEMU's is not): the guest is paused then.
+    pub bandwidth: Option<u64>,
+    /// How long the migration may take before it is abandoned (KubeVirt's
+    /// `completionTimeoutPerGiB` × the guest's memory); the VM stays on the source.
+    pub completion_timeout: Duration,
+    /// The stop-and-copy starts once what is left to send would take at most this long
+    /// at the speed of the last round.
+    pub max_downtime: Duration,
+}
+
+impl MigrationOptions {
+    /// KubeVirt's defaults for a guest of `memory_bytes`: no bandwidth limit, 150 s per
+    /// GiB (at least 150 s), QEMU's 300 ms downtime.
+    pub fn kubevirt_defaults(memory_bytes: u64) -> Self {
+        let gib = memory_bytes.div_ceil(1 << 30).max(1);
+        MigrationOptions {
+            bandwidth: None,
+            completion_timeout: Duration::from_secs(DEFAULT_COMPLETION_TIMEOUT_PER_GIB * gib),
+            max_downtime: DEFAULT_MAX_DOWNTIME,
+        }
+    }
+}
+
+/// Watching and cancelling a migration from another thread.
+#[derive(Debug, Default)]
+pub struct MigrationProgress {
+    cancelled: AtomicBool,
+    rounds: AtomicU64,
+    bytes: AtomicU64,
+    remaining_pages: AtomicU64,
+}
+
+impl MigrationProgress {
+    /// Asks the migration to stop at its next frame; the VM stays on the source.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+    /// Memory rounds done (the first full copy is round 1).
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+    /// Bytes sent so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+    /// Dirty pages found at the end of the last round.
+    pub fn remaining_pages(&self) -> u64 {
+        self.remaining_pages.load(Ordering::Relaxed)
+    }
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+/// How a migration went (the source's view).
+#[derive(Clone, Debug)]
+pub struct MigrationReport {
+    /// From the start to the target's answer.
+    pub total: Duration,
+    /// From the moment every source vCPU had stopped to the moment the target let its
+    /// vCPUs run (both on this host's monotonic clock).
+    pub downtime: Duration,
+    /// Memory rounds, the full copy included.
+    pub rounds: u64,
+    /// Pages sent with their contents, and pages sent as zeros.
+    pub pages: u64,
+    pub zero_pages: u64,
+    /// Bytes on the stream.
+    pub bytes: u64,
+    /// Pages sent while the VM was paused.
+    pub final_pages: u64,
+}
+
+/// Why a migration failed. The source's VM keeps running unless it had already ended.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error("this VM cannot be migrated: {0}")]
+    NotMigratable(String),
+    #[error(transparent)]
+    Stream(#[from] WireError),
+    #[error("the two VMs differ: {0}")]
+    Incompatible(String),
+    #[error("the migration was cancelled")]
+    Cancelled,
+    #[error(
+        "the migration did not complete within {timeout:?}: {remaining_pages} pages were still dirty after {rounds} rounds"
+    )]
+    Timeout {
+        timeout: Duration,
+        rounds: u64,
+        remaining_pages: u64,
+    },
+    #[error("the source gave the migration up")]
+    AbortedBySource,
+    #[error("the target could not take the VM: {0}")]
+    TargetFailed(String),
+    #[error("guest memory: {0}")]
+    Memory(String),
+    #[error("VM state: {0}")]
+    State(String),
+    #[error("the VM ended during the migration: {0}")]
+    Ended(VmExit),
+}
+
+impl From<FormatError> for MigrationError {
+    fn from(e: FormatError) -> Self {
+        MigrationError::Stream(WireError::Format(e))
+    }
+}
+
+/// What the source's side works on: the parts of a running VM.
+pub(crate) struct Source<'a> {
+    pub(crate) vm: &'a VmFd,
+    pub(crate) memory: &'a GuestMemoryMmap,
+    pub(crate) control: &'a Control,
+    pub(crate) layout: Layout,
+    /// Writes the devices' state (the VM is paused).
+    pub(crate) save_devices: &'a dyn Fn(&mut Encoder),
+}
+
+/// Sends the VM to the other end of `stream`. See the module's doc.
+pub(crate) fn send<S: Read + Write>(
+    source: &Source,
+    stream: &mut S,
+    options: &MigrationOptions,
+    progress: &MigrationProgress,
+) -> Result<MigrationReport, MigrationError> {
+    let start = Instant::now();
+    if let Some(exit) = source.control.exit() {
+        return Err(MigrationError::Ended(exit));
+    }
+    wire::write_header(stream, &source.layout)?;
+    vm_state::log_dirty_pages(source.vm, source.memory, true).map_err(MigrationError::State)?;
+    let live = pre_copy(source, stream, options, progress, start);
+    let dirty = match live {
+        Ok(dirty) => dirty,
+        Err(e) => {
+            // Best effort: the target learns why; the source never stopped.
+            let _ = wire::write_frame(stream, Kind::Abort, &[]);
+            let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
+            return Err(e);
+        }
+    };
+    // Stop and copy.
+    source.control.request_pause();
+    if !source.control.wait_paused(PAUSE_TIMEOUT) {
+        source.control.resume();
+        let _ = wire::write_frame(stream, Kind::Abort, &[]);
+        let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
+        return Err(match source.control.exit() {
+            Some(exit) => MigrationError::Ended(exit),
+            None => {
+                MigrationError::State(format!("the vCPUs did not stop within {PAUSE_TIMEOUT:?}"))
+            }
+        });
+    }
+    let paused_at = monotonic_ns();
+    let handed_over = stop_and_copy(source, stream, dirty.pages);
+    let outcome = handed_over.and_then(|final_sent| match wire::read_reply(stream)? {
+        Reply::Running { released_at_ns } => Ok((final_sent, released_at_ns)),
+        Reply::Failed(why) => Err(MigrationError::TargetFailed(why)),
+    });
+    let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
+    match outcome {
+        Ok((final_sent, released_at_ns)) => {
+            source.control.finish(VmExit::Migrated);
+            let mut sent = dirty.sent;
+            sent += final_sent;
+            Ok(MigrationReport {
+                total: start.elapsed(),
+                downtime: Duration::from_nanos(released_at_ns.saturating_sub(paused_at)),
+                rounds: dirty.rounds,
+                pages: sent.pages,
+                zero_pages: sent.zero_pages,
+                bytes: sent.bytes,
+                final_pages: final_sent.pages + final_sent.zero_pages,
+            })
+        }
+        Err(e) => {
+            // The target does not run the VM (it answered so, or it is gone): it
+            // goes on here.
+            source.control.resume();
+            Err(e)
+        }
+    }
+}
+
+/// What the live rounds leave for the stop-and-copy.
+struct PreCopied {
+    /// Pages dirtied in the last round, not sent yet.
+    pages: Vec<u64>,
+    rounds: u64,
+    sent: pages::Sent,
+}
+
+/// The live rounds: everything, then what the guest dirtied, until the rest is small
+/// enough for the downtime allowed.
+fn pre_copy<S: Write>(
+    source: &Source,
+    stream: &mut S,
+    options: &MigrationOptions,
+    progress: &MigrationProgress,
+    start: Instant,
+) -> Result<PreCopied, MigrationError> {
+    let mut total = pages::Sent::default();
+    let mut to_send = pages::all_pages(source.memory);
+    let mut rounds = 0u64;
+    loop {
+        let round_start = Instant::now();
+        let mut after_frame = |bytes: u64| {
+            progress.bytes.fetch_add(bytes, Ordering::Relaxed);
+            if progress.is_cancelled() {
+                return Err(MigrationError::Cancelled);
+            }
+            if let Some(exit) = source.control.exit() {
+                return Err(MigrationError::Ended(exit));
+            }
+            if let Some(limit) = options.bandwidth.filter(|&l| l > 0) {
+                // The whole migration so far at most at `limit`.
+                let due = Duration::from_secs_f64(progress.bytes() as f64 / limit as f64);
+                if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(ahead);
+                }
+            }
+            if start.elapsed() > options.completion_timeout {
+                return Err(MigrationError::Timeout {
+                    timeout: options.completion_timeout,
+                    rounds: progress.rounds(),
+                    remaining_pages: progress.remaining_pages(),
+                });
+            }
+            Ok(())
+        };
+        let sent = pages::send(stream, source.memory, &to_send, &mut after_frame)?;
+        stream.flush().map_err(WireError::Io)?;
+        total += sent;
+        rounds += 1;
+        progress.rounds.store(rounds, Ordering::Relaxed);
+        let elapsed = round_start.elapsed().max(Duration::from_micros(1));
+        to_send =
+            vm_state::take_dirty_pages(source.vm, source.memory).map_err(MigrationError::State)?;
+        progress
+            .remaining_pages
+            .store(to_send.len() as u64, Ordering::Relaxed);
+        // What the rest would take at this round's speed (a round of zero pages only
+        // says little about speed: at least a page's worth per page then).
+        let per_byte = elapsed.as_secs_f64() / sent.bytes.max(1) as f64;
+        let left = to_send.len() as f64 * (wire::PAGE as f64 + 16.0) * per_byte;
+        if Duration::from_secs_f64(left) <= options.max_downtime {
+            return Ok(PreCopied {
+                pages: to_send,
+                rounds,
+                sent: total,
+            });
+        }
+        after_frame(0)?;
+    }
+}
+
+/// With the vCPUs stopped: the last pages and the whole state, then `Complete`.
+fn stop_and_copy<S: Write>(
+    source: &Source,
+    stream: &mut S,
+    mut dirty: Vec<u64>,
+) -> Result<pages::Sent, MigrationError> {
+    dirty.extend(
+        vm_state::take_dirty_pages(source.vm, source.memory).map_err(MigrationError::State)?,
+    );
+    dirty.sort_unstable();
+    dirty.dedup();
+    let sent = pages::send(stream, source.memory, &dirty, &mut |_| Ok(()))?;
+    let mut platform = Encoder::default();
+    vm_state::save(source.vm, &mut platform).map_err(MigrationError::State)?;
+    (source.save_devices)(&mut platform);
+    wire::write_frame(stream, Kind::Platform, &platform.0)?;
+    let vcpus = source
+        .control
+        .save_vcpus(usize::from(source.layout.vcpus), PAUSE_TIMEOUT)
+        .map_err(MigrationError::State)?;
+    for (index, state) in vcpus.iter().enumerate() {
+        let mut frame = Encoder::default();
+        frame.u8(u8::try_from(index).unwrap_or(u8::MAX));
+        frame.bytes(state);
+        wire::write_frame(stream, Kind::Vcpu, &frame.0)?;
+    }
+    wire::write_frame(stream, Kind::Complete, &[])?;
+    stream.flush().map_err(WireError::Io)?;
+    Ok(sent)
+}
+
+/// What the target received: memory is written already; the state waits to be restored.
+pub(crate) struct Incoming {
+    pub(crate) vm_state: VmState,
+    /// The devices' part of the platform frame (decoded by the devices themselves).
+    pub(crate) devices: Vec<u8>,
+    pub(crate) vcpus: Vec<VcpuState>,
+}
+
+/// Reads a migration stream into `memory` until `Complete`, checking every frame.
+pub(crate) fn receive<S: Read>(
+    stream: &mut S,
+    memory: &GuestMemoryMmap,
+    layout: &Layout,
+) -> Result<Incoming, MigrationError> {
+    let theirs = wire::read_header(stream)?;
+    if &theirs != layout {
+        return Err(MigrationError::Incompatible(format!(
+            "the source has {} MiB, {} vCPUs, devices [{}]; this VM {} MiB, {} vCPUs, devices [{}]",
+            theirs.memory_bytes >> 20,
+            theirs.vcpus,
+            theirs.devices,
+            layout.memory_bytes >> 20,
+            layout.vcpus,
+            layout.devices
+        )));
+    }
+    let mut buf = Vec::new();
+    let mut platform: Option<(VmState, Vec<u8>)> = None;
+    let mut vcpus: Vec<Option<VcpuState>> = (0..layout.vcpus).map(|_| None).collect();
+    loop {
+        match pages::receive_until_state(stream, memory, &mut buf)? {
+            Kind::Platform => {
+                if platform.is_some() {
+                    return Err(FormatError::Invalid("a second platform frame".into()).into());
+                }
+                let mut d = Decoder::new(&buf, "the platform frame");
+                let vm = VmState::decode(&mut d)?;
+                let devices = d.take(d.remaining())?.to_vec();
+                platform = Some((vm, devices));
+            }
+            Kind::Vcpu => {
+                let mut d = Decoder::new(&buf, "a vCPU frame");
+                let index = usize::from(d.u8()?);
+                let state = VcpuState::decode(&mut d)?;
+                d.finish()?;
+                match vcpus.get_mut(index) {
+                    Some(slot @ None) => *slot = Some(state),
+                    Some(Some(_)) => {
+                        return Err(FormatError::Invalid(format!("vCPU {index} sent twice")).into());
+                    }
+                    None => {
+                        return Err(FormatError::Invalid(format!(
+                            "vCPU {index} of a VM with {} vCPUs",
+                            layout.vcpus
+                        ))
+                        .into());
+                    }
+                }
+            }
+            Kind::Complete => break,
+            Kind::Abort => return Err(MigrationError::AbortedBySource),
+            Kind::Pages | Kind::ZeroPages => unreachable!("page frames are written above"),
+        }
+    }
+    let Some((vm_state, devices)) = platform else {
+        return Err(FormatError::Invalid("complete without the platform's state".into()).into());
+    };
+    let vcpus = vcpus
+        .into_iter()
+        .enumerate()
+        .map(|(index, state)| {
+            state.ok_or_else(|| FormatError::Invalid(format!("complete without vCPU {index}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Incoming {
+        vm_state,
+        devices,
+        vcpus,
+    })
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (shared by the source and target on one host).
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the kernel to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}

@@ -1,0 +1,477 @@
+//! Live migration between two VMs of this VMM on one machine (`vmm::migration`): the
+//! test guest keeps ticking and rewriting memory (`dirty=`) while it moves, and checks
+//! every page it wrote before is still right after.
+
+mod common;
+
+use std::io::{Cursor, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm::{
+    MigrationError, MigrationOptions, MigrationProgress, SerialCapture, SerialTarget, Vm, VmConfig,
+    VmExit, VmHandle,
+};
+
+const BOOT: Duration = Duration::from_secs(60);
+const MEMORY_MIB: u64 = 128;
+
+fn config(cmdline: &str, capture: &SerialCapture) -> VmConfig {
+    let mut config = VmConfig::new(common::test_guest_kernel());
+    config.cmdline = cmdline.to_string();
+    config.vcpus = 2;
+    config.memory_mib = MEMORY_MIB;
+    config.serial = SerialTarget::Capture(capture.clone());
+    config
+}
+
+/// The test guest ticking and rewriting `dirty_mib` MiB, up and past its first check.
+fn start_source(dirty_mib: u64) -> (VmHandle, SerialCapture, String) {
+    common::require_kvm();
+    let capture = SerialCapture::new();
+    let cmdline = format!("checks=serial exit=tick wait=300 dirty={dirty_mib}");
+    let vm = Vm::start(config(&cmdline, &capture)).expect("start the source");
+    assert!(
+        capture.wait_for("dirty ok pass=100", BOOT),
+        "the guest does not tick: {}",
+        capture.text()
+    );
+    (vm, capture, cmdline)
+}
+
+/// A target VM receiving on its own thread.
+fn spawn_target(
+    cmdline: &str,
+    mut stream: UnixStream,
+) -> (JoinHandle<vmm::Result<VmHandle>>, SerialCapture) {
+    let capture = SerialCapture::new();
+    let config = config(cmdline, &capture);
+    let target = std::thread::spawn(move || Vm::receive(config, &mut stream));
+    (target, capture)
+}
+
+fn dots(capture: &SerialCapture) -> usize {
+    capture.contents().iter().filter(|&&b| b == b'.').count()
+}
+
+/// Waits until the guest printed more than `than` dots.
+fn ticks_past(capture: &SerialCapture, than: usize) -> bool {
+    let deadline = Instant::now() + BOOT;
+    while Instant::now() < deadline {
+        if dots(capture) > than + 20 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// The last `dirty ok pass=N` the guest printed.
+fn last_pass(capture: &SerialCapture) -> u64 {
+    capture
+        .text()
+        .rsplit("dirty ok pass=")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn assert_no_failure(capture: &SerialCapture) {
+    let text = capture.text();
+    assert!(!text.contains("FAIL"), "the guest saw a failure: {text}");
+}
+
+#[test]
+fn a_running_guest_moves_to_another_vm_and_goes_on_where_it_was() {
+    let (source, source_out, cmdline) = start_source(8);
+    let (a, b) = UnixStream::pair().unwrap();
+    let (target, target_out) = spawn_target(&cmdline, b);
+    let progress = MigrationProgress::default();
+    let mut a = a;
+    let report = source
+        .migrate(
+            &mut a,
+            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
+            &progress,
+        )
+        .expect("migrate");
+    let target = target.join().unwrap().expect("the target runs the VM");
+    assert_eq!(source.wait_timeout(BOOT), Some(VmExit::Migrated));
+    let passes_on_source = last_pass(&source_out);
+    eprintln!("{report:?}; the source's guest reached pass {passes_on_source}");
+    assert!(
+        report.rounds >= 2,
+        "a full copy and at least one round of dirty pages"
+    );
+    assert!(report.pages > 0 && report.zero_pages > 0);
+    assert!(report.downtime > Duration::ZERO && report.downtime < report.total);
+
+    // The guest goes on on the target: it ticks, its passes continue from the source's
+    // count (no new boot), and every page it wrote before the move checks out after.
+    assert!(ticks_past(&target_out, 0), "{}", target_out.text());
+    let deadline = Instant::now() + BOOT;
+    while last_pass(&target_out) <= passes_on_source + 100 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = target_out.text();
+    assert!(last_pass(&target_out) > passes_on_source, "{text}");
+    assert!(
+        !text.contains("DONE"),
+        "the guest booted again on the target: {text}"
+    );
+    assert_no_failure(&source_out);
+    assert_no_failure(&target_out);
+
+    // The target's vCPU threads restored their state before entering their sandbox,
+    // and did enter it (as every vCPU thread of this process must have).
+    let vcpu_threads = seccomp_of_vcpu_threads();
+    assert!(vcpu_threads.len() >= 2, "{vcpu_threads:?}");
+    assert!(
+        vcpu_threads.iter().all(|(_, mode)| mode == "2"),
+        "a vCPU thread runs without its seccomp filter: {vcpu_threads:?}"
+    );
+
+    // Its devices came along: the power button (ACPI GED, IOAPIC routing) still works.
+    target.request_shutdown().unwrap();
+    assert_eq!(
+        target.wait_timeout(BOOT),
+        Some(VmExit::PowerOff { code: 0 }),
+        "{}",
+        target_out.text()
+    );
+}
+
+#[test]
+fn a_guest_dirtying_faster_than_the_copy_times_out_and_keeps_running_on_the_source() {
+    let (source, source_out, cmdline) = start_source(64);
+    let (a, b) = UnixStream::pair().unwrap();
+    let (target, _) = spawn_target(&cmdline, b);
+    let options = MigrationOptions {
+        // 64 MiB rewritten every tick, 16 MiB/s on the stream: it cannot converge.
+        bandwidth: Some(16 << 20),
+        completion_timeout: Duration::from_secs(3),
+        ..MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
+    };
+    let mut a = a;
+    let started = Instant::now();
+    let err = source
+        .migrate(&mut a, &options, &MigrationProgress::default())
+        .expect_err("cannot converge");
+    assert!(matches!(err, MigrationError::Timeout { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let Err(refused) = target.join().unwrap() else {
+        panic!("the target ran the VM")
+    };
+    assert!(
+        refused.to_string().contains("gave the migration up"),
+        "{refused}"
+    );
+    still_runs(&source, &source_out);
+}
+
+#[test]
+fn a_cancelled_migration_leaves_the_guest_running_on_the_source() {
+    let (source, source_out, cmdline) = start_source(8);
+    let (a, b) = UnixStream::pair().unwrap();
+    let (target, _) = spawn_target(&cmdline, b);
+    let progress = Arc::new(MigrationProgress::default());
+    let canceller = {
+        let progress = progress.clone();
+        std::thread::spawn(move || {
+            while progress.bytes() < 4 << 20 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            progress.cancel();
+        })
+    };
+    let options = MigrationOptions {
+        bandwidth: Some(32 << 20),
+        ..MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
+    };
+    let mut a = a;
+    let err = source
+        .migrate(&mut a, &options, &progress)
+        .expect_err("cancelled");
+    canceller.join().unwrap();
+    assert!(matches!(err, MigrationError::Cancelled), "{err}");
+    assert!(target.join().unwrap().is_err());
+    still_runs(&source, &source_out);
+}
+
+#[test]
+fn a_target_that_dies_mid_way_fails_the_migration_and_the_source_runs_on() {
+    let (source, source_out, _) = start_source(8);
+    let (a, mut b) = UnixStream::pair().unwrap();
+    // A target that takes 2 MiB and is gone.
+    let dying = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 2 << 20];
+        let _ = b.read_exact(&mut buf);
+    });
+    let mut a = a;
+    let err = source
+        .migrate(
+            &mut a,
+            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
+            &MigrationProgress::default(),
+        )
+        .expect_err("the target is gone");
+    dying.join().unwrap();
+    assert!(matches!(err, MigrationError::Stream(_)), "{err}");
+    still_runs(&source, &source_out);
+}
+
+#[test]
+fn a_target_that_fails_at_the_end_gives_the_vm_back_to_the_source() {
+    // The target has a different vCPU count: it refuses the header, before any page.
+    let (source, source_out, cmdline) = start_source(8);
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let target_out = SerialCapture::new();
+    let mut other = config(&cmdline, &target_out);
+    other.vcpus = 1;
+    let target = std::thread::spawn(move || {
+        let result = Vm::receive(other, &mut b);
+        // Keep reading what the source still sends until it hangs up.
+        let _ = std::io::copy(&mut b, &mut std::io::sink());
+        result
+    });
+    let mut a = a;
+    let err = source
+        .migrate(
+            &mut a,
+            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
+            &MigrationProgress::default(),
+        )
+        .expect_err("the target refuses");
+    assert!(
+        matches!(&err, MigrationError::TargetFailed(why) if why.contains("2 vCPUs")),
+        "{err}"
+    );
+    drop(a);
+    let Err(refused) = target.join().unwrap() else {
+        panic!("the target took an incompatible VM")
+    };
+    assert!(
+        refused.to_string().contains("the two VMs differ"),
+        "{refused}"
+    );
+    still_runs(&source, &source_out);
+}
+
+/// Every `vcpuN` thread of this process and its `Seccomp:` mode (2: filtered).
+fn seccomp_of_vcpu_threads() -> Vec<(String, String)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| {
+            let dir = task.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+            let name = name.trim();
+            if !name.starts_with("vcpu") {
+                return None;
+            }
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
+            let mode = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Seccomp:"))?
+                .trim()
+                .to_string();
+            Some((name.to_string(), mode))
+        })
+        .collect()
+}
+
+/// The source's guest is running, unharmed: it ticks, passes its memory checks, and
+/// powers off when asked.
+fn still_runs(source: &VmHandle, out: &SerialCapture) {
+    assert_eq!(source.exit(), None);
+    let pass = last_pass(out);
+    assert!(ticks_past(out, dots(out)), "{}", out.text());
+    let deadline = Instant::now() + BOOT;
+    while last_pass(out) <= pass && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(last_pass(out) > pass, "{}", out.text());
+    assert_no_failure(out);
+    source.request_shutdown().unwrap();
+    assert_eq!(
+        source.wait_timeout(BOOT),
+        Some(VmExit::PowerOff { code: 0 })
+    );
+}
+
+#[test]
+fn a_vm_with_virtio_devices_is_refused_for_now() {
+    common::require_kvm();
+    let capture = SerialCapture::new();
+    let mut config = config("checks=serial exit=halt wait=60", &capture);
+    config.rng = true;
+    let vm = Vm::start(config).expect("start");
+    let (mut a, _b) = UnixStream::pair().unwrap();
+    let err = vm
+        .migrate(
+            &mut a,
+            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
+            &MigrationProgress::default(),
+        )
+        .expect_err("virtio-rng has no saved state");
+    assert!(matches!(err, MigrationError::NotMigratable(_)), "{err}");
+    assert_eq!(vm.exit(), None);
+}
+
+/// A stream read from `input`; what the target answers goes to `output`.
+struct Scripted {
+    input: Cursor<Vec<u8>>,
+    output: Vec<u8>,
+}
+
+impl Read for Scripted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.input.read(buf)
+    }
+}
+
+impl Write for Scripted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.output.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The header of a stream for `config(…)` (the format in `vmm::wire`).
+fn header(memory_mib: u64, vcpus: u8) -> Vec<u8> {
+    let devices = b"transport=pci com1,i8042,rtc,acpi-ged";
+    let mut h = b"KVRS-MIG".to_vec();
+    h.extend_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&(memory_mib << 20).to_le_bytes());
+    h.push(vcpus);
+    h.extend_from_slice(&u16::try_from(devices.len()).unwrap().to_le_bytes());
+    h.extend_from_slice(devices);
+    h
+}
+
+fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![kind];
+    f.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn pages_frame(gpa: u64, count: u32, data_pages: usize) -> Vec<u8> {
+    let mut p = gpa.to_le_bytes().to_vec();
+    p.extend_from_slice(&count.to_le_bytes());
+    p.extend(std::iter::repeat_n(0xab, data_pages * 4096));
+    frame(1, &p)
+}
+
+fn zero_frame(gpa: u64, count: u64) -> Vec<u8> {
+    let mut p = gpa.to_le_bytes().to_vec();
+    p.extend_from_slice(&count.to_le_bytes());
+    frame(2, &p)
+}
+
+#[test]
+fn a_target_refuses_malformed_and_oversized_streams_with_a_clear_error() {
+    common::require_kvm();
+    let good = header(MEMORY_MIB, 2);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty", Vec::new(), "ends early"),
+        (
+            "bad magic",
+            b"NOT-A-MIGRATION-STREAM-AT-ALL".to_vec(),
+            "not a migration stream",
+        ),
+        (
+            "other version",
+            {
+                let mut h = good.clone();
+                h[8] = 9;
+                h
+            },
+            "version 9",
+        ),
+        (
+            "other memory size",
+            header(MEMORY_MIB * 2, 2),
+            "the two VMs differ",
+        ),
+        (
+            "unknown frame",
+            [good.clone(), frame(77, &[])].concat(),
+            "unknown frame kind 77",
+        ),
+        (
+            "oversized frame",
+            [good.clone(), vec![1, 0xff, 0xff, 0xff, 0x7f]].concat(),
+            "larger than the limit",
+        ),
+        (
+            "pages past memory",
+            [good.clone(), pages_frame(MEMORY_MIB << 20, 1, 1)].concat(),
+            "not guest memory",
+        ),
+        (
+            "unaligned pages",
+            [good.clone(), pages_frame(0x1001, 1, 1)].concat(),
+            "not guest memory",
+        ),
+        (
+            "a page count its data lacks",
+            [good.clone(), pages_frame(0x10_0000, 4, 1)].concat(),
+            "ends early",
+        ),
+        (
+            "too many pages in a frame",
+            [good.clone(), pages_frame(0x10_0000, 257, 0)].concat(),
+            "larger than the limit",
+        ),
+        (
+            "zero pages wrapping around",
+            [good.clone(), zero_frame(0x10_0000, u64::MAX / 4096)].concat(),
+            "not guest memory",
+        ),
+        (
+            "zero pages in the MMIO hole",
+            [good.clone(), zero_frame(0xd000_0000, 1)].concat(),
+            "not guest memory",
+        ),
+        (
+            "a cut vCPU frame",
+            [good.clone(), frame(4, &[5])].concat(),
+            "ends early",
+        ),
+        (
+            "complete without state",
+            [good.clone(), zero_frame(0x10_0000, 1), frame(5, &[])].concat(),
+            "without the platform",
+        ),
+        (
+            "the source gives up",
+            [good.clone(), frame(6, &[])].concat(),
+            "gave the migration up",
+        ),
+        (
+            "cut in a frame",
+            [good.clone(), pages_frame(0x10_0000, 1, 1)[..100].to_vec()].concat(),
+            "ends early",
+        ),
+    ];
+    for (name, input, expected) in cases {
+        let capture = SerialCapture::new();
+        let mut stream = Scripted {
+            input: Cursor::new(input),
+            output: Vec::new(),
+        };
+        let err = Vm::receive(config("exit=tick", &capture), &mut stream)
+            .map(|_| ())
+            .expect_err(name)
+            .to_string();
+        assert!(err.contains(expected), "{name}: {err}");
+        // The source is told, with the same words.
+        assert_eq!(stream.output.first(), Some(&1), "{name}: a failure reply");
+        let reply = String::from_utf8_lossy(&stream.output[5..]);
+        assert!(reply.contains(expected), "{name}: {reply}");
+    }
+}
