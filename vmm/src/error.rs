@@ -51,6 +51,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A live migration is moving the VM: it cannot be paused, resumed or sent input.
+    #[error("the VM is being migrated")]
+    Migrating,
     /// A live migration's target could not take the VM (`crate::migration`).
     #[error("incoming migration: {0}")]
     Migration(#[from] crate::migration::MigrationError),

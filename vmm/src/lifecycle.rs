@@ -230,6 +230,11 @@ impl Control {
         self.changed.notify_all();
     }
 
+    /// Whether a pause was asked for (a vCPU finishes its last access before parking).
+    pub(crate) fn pause_requested(&self) -> bool {
+        self.lock().pause_requested
+    }
+
     /// Asks vCPUs to pause and kicks them out of the guest.
     pub(crate) fn request_pause(&self) {
         let mut inner = self.lock();

@@ -26,6 +26,9 @@ use crate::lifecycle::{Control, VmExit};
 use crate::sandbox::{Sandbox, ThreadKind};
 use crate::stats::VcpuTids;
 
+/// How long the vCPU threads may take to restore their states.
+const RESTORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the vCPUs need once the VM is built.
 #[derive(Clone)]
 pub(crate) struct Launch {
@@ -243,8 +246,15 @@ impl StartingVcpus {
             start: Start::Restore(restore.clone()),
             buses,
         }));
+        // Bounded: a vCPU thread that died in its restore never reports.
         let outcome = (0..self.threads.len())
-            .try_for_each(|_| restored.recv().unwrap_or(Err("a vCPU thread ended".into())))
+            .try_for_each(|_| {
+                restored
+                    .recv_timeout(RESTORE_TIMEOUT)
+                    .unwrap_or(Err(format!(
+                        "a vCPU did not report its restore within {RESTORE_TIMEOUT:?}"
+                    )))
+            })
             .and_then(|()| platform());
         match outcome {
             Ok(()) => {

@@ -1,7 +1,7 @@
 //! Building a VM from a [`VmConfig`] and running it on its own threads.
 
 use std::io::{Read, Write};
-use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -77,10 +77,11 @@ impl Vm {
         match (result, wire::write_reply(stream, &reply)) {
             (Ok(handle), Ok(())) => Ok(handle),
             (Ok(handle), Err(e)) => {
-                // The source cannot know the VM runs here: it resumes its own. Two
-                // copies must never run.
-                handle.kill();
-                Err(Error::Migration(MigrationError::Stream(e)))
+                // The source does not learn that the VM runs here: it keeps its copy
+                // paused (`MigrationError::OutcomeUnknown`), so this one is the only
+                // one running, and goes on.
+                tracing::warn!("the VM runs here; the source was not told: {e}");
+                Ok(handle)
             }
             (Err(e), _) => Err(e),
         }
@@ -88,6 +89,7 @@ impl Vm {
 
     fn receive_inner<S: Read>(config: VmConfig, stream: &mut S) -> Result<VmHandle> {
         let layout = layout(&config)?;
+        migration::receive_header(stream, &layout)?;
         let (built, starting) = build(config, Boot::Incoming)?;
         let incoming = match migration::receive(stream, &built.memory, &layout) {
             Ok(incoming) => incoming,
@@ -150,6 +152,7 @@ impl Built {
             boot_report: platform.boot_report,
             vcpu_tids: self.vcpu_tids,
             layout: self.layout,
+            migrating: AtomicBool::new(false),
             threads: Mutex::new(threads),
             resources: Resources {
                 buses: platform.buses,
@@ -245,6 +248,8 @@ fn layout(config: &VmConfig) -> Result<wire::Layout> {
     if config.rng {
         devices.push("virtio-rng".into());
     }
+    // The guest's CPU as it sees it: its XSAVE state and MSRs must fit the target's.
+    devices.push(format!("cpu={:?}", config.cpu_profile).to_lowercase());
     Ok(wire::Layout {
         memory_bytes: config.memory_mib << 20,
         vcpus: config.vcpus,
@@ -552,6 +557,8 @@ pub struct VmHandle {
     vcpu_tids: VcpuTids,
     /// What a migration's target must have alike.
     layout: wire::Layout,
+    /// A migration runs: no second one, no pause, resume or guest input meanwhile.
+    migrating: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     resources: Resources,
 }
@@ -621,6 +628,24 @@ impl VmHandle {
                 self.virtio.len()
             )));
         }
+        if self
+            .migrating
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Err(MigrationError::InProgress);
+        }
+        let result = self.migrate_now(stream, options, progress);
+        self.migrating.store(false, Ordering::SeqCst);
+        result
+    }
+
+    fn migrate_now<S: Read + Write>(
+        &self,
+        stream: &mut S,
+        options: &MigrationOptions,
+        progress: &MigrationProgress,
+    ) -> std::result::Result<MigrationReport, MigrationError> {
         let devices = Devices {
             serial: self.resources.console.device.clone(),
             i8042: self.i8042.clone(),
@@ -634,6 +659,7 @@ impl VmHandle {
             control: &self.control,
             layout: self.layout.clone(),
             save_devices: &|e| devices.save(e),
+            was_paused: self.control.state() == VmState::Paused,
         };
         migration::send(&source, stream, options, progress)
     }
@@ -647,6 +673,15 @@ impl VmHandle {
     /// The devices' counters and the vCPUs' CPU time, now.
     pub fn stats(&self) -> VmStats {
         crate::stats::snapshot(&self.counters, &self.vcpu_tids)
+    }
+
+    /// The kernel thread ids of the vCPU threads, in vCPU order (0 for a thread that
+    /// has not started or has ended): for pinning them, or checking their sandbox.
+    pub fn vcpu_thread_ids(&self) -> Vec<i32> {
+        self.vcpu_tids
+            .iter()
+            .map(|tid| tid.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// The entry the VM booted from its boot disk (`None` for a kernel given directly).
@@ -695,11 +730,16 @@ impl VmHandle {
         Some(exit)
     }
 
+    /// The VM runs and no migration is moving it (pause, resume and guest input
+    /// would change what is being saved).
     fn ensure_running(&self) -> Result<()> {
-        match self.control.exit() {
-            Some(exit) => Err(Error::Ended(exit)),
-            None => Ok(()),
+        if let Some(exit) = self.control.exit() {
+            return Err(Error::Ended(exit));
         }
+        if self.migrating.load(Ordering::SeqCst) {
+            return Err(Error::Migrating);
+        }
+        Ok(())
     }
 
     /// The VM's ordered end, once it has ended: the vCPU threads are joined,

@@ -6,7 +6,6 @@ mod common;
 
 use std::io::{Cursor, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -102,11 +101,16 @@ fn a_running_guest_moves_to_another_vm_and_goes_on_where_it_was() {
     let passes_on_source = last_pass(&source_out);
     eprintln!("{report:?}; the source's guest reached pass {passes_on_source}");
     assert!(
-        report.rounds >= 2,
-        "a full copy and at least one round of dirty pages"
+        report.final_pages > 0,
+        "the stop-and-copy sends what the guest dirtied last"
     );
     assert!(report.pages > 0 && report.zero_pages > 0);
-    assert!(report.downtime > Duration::ZERO && report.downtime < report.total);
+    // The stop-and-copy began once what was left fitted QEMU's 300 ms; what it took
+    // stays in that range (a loaded machine gets room).
+    assert!(
+        report.downtime > Duration::ZERO && report.downtime < Duration::from_secs(1),
+        "{report:?}"
+    );
 
     // The guest goes on on the target: it ticks, its passes continue from the source's
     // count (no new boot), and every page it wrote before the move checks out after.
@@ -125,9 +129,9 @@ fn a_running_guest_moves_to_another_vm_and_goes_on_where_it_was() {
     assert_no_failure(&target_out);
 
     // The target's vCPU threads restored their state before entering their sandbox,
-    // and did enter it (as every vCPU thread of this process must have).
-    let vcpu_threads = seccomp_of_vcpu_threads();
-    assert!(vcpu_threads.len() >= 2, "{vcpu_threads:?}");
+    // and did enter it.
+    let vcpu_threads = seccomp_of(&target.vcpu_thread_ids());
+    assert_eq!(vcpu_threads.len(), 2, "{vcpu_threads:?}");
     assert!(
         vcpu_threads.iter().all(|(_, mode)| mode == "2"),
         "a vCPU thread runs without its seccomp filter: {vcpu_threads:?}"
@@ -145,13 +149,14 @@ fn a_running_guest_moves_to_another_vm_and_goes_on_where_it_was() {
 
 #[test]
 fn a_guest_dirtying_faster_than_the_copy_times_out_and_keeps_running_on_the_source() {
+    // 56 MiB (what 128 MiB of RAM leaves), a quarter of it rewritten every tick: at
+    // 64 MiB/s every round finds it all dirty again, more than 300 ms of sending.
     let (source, source_out, cmdline) = start_source(64);
     let (a, b) = UnixStream::pair().unwrap();
     let (target, _) = spawn_target(&cmdline, b);
     let options = MigrationOptions {
-        // 64 MiB rewritten every tick, 16 MiB/s on the stream: it cannot converge.
-        bandwidth: Some(16 << 20),
-        completion_timeout: Duration::from_secs(3),
+        bandwidth: Some(64 << 20),
+        completion_timeout: Duration::from_secs(6),
         ..MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
     };
     let mut a = a;
@@ -159,7 +164,10 @@ fn a_guest_dirtying_faster_than_the_copy_times_out_and_keeps_running_on_the_sour
     let err = source
         .migrate(&mut a, &options, &MigrationProgress::default())
         .expect_err("cannot converge");
-    assert!(matches!(err, MigrationError::Timeout { .. }), "{err}");
+    assert!(
+        matches!(err, MigrationError::Timeout { rounds, .. } if rounds >= 2),
+        "{err}"
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
     let Err(refused) = target.join().unwrap() else {
         panic!("the target ran the VM")
@@ -176,25 +184,35 @@ fn a_cancelled_migration_leaves_the_guest_running_on_the_source() {
     let (source, source_out, cmdline) = start_source(8);
     let (a, b) = UnixStream::pair().unwrap();
     let (target, _) = spawn_target(&cmdline, b);
-    let progress = Arc::new(MigrationProgress::default());
-    let canceller = {
-        let progress = progress.clone();
-        std::thread::spawn(move || {
-            while progress.bytes() < 4 << 20 {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            progress.cancel();
-        })
-    };
+    let progress = MigrationProgress::default();
     let options = MigrationOptions {
         bandwidth: Some(32 << 20),
         ..MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
     };
     let mut a = a;
-    let err = source
-        .migrate(&mut a, &options, &progress)
-        .expect_err("cancelled");
-    canceller.join().unwrap();
+    let err = std::thread::scope(|scope| {
+        let migration = scope.spawn(|| source.migrate(&mut a, &options, &progress));
+        while progress.bytes() < 4 << 20 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // While it moves, the VM takes no other migration, pause, resume or input.
+        let (mut c, _d) = UnixStream::pair().unwrap();
+        let second = source.migrate(&mut c, &options, &MigrationProgress::default());
+        assert!(
+            matches!(second, Err(MigrationError::InProgress)),
+            "{second:?}"
+        );
+        for refused in [
+            source.pause(),
+            source.resume(),
+            source.request_shutdown(),
+            source.request_ctrl_alt_del(),
+        ] {
+            assert!(matches!(refused, Err(vmm::Error::Migrating)), "{refused:?}");
+        }
+        progress.cancel();
+        migration.join().unwrap().expect_err("cancelled")
+    });
     assert!(matches!(err, MigrationError::Cancelled), "{err}");
     assert!(target.join().unwrap().is_err());
     still_runs(&source, &source_out);
@@ -219,6 +237,44 @@ fn a_target_that_dies_mid_way_fails_the_migration_and_the_source_runs_on() {
         .expect_err("the target is gone");
     dying.join().unwrap();
     assert!(matches!(err, MigrationError::Stream(_)), "{err}");
+    still_runs(&source, &source_out);
+}
+
+#[test]
+fn a_target_gone_after_the_state_leaves_the_source_paused_for_its_owner_to_decide() {
+    let (source, source_out, _) = start_source(8);
+    let (a, mut b) = UnixStream::pair().unwrap();
+    // A target that reads the whole stream, then vanishes without an answer: it may
+    // have run the VM, so the source must not.
+    let vanishing = std::thread::spawn(move || {
+        let mut header = vec![0u8; header(MEMORY_MIB, 2).len()];
+        b.read_exact(&mut header).unwrap();
+        loop {
+            let mut head = [0u8; 5];
+            b.read_exact(&mut head).unwrap();
+            let len = u32::from_le_bytes(head[1..].try_into().unwrap());
+            std::io::copy(&mut (&mut b).take(u64::from(len)), &mut std::io::sink()).unwrap();
+            if head[0] == 5 {
+                return;
+            }
+        }
+    });
+    let mut a = a;
+    let err = source
+        .migrate(
+            &mut a,
+            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
+            &MigrationProgress::default(),
+        )
+        .expect_err("no answer");
+    vanishing.join().unwrap();
+    assert!(matches!(err, MigrationError::OutcomeUnknown(_)), "{err}");
+    assert_eq!(source.state(), vmm::VmState::Paused);
+    let frozen = dots(&source_out);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(dots(&source_out), frozen, "the source ran on");
+    // Its owner knows the target is gone: it resumes it.
+    source.resume().unwrap();
     still_runs(&source, &source_out);
 }
 
@@ -259,24 +315,19 @@ fn a_target_that_fails_at_the_end_gives_the_vm_back_to_the_source() {
     still_runs(&source, &source_out);
 }
 
-/// Every `vcpuN` thread of this process and its `Seccomp:` mode (2: filtered).
-fn seccomp_of_vcpu_threads() -> Vec<(String, String)> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| {
-            let dir = task.ok()?.path();
-            let name = std::fs::read_to_string(dir.join("comm")).ok()?;
-            let name = name.trim();
-            if !name.starts_with("vcpu") {
-                return None;
-            }
-            let status = std::fs::read_to_string(dir.join("status")).ok()?;
+/// Each thread's `Seccomp:` mode (2: filtered), by thread id.
+fn seccomp_of(tids: &[i32]) -> Vec<(i32, String)> {
+    tids.iter()
+        .map(|tid| {
+            let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+                .unwrap_or_default();
             let mode = status
                 .lines()
-                .find_map(|l| l.strip_prefix("Seccomp:"))?
+                .find_map(|l| l.strip_prefix("Seccomp:"))
+                .unwrap_or("gone")
                 .trim()
                 .to_string();
-            Some((name.to_string(), mode))
+            (*tid, mode)
         })
         .collect()
 }
@@ -342,7 +393,7 @@ impl Write for Scripted {
 
 /// The header of a stream for `config(…)` (the format in `vmm::wire`).
 fn header(memory_mib: u64, vcpus: u8) -> Vec<u8> {
-    let devices = b"transport=pci com1,i8042,rtc,acpi-ged";
+    let devices = b"transport=pci com1,i8042,rtc,acpi-ged cpu=none";
     let mut h = b"KVRS-MIG".to_vec();
     h.extend_from_slice(&1u32.to_le_bytes());
     h.extend_from_slice(&(memory_mib << 20).to_le_bytes());
@@ -370,6 +421,62 @@ fn zero_frame(gpa: u64, count: u64) -> Vec<u8> {
     let mut p = gpa.to_le_bytes().to_vec();
     p.extend_from_slice(&count.to_le_bytes());
     frame(2, &p)
+}
+
+/// A platform frame: the three interrupt controllers (the first with `first_chip` as its
+/// id), PIT, clock, then `devices`.
+fn platform(first_chip: u32, devices: &[u8]) -> Vec<u8> {
+    use std::mem::size_of;
+    let chip = size_of::<kvm_bindings::kvm_irqchip>();
+    let mut p = Vec::new();
+    for id in [first_chip, 1, 2] {
+        let mut c = vec![0u8; chip];
+        c[..4].copy_from_slice(&id.to_le_bytes());
+        p.extend(c);
+    }
+    p.extend(vec![0u8; size_of::<kvm_bindings::kvm_pit_state2>()]);
+    p.extend(vec![0u8; size_of::<kvm_bindings::kvm_clock_data>()]);
+    p.extend_from_slice(devices);
+    p
+}
+
+/// The legacy devices' state as `vmm` writes it, valid but for the ACPI GED's events.
+fn devices(ged_events: u8) -> Vec<u8> {
+    let mut d = vec![0u8; 9]; // the UART's registers
+    d.extend([0, 0]); // its input FIFO: empty
+    d.extend([0, 0, 0, 0, 0, 0]); // i8042: no output, config, port, pending, flags
+    d.push(0); // RTC index
+    d.extend([0u8; 128]); // CMOS
+    d.extend([0u8; 32]); // offset, flags time
+    d.push(0); // running
+    d.push(ged_events);
+    d.extend([0u8; 4]); // the 0xCF8 latch
+    d
+}
+
+/// A vCPU frame of zeros with `msrs` as its MSR count (and no MSRs).
+fn vcpu(index: u8, msrs: u32) -> Vec<u8> {
+    use std::mem::size_of;
+    let mut v = vec![index];
+    let state = size_of::<kvm_bindings::kvm_regs>()
+        + size_of::<kvm_bindings::kvm_sregs>()
+        + size_of::<kvm_bindings::kvm_xsave>()
+        + size_of::<kvm_bindings::kvm_xcrs>()
+        + size_of::<kvm_bindings::kvm_debugregs>()
+        + size_of::<kvm_bindings::kvm_lapic_state>()
+        + size_of::<kvm_bindings::kvm_mp_state>()
+        + size_of::<kvm_bindings::kvm_vcpu_events>();
+    v.extend(vec![0u8; state]);
+    v.extend(msrs.to_le_bytes());
+    v
+}
+
+/// A vCPU frame of zeros with one MSR.
+fn vcpu_with_msr(index: u8, msr: u32) -> Vec<u8> {
+    let mut v = vcpu(index, 1);
+    v.extend(msr.to_le_bytes());
+    v.extend([0u8; 4 + 8]);
+    v
 }
 
 #[test]
@@ -456,6 +563,61 @@ fn a_target_refuses_malformed_and_oversized_streams_with_a_clear_error() {
             "cut in a frame",
             [good.clone(), pages_frame(0x10_0000, 1, 1)[..100].to_vec()].concat(),
             "ends early",
+        ),
+        (
+            "an interrupt controller in the wrong place",
+            [good.clone(), frame(3, &platform(7, &devices(0)))].concat(),
+            "interrupt controller 7 where 0 belongs",
+        ),
+        (
+            "a vCPU the VM does not have",
+            [good.clone(), frame(4, &vcpu(5, 0))].concat(),
+            "vCPU 5 of a VM with 2 vCPUs",
+        ),
+        (
+            "a vCPU sent twice",
+            [good.clone(), frame(4, &vcpu(0, 0)), frame(4, &vcpu(0, 0))].concat(),
+            "vCPU 0 sent twice",
+        ),
+        (
+            "an MSR list past its bound",
+            [good.clone(), frame(4, &vcpu(0, 100_000))].concat(),
+            "larger than the limit",
+        ),
+        (
+            "complete without a vCPU",
+            [
+                good.clone(),
+                frame(3, &platform(0, &devices(0))),
+                frame(4, &vcpu(0, 0)),
+                frame(5, &[]),
+            ]
+            .concat(),
+            "without vCPU 1",
+        ),
+        (
+            "devices' state out of range",
+            [
+                good.clone(),
+                frame(3, &platform(0, &devices(0xff))),
+                frame(4, &vcpu(0, 0)),
+                frame(4, &vcpu(1, 0)),
+                frame(5, &[]),
+            ]
+            .concat(),
+            "ACPI GED events 0xff",
+        ),
+        (
+            "an MSR this host does not save",
+            [
+                good.clone(),
+                frame(3, &platform(0, &devices(0))),
+                frame(4, &vcpu_with_msr(0, 0x4b56_4d99)),
+                frame(4, &vcpu(1, 0)),
+                frame(5, &[]),
+            ]
+            .concat(),
+            "MSR 0x4b564d99 is not one this host saves",
         ),
     ];
     for (name, input, expected) in cases {

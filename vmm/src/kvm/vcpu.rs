@@ -20,6 +20,9 @@ use crate::wire::Encoder;
 const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const SYSTEM_EVENT_RESET: u32 = 2;
 const SYSTEM_EVENT_CRASH: u32 = 3;
+/// Exits a pending access may take to finish before a pause (see
+/// `Vcpu::finish_pending_access`).
+const MAX_ACCESS_STEPS: usize = 4096;
 /// KVM_INTERNAL_ERROR_EMULATION.
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 
@@ -37,6 +40,9 @@ pub(crate) struct Vcpu {
     mem: GuestMemoryMmap,
     /// The MSRs a saved state holds (`KVM_GET_MSR_INDEX_LIST`).
     msr_indices: Arc<[u32]>,
+    /// The last exit was a port or MMIO access: KVM finishes it (a port read's value
+    /// into RAX, a string instruction's next step) only on the next `KVM_RUN`.
+    access_pending: bool,
 }
 
 impl Vcpu {
@@ -64,6 +70,7 @@ impl Vcpu {
             fd,
             mem: mem.clone(),
             msr_indices,
+            access_pending: false,
         };
         if vcpu.starts_at_entry() {
             cpu::set_sregs(&vcpu.fd)?;
@@ -91,7 +98,30 @@ impl Vcpu {
 
     /// Puts the vCPU in the state another VMM saved (live migration's target).
     pub(crate) fn restore(&self, state: &VcpuState) -> std::result::Result<(), String> {
-        state.restore(&self.fd)
+        state.restore(&self.fd, &self.msr_indices)
+    }
+
+    /// Finishes a port or MMIO access KVM left for the next `KVM_RUN`, without entering
+    /// the guest (`immediate_exit`), so that a saved state never holds half an
+    /// instruction (KVM's API asks this before a migration): it would repeat the
+    /// access on the target (a byte printed twice) or lose its result (a byte read from
+    /// the UART). Finishing a string instruction's step may exit for its next step,
+    /// which is handled like any exit. Returns the VM's ending if an exit ends it.
+    fn finish_pending_access(&mut self, buses: &Buses) -> Option<VmExit> {
+        // A `rep` string instruction moves up to a page per exit.
+        for _ in 0..MAX_ACCESS_STEPS {
+            if !self.access_pending {
+                return None;
+            }
+            self.fd.set_kvm_immediate_exit(1);
+            if let Some(exit) = self.run_once(buses) {
+                self.fd.set_kvm_immediate_exit(0);
+                return Some(exit);
+            }
+        }
+        self.fd.set_kvm_immediate_exit(0);
+        tracing::warn!("vCPU {}: an access still pending at a pause", self.index);
+        None
     }
 
     /// This vCPU's state, encoded (asked while the VM is paused).
@@ -117,7 +147,15 @@ impl Vcpu {
             // Unregisters before `self` (and its kvm_run mapping) goes away,
             // also when unwinding.
             let _registered = KickRegistration;
-            while control.checkpoint(usize::from(index), &mut || self.save()) == Checkpoint::Run {
+            loop {
+                if control.pause_requested()
+                    && let Some(exit) = self.finish_pending_access(buses)
+                {
+                    control.finish(exit);
+                }
+                if control.checkpoint(usize::from(index), &mut || self.save()) != Checkpoint::Run {
+                    break;
+                }
                 control.timeline().mark_first_kvm_run();
                 if let Some(exit) = self.run_once(buses) {
                     control.finish(exit);
@@ -135,7 +173,15 @@ impl Vcpu {
     /// One `KVM_RUN`; returns an ending if this exit ends the VM.
     fn run_once(&mut self, buses: &Buses) -> Option<VmExit> {
         let index = self.index;
-        match self.fd.run() {
+        let exit = self.fd.run();
+        self.access_pending = matches!(
+            exit,
+            Ok(VcpuExit::IoIn(..)
+                | VcpuExit::IoOut(..)
+                | VcpuExit::MmioRead(..)
+                | VcpuExit::MmioWrite(..))
+        );
+        match exit {
             Ok(VcpuExit::IoIn(port, data)) => buses.pio.read(u64::from(port), data),
             Ok(VcpuExit::IoOut(port, data)) => buses.pio.write(u64::from(port), data),
             Ok(VcpuExit::MmioRead(addr, data)) => buses.mmio.read(addr, data),

@@ -58,7 +58,19 @@ impl VcpuState {
     /// Writes the state into a new vCPU of the same CPUID, in the order KVM needs:
     /// the local APIC before the MSRs (the TSC deadline needs its timer mode), the
     /// pending events last (setting registers may clear them).
-    pub(crate) fn restore(&self, fd: &VcpuFd) -> Result<(), String> {
+    ///
+    /// Only MSRs of `allowed` (this host's save list) are written, each once: KVM
+    /// writes them as the host, past the checks a guest's writes get.
+    pub(crate) fn restore(&self, fd: &VcpuFd, allowed: &[u32]) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::with_capacity(self.msrs.len());
+        for msr in &self.msrs {
+            if !allowed.contains(&msr.index) {
+                return Err(format!("MSR {:#x} is not one this host saves", msr.index));
+            }
+            if !seen.insert(msr.index) {
+                return Err(format!("MSR {:#x} given twice", msr.index));
+            }
+        }
         fd.set_mp_state(self.mp_state)
             .map_err(kvm("KVM_SET_MP_STATE"))?;
         fd.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;

@@ -104,7 +104,8 @@ pub struct MigrationReport {
     /// From the start to the target's answer.
     pub total: Duration,
     /// From the moment every source vCPU had stopped to the moment the target let its
-    /// vCPUs run (both on this host's monotonic clock).
+    /// vCPUs run (both on this host's monotonic clock; on two hosts it would mix two
+    /// clocks).
     pub downtime: Duration,
     /// Memory rounds, the full copy included.
     pub rounds: u64,
@@ -146,6 +147,13 @@ pub enum MigrationError {
     State(String),
     #[error("the VM ended during the migration: {0}")]
     Ended(VmExit),
+    #[error("a migration of this VM is running already")]
+    InProgress,
+    /// The state went out but the target's answer did not come back: it may run the
+    /// VM. The source's VM stays paused; whoever runs the migration decides (resume it
+    /// only once the target is known not to run it).
+    #[error("the target's answer was lost ({0}): it may run the VM, which stays paused here")]
+    OutcomeUnknown(String),
 }
 
 impl From<FormatError> for MigrationError {
@@ -162,6 +170,8 @@ pub(crate) struct Source<'a> {
     pub(crate) layout: Layout,
     /// Writes the devices' state (the VM is paused).
     pub(crate) save_devices: &'a dyn Fn(&mut Encoder),
+    /// The VM was paused before the migration: a failed one leaves it paused.
+    pub(crate) was_paused: bool,
 }
 
 /// Sends the VM to the other end of `stream`. See the module's doc.
@@ -188,9 +198,14 @@ pub(crate) fn send<S: Read + Write>(
         }
     };
     // Stop and copy.
+    let resume = || {
+        if !source.was_paused {
+            source.control.resume();
+        }
+    };
     source.control.request_pause();
     if !source.control.wait_paused(PAUSE_TIMEOUT) {
-        source.control.resume();
+        resume();
         let _ = wire::write_frame(stream, Kind::Abort, &[]);
         let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
         return Err(match source.control.exit() {
@@ -202,13 +217,18 @@ pub(crate) fn send<S: Read + Write>(
     }
     let paused_at = monotonic_ns();
     let handed_over = stop_and_copy(source, stream, dirty.pages);
-    let outcome = handed_over.and_then(|final_sent| match wire::read_reply(stream)? {
-        Reply::Running { released_at_ns } => Ok((final_sent, released_at_ns)),
-        Reply::Failed(why) => Err(MigrationError::TargetFailed(why)),
-    });
     let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
-    match outcome {
-        Ok((final_sent, released_at_ns)) => {
+    let final_sent = match handed_over {
+        Ok(sent) => sent,
+        Err(e) => {
+            // `Complete` did not go out: the target cannot run the VM.
+            let _ = wire::write_frame(stream, Kind::Abort, &[]);
+            resume();
+            return Err(e);
+        }
+    };
+    match wire::read_reply(stream) {
+        Ok(Reply::Running { released_at_ns }) => {
             source.control.finish(VmExit::Migrated);
             let mut sent = dirty.sent;
             sent += final_sent;
@@ -222,12 +242,13 @@ pub(crate) fn send<S: Read + Write>(
                 final_pages: final_sent.pages + final_sent.zero_pages,
             })
         }
-        Err(e) => {
-            // The target does not run the VM (it answered so, or it is gone): it
-            // goes on here.
-            source.control.resume();
-            Err(e)
+        // The target says it does not run the VM (nothing of it ran there).
+        Ok(Reply::Failed(why)) => {
+            resume();
+            Err(MigrationError::TargetFailed(why))
         }
+        // It may run it: two copies must never run, so this one stays paused.
+        Err(e) => Err(MigrationError::OutcomeUnknown(e.to_string())),
     }
 }
 
@@ -315,14 +336,15 @@ fn stop_and_copy<S: Write>(
     dirty.sort_unstable();
     dirty.dedup();
     let sent = pages::send(stream, source.memory, &dirty, &mut |_| Ok(()))?;
-    let mut platform = Encoder::default();
-    vm_state::save(source.vm, &mut platform).map_err(MigrationError::State)?;
-    (source.save_devices)(&mut platform);
-    wire::write_frame(stream, Kind::Platform, &platform.0)?;
+    // The vCPUs (their TSCs) and the kvmclock are read back to back, the clock last.
     let vcpus = source
         .control
         .save_vcpus(usize::from(source.layout.vcpus), PAUSE_TIMEOUT)
         .map_err(MigrationError::State)?;
+    let mut platform = Encoder::default();
+    vm_state::save(source.vm, &mut platform).map_err(MigrationError::State)?;
+    (source.save_devices)(&mut platform);
+    wire::write_frame(stream, Kind::Platform, &platform.0)?;
     for (index, state) in vcpus.iter().enumerate() {
         let mut frame = Encoder::default();
         frame.u8(u8::try_from(index).unwrap_or(u8::MAX));
@@ -342,12 +364,12 @@ pub(crate) struct Incoming {
     pub(crate) vcpus: Vec<VcpuState>,
 }
 
-/// Reads a migration stream into `memory` until `Complete`, checking every frame.
-pub(crate) fn receive<S: Read>(
+/// Reads the stream's header and checks that the source's VM is built like this one
+/// (before this one is built: a stranger on the socket costs nothing).
+pub(crate) fn receive_header<S: Read>(
     stream: &mut S,
-    memory: &GuestMemoryMmap,
     layout: &Layout,
-) -> Result<Incoming, MigrationError> {
+) -> Result<(), MigrationError> {
     let theirs = wire::read_header(stream)?;
     if &theirs != layout {
         return Err(MigrationError::Incompatible(format!(
@@ -360,6 +382,15 @@ pub(crate) fn receive<S: Read>(
             layout.devices
         )));
     }
+    Ok(())
+}
+
+/// Reads the frames after the header into `memory` until `Complete`, checking each.
+pub(crate) fn receive<S: Read>(
+    stream: &mut S,
+    memory: &GuestMemoryMmap,
+    layout: &Layout,
+) -> Result<Incoming, MigrationError> {
     let mut buf = Vec::new();
     let mut platform: Option<(VmState, Vec<u8>)> = None;
     let mut vcpus: Vec<Option<VcpuState>> = (0..layout.vcpus).map(|_| None).collect();
