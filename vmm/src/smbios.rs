@@ -34,7 +34,8 @@
 //! the MP table leaves free; the e820 map leaves the area out of RAM. No 32-bit (`_SM_`)
 //! entry point: Linux has read `_SM3_` since 3.19.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::config::Smbios;
 use crate::kvm::layout::{SMBIOS_ADDR, SMBIOS_MAX_SIZE};

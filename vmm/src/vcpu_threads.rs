@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use kvm_ioctls::VmFd;
-use vm_memory::GuestMemoryMmap;
+use virtio_devices::GuestMemoryMmap;
 
 use crate::bus::lock;
 use crate::config::ApStart;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::devices::virtio::VirtioTransport;
 use kvm_ioctls::VmFd;
 use linux_loader::cmdline::Cmdline;
-use vm_memory::GuestMemoryMmap;
+use virtio_devices::GuestMemoryMmap;
 
 use crate::acpi::platform::{self, AcpiPlatform};
 use crate::boot_disk::{self, BootReport};

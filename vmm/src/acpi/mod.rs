@@ -18,7 +18,8 @@ use acpi_tables::aml;
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::sdt::Sdt;
 use acpi_tables::{Aml, fadt, mcfg, rsdp, xsdt};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::legacy::{RTC_PORT, RTC_PORT_LEN, SERIAL_GSI, SERIAL_PORT};
 use crate::kvm::layout::{IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO_BASE, PCI_MMIO_SIZE};

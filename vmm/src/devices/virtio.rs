@@ -15,11 +15,12 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 use linux_loader::cmdline::Cmdline;
 use virtio_bindings::virtio_ids::{VIRTIO_ID_BLOCK, VIRTIO_ID_NET, VIRTIO_ID_RNG};
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
+use virtio_devices::GuestMemoryMmap;
 use virtio_devices::block::{Block, BlockOptions};
 use virtio_devices::net::{Net, NetOptions};
 use virtio_devices::rng::Rng;
 use virtio_devices::{InterruptTrigger, MmioTransport, PciTransport, VirtioDevice};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::bus::{Bus, BusDevice, lock};

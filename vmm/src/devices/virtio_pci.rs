@@ -17,10 +17,10 @@
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use virtio_devices::GuestMemoryMmap;
 use virtio_devices::pci::{BAR_SIZE, notify_offset};
 use virtio_devices::{LogLimit, PciTransport};
 use vm_allocator::{AddressAllocator, AllocPolicy};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::virtio::{Attached, Error, VirtioTransport, build_devices, thread_name};

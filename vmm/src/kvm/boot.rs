@@ -10,10 +10,8 @@ use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 use linux_loader::loader::{BzImage, Elf, KernelLoader, load_cmdline};
-use vm_memory::{
-    Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion,
-};
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::layout::*;
 use super::{Error, Result};

@@ -31,7 +31,8 @@ use kvm_bindings::{
     kvm_sregs,
 };
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::{Result, kvm_err};
 

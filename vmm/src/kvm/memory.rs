@@ -2,7 +2,8 @@
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::layout::ram_ranges;
 use super::{Error, Result};

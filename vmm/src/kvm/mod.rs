@@ -97,7 +97,7 @@ pub(crate) fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> E
 /// change; right after `KVM_CREATE_IRQCHIP` (whose I/O-bus and routing updates
 /// ran grace periods of their own) that wait took 5.6–10 ms here (one or two
 /// 4 ms timer ticks), before it 0.04 ms (`vmm/cli/benches/README.md`).
-pub(crate) fn create_vm(mem_bytes: u64) -> Result<(VmFd, vm_memory::GuestMemoryMmap)> {
+pub(crate) fn create_vm(mem_bytes: u64) -> Result<(VmFd, virtio_devices::GuestMemoryMmap)> {
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     let memory = memory::create(&vm, mem_bytes)?;

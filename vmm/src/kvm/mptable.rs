@@ -6,7 +6,8 @@
 //! Linux scans) and points at the configuration table right after it; the
 //! area is not RAM in the e820 map.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{IOAPIC_ADDR, LAPIC_ADDR, MPTABLE_ADDR, MPTABLE_MAX_SIZE};
 use super::{Error, Result};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kvm_bindings::CpuId;
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
-use vm_memory::GuestMemoryMmap;
+use virtio_devices::GuestMemoryMmap;
 
 use super::layout::ZERO_PAGE_ADDR;
 use super::vcpu_state::VcpuState;

@@ -7,7 +7,9 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_state2, kvm_userspace_memory_region,
 };
 use kvm_ioctls::VmFd;
-use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::bitmap::AtomicBitmap;
+use virtio_devices::GuestMemoryMmap;
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::wire::{Decoder, Encoder, FormatError};
 
@@ -98,28 +100,102 @@ pub(crate) fn log_dirty_pages(vm: &VmFd, memory: &GuestMemoryMmap, on: bool) -> 
     Ok(())
 }
 
-/// The pages the guest wrote since the last call (or since the log was turned on), as
-/// guest physical addresses of 4 KiB pages, in order; reading clears the log.
+/// The pages written since the last call (or since the log was turned on) by the guest
+/// (KVM's dirty log) or by the VMM and its devices (the memory's own bitmap), as guest
+/// physical addresses of 4 KiB pages, in order; reading clears both.
 pub(crate) fn take_dirty_pages(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<Vec<u64>, String> {
     let mut pages = Vec::new();
     for (slot, region) in memory.iter().enumerate() {
         let slot = u32::try_from(slot).map_err(|_| format!("memory slot {slot}"))?;
         let len = usize::try_from(region.len()).map_err(|_| "memory slot size".to_string())?;
-        let bitmap = vm
+        let mut bitmap = vm
             .get_dirty_log(slot, len)
             .map_err(kvm("KVM_GET_DIRTY_LOG"))?;
-        let base = region.start_addr().raw_value();
-        for (word_index, &word) in bitmap.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let bit = u64::from(bits.trailing_zeros());
-                bits &= bits - 1;
-                let page = int_cast::usize_to_u64(word_index) * 64 + bit;
-                if page * crate::wire::PAGE < region.len() {
-                    pages.push(base + page * crate::wire::PAGE);
-                }
+        for (word, vmm) in bitmap.iter_mut().zip(vmm_bitmap(region).get_and_reset()) {
+            *word |= vmm;
+        }
+        push_pages(
+            &mut pages,
+            region.start_addr().raw_value(),
+            region.len(),
+            &bitmap,
+        );
+    }
+    Ok(pages)
+}
+
+/// A region's dirty bitmap itself (the region trait's `bitmap()` gives a view of it).
+fn vmm_bitmap(region: &vm_memory::GuestRegionMmap<AtomicBitmap>) -> &AtomicBitmap {
+    vm_memory::mmap::MmapRegion::bitmap(region)
+}
+
+/// Forgets what the VMM and its devices wrote so far (a migration's full copy is about
+/// to send everything).
+pub(crate) fn clear_vmm_dirty_pages(memory: &GuestMemoryMmap) {
+    for region in memory.iter() {
+        vmm_bitmap(region).reset();
+    }
+}
+
+/// The pages the VMM and its devices wrote since the last call (not the guest's).
+#[cfg(test)]
+fn take_vmm_dirty_pages(memory: &GuestMemoryMmap) -> Vec<u64> {
+    let mut pages = Vec::new();
+    for region in memory.iter() {
+        let bitmap = vmm_bitmap(region).get_and_reset();
+        push_pages(
+            &mut pages,
+            region.start_addr().raw_value(),
+            region.len(),
+            &bitmap,
+        );
+    }
+    pages
+}
+
+/// The pages whose bits are set in `bitmap` (bit n of word w: page 64 w + n of the
+/// region at `base`, `len` bytes long).
+fn push_pages(pages: &mut Vec<u64>, base: u64, len: u64, bitmap: &[u64]) {
+    for (word_index, &word) in bitmap.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let bit = u64::from(bits.trailing_zeros());
+            bits &= bits - 1;
+            let page = int_cast::usize_to_u64(word_index) * 64 + bit;
+            if page * crate::wire::PAGE < len {
+                pages.push(base + page * crate::wire::PAGE);
             }
         }
     }
-    Ok(pages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn what_the_vmm_writes_through_guest_memory_is_marked_dirty() {
+        let memory = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 1 << 20),
+            (GuestAddress(4 << 20), 1 << 20),
+        ])
+        .unwrap();
+        clear_vmm_dirty_pages(&memory);
+        assert!(take_vmm_dirty_pages(&memory).is_empty());
+        memory.write_obj(7u8, GuestAddress(0x5003)).unwrap();
+        memory
+            .write_slice(&[1u8; 8192], GuestAddress(0x10ff0))
+            .unwrap();
+        memory
+            .write_obj(9u64, GuestAddress((4 << 20) + 0x2000))
+            .unwrap();
+        assert_eq!(
+            take_vmm_dirty_pages(&memory),
+            vec![0x5000, 0x10000, 0x11000, 0x12000, (4 << 20) + 0x2000]
+        );
+        // Taken is cleared; reads mark nothing.
+        let _: u64 = memory.read_obj(GuestAddress(0x5000)).unwrap();
+        assert!(take_vmm_dirty_pages(&memory).is_empty());
+    }
 }

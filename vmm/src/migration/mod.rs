@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VmFd;
-use vm_memory::GuestMemoryMmap;
+use virtio_devices::GuestMemoryMmap;
 
 use crate::kvm::vcpu_state::VcpuState;
 use crate::kvm::vm_state::{self, VmState};
@@ -187,6 +187,7 @@ pub(crate) fn send<S: Read + Write>(
     }
     wire::write_header(stream, &source.layout)?;
     vm_state::log_dirty_pages(source.vm, source.memory, true).map_err(MigrationError::State)?;
+    vm_state::clear_vmm_dirty_pages(source.memory);
     let live = pre_copy(source, stream, options, progress, start);
     let dirty = match live {
         Ok(dirty) => dirty,

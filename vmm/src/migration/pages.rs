@@ -3,9 +3,9 @@
 
 use std::io::{Read, Write};
 
+use virtio_devices::GuestMemoryMmap;
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-    MemoryRegionAddress,
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
 };
 
 use crate::wire::{

@@ -14,11 +14,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use virtio_devices::GuestMemoryMmap;
 use virtio_devices::block::{Block, BlockOptions};
 use virtio_devices::fuzz::MemDisk;
 use virtio_devices::rng::Rng;
 use virtio_devices::{InterruptTrigger, MmioTransport, VirtioDevice};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 struct NoIrq;
 impl InterruptTrigger for NoIrq {

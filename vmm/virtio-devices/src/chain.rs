@@ -169,7 +169,7 @@ mod tests {
     use virtio_queue::QueueT;
 
     fn validate(
-        mem: &vm_memory::GuestMemoryMmap,
+        mem: &crate::GuestMemoryMmap,
         descs: &[Desc],
     ) -> Result<ValidatedChain, ChainError> {
         let mut driver = GuestDriver::new(mem, 16);

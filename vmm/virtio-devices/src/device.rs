@@ -10,8 +10,8 @@
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 
 use crate::device_thread::ThreadSandbox;
 use crate::interrupt::DeviceInterrupt;

@@ -8,6 +8,7 @@
 use int_cast::usize_to_u64;
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use ::block::{DiskBackend, DiskError, DiskResult};
 use int_cast::u64_to_usize;
 use virtio_bindings::virtio_config::{
@@ -15,7 +16,7 @@ use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
 };
 use virtio_bindings::virtio_mmio::*;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::MmioTransport;
 use crate::block::{Block, BlockOptions};
@@ -116,7 +117,7 @@ const USED: u64 = 0x2000;
 /// a few notifications. Exercises the avail ring, chain validation, request
 /// parsing and execution against an in-memory disk.
 pub fn blk_queue(data: &[u8]) {
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), FUZZ_MEM)]) else {
+    let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), FUZZ_MEM)]) else {
         return;
     };
     let n = data.len().min(FUZZ_MEM);
@@ -175,7 +176,7 @@ pub fn blk_queue(data: &[u8]) {
 /// `op (1) | offset (4) | len (0..=8, 1) | value (8)`; writes and reads of
 /// any offset and width, including the config space.
 pub fn mmio_registers(data: &[u8]) {
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), FUZZ_MEM)]) else {
+    let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), FUZZ_MEM)]) else {
         return;
     };
     let dev = Block::new(Box::new(MemDisk::new(4096)), BlockOptions::default());

@@ -48,6 +48,12 @@ mod transport;
 mod testing;
 
 pub use device::{ActivateContext, ActivateError, DeviceError, VirtioDevice};
+
+/// Guest memory as the devices and the VMM see it: vm-memory's mmap backend with a
+/// dirty-page bitmap. Every write through it (a used ring, a read request's data, a
+/// received frame, the VMM loading a kernel) marks its pages, which KVM's dirty log
+/// (guest writes only) does not: a live migration sends both (`vmm::migration`).
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;
 #[cfg(feature = "testing")]
 pub(crate) use device_thread::Unsandboxed;
 pub use device_thread::{ThreadRole, ThreadSandbox};

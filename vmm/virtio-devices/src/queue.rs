@@ -9,9 +9,10 @@
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::Bytes;
 
 use crate::chain::{ChainError, ValidatedChain};
 

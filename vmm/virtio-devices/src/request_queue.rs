@@ -3,7 +3,7 @@
 //! Activation, reset and draining are the same for every such device; only
 //! what is done with one chain differs, and that is the device's closure.
 
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 
 use crate::chain::{ChainError, ValidatedChain};
 use crate::device::{ActivateContext, ActivateError, DeviceError};

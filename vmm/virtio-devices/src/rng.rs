@@ -1,9 +1,10 @@
 //! virtio-rng (entropy device): fills the guest's writable buffers with
 //! bytes from the host kernel's CSPRNG (`getrandom(2)`).
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::Bytes;
 
 use crate::chain::ValidatedChain;
 use crate::device::feature_bit;

@@ -9,13 +9,14 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
 };
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::MmioTransport;
 use crate::interrupt::tests::CountingTrigger;

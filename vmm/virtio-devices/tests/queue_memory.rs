@@ -22,10 +22,11 @@ use virtio_bindings::virtio_mmio::*;
 use virtio_bindings::virtio_ring::{
     VIRTIO_RING_F_INDIRECT_DESC, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
+use virtio_devices::GuestMemoryMmap;
 use virtio_devices::block::{Block, BlockOptions};
 use virtio_devices::fuzz::MemDisk;
 use virtio_devices::{InterruptTrigger, MmioTransport};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// A descriptor flag as the 16-bit field carries it.
 fn flag(f: u32) -> u16 {

@@ -19,6 +19,7 @@ mod workers;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::GuestMemoryMmap;
 use ::block::{DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
 use int_cast::u64_to_usize;
 use virtio_bindings::virtio_blk::{
@@ -29,7 +30,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
-use vm_memory::{Address, Bytes, GuestMemoryMmap};
+use vm_memory::{Address, Bytes};
 
 use crate::chain::{Buffer, ChainError, ValidatedChain};
 use crate::device::feature_bit;

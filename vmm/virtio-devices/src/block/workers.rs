@@ -12,7 +12,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 
 use super::request::Request;
 use crate::device_thread::{ThreadRole, ThreadSandbox, Unsandboxed};

@@ -8,13 +8,14 @@
 
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FEATURES_OK,
 };
 use virtio_bindings::virtio_mmio::*;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::NoInterrupt;
@@ -90,11 +91,9 @@ impl Guest {
     /// caller's thread); the next four mask the low feature bits the driver
     /// accepts (`VERSION_1` is always accepted).
     pub(super) fn start(device: Box<dyn VirtioDevice>, input: &mut Input) -> Option<Guest> {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(
-            GuestAddress(0),
-            int_cast::u64_to_usize(MEM_SIZE),
-        )])
-        .ok()?;
+        let mem =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), int_cast::u64_to_usize(MEM_SIZE))])
+                .ok()?;
         let cfg = input.u8()?;
         let feature_mask = input.u32()?;
         let queues = u16::try_from(device.queue_max_sizes().len()).ok()?;

@@ -34,13 +34,14 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::Bytes;
 
 use crate::chain::{Buffer, ValidatedChain};
 use crate::device::feature_bit;

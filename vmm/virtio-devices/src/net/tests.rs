@@ -6,8 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::test_tap::{TEST_ETHERTYPE as ETHERTYPE, Wire, create_tap, frame, in_new_netns};
 use super::*;

@@ -24,6 +24,7 @@
 
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
@@ -31,7 +32,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{ActivateContext, VirtioDevice, feature_bit};

@@ -33,8 +33,8 @@
 use int_cast::usize_to_u64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_mmio::*;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::mmio::MmioTransport;
