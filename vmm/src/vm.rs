@@ -380,21 +380,36 @@ fn build_platform(
         }
     }
     .map_err(Error::Virtio)?;
-    let pci_config = config.transport == VirtioTransportKind::Pci;
-    if boot == Boot::Incoming {
-        // The source's memory comes with its kernel and tables.
-        return Ok(Platform {
-            buses: Arc::new(Buses { pio, mmio }),
-            entry: 0,
-            console,
-            i8042,
-            acpi,
-            rtc,
-            pci_config,
-            virtio,
-            boot_report: None,
-        });
-    }
+    // An incoming VM's memory comes from the source, its kernel and tables with it.
+    let (entry, boot_report) = match boot {
+        Boot::Incoming => (0, None),
+        Boot::Kernel => (
+            load_kernel(config, memory, booted.as_ref(), &cmdline, cpuid)?,
+            booted.map(|b| b.report),
+        ),
+    };
+    Ok(Platform {
+        buses: Arc::new(Buses { pio, mmio }),
+        entry,
+        console,
+        i8042,
+        acpi,
+        rtc,
+        pci_config: config.transport == VirtioTransportKind::Pci,
+        virtio,
+        boot_report,
+    })
+}
+
+/// Writes the boot tables (page tables, MP table, ACPI, SMBIOS) and loads the kernel (a
+/// boot disk's, once `booted` has it); returns its entry point.
+fn load_kernel(
+    config: &VmConfig,
+    memory: &GuestMemoryMmap,
+    booted: Option<&boot_disk::Booted>,
+    cmdline: &Cmdline,
+    cpuid: &CpuidPolicy,
+) -> Result<u64> {
     kvm::boot::write_long_mode_tables(memory)?;
     kvm::mptable::write(memory, config.vcpus)?;
     let rsdp = crate::acpi::write(
@@ -419,7 +434,7 @@ fn build_platform(
         },
     )
     .map_err(Error::Smbios)?;
-    let (kernel, initrd) = match &booted {
+    let (kernel, initrd) = match booted {
         Some(b) => (
             KernelInput::Prepared(&b.kernel),
             if b.initrd.is_empty() {
@@ -436,18 +451,9 @@ fn build_platform(
                 .map_or(InitrdInput::None, InitrdInput::File),
         ),
     };
-    let entry = kvm::boot::load(memory, kernel, &cmdline, initrd, rsdp)?;
-    Ok(Platform {
-        buses: Arc::new(Buses { pio, mmio }),
-        entry: entry.entry.0,
-        console,
-        i8042,
-        acpi,
-        rtc,
-        pci_config,
-        virtio,
-        boot_report: booted.map(|b| b.report),
-    })
+    Ok(kvm::boot::load(memory, kernel, cmdline, initrd, rsdp)?
+        .entry
+        .0)
 }
 
 /// The guest CPUID `vcpus` vCPUs would get under `profile` (detected when

@@ -472,6 +472,18 @@ fn vcpu(index: u8, msrs: u32) -> Vec<u8> {
     v
 }
 
+/// Everything after the pages: the platform with `devices`, vCPU 0's frame `vcpu0`,
+/// vCPU 1 all zeros, `Complete`.
+fn whole_state(devices: Vec<u8>, vcpu0: Vec<u8>) -> Vec<u8> {
+    [
+        frame(3, &platform(0, &devices)),
+        frame(4, &vcpu0),
+        frame(4, &vcpu(1, 0)),
+        frame(5, &[]),
+    ]
+    .concat()
+}
+
 /// A vCPU frame of zeros with one MSR.
 fn vcpu_with_msr(index: u8, msr: u32) -> Vec<u8> {
     let mut v = vcpu(index, 1);
@@ -598,24 +610,14 @@ fn a_target_refuses_malformed_and_oversized_streams_with_a_clear_error() {
         ),
         (
             "devices' state out of range",
-            [
-                good.clone(),
-                frame(3, &platform(0, &devices(0xff))),
-                frame(4, &vcpu(0, 0)),
-                frame(4, &vcpu(1, 0)),
-                frame(5, &[]),
-            ]
-            .concat(),
+            [good.clone(), whole_state(devices(0xff), vcpu(0, 0))].concat(),
             "ACPI GED events 0xff",
         ),
         (
             "an MSR this host does not save",
             [
                 good.clone(),
-                frame(3, &platform(0, &devices(0))),
-                frame(4, &vcpu_with_msr(0, 0x4b56_4d99)),
-                frame(4, &vcpu(1, 0)),
-                frame(5, &[]),
+                whole_state(devices(0), vcpu_with_msr(0, 0x4b56_4d99)),
             ]
             .concat(),
             "MSR 0x4b564d99 is not one this host saves",

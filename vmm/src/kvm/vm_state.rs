@@ -7,8 +7,8 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_state2, kvm_userspace_memory_region,
 };
 use kvm_ioctls::VmFd;
-use vm_memory::bitmap::AtomicBitmap;
 use virtio_devices::GuestMemoryMmap;
+use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::wire::{Decoder, Encoder, FormatError};
