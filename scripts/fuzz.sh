@@ -23,6 +23,9 @@ targets=(
     "vmm/virtio-devices net_queues"
     "vmm/virtio-devices rng_queue"
     "vmm legacy_port_io"
+    # A whole stream (a vCPU's state alone is 6.2 KiB) is longer than libFuzzer's
+    # default 4 KiB inputs.
+    "vmm migration_stream -max_len=65536"
     "netsetup dhcp_answer"
     "proto domain_json"
     "proto vmi_manifest"
@@ -31,12 +34,12 @@ targets=(
     "controller render_launcher_pod"
 )
 for entry in "${targets[@]}"; do
-    read -r dir target <<<"$entry"
+    read -r dir target extra <<<"$entry"
     if ((${#only[@]})) && [[ " ${only[*]} " != *" $target "* ]]; then
         continue
     fi
     echo "== $dir: $target ($seconds s)"
     (cd "$root/$dir/fuzz" && cargo +nightly fuzz run "$target" -- \
-        -max_total_time="$seconds" -rss_limit_mb=2048)
+        -max_total_time="$seconds" -rss_limit_mb=2048 ${extra:-})
 done
 echo "fuzz.sh: every target ran $seconds s without a crash"

@@ -97,8 +97,8 @@ impl LevelIrqLine {
     }
 
     /// A line on eventfds the test reads and signals as KVM would, its
-    /// thread unsandboxed.
-    #[cfg(test)]
+    /// thread unsandboxed (also the fuzz targets': `fuzzing`).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn unregistered(irqfd: EventFd, resample: EventFd) -> std::io::Result<Self> {
         Self::start(irqfd, resample, "test-level-irq", None)
     }
