@@ -101,6 +101,8 @@ impl Vm {
         };
         let devices = built.platform.devices();
         let vm = built.vm.clone();
+        let control = built.control.clone();
+        let paused = incoming.paused;
         let threads = starting
             .release_restored(
                 &built.control,
@@ -110,7 +112,12 @@ impl Vm {
                     incoming.vm_state.restore(&vm)?;
                     devices
                         .restore(&incoming.devices)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string())?;
+                    if paused {
+                        // Paused by its owner on the source: the vCPUs park at once.
+                        control.request_pause();
+                    }
+                    Ok(())
                 },
             )
             .map_err(|e| Error::Migration(MigrationError::State(e)))?;

@@ -51,6 +51,9 @@ pub(crate) enum Kind {
     Complete = 5,
     /// The source gave up (cancelled, timed out): the target discards the VM.
     Abort = 6,
+    /// (Optional, before `Complete`.) The VM was paused by its owner on the source: it
+    /// stays paused on the target.
+    Paused = 7,
 }
 
 impl Kind {
@@ -62,6 +65,7 @@ impl Kind {
             4 => Kind::Vcpu,
             5 => Kind::Complete,
             6 => Kind::Abort,
+            7 => Kind::Paused,
             _ => return None,
         })
     }

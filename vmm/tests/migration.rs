@@ -148,6 +148,35 @@ fn a_running_guest_moves_to_another_vm_and_goes_on_where_it_was() {
 }
 
 #[test]
+fn a_paused_vm_moves_paused_and_runs_when_resumed() {
+    let (source, source_out, cmdline) = start_source(8);
+    source.pause().unwrap();
+    let (a, b) = UnixStream::pair().unwrap();
+    let (target, target_out) = spawn_target(&cmdline, b);
+    let mut a = a;
+    source
+        .migrate(
+            &mut a,
+            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
+            &MigrationProgress::default(),
+        )
+        .expect("migrate");
+    let target = target.join().unwrap().expect("the target takes the VM");
+    assert_eq!(source.wait_timeout(BOOT), Some(VmExit::Migrated));
+    let deadline = Instant::now() + BOOT;
+    while target.state() != vmm::VmState::Paused && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(target.state(), vmm::VmState::Paused);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(dots(&target_out), 0, "the guest ran while paused");
+    target.resume().unwrap();
+    assert!(ticks_past(&target_out, 0), "{}", target_out.text());
+    assert_no_failure(&source_out);
+    assert_no_failure(&target_out);
+}
+
+#[test]
 fn a_guest_dirtying_faster_than_the_copy_times_out_and_keeps_running_on_the_source() {
     // 16 MiB, a quarter of it (4 MiB) rewritten every tick, at 8 MiB/s: whatever a round
     // finds dirty, at least a quarter, takes more than the 300 ms allowed to send, so it

@@ -352,6 +352,9 @@ fn stop_and_copy<S: Write>(
         frame.bytes(state);
         wire::write_frame(stream, Kind::Vcpu, &frame.0)?;
     }
+    if source.was_paused {
+        wire::write_frame(stream, Kind::Paused, &[])?;
+    }
     wire::write_frame(stream, Kind::Complete, &[])?;
     stream.flush().map_err(WireError::Io)?;
     Ok(sent)
@@ -363,6 +366,8 @@ pub(crate) struct Incoming {
     /// The devices' part of the platform frame (decoded by the devices themselves).
     pub(crate) devices: Vec<u8>,
     pub(crate) vcpus: Vec<VcpuState>,
+    /// The VM was paused on the source by its owner: it starts paused here.
+    pub(crate) paused: bool,
 }
 
 /// Reads the stream's header and checks that the source's VM is built like this one
@@ -395,6 +400,7 @@ pub(crate) fn receive<S: Read>(
     let mut buf = Vec::new();
     let mut platform: Option<(VmState, Vec<u8>)> = None;
     let mut vcpus: Vec<Option<VcpuState>> = (0..layout.vcpus).map(|_| None).collect();
+    let mut paused = false;
     loop {
         match pages::receive_until_state(stream, memory, &mut buf)? {
             Kind::Platform => {
@@ -425,6 +431,7 @@ pub(crate) fn receive<S: Read>(
                     }
                 }
             }
+            Kind::Paused => paused = true,
             Kind::Complete => break,
             Kind::Abort => return Err(MigrationError::AbortedBySource),
             Kind::Pages | Kind::ZeroPages => unreachable!("page frames are written above"),
@@ -444,6 +451,7 @@ pub(crate) fn receive<S: Read>(
         vm_state,
         devices,
         vcpus,
+        paused,
     })
 }
 
