@@ -55,13 +55,14 @@ pub struct MigrationOptions {
 }
 
 impl MigrationOptions {
-    /// KubeVirt's defaults for a guest of `memory_bytes`: no bandwidth limit, 150 s per
-    /// GiB (at least 150 s), QEMU's 300 ms downtime.
+    /// KubeVirt's defaults for a guest of `memory_bytes`: no bandwidth limit, QEMU's
+    /// 300 ms downtime, and 150 s per "GiB", which v1.9.0's launcher counts as started
+    /// 10^9 bytes (`resource.Quantity::ScaledValue(Giga)`, rounded up; at least one).
     pub fn kubevirt_defaults(memory_bytes: u64) -> Self {
-        let gib = memory_bytes.div_ceil(1 << 30).max(1);
+        let giga = memory_bytes.div_ceil(1_000_000_000).max(1);
         MigrationOptions {
             bandwidth: None,
-            completion_timeout: Duration::from_secs(DEFAULT_COMPLETION_TIMEOUT_PER_GIB * gib),
+            completion_timeout: Duration::from_secs(DEFAULT_COMPLETION_TIMEOUT_PER_GIB * giga),
             max_downtime: DEFAULT_MAX_DOWNTIME,
         }
     }
@@ -464,4 +465,19 @@ pub(crate) fn monotonic_ns() -> u64 {
     // SAFETY: `ts` is a valid timespec for the kernel to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubevirts_completion_timeout_counts_started_gigabytes() {
+        let timeout = |bytes| MigrationOptions::kubevirt_defaults(bytes).completion_timeout;
+        assert_eq!(timeout(64 << 20), Duration::from_secs(150));
+        assert_eq!(timeout(1_000_000_000), Duration::from_secs(150));
+        // 1 GiB is 1.07 GB: two started units, as KubeVirt computes it.
+        assert_eq!(timeout(1 << 30), Duration::from_secs(300));
+        assert_eq!(timeout(0), Duration::from_secs(150));
+    }
 }
