@@ -150,10 +150,9 @@ impl Built {
         VmHandle {
             control: self.control,
             sandbox: self.sandbox,
+            devices: platform.devices(),
             i8042: platform.i8042,
             acpi: platform.acpi,
-            rtc: platform.rtc,
-            pci_config: platform.pci_config,
             virtio: platform.virtio.transports,
             counters: platform.virtio.counters,
             boot_report: platform.boot_report,
@@ -162,10 +161,10 @@ impl Built {
             migrating: AtomicBool::new(false),
             threads: Mutex::new(threads),
             resources: Resources {
-                buses: platform.buses,
+                _buses: platform.buses,
                 vm: self.vm,
                 memory: self.memory,
-                console: platform.console,
+                _console: platform.console,
             },
         }
     }
@@ -549,10 +548,10 @@ fn build_cmdline(entry: Option<&str>, configured: &str) -> Result<Cmdline> {
 /// buses (whose PCI devices hold the VM fd for MSI routing) go first, then
 /// the VM fd goes before the memory KVM maps.
 struct Resources {
-    buses: Arc<Buses>,
+    _buses: Arc<Buses>,
     vm: Arc<VmFd>,
     memory: GuestMemoryMmap,
-    console: Console,
+    _console: Console,
 }
 
 /// A running VM. Methods may be called from any thread; dropping the
@@ -562,8 +561,8 @@ pub struct VmHandle {
     sandbox: Arc<Sandbox>,
     i8042: Arc<Mutex<I8042>>,
     acpi: Arc<Mutex<AcpiPlatform>>,
-    rtc: Arc<Mutex<Rtc>>,
-    pci_config: bool,
+    /// The legacy devices whose state a migration moves.
+    devices: Devices,
     virtio: Vec<VirtioTransport>,
     counters: DeviceCounters,
     boot_report: Option<BootReport>,
@@ -659,13 +658,7 @@ impl VmHandle {
         options: &MigrationOptions,
         progress: &MigrationProgress,
     ) -> std::result::Result<MigrationReport, MigrationError> {
-        let devices = Devices {
-            serial: self.resources.console.device.clone(),
-            i8042: self.i8042.clone(),
-            rtc: self.rtc.clone(),
-            acpi: self.acpi.clone(),
-            pci_config: self.pci_config.then(|| self.resources.buses.clone()),
-        };
+        let devices = &self.devices;
         let source = migration::Source {
             vm: &self.resources.vm,
             memory: &self.resources.memory,
