@@ -25,6 +25,7 @@ use crate::devices::legacy::{
     EXIT_PORT, EXIT_PORT_LEN, I8042_GSI, I8042_PORT, I8042_PORT_LEN, RTC_PORT, RTC_PORT_LEN,
     SERIAL_GSI, SERIAL_PORT, SERIAL_PORT_LEN,
 };
+use crate::devices::virtio_state;
 use crate::error::{Error, Result};
 use crate::kvm::boot::{InitrdInput, KernelInput};
 use crate::kvm::cpuid::CpuidPolicy;
@@ -286,33 +287,40 @@ impl Platform {
             i8042: self.i8042.clone(),
             rtc: self.rtc.clone(),
             acpi: self.acpi.clone(),
-            pci_config: self.pci_config.then(|| self.buses.clone()),
+            pci_config: self.pci_config,
+            virtio: self.virtio.transports.clone(),
+            buses: self.buses.clone(),
         }
     }
 }
 
-/// The legacy devices' state, saved and restored for migration (in this order).
+/// The devices' state, saved and restored for migration (in this order): the legacy
+/// devices, the 0xCF8 latch, the virtio transports.
 struct Devices {
     serial: Arc<Mutex<SerialDevice>>,
     i8042: Arc<Mutex<I8042>>,
     rtc: Arc<Mutex<Rtc>>,
     acpi: Arc<Mutex<AcpiPlatform>>,
-    /// The buses, to reach the 0xCF8 address latch through its port.
-    pci_config: Option<Arc<Buses>>,
+    /// Whether the legacy PCI configuration ports exist (virtio-pci).
+    pci_config: bool,
+    virtio: Vec<VirtioTransport>,
+    /// To reach the 0xCF8 latch and the functions' command registers as a CPU would.
+    buses: Arc<Buses>,
 }
 
 impl Devices {
-    fn save(&self, e: &mut Encoder) {
+    fn save(&self, e: &mut Encoder) -> std::result::Result<(), String> {
         lock(&self.serial).save(e);
         lock(&self.i8042).save(e);
         lock(&self.rtc).save(e);
         lock(&self.acpi).save(e);
-        if let Some(buses) = &self.pci_config {
+        if self.pci_config {
             // The latch reads back what the guest wrote, as a CPU would see it.
             let mut latch = [0u8; 4];
-            buses.pio.read(CONFIG_PORTS, &mut latch);
+            self.buses.pio.read(CONFIG_PORTS, &mut latch);
             e.bytes(&latch);
         }
+        virtio_state::save(&self.virtio, e)
     }
 
     fn restore(&self, payload: &[u8]) -> std::result::Result<(), FormatError> {
@@ -321,11 +329,23 @@ impl Devices {
         lock(&self.i8042).restore(&mut d)?;
         lock(&self.rtc).restore(&mut d)?;
         lock(&self.acpi).restore(&mut d)?;
-        if let Some(buses) = &self.pci_config {
+        if self.pci_config {
             let latch: [u8; 4] = d.array()?;
-            buses.pio.write(CONFIG_PORTS, &latch);
+            self.buses.pio.write(CONFIG_PORTS, &latch);
         }
+        virtio_state::restore(&self.virtio, &mut d, &self.buses)?;
         d.finish()
+    }
+
+    /// Stops (or restarts) the virtio devices' threads touching guest memory.
+    fn pause_virtio(&self, pause: bool) {
+        for transport in &self.virtio {
+            if pause {
+                transport.pause();
+            } else {
+                transport.resume();
+            }
+        }
     }
 }
 
@@ -634,12 +654,7 @@ impl VmHandle {
         options: &MigrationOptions,
         progress: &MigrationProgress,
     ) -> std::result::Result<MigrationReport, MigrationError> {
-        if !self.virtio.is_empty() {
-            return Err(MigrationError::NotMigratable(format!(
-                "{} virtio devices: their queues cannot be saved yet",
-                self.virtio.len()
-            )));
-        }
+        virtio_state::migratable(&self.virtio).map_err(MigrationError::NotMigratable)?;
         if self
             .migrating
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -665,6 +680,7 @@ impl VmHandle {
             control: &self.control,
             layout: self.layout.clone(),
             save_devices: &|e| devices.save(e),
+            pause_devices: &|pause| devices.pause_virtio(pause),
             was_paused: self.control.state() == VmState::Paused,
         };
         migration::send(&source, stream, options, progress)

@@ -13,6 +13,8 @@
 //!   modes (`halt`, `tick`) the guest also echoes what arrives on its serial console.
 //! - `dirty=MIB` — with `exit=tick`: rewrite and check MIB MiB of memory on every
 //!   tick (see `dirty.rs`; live migration's tests).
+//! - `rng=tick` — with `exit=tick`: keep the first virtio-rng running and ask it for
+//!   64 bytes every 25 ticks (see `virtio/rng.rs`).
 //! - `acpi_delay=MS` — in the waiting exit modes, enable the power button
 //!   (route the GED's interrupt) only MS milliseconds after the checks, as
 //!   a guest whose ACPI comes up late: a press before must still arrive.

@@ -112,7 +112,7 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
     // the keyboard or the GED), so a hundred idle guests cost their host next to nothing.
     let step_ms = if tick { 10 } else { 1000 };
     let mut previous = 0u8;
-    for _ in 0..wait_s.saturating_mul(1000 / step_ms) {
+    for step in 0..wait_s.saturating_mul(1000 / step_ms) {
         if crate::irq::take(crate::acpi::GED_PIN) && crate::acpi::power_button_pressed() {
             crate::serial::write_str("SHUTDOWN requested\nPOWEROFF acpi-s5\n");
             crate::acpi::power_off();
@@ -146,6 +146,9 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
             }
         } else if tick {
             crate::dirty::pass();
+            if (step + 1) % 25 == 0 {
+                crate::virtio::rng_tick();
+            }
             crate::serial::write_byte(b'.');
         }
     }

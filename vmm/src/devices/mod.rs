@@ -4,3 +4,4 @@ pub(crate) mod irq;
 pub(crate) mod legacy;
 pub(crate) mod virtio;
 pub(crate) mod virtio_pci;
+pub(crate) mod virtio_state;

@@ -154,6 +154,7 @@ pub(crate) fn build_devices(
 
 /// A device behind its transport (virtio-mmio here, virtio-pci in
 /// `virtio_pci`).
+#[derive(Clone)]
 pub(crate) enum VirtioTransport {
     Mmio(Arc<Mutex<MmioTransport>>),
     Pci(Arc<Mutex<PciTransport>>),

@@ -169,8 +169,10 @@ pub(crate) struct Source<'a> {
     pub(crate) memory: &'a GuestMemoryMmap,
     pub(crate) control: &'a Control,
     pub(crate) layout: Layout,
-    /// Writes the devices' state (the VM is paused).
-    pub(crate) save_devices: &'a dyn Fn(&mut Encoder),
+    /// Writes the devices' state (the VM and its devices are paused).
+    pub(crate) save_devices: &'a dyn Fn(&mut Encoder) -> Result<(), String>,
+    /// Pauses (`true`) or resumes the devices' own threads (after the vCPUs).
+    pub(crate) pause_devices: &'a dyn Fn(bool),
     /// The VM was paused before the migration: a failed one leaves it paused.
     pub(crate) was_paused: bool,
 }
@@ -202,6 +204,7 @@ pub(crate) fn send<S: Read + Write>(
     // Stop and copy.
     let resume = || {
         if !source.was_paused {
+            (source.pause_devices)(false);
             source.control.resume();
         }
     };
@@ -218,6 +221,10 @@ pub(crate) fn send<S: Read + Write>(
         });
     }
     let paused_at = monotonic_ns();
+    // Their last writes to guest memory land before the last dirty pages are taken.
+    if !source.was_paused {
+        (source.pause_devices)(true);
+    }
     let handed_over = stop_and_copy(source, stream, dirty.pages);
     let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
     let final_sent = match handed_over {
@@ -345,7 +352,7 @@ fn stop_and_copy<S: Write>(
         .map_err(MigrationError::State)?;
     let mut platform = Encoder::default();
     vm_state::save(source.vm, &mut platform).map_err(MigrationError::State)?;
-    (source.save_devices)(&mut platform);
+    (source.save_devices)(&mut platform).map_err(MigrationError::State)?;
     wire::write_frame(stream, Kind::Platform, &platform.0)?;
     for (index, state) in vcpus.iter().enumerate() {
         let mut frame = Encoder::default();

@@ -123,6 +123,15 @@ pub trait VirtioDevice: Send + std::any::Any {
     /// The VM runs again.
     fn resume(&mut self) {}
 
+    /// For live migration, while the VM is paused: each activated queue's next available
+    /// and next used index (empty before activation), which the transport hands back
+    /// to the same device type on the target at its activation. `None`, the default: the
+    /// device has state beyond its queues' positions that cannot be moved yet, and a VM
+    /// with it cannot be migrated.
+    fn queue_positions(&self) -> Option<Vec<(u16, u16)>> {
+        None
+    }
+
     /// The VM has ended: stop the device's background work and let go of
     /// what it holds on the host (a disk: its writes and metadata flushed,
     /// the image closed, its locks released). Called once, when the

@@ -72,6 +72,12 @@ impl DeviceInterrupt {
         self.status.load(Ordering::SeqCst)
     }
 
+    /// The causes a migration's source had pending (no interrupt is sent: the
+    /// interrupt controllers' state came with the VM).
+    pub(crate) fn restore_status(&self, status: u32) {
+        self.status.store(status, Ordering::SeqCst);
+    }
+
     /// `InterruptACK`: clears the acknowledged bits.
     pub(crate) fn acknowledge(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);

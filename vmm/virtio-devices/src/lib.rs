@@ -62,6 +62,6 @@ pub use interrupt::{DeviceInterrupt, InterruptTrigger};
 pub use log_capture::LogCapture;
 pub use log_limit::{LOG_BURST, LOG_INTERVAL, LogLimit};
 pub use queue::QueueError;
-pub use transport::mmio::MmioTransport;
+pub use transport::mmio::{MmioTransport, QueueRegisters, TransportState};
 pub use transport::pci;
-pub use transport::pci::{MsiInterrupts, MsiMessage, PciTransport};
+pub use transport::pci::{MsiInterrupts, MsiMessage, PciState, PciTransport};

@@ -52,6 +52,12 @@ impl DeviceQueue {
         DeviceQueue { queue }
     }
 
+    /// The next available index the device will read and the next used index it will
+    /// write (for live migration).
+    pub(crate) fn position(&self) -> (u16, u16) {
+        (self.queue.next_avail(), self.queue.next_used())
+    }
+
     /// Number of entries; also the most chains a device handles per
     /// notification, so that a guest that keeps refilling the ring cannot keep
     /// a vCPU thread in the device forever.

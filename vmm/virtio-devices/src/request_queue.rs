@@ -41,6 +41,14 @@ impl RequestQueue {
         self.active = None;
     }
 
+    /// The queue's next available and next used index while activated (none before).
+    pub(crate) fn positions(&self) -> Vec<(u16, u16)> {
+        self.active
+            .iter()
+            .map(|active| active.queue.position())
+            .collect()
+    }
+
     /// Answers a notification of queue `index`: every chain on the ring,
     /// at most one queue's worth (see [`DeviceQueue::size`]), goes to
     /// `handle`, which returns how many bytes it wrote into the chain (0 for

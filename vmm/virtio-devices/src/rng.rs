@@ -128,6 +128,11 @@ impl VirtioDevice for Rng {
         self.requests.reset();
     }
 
+    /// An RNG has no state but its queue: what it wrote is in guest memory already.
+    fn queue_positions(&self) -> Option<Vec<(u16, u16)>> {
+        Some(self.requests.positions())
+    }
+
     fn process_queue(&mut self, index: u16) -> Result<(), DeviceError> {
         // The queue is taken out while its chains are handled with `self`.
         let mut requests = std::mem::take(&mut self.requests);

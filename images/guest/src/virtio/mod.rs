@@ -39,6 +39,8 @@ mod queue;
 mod rng;
 mod transport;
 
+pub use rng::tick as rng_tick;
+
 use crate::cmdline;
 use crate::report::{Detail, Reporter};
 use transport::{Device, ID_BLOCK, ID_NET, ID_RNG};
@@ -107,6 +109,10 @@ fn check_device(
             ID_NET if cmdline::check_selected(cmdline, "virtio-net") => {
                 net::check(dev, *net_count, cmdline, r);
                 *net_count += 1;
+            }
+            ID_RNG if *rng_count == 0 && cmdline::value(cmdline, "rng") == Some(b"tick") => {
+                rng::keep(dev, r);
+                *rng_count += 1;
             }
             ID_RNG if cmdline::check_selected(cmdline, "virtio-rng") => {
                 rng::check(dev, *rng_count, r);

@@ -49,6 +49,7 @@ fn write16(addr: u64, value: u16) {
 }
 
 /// One virtio-pci function on bus 0.
+#[derive(Clone)]
 pub struct PciDevice {
     slot: u8,
     common: u64,

@@ -147,6 +147,12 @@ impl Queue {
         head
     }
 
+    /// Whether the device's used index is exactly the number of used elements taken:
+    /// nothing used twice or skipped.
+    pub fn used_in_step(&self) -> bool {
+        read16(self.page + USED_OFFSET + 2) == self.used_seen
+    }
+
     /// The next used element (descriptor id, length), if any.
     pub fn take_used(&mut self) -> Option<(u32, u32)> {
         let used = self.page + USED_OFFSET;

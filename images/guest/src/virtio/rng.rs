@@ -1,4 +1,8 @@
-//! virtio-rng check: 64 bytes of entropy, not all the same.
+//! virtio-rng check: 64 bytes of entropy, not all the same. With `rng=tick` (and
+//! `exit=tick`) the first RNG is instead kept running: set up once after the checks,
+//! asked for 64 bytes every 25 ticks while the guest waits, `rng ok N` printed for each
+//! answer, `TEST rng-tick FAIL` for none (live migration's tests: the device and its
+//! queue must go on where they were).
 
 use crate::report::{Detail, Reporter};
 
@@ -44,4 +48,74 @@ pub fn check(dev: &Device, index: usize, r: &mut dyn Reporter) {
     }
     d.str("bytes=").dec(u64::from(len)).str(" first=").hex(head);
     r.result(name.as_str(), len == BYTES && distinct, d.as_str());
+}
+
+/// The RNG kept running for `rng=tick`, and its answers so far.
+struct Ticking {
+    dev: Device,
+    queue: Queue,
+    answers: u64,
+    failed: bool,
+}
+
+/// Written once during the checks, then only read and updated from the waiting loop,
+/// on the boot vCPU: the guest is single-threaded there.
+static mut TICKING: Option<Ticking> = None;
+
+/// Sets `dev` up and keeps it for [`tick`] instead of the check.
+pub fn keep(dev: &Device, r: &mut dyn Reporter) {
+    let queue = Queue::new(0);
+    if let Err(e) = dev.initialize(0, &[&queue]) {
+        r.result("virtio-rng-tick", false, e);
+        dev.reset();
+        return;
+    }
+    r.result("virtio-rng-tick", true, "kept running");
+    // SAFETY: see `TICKING`.
+    unsafe {
+        TICKING = Some(Ticking {
+            dev: dev.clone(),
+            queue,
+            answers: 0,
+            failed: false,
+        })
+    };
+}
+
+/// One request to the kept RNG (called every 25 ticks).
+pub fn tick() {
+    // SAFETY: see `TICKING`.
+    let Some(t) = (unsafe { (*(&raw mut TICKING)).as_mut() }) else {
+        return;
+    };
+    if t.failed {
+        return;
+    }
+    let buf = buffers();
+    fill(buf, BYTES as usize, 0);
+    t.queue.add(&[Buf {
+        addr: buf,
+        len: BYTES,
+        writable: true,
+    }]);
+    t.dev.notify(0);
+    let mut d = Detail::new();
+    match t.queue.wait_used(TIMEOUT_MS) {
+        Some((_, len)) if len == BYTES && t.queue.used_in_step() => {
+            t.answers += 1;
+            d.str("rng ok ").dec(t.answers).str("\n");
+        }
+        other => {
+            t.failed = true;
+            d.str("TEST rng-tick FAIL answer ")
+                .dec(t.answers + 1)
+                .str(match other {
+                    Some((_, len)) if len != BYTES => " short",
+                    Some(_) => " out of step with the used ring",
+                    None => " missing",
+                })
+                .str("\n");
+        }
+    }
+    crate::serial::write(d.as_bytes());
 }

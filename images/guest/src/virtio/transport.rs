@@ -46,6 +46,7 @@ pub const ID_BLOCK: u32 = 2;
 pub const ID_RNG: u32 = 4;
 
 /// One virtio device: a virtio-mmio window or a virtio-pci function.
+#[derive(Clone)]
 pub enum Device {
     Mmio { base: u64 },
     Pci(super::pci::PciDevice),

@@ -150,6 +150,36 @@ impl QueueConfig {
     }
 }
 
+/// A queue's registers as the driver set them (for live migration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueRegisters {
+    pub size: u32,
+    pub ready: bool,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+}
+
+/// What a live migration moves of a transport and its device: the virtio registers the
+/// driver wrote, the pending interrupt causes, and, once activated, each queue's next
+/// available and next used index. Read while the VM is paused
+/// ([`MmioTransport::save`]); the target's transport for the same device type takes it
+/// before its vCPUs run ([`MmioTransport::restore`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportState {
+    pub status: u32,
+    pub device_features_sel: u32,
+    pub driver_features_sel: u32,
+    pub acked_features: u64,
+    pub unknown_features_acked: bool,
+    pub queue_sel: u32,
+    pub queues: Vec<QueueRegisters>,
+    pub activated: bool,
+    pub interrupt_status: u32,
+    /// `(next available, next used)` per queue, when activated.
+    pub positions: Vec<(u16, u16)>,
+}
+
 /// One virtio device behind a virtio-mmio register window.
 ///
 /// With [`MmioTransport::with_thread`] (what the VMM uses) the device runs
@@ -273,6 +303,127 @@ impl MmioTransport {
 
     fn dev(&self) -> std::sync::MutexGuard<'_, Box<dyn VirtioDevice>> {
         lock_device(&self.device)
+    }
+
+    /// Whether the device's state can be moved by a live migration (checked before one
+    /// starts); `Err` says why not.
+    pub fn migratable(&self) -> Result<(), String> {
+        match self.dev().queue_positions() {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "virtio device type {} has state that cannot be migrated yet",
+                self.device_type
+            )),
+        }
+    }
+
+    /// The transport's and its device's state, for live migration (the VM is paused:
+    /// the device's thread touches nothing). `Err` names what cannot be moved.
+    pub fn save(&mut self) -> Result<TransportState, String> {
+        self.collect_device_reset_request();
+        let positions = self.dev().queue_positions().ok_or_else(|| {
+            format!(
+                "virtio device type {} has state that cannot be migrated yet",
+                self.device_type
+            )
+        })?;
+        Ok(TransportState {
+            status: self.status,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            acked_features: self.acked_features,
+            unknown_features_acked: self.unknown_features_acked,
+            queue_sel: self.queue_sel,
+            queues: self
+                .queues
+                .iter()
+                .map(|q| QueueRegisters {
+                    size: q.size,
+                    ready: q.ready,
+                    desc: q.desc,
+                    avail: q.avail,
+                    used: q.used,
+                })
+                .collect(),
+            activated: self.activated,
+            interrupt_status: self.interrupt.status(),
+            positions: if self.activated {
+                positions
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// Takes the state another VMM saved for the same device type, before the VM runs:
+    /// registers, interrupt causes, and, if the device was activated, activates it here
+    /// with its queues where the source left them. Everything is checked as it would be
+    /// from a driver (sizes, ring addresses inside guest memory, features offered).
+    pub fn restore(&mut self, state: &TransportState) -> Result<(), String> {
+        if self.activated || self.status != 0 {
+            return Err("the transport is in use".into());
+        }
+        if state.queues.len() != self.queues.len() {
+            return Err(format!(
+                "{} queues where device type {} has {}",
+                state.queues.len(),
+                self.device_type,
+                self.queues.len()
+            ));
+        }
+        if state.acked_features & !self.device_features != 0 {
+            return Err(format!(
+                "features {:#x} that this device does not offer",
+                state.acked_features & !self.device_features
+            ));
+        }
+        self.status = state.status;
+        self.device_features_sel = state.device_features_sel;
+        self.driver_features_sel = state.driver_features_sel;
+        self.acked_features = state.acked_features;
+        self.unknown_features_acked = state.unknown_features_acked;
+        self.queue_sel = state.queue_sel;
+        for (q, saved) in self.queues.iter_mut().zip(&state.queues) {
+            q.size = saved.size;
+            q.ready = saved.ready;
+            q.desc = saved.desc;
+            q.avail = saved.avail;
+            q.used = saved.used;
+        }
+        if state.activated {
+            if state.positions.len() != self.queues.len() {
+                return Err(format!(
+                    "{} queue positions for {} queues",
+                    state.positions.len(),
+                    self.queues.len()
+                ));
+            }
+            let mut queues = Vec::with_capacity(self.queues.len());
+            for (i, (q, &(next_avail, next_used))) in
+                self.queues.iter().zip(&state.positions).enumerate()
+            {
+                let mut queue = q.build(i, &self.mem).map_err(|e| e.to_string())?;
+                queue.set_next_avail(next_avail);
+                queue.set_next_used(next_used);
+                queues.push(queue);
+            }
+            let ctx = ActivateContext {
+                mem: self.mem.clone(),
+                queues,
+                interrupt: self.interrupt.clone(),
+                acked_features: self.acked_features,
+                sandbox: self.sandbox.clone(),
+            };
+            self.dev()
+                .activate(ctx)
+                .map_err(|e| format!("activating the device: {e}"))?;
+            self.activated = true;
+            if let Some(t) = &self.thread {
+                t.activated();
+            }
+        }
+        self.interrupt.restore_status(state.interrupt_status);
+        Ok(())
     }
 
     /// Current device status register.

@@ -104,6 +104,28 @@ const CAP_NOTIFY: u8 = 2;
 const CAP_ISR: u8 = 3;
 const CAP_DEVICE: u8 = 4;
 
+/// What a live migration moves of a virtio-pci function: the configuration space
+/// (command register, where the guest put the BAR, MSI-X control), the MSI-X table,
+/// pending bits and vector assignment, the common configuration's select and feature
+/// registers, and the inner transport's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PciState {
+    pub config: Vec<u8>,
+    pub msix_enabled: bool,
+    pub msix_function_masked: bool,
+    /// `(message, masked)` per vector.
+    pub msix_entries: Vec<(MsiMessage, bool)>,
+    pub msix_pending: Vec<bool>,
+    pub config_vector: u16,
+    pub queue_vectors: Vec<u16>,
+    pub queue_sizes: Vec<u16>,
+    pub queue_select: u16,
+    pub device_feature_select: u32,
+    pub driver_feature_select: u32,
+    pub driver_features: u64,
+    pub transport: super::mmio::TransportState,
+}
+
 /// An MSI message: what the guest wrote to one MSI-X table entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MsiMessage {
@@ -327,6 +349,93 @@ impl PciTransport {
         };
         t.build_config(device_type, vectors, bar_address);
         t
+    }
+
+    /// Whether a live migration can move the device (see [`MmioTransport::migratable`]).
+    pub fn migratable(&self) -> Result<(), String> {
+        self.inner.migratable()
+    }
+
+    /// The function's state, for live migration (the VM is paused).
+    pub fn save(&mut self) -> Result<PciState, String> {
+        let transport = self.inner.save()?;
+        let msix = lock(&self.msix);
+        Ok(PciState {
+            config: self.config.to_vec(),
+            msix_enabled: msix.enabled,
+            msix_function_masked: msix.function_masked,
+            msix_entries: msix.entries.iter().map(|e| (e.message, e.masked)).collect(),
+            msix_pending: msix.pending.clone(),
+            config_vector: msix.config_vector,
+            queue_vectors: msix.queue_vectors.clone(),
+            queue_sizes: self.queue_sizes.clone(),
+            queue_select: self.queue_select,
+            device_feature_select: self.device_feature_select,
+            driver_feature_select: self.driver_feature_select,
+            driver_features: self.driver_features,
+            transport,
+        })
+    }
+
+    /// Takes the state another VMM saved for the same device, before the VM runs: the
+    /// bytes of configuration space the guest cannot write must be this function's own
+    /// (the same device), vectors and sizes within this function's, every MSI-X message
+    /// routed again through this VMM's `MsiInterrupts`. The caller follows the BAR (its
+    /// queue notifications) from [`PciTransport::bar`] afterwards.
+    pub fn restore(&mut self, state: &PciState) -> Result<(), String> {
+        if state.config.len() != CONFIG_SIZE {
+            return Err(format!(
+                "a configuration space of {} bytes",
+                state.config.len()
+            ));
+        }
+        let foreign =
+            (0..CONFIG_SIZE).find(|&i| self.writable[i] == 0 && state.config[i] != self.config[i]);
+        if let Some(at) = foreign {
+            return Err(format!(
+                "configuration space byte {at:#x} differs: another device"
+            ));
+        }
+        {
+            let msix = lock(&self.msix);
+            let vectors = msix.entries.len();
+            let in_range = |v: u16| v == NO_VECTOR || usize::from(v) < vectors;
+            if state.msix_entries.len() != vectors
+                || state.msix_pending.len() != vectors
+                || state.queue_vectors.len() != msix.queue_vectors.len()
+                || !state.queue_vectors.iter().copied().all(in_range)
+                || !in_range(state.config_vector)
+            {
+                return Err("MSI-X vectors do not fit this function".into());
+            }
+        }
+        if state.queue_sizes.len() != self.queue_sizes.len()
+            || usize::from(state.queue_select) > self.queue_sizes.len()
+        {
+            return Err("queue sizes or selection do not fit this function".into());
+        }
+        self.inner.restore(&state.transport)?;
+        self.config.copy_from_slice(&state.config);
+        self.queue_sizes.clone_from(&state.queue_sizes);
+        self.queue_select = state.queue_select;
+        self.device_feature_select = state.device_feature_select;
+        self.driver_feature_select = state.driver_feature_select;
+        self.driver_features = state.driver_features;
+        let mut msix = lock(&self.msix);
+        msix.enabled = state.msix_enabled;
+        msix.function_masked = state.msix_function_masked;
+        msix.pending.clone_from(&state.msix_pending);
+        msix.config_vector = state.config_vector;
+        msix.queue_vectors.clone_from(&state.queue_vectors);
+        for (index, &(message, masked)) in state.msix_entries.iter().enumerate() {
+            msix.entries[index] = MsixEntry { message, masked };
+            let route = (message.address != 0).then_some(message);
+            u16::try_from(index)
+                .map_err(std::io::Error::other)
+                .and_then(|vector| msix.msi.set_route(vector, route))
+                .map_err(|e| format!("routing MSI-X vector {index}: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Returns once the device's thread has handled every notification
