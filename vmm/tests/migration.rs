@@ -40,6 +40,11 @@ fn start_source(dirty_mib: u64) -> (VmHandle, SerialCapture, String) {
     (vm, capture, cmdline)
 }
 
+/// KubeVirt's migration options for the tests' guest.
+fn defaults() -> MigrationOptions {
+    MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
+}
+
 /// A target VM receiving on its own thread.
 fn spawn_target(
     cmdline: &str,
@@ -155,11 +160,7 @@ fn a_paused_vm_moves_paused_and_runs_when_resumed() {
     let (target, target_out) = spawn_target(&cmdline, b);
     let mut a = a;
     source
-        .migrate(
-            &mut a,
-            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
-            &MigrationProgress::default(),
-        )
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect("migrate");
     let target = target.join().unwrap().expect("the target takes the VM");
     assert_eq!(source.wait_timeout(BOOT), Some(VmExit::Migrated));
@@ -187,7 +188,7 @@ fn a_guest_dirtying_faster_than_the_copy_times_out_and_keeps_running_on_the_sour
     let options = MigrationOptions {
         bandwidth: Some(8 << 20),
         completion_timeout: Duration::from_secs(8),
-        ..MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
+        ..defaults()
     };
     let mut a = a;
     let started = Instant::now();
@@ -217,7 +218,7 @@ fn a_cancelled_migration_leaves_the_guest_running_on_the_source() {
     let progress = MigrationProgress::default();
     let options = MigrationOptions {
         bandwidth: Some(32 << 20),
-        ..MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20)
+        ..defaults()
     };
     let mut a = a;
     let err = std::thread::scope(|scope| {
@@ -259,11 +260,7 @@ fn a_target_that_dies_mid_way_fails_the_migration_and_the_source_runs_on() {
     });
     let mut a = a;
     let err = source
-        .migrate(
-            &mut a,
-            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
-            &MigrationProgress::default(),
-        )
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect_err("the target is gone");
     dying.join().unwrap();
     assert!(matches!(err, MigrationError::Stream(_)), "{err}");
@@ -291,11 +288,7 @@ fn a_target_gone_after_the_state_leaves_the_source_paused_for_its_owner_to_decid
     });
     let mut a = a;
     let err = source
-        .migrate(
-            &mut a,
-            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
-            &MigrationProgress::default(),
-        )
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect_err("no answer");
     vanishing.join().unwrap();
     assert!(matches!(err, MigrationError::OutcomeUnknown(_)), "{err}");
@@ -324,11 +317,7 @@ fn a_target_that_fails_at_the_end_gives_the_vm_back_to_the_source() {
     });
     let mut a = a;
     let err = source
-        .migrate(
-            &mut a,
-            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
-            &MigrationProgress::default(),
-        )
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect_err("the target refuses");
     assert!(
         matches!(&err, MigrationError::TargetFailed(why) if why.contains("2 vCPUs")),
@@ -414,11 +403,7 @@ fn a_running_virtio_device_moves_with_its_queue() {
     let target = std::thread::spawn(move || Vm::receive(target_config, &mut b));
     let mut a = a;
     source
-        .migrate(
-            &mut a,
-            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
-            &MigrationProgress::default(),
-        )
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect("migrate");
     let target = target.join().unwrap().expect("the target runs the VM");
     let before = last_rng_answer(&source_out);
@@ -452,11 +437,7 @@ fn a_vm_with_a_device_that_cannot_move_yet_is_refused_before_anything_is_sent() 
     let vm = Vm::start(config).expect("start");
     let (mut a, mut b) = UnixStream::pair().unwrap();
     let err = vm
-        .migrate(
-            &mut a,
-            &MigrationOptions::kubevirt_defaults(MEMORY_MIB << 20),
-            &MigrationProgress::default(),
-        )
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect_err("virtio-blk has no saved state yet");
     assert!(matches!(err, MigrationError::NotMigratable(_)), "{err}");
     drop(a);

@@ -407,20 +407,8 @@ impl MmioTransport {
                 queue.set_next_used(next_used);
                 queues.push(queue);
             }
-            let ctx = ActivateContext {
-                mem: self.mem.clone(),
-                queues,
-                interrupt: self.interrupt.clone(),
-                acked_features: self.acked_features,
-                sandbox: self.sandbox.clone(),
-            };
-            self.dev()
-                .activate(ctx)
+            self.activate_with(queues)
                 .map_err(|e| format!("activating the device: {e}"))?;
-            self.activated = true;
-            if let Some(t) = &self.thread {
-                t.activated();
-            }
         }
         self.interrupt.restore_status(state.interrupt_status);
         Ok(())
@@ -825,21 +813,8 @@ impl MmioTransport {
             }
         };
         self.status |= DRIVER_OK;
-        let ctx = ActivateContext {
-            mem: self.mem.clone(),
-            queues,
-            interrupt: self.interrupt.clone(),
-            acked_features: self.acked_features,
-            sandbox: self.sandbox.clone(),
-        };
-        let activated = self.dev().activate(ctx);
-        match activated {
-            Ok(()) => {
-                self.activated = true;
-                if let Some(t) = &self.thread {
-                    t.activated();
-                }
-            }
+        match self.activate_with(queues) {
+            Ok(()) => {}
             Err(e) => {
                 if let Some(suppressed) = self.failures.admit() {
                     tracing::warn!(
@@ -861,6 +836,23 @@ impl MmioTransport {
         }
         self.status |= NEEDS_RESET;
         self.interrupt.signal_config_change();
+    }
+
+    /// Hands the device its validated queues and the rest of what it runs with.
+    fn activate_with(&mut self, queues: Vec<Queue>) -> Result<(), crate::ActivateError> {
+        let ctx = ActivateContext {
+            mem: self.mem.clone(),
+            queues,
+            interrupt: self.interrupt.clone(),
+            acked_features: self.acked_features,
+            sandbox: self.sandbox.clone(),
+        };
+        self.dev().activate(ctx)?;
+        self.activated = true;
+        if let Some(t) = &self.thread {
+            t.activated();
+        }
+        Ok(())
     }
 
     fn reset(&mut self) {
