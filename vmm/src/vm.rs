@@ -115,8 +115,10 @@ impl Vm {
                         .restore(&incoming.devices)
                         .map_err(|e| e.to_string())?;
                     if paused {
-                        // Paused by its owner on the source: the vCPUs park at once.
+                        // Paused by its owner on the source: the vCPUs park at once,
+                        // the devices' threads wait (as after `VmHandle::pause`).
                         control.request_pause();
+                        devices.pause_virtio(true);
                     }
                     Ok(())
                 },

@@ -69,6 +69,12 @@ pub(crate) fn restore(
             }
         }
     }
+    for transport in transports {
+        match transport {
+            VirtioTransport::Mmio(t) => lock(t).resume_after_restore(),
+            VirtioTransport::Pci(t) => lock(t).resume_after_restore(),
+        }
+    }
     Ok(())
 }
 

@@ -78,6 +78,16 @@ impl DeviceInterrupt {
         self.status.store(status, Ordering::SeqCst);
     }
 
+    /// Sends each pending cause again.
+    pub(crate) fn reraise(&self) {
+        let status = self.status();
+        for bit in [VIRTIO_MMIO_INT_VRING, VIRTIO_MMIO_INT_CONFIG] {
+            if status & bit != 0 {
+                self.raise(bit);
+            }
+        }
+    }
+
     /// `InterruptACK`: clears the acknowledged bits.
     pub(crate) fn acknowledge(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);

@@ -371,26 +371,39 @@ impl MmioTransport {
                 self.queues.len()
             ));
         }
-        if state.acked_features & !self.device_features != 0 {
+        // The status a driver could have reached, and activation exactly when it runs.
+        let running = state.status & DRIVER_OK != 0 && state.status & (NEEDS_RESET | FAILED) == 0;
+        if state.activated != running {
+            return Err(format!(
+                "status {:#x} with the device {}activated",
+                state.status,
+                if state.activated { "" } else { "not " }
+            ));
+        }
+        if state.status & FEATURES_OK != 0 && state.acked_features & !self.device_features != 0 {
             return Err(format!(
                 "features {:#x} that this device does not offer",
                 state.acked_features & !self.device_features
             ));
         }
-        self.status = state.status;
-        self.device_features_sel = state.device_features_sel;
-        self.driver_features_sel = state.driver_features_sel;
-        self.acked_features = state.acked_features;
-        self.unknown_features_acked = state.unknown_features_acked;
-        self.queue_sel = state.queue_sel;
-        for (q, saved) in self.queues.iter_mut().zip(&state.queues) {
-            q.size = saved.size;
-            q.ready = saved.ready;
-            q.desc = saved.desc;
-            q.avail = saved.avail;
-            q.used = saved.used;
+        if state.interrupt_status & !(VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG) != 0 {
+            return Err(format!("interrupt status {:#x}", state.interrupt_status));
         }
-        if state.activated {
+        // Everything is checked and built before anything changes here.
+        let registers: Vec<QueueConfig> = self
+            .queues
+            .iter()
+            .zip(&state.queues)
+            .map(|(q, saved)| QueueConfig {
+                max_size: q.max_size,
+                size: saved.size,
+                ready: saved.ready,
+                desc: saved.desc,
+                avail: saved.avail,
+                used: saved.used,
+            })
+            .collect();
+        let queues = if state.activated {
             if state.positions.len() != self.queues.len() {
                 return Err(format!(
                     "{} queue positions for {} queues",
@@ -398,20 +411,50 @@ impl MmioTransport {
                     self.queues.len()
                 ));
             }
-            let mut queues = Vec::with_capacity(self.queues.len());
+            let mut queues = Vec::with_capacity(registers.len());
             for (i, (q, &(next_avail, next_used))) in
-                self.queues.iter().zip(&state.positions).enumerate()
+                registers.iter().zip(&state.positions).enumerate()
             {
                 let mut queue = q.build(i, &self.mem).map_err(|e| e.to_string())?;
                 queue.set_next_avail(next_avail);
                 queue.set_next_used(next_used);
                 queues.push(queue);
             }
+            Some(queues)
+        } else {
+            None
+        };
+        if let Some(queues) = queues {
+            self.acked_features = state.acked_features;
             self.activate_with(queues)
                 .map_err(|e| format!("activating the device: {e}"))?;
         }
+        self.status = state.status;
+        self.device_features_sel = state.device_features_sel;
+        self.driver_features_sel = state.driver_features_sel;
+        self.acked_features = state.acked_features;
+        self.unknown_features_acked = state.unknown_features_acked;
+        self.queue_sel = state.queue_sel;
+        self.queues = registers;
         self.interrupt.restore_status(state.interrupt_status);
         Ok(())
+    }
+
+    /// After a migration's restore, once the interrupt routes are in place: each queue
+    /// of a running device is looked at once (a notification the source's device thread
+    /// had taken but not served when it paused is not lost), and pending interrupt
+    /// causes are sent again (one sent while the source paused may not have reached the
+    /// guest; an extra one costs the driver a look at its rings).
+    pub fn resume_after_restore(&mut self) {
+        if !self.activated {
+            return;
+        }
+        for index in 0..self.queues.len() {
+            if let Ok(value) = u32::try_from(index) {
+                self.notify(value);
+            }
+        }
+        self.interrupt.reraise();
     }
 
     /// Current device status register.

@@ -356,6 +356,11 @@ impl PciTransport {
         self.inner.migratable()
     }
 
+    /// See [`MmioTransport::resume_after_restore`].
+    pub fn resume_after_restore(&mut self) {
+        self.inner.resume_after_restore();
+    }
+
     /// The function's state, for live migration (the VM is paused).
     pub fn save(&mut self) -> Result<PciState, String> {
         let transport = self.inner.save()?;
@@ -390,10 +395,10 @@ impl PciTransport {
             ));
         }
         let foreign =
-            (0..CONFIG_SIZE).find(|&i| self.writable[i] == 0 && state.config[i] != self.config[i]);
+            (0..CONFIG_SIZE).find(|&i| (state.config[i] ^ self.config[i]) & !self.writable[i] != 0);
         if let Some(at) = foreign {
             return Err(format!(
-                "configuration space byte {at:#x} differs: another device"
+                "configuration space byte {at:#x} has bits no driver can write (another device?)"
             ));
         }
         {
@@ -409,10 +414,16 @@ impl PciTransport {
                 return Err("MSI-X vectors do not fit this function".into());
             }
         }
-        if state.queue_sizes.len() != self.queue_sizes.len()
-            || usize::from(state.queue_select) > self.queue_sizes.len()
+        let control =
+            u16::from_le_bytes([state.config[MSIX_CONTROL], state.config[MSIX_CONTROL + 1]]);
+        if state.msix_enabled != (control & MSIX_ENABLE != 0)
+            || state.msix_function_masked != (control & MSIX_FUNCTION_MASK != 0)
         {
-            return Err("queue sizes or selection do not fit this function".into());
+            return Err("MSI-X state differs from its control register".into());
+        }
+        // (A selection past the queues is what a driver may write; reads check it.)
+        if state.queue_sizes.len() != self.queue_sizes.len() {
+            return Err("queue sizes do not fit this function".into());
         }
         self.inner.restore(&state.transport)?;
         self.config.copy_from_slice(&state.config);

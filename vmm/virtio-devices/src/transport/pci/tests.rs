@@ -301,26 +301,48 @@ fn a_saved_function_restores_into_a_new_one_with_its_msix_routed_again() {
 }
 
 #[test]
-fn a_restore_refuses_another_device_or_vectors_and_queues_it_does_not_have() {
+fn a_restore_refuses_what_no_driver_could_have_set_and_leaves_the_function_untouched() {
     let mem = test_memory();
     let state = saved_state(&mem);
+    let fresh = setup(&mem).0.save().unwrap();
     let refused = |change: &dyn Fn(&mut PciState)| {
         let mut bad = state.clone();
         change(&mut bad);
         let (mut target, _) = setup(&mem);
-        target.restore(&bad).expect_err("refused")
+        let err = target.restore(&bad).expect_err("refused");
+        assert_eq!(target.save().unwrap(), fresh, "{err}: the function changed");
+        err
     };
-    // The device ID is not the guest's to write.
-    assert!(refused(&|s| s.config[2] ^= 1).contains("another device"));
+    const DRIVER_OK: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE
+        | VIRTIO_CONFIG_S_DRIVER
+        | VIRTIO_CONFIG_S_FEATURES_OK
+        | VIRTIO_CONFIG_S_DRIVER_OK;
+    // Bits of configuration space no driver writes: the device ID, BAR 0's size bits,
+    // the MSI-X table size.
+    assert!(refused(&|s| s.config[2] ^= 1).contains("no driver can write"));
+    assert!(refused(&|s| s.config[0x11] |= 0x7f).contains("no driver can write"));
+    assert!(refused(&|s| s.config[0x42] |= 7).contains("no driver can write"));
     assert!(refused(&|s| s.config.truncate(64)).contains("configuration space of 64"));
+    assert!(refused(&|s| s.msix_enabled = !s.msix_enabled).contains("control register"));
     assert!(refused(&|s| s.queue_vectors[0] = 7).contains("MSI-X"));
     assert!(refused(&|s| s.msix_entries.push(Default::default())).contains("MSI-X"));
     assert!(refused(&|s| s.queue_sizes.push(8)).contains("queue sizes"));
     assert!(refused(&|s| s.transport.queues.clear()).contains("0 queues"));
-    assert!(refused(&|s| s.transport.acked_features = u64::MAX).contains("does not offer"));
+    assert!(refused(&|s| s.transport.interrupt_status = 0x80).contains("interrupt status"));
+    assert!(
+        refused(&|s| {
+            s.transport.status = VIRTIO_CONFIG_S_FEATURES_OK;
+            s.transport.acked_features = u64::MAX;
+        })
+        .contains("does not offer")
+    );
+    // Running exactly when activated.
+    assert!(refused(&|s| s.transport.activated = true).contains("activated"));
+    assert!(refused(&|s| s.transport.status = DRIVER_OK).contains("not activated"));
     // Activated with a ring outside guest memory: checked as a driver's would be.
     assert!(
         refused(&|s| {
+            s.transport.status = DRIVER_OK;
             s.transport.activated = true;
             s.transport.positions = vec![(0, 0)];
             s.transport.queues[0] = crate::transport::mmio::QueueRegisters {
@@ -333,4 +355,13 @@ fn a_restore_refuses_another_device_or_vectors_and_queues_it_does_not_have() {
         })
         .contains("queue 0")
     );
+    // What a driver may leave mid-way is taken: acked features before FEATURES_OK, a
+    // queue selected past the device's.
+    let mut odd = state.clone();
+    odd.transport.acked_features = u64::MAX;
+    odd.queue_select = 7;
+    setup(&mem)
+        .0
+        .restore(&odd)
+        .expect("a driver may write these");
 }
