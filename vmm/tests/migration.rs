@@ -382,13 +382,26 @@ fn last_rng_answer(capture: &SerialCapture) -> u64 {
 }
 
 #[test]
-fn a_running_virtio_device_moves_with_its_queue() {
+fn a_running_virtio_pci_device_moves_with_its_queue() {
+    a_running_virtio_device_moves_with_its_queue(vmm::VirtioTransportKind::Pci);
+}
+
+#[test]
+fn a_running_virtio_mmio_device_moves_with_its_queue() {
+    a_running_virtio_device_moves_with_its_queue(vmm::VirtioTransportKind::Mmio);
+}
+
+fn a_running_virtio_device_moves_with_its_queue(transport: vmm::VirtioTransportKind) {
     common::require_kvm();
     let source_out = SerialCapture::new();
     let cmdline = "checks=serial exit=tick wait=300 dirty=8 rng=tick";
-    let mut source_config = config(cmdline, &source_out);
-    source_config.rng = true;
-    let source = Vm::start(source_config).expect("start the source");
+    let with_rng = |capture: &SerialCapture| {
+        let mut config = config(cmdline, capture);
+        config.rng = true;
+        config.transport = transport;
+        config
+    };
+    let source = Vm::start(with_rng(&source_out)).expect("start the source");
     // More requests than the queue has entries: a device that started the queue over
     // on the target would be caught (an index jump, or a used index out of step).
     assert!(
@@ -398,8 +411,7 @@ fn a_running_virtio_device_moves_with_its_queue() {
     );
     let (a, mut b) = UnixStream::pair().unwrap();
     let target_out = SerialCapture::new();
-    let mut target_config = config(cmdline, &target_out);
-    target_config.rng = true;
+    let target_config = with_rng(&target_out);
     let target = std::thread::spawn(move || Vm::receive(target_config, &mut b));
     let mut a = a;
     source
@@ -407,8 +419,8 @@ fn a_running_virtio_device_moves_with_its_queue() {
         .expect("migrate");
     let target = target.join().unwrap().expect("the target runs the VM");
     let before = last_rng_answer(&source_out);
-    // The guest's RNG requests go on on the target: its queue (rings, indexes) and the
-    // device's MSI-X routing came along, and the answers are counted on.
+    // The guest's RNG requests go on on the target: its transport and queue (rings,
+    // indexes) came along, and the answers are counted on.
     let deadline = Instant::now() + BOOT;
     while last_rng_answer(&target_out) < before + 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
