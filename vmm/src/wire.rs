@@ -352,20 +352,25 @@ impl<'a> Decoder<'a> {
     pub(crate) fn i128(&mut self) -> Result<i128, FormatError> {
         Ok(i128::from_le_bytes(self.array()?))
     }
+    /// A `u16` count of what follows, at most `max`.
+    pub(crate) fn count(&mut self, max: usize, what: &'static str) -> Result<usize, FormatError> {
+        let n = usize::from(self.u16()?);
+        if n > max {
+            return Err(FormatError::TooLong {
+                what,
+                len: n as u64,
+                max: max as u64,
+            });
+        }
+        Ok(n)
+    }
     /// A byte string written by [`Encoder::short_bytes`], at most `max` bytes.
     pub(crate) fn short_bytes(
         &mut self,
         max: usize,
         what: &'static str,
     ) -> Result<&'a [u8], FormatError> {
-        let len = usize::from(self.u16()?);
-        if len > max {
-            return Err(FormatError::TooLong {
-                what,
-                len: len as u64,
-                max: max as u64,
-            });
-        }
+        let len = self.count(max, what)?;
         self.take(len)
     }
     /// A KVM structure from its bytes (any bytes make a value; KVM checks the values).

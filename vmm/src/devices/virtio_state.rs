@@ -101,18 +101,6 @@ fn encode_transport(s: &TransportState, e: &mut Encoder) {
     }
 }
 
-fn count(d: &mut Decoder, max: usize, what: &'static str) -> Result<usize, FormatError> {
-    let n = usize::from(d.u16()?);
-    if n > max {
-        return Err(FormatError::TooLong {
-            what,
-            len: n as u64,
-            max: max as u64,
-        });
-    }
-    Ok(n)
-}
-
 fn flag(value: u8, what: &str) -> Result<bool, FormatError> {
     match value {
         0 => Ok(false),
@@ -134,7 +122,7 @@ fn decode_transport(d: &mut Decoder) -> Result<TransportState, FormatError> {
     }
     let queue_sel = d.u32()?;
     let interrupt_status = d.u32()?;
-    let queues = (0..count(d, MAX_QUEUES, "a device's queues")?)
+    let queues = (0..d.count(MAX_QUEUES, "a device's queues")?)
         .map(|_| {
             Ok(QueueRegisters {
                 size: d.u32()?,
@@ -145,7 +133,7 @@ fn decode_transport(d: &mut Decoder) -> Result<TransportState, FormatError> {
             })
         })
         .collect::<Result<_, FormatError>>()?;
-    let positions = (0..count(d, MAX_QUEUES, "a device's queue positions")?)
+    let positions = (0..d.count(MAX_QUEUES, "a device's queue positions")?)
         .map(|_| Ok((d.u16()?, d.u16()?)))
         .collect::<Result<_, FormatError>>()?;
     Ok(TransportState {
@@ -197,7 +185,7 @@ fn decode_pci(d: &mut Decoder) -> Result<PciState, FormatError> {
     }
     let mut msix_entries = Vec::new();
     let mut msix_pending = Vec::new();
-    for _ in 0..count(d, MAX_VECTORS, "MSI-X vectors")? {
+    for _ in 0..d.count(MAX_VECTORS, "MSI-X vectors")? {
         let message = MsiMessage {
             address: d.u64()?,
             data: d.u32()?,
@@ -210,10 +198,10 @@ fn decode_pci(d: &mut Decoder) -> Result<PciState, FormatError> {
         msix_pending.push(bits & 2 != 0);
     }
     let config_vector = d.u16()?;
-    let queue_vectors = (0..count(d, MAX_QUEUES, "queue vectors")?)
+    let queue_vectors = (0..d.count(MAX_QUEUES, "queue vectors")?)
         .map(|_| d.u16())
         .collect::<Result<_, _>>()?;
-    let queue_sizes = (0..count(d, MAX_QUEUES, "queue sizes")?)
+    let queue_sizes = (0..d.count(MAX_QUEUES, "queue sizes")?)
         .map(|_| d.u16())
         .collect::<Result<_, _>>()?;
     Ok(PciState {
@@ -231,4 +219,83 @@ fn decode_pci(d: &mut Decoder) -> Result<PciState, FormatError> {
         driver_features: d.u64()?,
         transport: decode_transport(d)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> PciState {
+        PciState {
+            config: (0..=255).collect(),
+            msix_enabled: true,
+            msix_function_masked: false,
+            msix_entries: vec![
+                (
+                    MsiMessage {
+                        address: 0xfee0_0000,
+                        data: 0x41,
+                    },
+                    false,
+                ),
+                (MsiMessage::default(), true),
+            ],
+            msix_pending: vec![false, true],
+            config_vector: 1,
+            queue_vectors: vec![0],
+            queue_sizes: vec![8],
+            queue_select: 3,
+            device_feature_select: 1,
+            driver_feature_select: 0,
+            driver_features: 1 << 32,
+            transport: TransportState {
+                status: 0xf,
+                device_features_sel: 1,
+                driver_features_sel: 0,
+                acked_features: 1 << 32,
+                unknown_features_acked: false,
+                queue_sel: 0,
+                queues: vec![QueueRegisters {
+                    size: 8,
+                    ready: true,
+                    desc: 0x1000,
+                    avail: 0x1100,
+                    used: 0x1200,
+                }],
+                activated: true,
+                interrupt_status: 1,
+                positions: vec![(11, 11)],
+            },
+        }
+    }
+
+    #[test]
+    fn a_function_state_reads_back_as_written_and_is_used_up() {
+        let mut e = Encoder::default();
+        encode_pci(&state(), &mut e);
+        let mut d = Decoder::new(&e.0, "a virtio state");
+        assert_eq!(decode_pci(&mut d).unwrap(), state());
+        d.finish().unwrap();
+    }
+
+    #[test]
+    fn cut_oversized_and_odd_states_are_refused() {
+        let mut e = Encoder::default();
+        encode_pci(&state(), &mut e);
+        let bytes = e.0;
+        for cut in [0, 1, 100, 258, bytes.len() - 1] {
+            let err = decode_pci(&mut Decoder::new(&bytes[..cut], "a virtio state"));
+            assert!(err.is_err(), "cut at {cut}");
+        }
+        // The MSI-X vector count, right after the configuration space and the flags.
+        let at = 2 + 256 + 1;
+        let mut big = bytes.clone();
+        big[at..at + 2].copy_from_slice(&u16::MAX.to_le_bytes());
+        let err = decode_pci(&mut Decoder::new(&big, "a virtio state")).unwrap_err();
+        assert!(err.to_string().contains("larger than the limit"), "{err}");
+        let mut odd = bytes.clone();
+        odd[2 + 256] = 0x80;
+        let err = decode_pci(&mut Decoder::new(&odd, "a virtio state")).unwrap_err();
+        assert!(err.to_string().contains("MSI-X flags"), "{err}");
+    }
 }
