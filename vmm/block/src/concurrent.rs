@@ -38,6 +38,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
+use crate::dirty::DefinedRange;
 use crate::host_file::{DataHandle, DirectBuf};
 use crate::qcow2::compressed;
 use crate::qcow2::extent::{Allocation, Extent};
@@ -430,6 +431,47 @@ impl ConcurrentDisk {
             .engine
             .backend()
             .write_zeroes(offset, len, may_unmap)
+    }
+
+    /// The ranges the top image defines (`SharedDisk::defined_ranges`): for a qcow2
+    /// image its allocated and zero clusters, not what reads through to the backing
+    /// chain; for a raw file all of it. Looked up a run of like clusters at a time,
+    /// with the lock taken per run (the guest's requests go on meanwhile).
+    pub fn defined_ranges(&self) -> DiskResult<Vec<DefinedRange>> {
+        if self.is_raw {
+            return Ok(vec![DefinedRange {
+                offset: 0,
+                len: self.size,
+                zero: false,
+            }]);
+        }
+        let mut ranges: Vec<DefinedRange> = Vec::new();
+        let mut pos = 0;
+        while pos < self.size {
+            let (extent, n) = match &mut self.lock().engine {
+                Engine::Qcow2(q) => q.map_extent(pos, self.size - pos, false)?,
+                Engine::Raw(_) => (Extent::Host(pos), self.size - pos),
+            };
+            let zero = match extent {
+                Extent::Backing => None,
+                Extent::Zero => Some(true),
+                Extent::Host(_) | Extent::Compressed { .. } | Extent::Engine => Some(false),
+            };
+            if let Some(zero) = zero {
+                match ranges.last_mut() {
+                    Some(last) if last.zero == zero && last.offset + last.len == pos => {
+                        last.len += n;
+                    }
+                    _ => ranges.push(DefinedRange {
+                        offset: pos,
+                        len: n,
+                        zero,
+                    }),
+                }
+            }
+            pos += n;
+        }
+        Ok(ranges)
     }
 
     /// Flushes all metadata and closes the image, reporting errors.

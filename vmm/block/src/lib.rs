@@ -6,6 +6,7 @@
 use std::io;
 
 pub mod concurrent;
+pub mod dirty;
 #[cfg(feature = "testing")]
 pub mod fuzz_support;
 mod host_file;
@@ -20,6 +21,7 @@ pub mod raw;
 mod shared;
 
 pub use concurrent::ConcurrentDisk;
+pub use dirty::{DefinedRange, DirtyTracked};
 pub use host_file::DirectBuf;
 pub use io_buffers::{HUGE_PAGE, IoBuffer, Pages, io_buffers};
 pub use open::{Format, OpenOptions, open_disk, open_disk_with};

@@ -5,6 +5,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use crate::dirty::DefinedRange;
 use crate::{ConcurrentDisk, DiskBackend, DiskResult};
 
 /// A virtual disk of a fixed size, addressed in bytes, safe to call from
@@ -22,6 +23,17 @@ pub trait SharedDisk: Send + Sync {
     /// Checks that `[offset, offset + len)` lies inside the disk.
     fn check_range(&self, offset: u64, len: u64) -> DiskResult<()> {
         crate::check_range(offset, len, self.size())
+    }
+
+    /// The ranges this image defines itself, in ascending order, for copying the disk
+    /// to another image over the same backing chain (`crate::dirty`). By default the
+    /// whole disk: right for any image, if more than needed for one with a backing file.
+    fn defined_ranges(&self) -> DiskResult<Vec<DefinedRange>> {
+        Ok(vec![DefinedRange {
+            offset: 0,
+            len: self.size(),
+            zero: false,
+        }])
     }
 }
 
@@ -46,6 +58,9 @@ impl SharedDisk for ConcurrentDisk {
     }
     fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> DiskResult<()> {
         ConcurrentDisk::write_zeroes(self, offset, len, may_unmap)
+    }
+    fn defined_ranges(&self) -> DiskResult<Vec<DefinedRange>> {
+        ConcurrentDisk::defined_ranges(self)
     }
 }
 
