@@ -15,6 +15,10 @@
 //!   tick (see `dirty.rs`; live migration's tests).
 //! - `rng=tick` — with `exit=tick`: keep the first virtio-rng running and ask it for
 //!   64 bytes every 25 ticks (see `virtio/rng.rs`).
+//! - `blk=tick` — with `exit=tick`: keep the first virtio-blk running and write,
+//!   flush and read back a sector every 25 ticks (see `virtio/blktick.rs`).
+//! - `net=tick` — with `exit=tick`: keep the first virtio-net running, send a frame
+//!   every 25 ticks and print the test frames received (see `virtio/nettick.rs`).
 //! - `acpi_delay=MS` — in the waiting exit modes, enable the power button
 //!   (route the GED's interrupt) only MS milliseconds after the checks, as
 //!   a guest whose ACPI comes up late: a press before must still arrive.

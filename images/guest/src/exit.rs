@@ -148,6 +148,8 @@ pub fn wait_for_shutdown_request(wait_s: u32, acpi_delay_ms: u32) {
             crate::dirty::pass();
             if (step + 1) % 25 == 0 {
                 crate::virtio::rng_tick();
+                crate::virtio::blk_tick();
+                crate::virtio::net_tick();
             }
             crate::serial::write_byte(b'.');
         }

@@ -9,6 +9,9 @@
 //! prints `TEST <name> PASS|FAIL <detail>` lines and `DONE passed=N failed=M`.
 
 pub mod blkfill;
+/// What the guest's `blk=tick` writes (images/guest/src/virtio/blktick.rs).
+#[path = "../../../images/guest/src/virtio/blktick_pattern.rs"]
+pub mod blktick;
 pub mod disks;
 pub mod stock_linux;
 

@@ -13,15 +13,15 @@ const SECTOR_SIZE: usize = 512;
 /// First bytes of the pattern, so a host can spot it in a disk image.
 pub const PATTERN_MAGIC: &[u8; 16] = b"virtio-blk-test\n";
 
-const T_IN: u32 = 0;
-const T_OUT: u32 = 1;
-const T_FLUSH: u32 = 4;
+pub(super) const T_IN: u32 = 0;
+pub(super) const T_OUT: u32 = 1;
+pub(super) const T_FLUSH: u32 = 4;
 const T_GET_ID: u32 = 8;
 /// VIRTIO_BLK_ID_BYTES.
 const ID_BYTES: usize = 20;
 const T_DISCARD: u32 = 11;
 const T_WRITE_ZEROES: u32 = 13;
-const S_OK: u8 = 0;
+pub(super) const S_OK: u8 = 0;
 const S_IOERR: u8 = 1;
 /// VIRTIO_BLK_F_RO, _DISCARD, _WRITE_ZEROES.
 const F_RO: u32 = 1 << 5;
@@ -44,15 +44,15 @@ pub fn pattern(i: usize) -> u8 {
     }
 }
 
-struct Blk<'a> {
-    dev: &'a Device,
-    queue: Queue,
+pub(super) struct Blk {
+    pub(super) dev: Device,
+    pub(super) queue: Queue,
 }
 
-impl Blk<'_> {
+impl Blk {
     /// One request: header, optional data buffer, status. Returns the
     /// status byte, or None if the device never returned the chain.
-    fn request(&mut self, kind: u32, sector: u64, data: Option<Buf>) -> Option<u8> {
+    pub(super) fn request(&mut self, kind: u32, sector: u64, data: Option<Buf>) -> Option<u8> {
         self.raw_request(kind, sector, data, true)
             .map(|(status, _)| status)
     }
@@ -109,7 +109,10 @@ pub fn check(dev: &Device, irq_pin: u32, index: usize, evil: bool, r: &mut dyn R
             return;
         }
     };
-    let mut blk = Blk { dev, queue };
+    let mut blk = Blk {
+        dev: dev.clone(),
+        queue,
+    };
     let read_only = features & F_RO != 0;
     let capacity = u64::from(dev.config32(0)) | u64::from(dev.config32(4)) << 32;
     let routed = dev.route_interrupt(irq_pin);

@@ -32,13 +32,17 @@
 
 mod blk;
 mod blkbench;
+mod blktick;
 mod blkfill;
 mod net;
+mod nettick;
 pub mod pci;
 mod queue;
 mod rng;
 mod transport;
 
+pub use blktick::tick as blk_tick;
+pub use nettick::tick as net_tick;
 pub use rng::tick as rng_tick;
 
 use crate::cmdline;
@@ -101,10 +105,18 @@ fn check_device(
     let (blk_count, net_count, rng_count) = (&mut counts.blk, &mut counts.net, &mut counts.rng);
     {
         match id {
+            ID_BLOCK if *blk_count == 0 && cmdline::value(cmdline, "blk") == Some(b"tick") => {
+                blktick::keep(dev, r);
+                *blk_count += 1;
+            }
             ID_BLOCK if cmdline::check_selected(cmdline, "virtio-blk") => {
                 let evil = cmdline::check_named(cmdline, "virtio-evil");
                 blk::check(dev, irq, *blk_count, evil, r);
                 *blk_count += 1;
+            }
+            ID_NET if *net_count == 0 && cmdline::value(cmdline, "net") == Some(b"tick") => {
+                nettick::keep(dev, r);
+                *net_count += 1;
             }
             ID_NET if cmdline::check_selected(cmdline, "virtio-net") => {
                 net::check(dev, *net_count, cmdline, r);

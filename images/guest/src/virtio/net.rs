@@ -12,11 +12,11 @@ pub const ETHERTYPE: u16 = 0x88b5;
 /// Payload of the frame the guest sends.
 pub const TX_PAYLOAD: &[u8] = b"hello from the test guest";
 /// VIRTIO_NET_F_MAC.
-const F_MAC: u32 = 1 << 5;
+pub(super) const F_MAC: u32 = 1 << 5;
 /// virtio_net_hdr_v1.
-const HDR_LEN: u64 = 12;
+pub(super) const HDR_LEN: u64 = 12;
 /// A receive buffer holds a whole standard frame (no mergeable buffers).
-const RX_BUF_LEN: u32 = 2048;
+pub(super) const RX_BUF_LEN: u32 = 2048;
 const RX_BUFFERS: u64 = 2;
 const TX_TIMEOUT_MS: u32 = 1000;
 const DEFAULT_RX_MS: u32 = 5000;
@@ -45,7 +45,7 @@ pub fn check(dev: &Device, index: usize, cmdline: &[u8], r: &mut dyn Reporter) {
     dev.notify(0);
 
     let tx = buffers() + BUFFERS_LEN - 1024;
-    let len = build_frame(tx, &mac);
+    let len = build_frame(tx, &mac, TX_PAYLOAD);
     txq.add(&[Buf {
         addr: tx,
         len,
@@ -84,10 +84,7 @@ pub fn check(dev: &Device, index: usize, cmdline: &[u8], r: &mut dyn Reporter) {
         let addr = rx_addr[(id % u32::from(QUEUE_SIZE)) as usize];
         let frame = addr + HDR_LEN;
         let frame_len = u64::from(used_len).saturating_sub(HDR_LEN);
-        let ours = frame_len >= 14
-            && read8(frame + 12) == (ETHERTYPE >> 8) as u8
-            && read8(frame + 13) == ETHERTYPE as u8;
-        if ours {
+        if is_test_frame(frame, frame_len) {
             let mut d = Detail::new();
             d.str("len=").dec(frame_len).str(" payload=");
             for i in 14..frame_len.min(14 + 64) {
@@ -106,7 +103,13 @@ pub fn check(dev: &Device, index: usize, cmdline: &[u8], r: &mut dyn Reporter) {
     dev.reset();
 }
 
-fn post_rx(q: &mut Queue, rx_addr: &mut [u64; QUEUE_SIZE as usize], addr: u64) {
+/// Whether the received frame at `frame` (after the virtio-net header) has the test
+/// ethertype.
+pub(super) fn is_test_frame(frame: u64, len: u64) -> bool {
+    len >= 14 && read8(frame + 12) == (ETHERTYPE >> 8) as u8 && read8(frame + 13) == ETHERTYPE as u8
+}
+
+pub(super) fn post_rx(q: &mut Queue, rx_addr: &mut [u64; QUEUE_SIZE as usize], addr: u64) {
     fill(addr, HDR_LEN as usize, 0);
     let head = q.add(&[Buf {
         addr,
@@ -118,7 +121,7 @@ fn post_rx(q: &mut Queue, rx_addr: &mut [u64; QUEUE_SIZE as usize], addr: u64) {
 
 /// virtio-net header, broadcast destination, our MAC, ethertype, payload.
 /// Returns the chain length.
-fn build_frame(at: u64, mac: &[u8; 6]) -> u32 {
+pub(super) fn build_frame(at: u64, mac: &[u8; 6], payload: &[u8]) -> u32 {
     fill(at, HDR_LEN as usize, 0);
     let frame = at + HDR_LEN;
     for i in 0..6 {
@@ -127,10 +130,10 @@ fn build_frame(at: u64, mac: &[u8; 6]) -> u32 {
     }
     write8(frame + 12, (ETHERTYPE >> 8) as u8);
     write8(frame + 13, ETHERTYPE as u8);
-    for (i, &b) in TX_PAYLOAD.iter().enumerate() {
+    for (i, &b) in payload.iter().enumerate() {
         write8(frame + 14 + i as u64, b);
     }
-    (HDR_LEN as usize + 14 + TX_PAYLOAD.len()) as u32
+    (HDR_LEN as usize + 14 + payload.len()) as u32
 }
 
 fn hex2(d: &mut Detail, b: u8) {

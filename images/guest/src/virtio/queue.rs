@@ -18,24 +18,26 @@ const RINGS_END: usize = 0x300;
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
 
-/// Queue pages for up to two queues, then data buffers.
+/// Queue pages for up to four queues (the checks use 0 and 1; the devices kept
+/// running for `rng=`, `blk=` and `net=tick` have their own: 0, 1, 2 and 3), then data
+/// buffers.
 #[repr(C, align(4096))]
 pub struct Pool {
-    queues: [[u8; 4096]; 2],
+    queues: [[u8; 4096]; 4],
     pub buffers: [u8; 4 * 4096],
 }
 
 static mut POOL: Pool = Pool {
-    queues: [[0; 4096]; 2],
+    queues: [[0; 4096]; 4],
     buffers: [0; 4 * 4096],
 };
 
-/// Guest-physical address of queue page `index` (0 or 1); the guest runs
+/// Guest-physical address of queue page `index` (0 to 3); the guest runs
 /// identity mapped, so it is also the pointer value.
 fn queue_page(index: usize) -> u64 {
     // SAFETY: only the address is taken (no reference is created) and
-    // `index & 1` keeps the index in bounds.
-    unsafe { (&raw mut POOL.queues[index & 1]) as u64 }
+    // `index & 3` keeps the index in bounds.
+    unsafe { (&raw mut POOL.queues[index & 3]) as u64 }
 }
 
 /// Guest-physical address of the data buffer area (16 KiB).
@@ -98,7 +100,7 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Queue `index` (0 or 1) of the pool, with zeroed rings.
+    /// Queue `index` (0 to 3) of the pool, with zeroed rings.
     pub fn new(index: usize) -> Queue {
         let page = queue_page(index);
         fill(page, RINGS_END, 0);
