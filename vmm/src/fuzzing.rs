@@ -22,6 +22,7 @@ use crate::devices::legacy::*;
 use crate::lifecycle::Control;
 use crate::migration::{self, MigrationError};
 use crate::wire::{self, Decoder, FormatError, Layout};
+use block::{DirtyTracked, DiskError, SharedDisk};
 
 /// Ports worth hitting: every legacy register and the bytes around them.
 const PORTS: [u16; 15] = [
@@ -160,9 +161,74 @@ fn target_layout() -> Layout {
     }
 }
 
+/// The target's disks' size: a writable one (disk 0, copied) and a read-only one
+/// (disk 1, shared).
+const TARGET_DISK: u64 = 64 * 1024;
+
+/// A disk in memory, for the block copy's frames without a file per input.
+struct MemoryDisk {
+    data: Mutex<Vec<u8>>,
+    read_only: bool,
+}
+
+impl MemoryDisk {
+    fn range(&self, offset: u64, len: usize) -> Result<std::ops::Range<usize>, DiskError> {
+        self.check_range(offset, len as u64)?;
+        let start = int_cast::u64_to_usize(offset);
+        Ok(start..start + len)
+    }
+    fn write(&self, offset: u64, len: u64, bytes: Option<&[u8]>) -> Result<(), DiskError> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        let range = self.range(offset, int_cast::u64_to_usize(len))?;
+        let mut data = lock(&self.data);
+        match bytes {
+            Some(bytes) => data[range].copy_from_slice(bytes),
+            None => data[range].fill(0),
+        }
+        Ok(())
+    }
+}
+
+impl SharedDisk for MemoryDisk {
+    fn size(&self) -> u64 {
+        TARGET_DISK
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        let range = self.range(offset, buf.len())?;
+        buf.copy_from_slice(&lock(&self.data)[range]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.write(offset, buf.len() as u64, Some(buf))
+    }
+    fn flush(&self) -> Result<(), DiskError> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DiskError> {
+        self.write(offset, len, None)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _: bool) -> Result<(), DiskError> {
+        self.write(offset, len, None)
+    }
+}
+
+fn target_disks() -> [Arc<DirtyTracked>; 2] {
+    [false, true].map(|read_only| {
+        Arc::new(DirtyTracked::new(Arc::new(MemoryDisk {
+            data: Mutex::new(vec![0; int_cast::u64_to_usize(TARGET_DISK)]),
+            read_only,
+        })))
+    })
+}
+
 /// Feeds `data` to the receiving side of a live migration, as a target VM
 /// reads its socket: `migration::receive_header`, then `migration::receive` into
-/// 2 MiB of guest memory (no KVM), then, if the stream completed, the devices'
+/// 2 MiB of guest memory (no KVM) and two 64 KiB disks in memory, then, if the stream completed, the devices'
 /// state into fresh legacy devices, which then take the rest of `data` as port
 /// I/O (as [`legacy_port_io`]); and `data` as the target's reply, as the source
 /// reads it. Must never panic; what it allocates is bounded by the format's
@@ -197,7 +263,9 @@ fn migration_stream_outcome(data: &[u8]) -> Result<Result<(), FormatError>, Migr
     let memory =
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), int_cast::u64_to_usize(TARGET_MEMORY))])
             .expect("2 MiB of anonymous memory");
-    let incoming = migration::receive(&mut stream, &memory, &layout)?;
+    let disks = target_disks();
+    let handles = disks.each_ref().map(Arc::downgrade);
+    let incoming = migration::receive(&mut stream, &memory, &layout, &handles)?;
     let (_, after_complete) = stream.into_inner();
     let legacy = Legacy::new(true);
     let restored = legacy.restore(&incoming.devices);
@@ -350,11 +418,49 @@ mod tests {
         e.0
     }
 
-    /// What a source sends after the header: pages, zero pages, the platform's
-    /// state and the one vCPU's, then `Complete`.
+    /// The target's disks as a source describes them.
+    fn disks_frame() -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u8(2);
+        e.u64(TARGET_DISK);
+        e.u8(0);
+        e.u64(TARGET_DISK);
+        e.u8(1);
+        e.0
+    }
+
+    fn disk_data_frame(disk: u8, offset: u64, data: &[u8]) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u8(disk);
+        e.u64(offset);
+        e.bytes(data);
+        e.0
+    }
+
+    fn disk_zeroes_frame(disk: u8, offset: u64, len: u64) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u8(disk);
+        e.u64(offset);
+        e.u64(len);
+        e.0
+    }
+
+    /// What a source sends after the header: the disks, pages, zero pages, disk
+    /// contents, the platform's state and the one vCPU's, then `Complete`.
     fn complete_frames(devices: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
+        frame(&mut out, Kind::Disks, &disks_frame());
         frame(&mut out, Kind::Pages, &pages_frame(0x1000, 2, 0xab));
+        frame(
+            &mut out,
+            Kind::DiskData,
+            &disk_data_frame(0, 512, &[7; 1024]),
+        );
+        frame(
+            &mut out,
+            Kind::DiskZeroes,
+            &disk_zeroes_frame(0, 0, TARGET_DISK),
+        );
         frame(&mut out, Kind::ZeroPages, &zero_pages_frame(0x10_0000, 16));
         frame(&mut out, Kind::Pages, &pages_frame(0x1f_f000, 1, 0xcd));
         frame(
@@ -430,6 +536,7 @@ mod tests {
         frame(&mut aborted, Kind::Abort, &[]);
         assert!(refused(&aborted).contains("gave the migration up"));
         let mut no_vcpu = Vec::new();
+        frame(&mut no_vcpu, Kind::Disks, &disks_frame());
         frame(
             &mut no_vcpu,
             Kind::Platform,
@@ -445,6 +552,67 @@ mod tests {
             &pages_frame(TARGET_MEMORY - 4096, 2, 1),
         );
         assert!(refused(&beyond).contains("not guest memory"));
+        // The disks: missing, described otherwise, twice; their data before their
+        // description, on the read-only (shared) disk, on a disk that is not there,
+        // not in whole sectors, past the end.
+        let without_disks = &frames[5 + disks_frame().len()..];
+        assert!(refused(without_disks).contains("disk data before the disks frame"));
+        let mut other_disks = disks_frame();
+        other_disks[1] = 1; // 64 KiB + 1 byte
+        let mut differ = Vec::new();
+        frame(&mut differ, Kind::Disks, &other_disks);
+        assert!(refused(&differ).contains("disk 0: the source's has 65537 bytes"));
+        let disk_frames = |frames: &[(Kind, Vec<u8>)]| {
+            let mut out = Vec::new();
+            frame(&mut out, Kind::Disks, &disks_frame());
+            for (kind, payload) in frames {
+                frame(&mut out, *kind, payload);
+            }
+            out
+        };
+        for (frames, why) in [
+            (vec![(Kind::Disks, disks_frame())], "a second disks frame"),
+            (
+                vec![(Kind::DiskData, disk_data_frame(1, 0, &[1; 512]))],
+                "disk 1 is read-only",
+            ),
+            (
+                vec![(Kind::DiskZeroes, disk_zeroes_frame(2, 0, 512))],
+                "disk 2 of a VM with 2 disks",
+            ),
+            (
+                vec![(Kind::DiskData, disk_data_frame(0, 1, &[1; 512]))],
+                "not whole sectors",
+            ),
+            (
+                vec![(Kind::DiskData, disk_data_frame(0, 0, &[1; 100]))],
+                "not whole sectors",
+            ),
+            (
+                vec![(Kind::DiskZeroes, disk_zeroes_frame(0, 512, TARGET_DISK))],
+                "not whole sectors inside it",
+            ),
+            (
+                vec![(Kind::DiskZeroes, disk_zeroes_frame(0, u64::MAX - 511, 1024))],
+                "not whole sectors inside it",
+            ),
+            (
+                vec![(Kind::DiskZeroes, disk_zeroes_frame(0, 0, 0))],
+                "not whole sectors",
+            ),
+        ] {
+            let reason = refused(&disk_frames(&frames));
+            assert!(reason.contains(why), "{why}: {reason}");
+        }
+        let mut no_disks = Vec::new();
+        frame(
+            &mut no_disks,
+            Kind::Platform,
+            &[vm_state(), devices.clone()].concat(),
+        );
+        frame(&mut no_disks, Kind::Vcpu, &vcpu_frame(0, 3));
+        frame(&mut no_disks, Kind::Complete, &[]);
+        assert!(refused(&no_disks).contains("complete without the disks frame"));
 
         // The devices' bytes are checked by the devices: cut short or one too many.
         let short = complete_frames(&devices[..devices.len() - 1]);
@@ -469,7 +637,7 @@ mod tests {
             1 => rng.below(TARGET_MEMORY + 8192),
             _ => rng.below(PAGES + 2) * 4096,
         };
-        let (kind, payload) = match rng.below(12) {
+        let (kind, payload) = match rng.below(15) {
             0 => (rng.byte(), rng.bytes_below(64)),
             1..=3 => {
                 let mut e = Encoder::default();
@@ -530,6 +698,33 @@ mod tests {
                 (Kind::Vcpu as u8, payload)
             }
             10 => (Kind::Complete as u8, rng.bytes_below(4)),
+            11 => {
+                let mut payload = disks_frame();
+                if rng.below(2) == 0 {
+                    let at = rng.index(payload.len());
+                    payload[at] = rng.byte();
+                }
+                (Kind::Disks as u8, payload)
+            }
+            12 | 13 => {
+                let disk = u8::try_from(rng.below(3)).unwrap();
+                let offset = match rng.below(3) {
+                    0 => rng.next(),
+                    1 => rng.below(TARGET_DISK + 1024),
+                    _ => rng.below(TARGET_DISK / 512) * 512,
+                };
+                if rng.below(2) == 0 {
+                    let len = match rng.below(3) {
+                        0 => rng.next(),
+                        _ => rng.below(4) * 512,
+                    };
+                    (Kind::DiskZeroes as u8, disk_zeroes_frame(disk, offset, len))
+                } else {
+                    let len = [0, 100, 512, 4096][rng.index(4)];
+                    let data = vec![rng.byte(); len];
+                    (Kind::DiskData as u8, disk_data_frame(disk, offset, &data))
+                }
+            }
             _ => (Kind::Abort as u8, Vec::new()),
         };
         let len = u32::try_from(payload.len()).unwrap();
@@ -561,6 +756,22 @@ mod tests {
     /// A stream a source could send (pages anywhere in memory, the state once),
     /// with the devices' part now and then changed.
     fn plausible_frames(rng: &mut Rng, out: &mut Vec<u8>, vm: &[u8], devices: &[Vec<u8>]) {
+        frame(out, Kind::Disks, &disks_frame());
+        for _ in 0..rng.below(3) {
+            let sector = rng.below(TARGET_DISK / 512);
+            let count = 1 + rng.below((TARGET_DISK / 512 - sector).min(8));
+            if rng.below(2) == 0 {
+                let data = vec![rng.byte(); usize::try_from(count * 512).unwrap()];
+                frame(
+                    out,
+                    Kind::DiskData,
+                    &disk_data_frame(0, sector * 512, &data),
+                );
+            } else {
+                let zeroes = disk_zeroes_frame(0, sector * 512, count * 512);
+                frame(out, Kind::DiskZeroes, &zeroes);
+            }
+        }
         for _ in 0..rng.below(6) {
             let page = rng.below(PAGES);
             let count = 1 + rng.below((PAGES - page).min(4));

@@ -92,7 +92,8 @@ impl Vm {
         let layout = layout(&config)?;
         migration::receive_header(stream, &layout)?;
         let (built, starting) = build(config, Boot::Incoming)?;
-        let incoming = match migration::receive(stream, &built.memory, &layout) {
+        let disks = built.platform.virtio.disks.clone();
+        let incoming = match migration::receive(stream, &built.memory, &layout, &disks) {
             Ok(incoming) => incoming,
             Err(e) => {
                 built.control.finish(VmExit::InternalError(e.to_string()));
@@ -252,8 +253,26 @@ fn layout(config: &VmConfig) -> Result<wire::Layout> {
         format!("transport={:?}", config.transport).to_lowercase(),
         "com1,i8042,rtc,acpi-ged".to_string(),
     ];
-    devices.extend(config.disks.iter().map(|_| "virtio-blk".to_string()));
-    devices.extend(config.nets.iter().map(|_| "virtio-net".to_string()));
+    // A read-only disk is shared by both sides; a writable one is copied.
+    devices.extend(config.disks.iter().map(|disk| {
+        if disk.read_only {
+            "virtio-blk(ro)".to_string()
+        } else {
+            "virtio-blk".to_string()
+        }
+    }));
+    // What the guest read from a net device's configuration (each side has its own tap).
+    devices.extend(config.nets.iter().enumerate().map(|(i, net)| {
+        let mac = net
+            .mac
+            .unwrap_or_else(|| crate::devices::virtio::default_mac(i));
+        format!(
+            "virtio-net(mac={},mtu={},link={})",
+            mac.map(|b| format!("{b:02x}")).join(":"),
+            net.mtu.map_or("none".to_string(), |m| m.to_string()),
+            if net.link_up { "up" } else { "down" }
+        )
+    }));
     if config.rng {
         devices.push("virtio-rng".into());
     }
@@ -291,6 +310,7 @@ impl Platform {
             acpi: self.acpi.clone(),
             pci_config: self.pci_config,
             virtio: self.virtio.transports.clone(),
+            disks: self.virtio.disks.clone(),
             buses: self.buses.clone(),
         }
     }
@@ -306,6 +326,8 @@ struct Devices {
     /// Whether the legacy PCI configuration ports exist (virtio-pci).
     pci_config: bool,
     virtio: Vec<VirtioTransport>,
+    /// The disks, for the block copy (`migration::disks`).
+    disks: Vec<std::sync::Weak<block::DirtyTracked>>,
     /// To reach the 0xCF8 latch and the functions' command registers as a CPU would.
     buses: Arc<Buses>,
 }
@@ -683,6 +705,7 @@ impl VmHandle {
             layout: self.layout.clone(),
             save_devices: &|e| devices.save(e),
             pause_devices: &|pause| devices.pause_virtio(pause),
+            disks: &devices.disks,
             was_paused: self.control.state() == VmState::Paused,
         };
         migration::send(&source, stream, options, progress)

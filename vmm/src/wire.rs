@@ -30,6 +30,10 @@ pub(crate) const PAGE: u64 = 4096;
 pub(crate) const MAX_PAGES_PER_FRAME: u32 = 256;
 /// The largest frame payload: a full `Pages` frame and its address.
 pub(crate) const MAX_FRAME: u32 = MAX_PAGES_PER_FRAME * 4096 + 16;
+/// Disk bytes in one `DiskData` frame at most (1 MiB, as a `Pages` frame).
+pub(crate) const MAX_DISK_DATA: u64 = 1 << 20;
+/// Disks are copied in whole sectors.
+pub(crate) const SECTOR: u64 = 512;
 /// The device layout's description at most.
 const MAX_DEVICES_TEXT: u16 = 4096;
 /// A reply's text at most.
@@ -54,6 +58,14 @@ pub(crate) enum Kind {
     /// (Optional, before `Complete`.) The VM was paused by its owner on the source: it
     /// stays paused on the target.
     Paused = 7,
+    /// `count u8 | count × (size u64 | read-only u8)`: the disks, first of all; the
+    /// target checks them against its own before any disk data.
+    Disks = 8,
+    /// `disk u8 | offset u64 | bytes`: guest-visible contents of a copied disk
+    /// (sector aligned, at most [`MAX_DISK_DATA`] bytes).
+    DiskData = 9,
+    /// `disk u8 | offset u64 | length u64`: a range of a copied disk that reads as zeros.
+    DiskZeroes = 10,
 }
 
 impl Kind {
@@ -66,6 +78,9 @@ impl Kind {
             5 => Kind::Complete,
             6 => Kind::Abort,
             7 => Kind::Paused,
+            8 => Kind::Disks,
+            9 => Kind::DiskData,
+            10 => Kind::DiskZeroes,
             _ => return None,
         })
     }

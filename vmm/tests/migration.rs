@@ -435,28 +435,266 @@ fn a_running_virtio_device_moves_with_its_queue(transport: vmm::VirtioTransportK
     target.kill();
 }
 
+fn qemu_img(args: &[&str]) -> String {
+    let out = std::process::Command::new("qemu-img")
+        .args(args)
+        .output()
+        .expect("qemu-img is required for this test (Debian package qemu-utils)");
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The last `blk ok N` the guest printed.
+fn last_blk_write(capture: &SerialCapture) -> u64 {
+    capture
+        .text()
+        .rsplit("blk ok ")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A qcow2 overlay over the raw `base`, as a container disk's.
+fn overlay(dir: &std::path::Path, name: &str, base: &std::path::Path) -> vmm::DiskConfig {
+    let path = dir.join(name);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        base.to_str().unwrap(),
+        "-F",
+        "raw",
+        path.to_str().unwrap(),
+    ]);
+    vmm::DiskConfig {
+        backing: vmm::DiskBacking::Within {
+            dir: dir.to_path_buf(),
+            format: vmm::DiskFormat::Raw,
+        },
+        ..vmm::DiskConfig::new(path, vmm::DiskFormat::Qcow2)
+    }
+}
+
+const DISK: usize = 4 << 20;
+
+/// Byte `i` of the base image.
+fn base_byte(i: usize) -> u8 {
+    (i / 512).to_le_bytes()[0] ^ i.to_le_bytes()[0].wrapping_mul(3)
+}
+
 #[test]
-fn a_vm_with_a_device_that_cannot_move_yet_is_refused_before_anything_is_sent() {
+fn a_guest_writing_its_disk_moves_with_the_disk_copied_into_the_targets_overlay() {
     common::require_kvm();
-    let capture = SerialCapture::new();
-    let mut config = config("checks=serial exit=halt wait=60", &capture);
     let dir = common::tempdir();
-    let disk = dir.path().join("disk.raw");
-    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
-    config
-        .disks
-        .push(vmm::DiskConfig::new(disk, vmm::DiskFormat::Raw));
-    let vm = Vm::start(config).expect("start");
-    let (mut a, mut b) = UnixStream::pair().unwrap();
-    let err = vm
-        .migrate(&mut a, &defaults(), &MigrationProgress::default())
-        .expect_err("virtio-blk has no saved state yet");
-    assert!(matches!(err, MigrationError::NotMigratable(_)), "{err}");
-    drop(a);
-    let mut sent = Vec::new();
-    b.read_to_end(&mut sent).unwrap();
-    assert!(sent.is_empty(), "{} bytes sent", sent.len());
-    assert_eq!(vm.exit(), None);
+    let base = dir.path().join("base.raw");
+    std::fs::write(&base, (0..DISK).map(base_byte).collect::<Vec<u8>>()).unwrap();
+    // The source's overlay has clusters of its own before the guest starts: data, and
+    // zeros hiding the base (both must reach the target's overlay).
+    let source_disk = overlay(dir.path(), "source.qcow2", &base);
+    for cmd in ["write -P 0x5a 2M 64k", "write -z 1M 64k"] {
+        let out = std::process::Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", cmd])
+            .arg(&source_disk.path)
+            .output()
+            .expect("qemu-io (qemu-utils)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let target_disk = overlay(dir.path(), "target.qcow2", &base);
+    let target_path = target_disk.path.clone();
+    // A read-only disk stays where it is: both VMs open the base.
+    let shared = vmm::DiskConfig {
+        read_only: true,
+        ..vmm::DiskConfig::new(&base, vmm::DiskFormat::Raw)
+    };
+    let cmdline = "checks=serial exit=tick wait=300 blk=tick";
+    let with_disks = |capture: &SerialCapture, disk: &vmm::DiskConfig| {
+        let mut config = config(cmdline, capture);
+        config.disks = vec![disk.clone(), shared.clone()];
+        config
+    };
+    let source_out = SerialCapture::new();
+    let source = Vm::start(with_disks(&source_out, &source_disk)).expect("start the source");
+    assert!(
+        source_out.wait_for("blk ok 6", BOOT),
+        "{}",
+        source_out.text()
+    );
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let target_out = SerialCapture::new();
+    let target_config = with_disks(&target_out, &target_disk);
+    let target = std::thread::spawn(move || Vm::receive(target_config, &mut b));
+    let mut a = a;
+    // Slow enough (1 MiB/s for the guest's memory and disk, a few MiB) that the guest
+    // writes its disk while the copy runs: those writes come through the disk's dirty
+    // log.
+    let options = MigrationOptions {
+        bandwidth: Some(1 << 20),
+        ..defaults()
+    };
+    let written_before = last_blk_write(&source_out);
+    let report = source
+        .migrate(&mut a, &options, &MigrationProgress::default())
+        .expect("migrate");
+    let target = target.join().unwrap().expect("the target runs the VM");
+    assert_eq!(source.wait_timeout(BOOT), Some(VmExit::Migrated));
+    assert!(report.disk_bytes > 64 << 10, "{report:?}");
+    assert!(
+        last_blk_write(&source_out) >= written_before + 2,
+        "the guest wrote during the copy: {report:?}"
+    );
+    let before = last_blk_write(&source_out);
+    // On the target the guest goes on writing, and reads back what it wrote on the
+    // source (write n checks write n / 2).
+    let deadline = Instant::now() + BOOT;
+    while last_blk_write(&target_out) < 2 * before + 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = last_blk_write(&target_out);
+    assert!(
+        after >= 2 * before + 2,
+        "source stopped at {before}: {}",
+        target_out.text()
+    );
+    assert_no_failure(&source_out);
+    assert_no_failure(&target_out);
+    target.request_shutdown().unwrap();
+    assert_eq!(
+        target.wait_timeout(BOOT),
+        Some(VmExit::PowerOff { code: 0 })
+    );
+    drop(target);
+
+    // The target's overlay is sound and holds the whole disk: the source's own
+    // clusters, every write on either side, and the base everywhere else.
+    qemu_img(&["check", "-q", "-f", "qcow2", target_path.to_str().unwrap()]);
+    let flat = dir.path().join("target.raw");
+    qemu_img(&[
+        "convert",
+        "-f",
+        "qcow2",
+        "-O",
+        "raw",
+        target_path.to_str().unwrap(),
+        flat.to_str().unwrap(),
+    ]);
+    let disk = std::fs::read(&flat).unwrap();
+    assert_eq!(disk.len(), DISK);
+    use test_guest::blktick::{FIRST_SECTOR, SECTOR, tick_pattern};
+    let sector_bytes = usize::try_from(SECTOR).unwrap();
+    let written = usize::try_from(FIRST_SECTOR).unwrap() * sector_bytes
+        ..usize::try_from(FIRST_SECTOR + after).unwrap() * sector_bytes;
+    for (i, &byte) in disk.iter().enumerate() {
+        let expected = if written.contains(&i) {
+            let n = (i - written.start) / sector_bytes;
+            tick_pattern(
+                u64::try_from(n).unwrap(),
+                u64::try_from(i % sector_bytes).unwrap(),
+            )
+        } else if (1 << 20..(1 << 20) + (64 << 10)).contains(&i) {
+            0
+        } else if (2 << 20..(2 << 20) + (64 << 10)).contains(&i) {
+            0x5a
+        } else {
+            base_byte(i)
+        };
+        assert_eq!(byte, expected, "byte {i} of the target's disk");
+    }
+}
+
+/// The last `net tx N` the guest printed.
+fn last_net_tx(capture: &SerialCapture) -> u64 {
+    capture
+        .text()
+        .rsplit("net tx ")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The `tick N` a frame from the guest carries.
+fn tick_of(frame: &[u8]) -> u64 {
+    std::str::from_utf8(&frame[14..])
+        .ok()
+        .and_then(|payload| payload.strip_prefix("tick ")?.parse().ok())
+        .unwrap_or_else(|| panic!("not a tick frame: {frame:02x?}"))
+}
+
+#[test]
+fn a_guest_on_the_network_moves_to_a_vm_on_its_own_tap() {
+    use virtio_devices::net::test_tap::{Wire, create_tap, frame, in_new_netns};
+    common::require_kvm();
+    in_new_netns(|| {
+        // The source's and the target's taps, as the two pods' `tap0`.
+        create_tap("mig-src");
+        create_tap("mig-dst");
+        let (source_wire, target_wire) = (Wire::bind("mig-src"), Wire::bind("mig-dst"));
+        let guest_mac = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+        let host_mac = [0x52, 0x54, 0x00, 0xaa, 0xbb, 0xfe];
+        let cmdline = "checks=serial exit=tick wait=300 net=tick rng=tick";
+        let with_net = |capture: &SerialCapture, tap: &str| {
+            let mut config = config(cmdline, capture);
+            config.nets = vec![vmm::NetConfig::new(tap)];
+            config.rng = true;
+            config
+        };
+        let source_out = SerialCapture::new();
+        let source = Vm::start(with_net(&source_out, "mig-src")).expect("start the source");
+        let first = source_wire
+            .recv(BOOT)
+            .expect("a frame from the guest on the source's tap");
+        assert_eq!(first[6..12], guest_mac);
+        source_wire.send(&frame(host_mac, guest_mac, b"host 1"));
+        assert!(
+            source_out.wait_for("net rx host 1", BOOT),
+            "{}",
+            source_out.text()
+        );
+
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let target_out = SerialCapture::new();
+        let target_config = with_net(&target_out, "mig-dst");
+        let target = std::thread::spawn(move || Vm::receive(target_config, &mut b));
+        let mut a = a;
+        source
+            .migrate(&mut a, &defaults(), &MigrationProgress::default())
+            .expect("migrate");
+        let target = target.join().unwrap().expect("the target runs the VM");
+        let sent_on_source = last_net_tx(&source_out);
+
+        // The guest's frames now leave through the target's tap, counted on from the
+        // source's; frames for it arrive there, in buffers it had posted on the source.
+        let next = target_wire
+            .recv(BOOT)
+            .expect("a frame from the guest on the target's tap");
+        assert_eq!(next[6..12], guest_mac);
+        assert!(
+            tick_of(&next) > sent_on_source && tick_of(&next) <= sent_on_source + 2,
+            "frame {} after {sent_on_source} on the source",
+            tick_of(&next)
+        );
+        for n in 2..=4 {
+            target_wire.send(&frame(host_mac, guest_mac, format!("host {n}").as_bytes()));
+            assert!(
+                target_out.wait_for(&format!("net rx host {n}"), BOOT),
+                "{}",
+                target_out.text()
+            );
+        }
+        assert!(target_out.wait_for("rng ok", BOOT), "{}", target_out.text());
+        assert_no_failure(&source_out);
+        assert_no_failure(&target_out);
+        target.kill();
+    });
 }
 
 /// A stream read from `input`; what the target answers goes to `output`.
@@ -564,6 +802,7 @@ fn vcpu(index: u8, msrs: u32) -> Vec<u8> {
 /// vCPU 1 all zeros, `Complete`.
 fn whole_state(devices: Vec<u8>, vcpu0: Vec<u8>) -> Vec<u8> {
     [
+        frame(8, &[0]),
         frame(3, &platform(0, &devices)),
         frame(4, &vcpu0),
         frame(4, &vcpu(1, 0)),
@@ -689,12 +928,35 @@ fn a_target_refuses_malformed_and_oversized_streams_with_a_clear_error() {
             "complete without a vCPU",
             [
                 good.clone(),
+                frame(8, &[0]),
                 frame(3, &platform(0, &devices(0))),
                 frame(4, &vcpu(0, 0)),
                 frame(5, &[]),
             ]
             .concat(),
             "without vCPU 1",
+        ),
+        (
+            "complete without the disks",
+            [
+                good.clone(),
+                frame(3, &platform(0, &devices(0))),
+                frame(4, &vcpu(0, 0)),
+                frame(4, &vcpu(1, 0)),
+                frame(5, &[]),
+            ]
+            .concat(),
+            "without the disks frame",
+        ),
+        (
+            "disks this VM does not have",
+            [good.clone(), frame(8, &[1, 0, 0, 1, 0, 0, 0, 0, 0, 0])].concat(),
+            "the source has 1 disks, this VM 0",
+        ),
+        (
+            "disk data for a disk this VM does not have",
+            [good.clone(), frame(8, &[0]), frame(10, &[0; 17])].concat(),
+            "disk 0 of a VM with 0 disks",
         ),
         (
             "devices' state out of range",

@@ -9,7 +9,9 @@
 //! exit (a write of another value still exits and the transport refuses or
 //! forwards it).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+use block::DirtyTracked;
 
 use kvm_ioctls::{IoEventAddress, VmFd};
 use linux_loader::cmdline::Cmdline;
@@ -91,12 +93,11 @@ pub(crate) fn default_mac(index: usize) -> [u8; 6] {
 }
 
 /// The devices the configuration asks for, in a fixed order: disks, nets,
-/// rng; and their counters.
-pub(crate) fn build_devices(
-    config: &VmConfig,
-) -> Result<(Vec<Box<dyn VirtioDevice>>, DeviceCounters), Error> {
+/// rng; their counters; the disks for a migration's block copy.
+pub(crate) fn build_devices(config: &VmConfig) -> Result<Devices, Error> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     let mut counters = DeviceCounters::default();
+    let mut disks = Vec::new();
     for disk in &config.disks {
         // Several requests of a batch in flight at once (see
         // `virtio_devices::block`).
@@ -131,6 +132,7 @@ pub(crate) fn build_devices(
         };
         let device = Block::shared(Arc::new(backend), options);
         counters.disks.push(device.counters());
+        disks.push(device.migration_disk());
         devices.push(Box::new(device));
     }
     for (i, net) in config.nets.iter().enumerate() {
@@ -149,7 +151,18 @@ pub(crate) fn build_devices(
     if config.rng {
         devices.push(Box::new(Rng::new()));
     }
-    Ok((devices, counters))
+    Ok(Devices {
+        devices,
+        counters,
+        disks,
+    })
+}
+
+/// What [`build_devices`] builds.
+pub(crate) struct Devices {
+    pub(crate) devices: Vec<Box<dyn VirtioDevice>>,
+    pub(crate) counters: DeviceCounters,
+    pub(crate) disks: Vec<Weak<DirtyTracked>>,
 }
 
 /// A device behind its transport (virtio-mmio here, virtio-pci in
@@ -189,6 +202,8 @@ impl VirtioTransport {
 pub(crate) struct Attached {
     pub(crate) transports: Vec<VirtioTransport>,
     pub(crate) counters: DeviceCounters,
+    /// The disks, in the configuration's order (see `Block::migration_disk`).
+    pub(crate) disks: Vec<Weak<DirtyTracked>>,
 }
 
 /// The name of a device's thread (at most 15 bytes, the kernel's limit).
@@ -235,7 +250,11 @@ pub(crate) fn attach(
     cmdline: &mut Cmdline,
     sandbox: &Arc<Sandbox>,
 ) -> Result<Attached, Error> {
-    let (devices, counters) = build_devices(config)?;
+    let Devices {
+        devices,
+        counters,
+        disks,
+    } = build_devices(config)?;
     if devices.len() > int_cast::u32_to_usize(VIRTIO_MAX_DEVICES) {
         return Err(Error::TooMany(devices.len()));
     }
@@ -273,6 +292,7 @@ pub(crate) fn attach(
     Ok(Attached {
         transports,
         counters,
+        disks,
     })
 }
 

@@ -23,7 +23,7 @@ use virtio_devices::{LogLimit, PciTransport};
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::virtio::{Attached, Error, VirtioTransport, build_devices, thread_name};
+use super::virtio::{Attached, Devices, Error, VirtioTransport, build_devices, thread_name};
 use crate::bus::{Bus, lock};
 use crate::config::VmConfig;
 use crate::kvm::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO_BASE, PCI_MMIO_SIZE};
@@ -159,7 +159,11 @@ pub(crate) fn attach(
     mmio: &mut Bus,
     sandbox: &Arc<Sandbox>,
 ) -> Result<Attached, Error> {
-    let (devices, counters) = build_devices(config)?;
+    let Devices {
+        devices,
+        counters,
+        disks,
+    } = build_devices(config)?;
     let setup = |e: &dyn std::fmt::Display| Error::Setup(e.to_string());
     let router = Arc::new(GsiRouter::new(vm.clone()));
     let mut allocator =
@@ -224,6 +228,7 @@ pub(crate) fn attach(
     Ok(Attached {
         transports,
         counters,
+        disks,
     })
 }
 

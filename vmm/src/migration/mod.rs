@@ -14,10 +14,14 @@
 //! the pages it receives, checks the stream as untrusted input (`wire`), restores the
 //! state into its vCPUs and devices while none runs, and only then lets them run.
 //!
-//! Limits: VMs with virtio devices are refused for now (their queues and transports
-//! have no saved state yet); the clock moves as an offset from the host's, which holds
-//! between two VMMs on one host (or hosts with synchronised clocks).
+//! Writable disks are copied in the same rounds (`disks`: the block copy KubeVirt
+//! does for local disks); read-only ones stay where they are.
+//!
+//! Limits: the clock moves as an offset from the host's, which holds between two VMMs
+//! on one host (or hosts with synchronised clocks); a writable disk shared by both
+//! sides cannot move (see `disks`).
 
+pub(crate) mod disks;
 pub(crate) mod pages;
 
 use std::io::{Read, Write};
@@ -75,6 +79,7 @@ pub struct MigrationProgress {
     rounds: AtomicU64,
     bytes: AtomicU64,
     remaining_pages: AtomicU64,
+    remaining_disk_bytes: AtomicU64,
 }
 
 impl MigrationProgress {
@@ -93,6 +98,10 @@ impl MigrationProgress {
     /// Dirty pages found at the end of the last round.
     pub fn remaining_pages(&self) -> u64 {
         self.remaining_pages.load(Ordering::Relaxed)
+    }
+    /// Bytes of copied disks written again during the last round.
+    pub fn remaining_disk_bytes(&self) -> u64 {
+        self.remaining_disk_bytes.load(Ordering::Relaxed)
     }
     fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
@@ -117,6 +126,8 @@ pub struct MigrationReport {
     pub bytes: u64,
     /// Pages sent while the VM was paused.
     pub final_pages: u64,
+    /// Bytes of disk frames on the stream (the block copy), included in `bytes`.
+    pub disk_bytes: u64,
 }
 
 /// Why a migration failed. The source's VM keeps running unless it had already ended.
@@ -146,6 +157,8 @@ pub enum MigrationError {
     Memory(String),
     #[error("VM state: {0}")]
     State(String),
+    #[error("block copy: {0}")]
+    Disk(String),
     #[error("the VM ended during the migration: {0}")]
     Ended(VmExit),
     #[error("a migration of this VM is running already")]
@@ -173,6 +186,8 @@ pub(crate) struct Source<'a> {
     pub(crate) save_devices: &'a dyn Fn(&mut Encoder) -> Result<(), String>,
     /// Pauses (`true`) or resumes the devices' own threads (after the vCPUs).
     pub(crate) pause_devices: &'a dyn Fn(bool),
+    /// The disks, in the configuration's order (the writable ones are copied).
+    pub(crate) disks: &'a disks::DiskHandles,
     /// The VM was paused before the migration: a failed one leaves it paused.
     pub(crate) was_paused: bool,
 }
@@ -189,15 +204,30 @@ pub(crate) fn send<S: Read + Write>(
         return Err(MigrationError::Ended(exit));
     }
     wire::write_header(stream, &source.layout)?;
+    wire::write_frame(stream, Kind::Disks, &disks::describe(source.disks)?)?;
     vm_state::log_dirty_pages(source.vm, source.memory, true).map_err(MigrationError::State)?;
     vm_state::clear_vmm_dirty_pages(source.memory);
-    let live = pre_copy(source, stream, options, progress, start);
+    let result = send_logged(source, stream, options, progress, start);
+    let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
+    disks::stop(source.disks);
+    result
+}
+
+/// [`send`] once the dirty logs are on (the caller turns them off).
+fn send_logged<S: Read + Write>(
+    source: &Source,
+    stream: &mut S,
+    options: &MigrationOptions,
+    progress: &MigrationProgress,
+    start: Instant,
+) -> Result<MigrationReport, MigrationError> {
+    let live = disks::start(source.disks)
+        .and_then(|disk_ranges| pre_copy(source, stream, options, progress, start, disk_ranges));
     let dirty = match live {
         Ok(dirty) => dirty,
         Err(e) => {
             // Best effort: the target learns why; the source never stopped.
             let _ = wire::write_frame(stream, Kind::Abort, &[]);
-            let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
             return Err(e);
         }
     };
@@ -212,7 +242,6 @@ pub(crate) fn send<S: Read + Write>(
     if !source.control.wait_paused(PAUSE_TIMEOUT) {
         resume();
         let _ = wire::write_frame(stream, Kind::Abort, &[]);
-        let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
         return Err(match source.control.exit() {
             Some(exit) => MigrationError::Ended(exit),
             None => {
@@ -225,8 +254,7 @@ pub(crate) fn send<S: Read + Write>(
     if !source.was_paused {
         (source.pause_devices)(true);
     }
-    let handed_over = stop_and_copy(source, stream, dirty.pages);
-    let _ = vm_state::log_dirty_pages(source.vm, source.memory, false);
+    let handed_over = stop_and_copy(source, stream, dirty.pages, &dirty.disk_ranges);
     let final_sent = match handed_over {
         Ok(sent) => sent,
         Err(e) => {
@@ -249,6 +277,7 @@ pub(crate) fn send<S: Read + Write>(
                 zero_pages: sent.zero_pages,
                 bytes: sent.bytes,
                 final_pages: final_sent.pages + final_sent.zero_pages,
+                disk_bytes: sent.disk_bytes,
             })
         }
         // The target says it does not run the VM (nothing of it ran there).
@@ -265,6 +294,8 @@ pub(crate) fn send<S: Read + Write>(
 struct PreCopied {
     /// Pages dirtied in the last round, not sent yet.
     pages: Vec<u64>,
+    /// Disk chunks written in the last round, not sent yet.
+    disk_ranges: Vec<disks::DiskRange>,
     rounds: u64,
     sent: pages::Sent,
 }
@@ -277,6 +308,7 @@ fn pre_copy<S: Write>(
     options: &MigrationOptions,
     progress: &MigrationProgress,
     start: Instant,
+    mut disk_ranges: Vec<disks::DiskRange>,
 ) -> Result<PreCopied, MigrationError> {
     let mut total = pages::Sent::default();
     let mut to_send = pages::all_pages(source.memory);
@@ -307,7 +339,12 @@ fn pre_copy<S: Write>(
             }
             Ok(())
         };
-        let sent = pages::send(stream, source.memory, &to_send, &mut after_frame)?;
+        // The disks first (as QEMU's block migration does its bulk phase before
+        // memory): what the guest writes to them meanwhile is in their dirty logs.
+        let disk_bytes = disks::send(stream, source.disks, &disk_ranges, &mut after_frame)?;
+        let mut sent = pages::send(stream, source.memory, &to_send, &mut after_frame)?;
+        sent.bytes += disk_bytes;
+        sent.disk_bytes += disk_bytes;
         stream.flush().map_err(WireError::Io)?;
         total += sent;
         rounds += 1;
@@ -315,16 +352,22 @@ fn pre_copy<S: Write>(
         let elapsed = round_start.elapsed().max(Duration::from_micros(1));
         to_send =
             vm_state::take_dirty_pages(source.vm, source.memory).map_err(MigrationError::State)?;
+        disk_ranges = disks::take_dirty(source.disks)?;
         progress
             .remaining_pages
             .store(to_send.len() as u64, Ordering::Relaxed);
+        progress
+            .remaining_disk_bytes
+            .store(disks::bytes(&disk_ranges), Ordering::Relaxed);
         // What the rest would take at this round's speed (a round of zero pages only
         // says little about speed: at least a page's worth per page then).
         let per_byte = elapsed.as_secs_f64() / sent.bytes.max(1) as f64;
-        let left = to_send.len() as f64 * (wire::PAGE as f64 + 16.0) * per_byte;
-        if Duration::from_secs_f64(left) <= options.max_downtime {
+        let left_bytes =
+            to_send.len() as f64 * (wire::PAGE as f64 + 16.0) + disks::bytes(&disk_ranges) as f64;
+        if Duration::from_secs_f64(left_bytes * per_byte) <= options.max_downtime {
             return Ok(PreCopied {
                 pages: to_send,
+                disk_ranges,
                 rounds,
                 sent: total,
             });
@@ -338,13 +381,21 @@ fn stop_and_copy<S: Write>(
     source: &Source,
     stream: &mut S,
     mut dirty: Vec<u64>,
+    disk_ranges: &[disks::DiskRange],
 ) -> Result<pages::Sent, MigrationError> {
     dirty.extend(
         vm_state::take_dirty_pages(source.vm, source.memory).map_err(MigrationError::State)?,
     );
     dirty.sort_unstable();
     dirty.dedup();
-    let sent = pages::send(stream, source.memory, &dirty, &mut |_| Ok(()))?;
+    let mut sent = pages::send(stream, source.memory, &dirty, &mut |_| Ok(()))?;
+    // The device threads are paused: every write the guest made is in the logs. A
+    // chunk still waiting from the last round and written again goes twice (in order).
+    let mut disk_ranges = disk_ranges.to_vec();
+    disk_ranges.extend(disks::take_dirty(source.disks)?);
+    let disk_bytes = disks::send(stream, source.disks, &disk_ranges, &mut |_| Ok(()))?;
+    sent.bytes += disk_bytes;
+    sent.disk_bytes += disk_bytes;
     // The vCPUs (their TSCs) and the kvmclock are read back to back, the clock last.
     let vcpus = source
         .control
@@ -404,8 +455,11 @@ pub(crate) fn receive<S: Read>(
     stream: &mut S,
     memory: &GuestMemoryMmap,
     layout: &Layout,
+    disk_handles: &disks::DiskHandles,
 ) -> Result<Incoming, MigrationError> {
     let mut buf = Vec::new();
+    let mut disks_checked = false;
+    let mut disks_written = vec![false; disk_handles.len()];
     let mut platform: Option<(VmState, Vec<u8>)> = None;
     let mut vcpus: Vec<Option<VcpuState>> = (0..layout.vcpus).map(|_| None).collect();
     let mut paused = false;
@@ -440,6 +494,20 @@ pub(crate) fn receive<S: Read>(
                 }
             }
             Kind::Paused => paused = true,
+            Kind::Disks if !disks_checked => {
+                disks::check_description(&buf, disk_handles)?;
+                disks_checked = true;
+            }
+            Kind::Disks => {
+                return Err(FormatError::Invalid("a second disks frame".into()).into());
+            }
+            kind @ (Kind::DiskData | Kind::DiskZeroes) if disks_checked => {
+                let index = disks::receive(kind, &buf, disk_handles)?;
+                disks_written[index] = true;
+            }
+            Kind::DiskData | Kind::DiskZeroes => {
+                return Err(FormatError::Invalid("disk data before the disks frame".into()).into());
+            }
             Kind::Complete => break,
             Kind::Abort => return Err(MigrationError::AbortedBySource),
             Kind::Pages | Kind::ZeroPages => unreachable!("page frames are written above"),
@@ -448,6 +516,9 @@ pub(crate) fn receive<S: Read>(
     let Some((vm_state, devices)) = platform else {
         return Err(FormatError::Invalid("complete without the platform's state".into()).into());
     };
+    if !disks_checked {
+        return Err(FormatError::Invalid("complete without the disks frame".into()).into());
+    }
     let vcpus = vcpus
         .into_iter()
         .enumerate()
@@ -455,6 +526,8 @@ pub(crate) fn receive<S: Read>(
             state.ok_or_else(|| FormatError::Invalid(format!("complete without vCPU {index}")))
         })
         .collect::<Result<_, _>>()?;
+    // What the guest had flushed on the source is durable here before it runs on.
+    disks::flush(disk_handles, &disks_written)?;
     Ok(Incoming {
         vm_state,
         devices,

@@ -19,7 +19,10 @@ const PAGE_BYTES: usize = int_cast::u64_to_usize(PAGE);
 pub(crate) struct Sent {
     pub(crate) pages: u64,
     pub(crate) zero_pages: u64,
+    /// Everything on the stream, disk frames included.
     pub(crate) bytes: u64,
+    /// Of which disk frames.
+    pub(crate) disk_bytes: u64,
 }
 
 impl std::ops::AddAssign for Sent {
@@ -27,6 +30,7 @@ impl std::ops::AddAssign for Sent {
         self.pages += other.pages;
         self.zero_pages += other.zero_pages;
         self.bytes += other.bytes;
+        self.disk_bytes += other.disk_bytes;
     }
 }
 
@@ -123,6 +127,7 @@ fn flush(
         pages: if zero { 0 } else { count },
         zero_pages: if zero { count } else { 0 },
         bytes,
+        disk_bytes: 0,
     })
 }
 

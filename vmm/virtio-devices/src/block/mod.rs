@@ -16,11 +16,11 @@ mod counters;
 pub(crate) mod request;
 mod workers;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use crate::GuestMemoryMmap;
-use ::block::{DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
+use ::block::{DirtyTracked, DiskBackend, DiskError, IoBuffer, Pages, SerializedDisk, SharedDisk};
 use int_cast::u64_to_usize;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
@@ -110,6 +110,8 @@ pub struct Block {
     log: GuestErrorLog,
     /// The disk was closed at the VM's end (`VirtioDevice::close`).
     closed: bool,
+    /// The disk as the executor reaches it, for live migration (`Self::migration_disk`).
+    tracked: Weak<DirtyTracked>,
 }
 
 use counters::Accounted;
@@ -141,6 +143,9 @@ impl Block {
     /// A device on a disk that serves several requests at once (such as a
     /// [`::block::ConcurrentDisk`]).
     pub fn shared(disk: Arc<dyn SharedDisk>, options: BlockOptions) -> Block {
+        // Every request goes through the dirty log a live migration may turn on.
+        let tracked = Arc::new(DirtyTracked::new(disk));
+        let disk: Arc<dyn SharedDisk> = tracked.clone();
         let read_only = disk.read_only();
         let limits = DiskLimits {
             capacity: disk.size() / SECTOR_SIZE,
@@ -196,12 +201,20 @@ impl Block {
             batches: 0,
             log: GuestErrorLog::default(),
             closed: false,
+            tracked: Arc::downgrade(&tracked),
         }
     }
 
     /// Disk size in sectors, as the guest sees it.
     pub fn capacity(&self) -> u64 {
         self.limits.capacity
+    }
+
+    /// The disk with its dirty log, for a live migration's block copy: the source reads
+    /// it and takes what the guest wrote meanwhile, the target writes into it before
+    /// its VM runs. Weak: the disk closes with the device (at the VM's end) all the same.
+    pub fn migration_disk(&self) -> Weak<DirtyTracked> {
+        self.tracked.clone()
     }
 
     /// The device's request counters, live (for `GetDomainStats`).
@@ -586,6 +599,13 @@ impl VirtioDevice for Block {
         // too.
         self.requests.reset();
         self.workers.stop();
+    }
+
+    /// Nothing is in flight while the VM is paused (a batch completes before the
+    /// device's thread lets go of the device), and the disk's contents move apart
+    /// (`Self::migration_disk`): the queue's position is all there is.
+    fn queue_positions(&self) -> Option<Vec<(u16, u16)>> {
+        Some(self.requests.positions())
     }
 
     fn close(&mut self) {

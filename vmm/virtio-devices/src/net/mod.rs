@@ -20,6 +20,8 @@
 //!   (Firecracker's CVE-2020-16843 was a receive path that stalled here).
 //!   A pause stops both: the device thread does not run the device while
 //!   the VM is paused.
+//!
+//! Live migration moves the queues' positions only (`queue_positions`).
 
 mod counters;
 pub mod host_link;
@@ -377,6 +379,21 @@ impl VirtioDevice for Net {
         self.rx = None;
         self.tx = None;
         self.tap = None;
+    }
+
+    /// The queues' positions are the device's whole state: a frame read from the tap
+    /// and still waiting for a guest buffer is lost with the source, as a wire loses
+    /// frames in flight, and the target's device has a tap of its own (the target
+    /// pod's). With the link down the receive queue was never used: it is where the
+    /// driver's activation put it.
+    fn queue_positions(&self) -> Option<Vec<(u16, u16)>> {
+        Some(match &self.tx {
+            None => Vec::new(),
+            Some(tx) => vec![
+                self.rx.as_ref().map_or((0, 0), |rx| rx.queue.position()),
+                tx.queue.position(),
+            ],
+        })
     }
 }
 

@@ -1437,4 +1437,13 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_device_without_queue_positions_cannot_migrate() {
+        let mem = test_memory();
+        let (mut d, _record) = setup(&mem);
+        let why = d.transport.migratable().unwrap_err();
+        assert!(why.contains("device type 42"), "{why}");
+        assert_eq!(d.transport.save().unwrap_err(), why);
+    }
 }
