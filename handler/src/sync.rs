@@ -119,10 +119,7 @@ pub(crate) fn migration_in_progress(domain: &Domain) -> bool {
         .kubevirt
         .migration
         .as_ref()
-        .is_some_and(|m| {
-            let set = |k: &str| m.get(k).is_some_and(|v| !v.is_null());
-            set("StartTimestamp") && !set("EndTimestamp")
-        });
+        .is_some_and(|m| m.start_timestamp.is_some() && m.end_timestamp.is_none());
     paused_for_migration || metadata_says_migrating
 }
 
@@ -698,8 +695,12 @@ mod tests {
             ));
         }
         let mut d = running();
-        d.spec.metadata.kubevirt.migration =
-            Some(serde_json::json!({"StartTimestamp": "2026-08-22T09:00:00Z"}));
+        d.spec.metadata.kubevirt.migration = Some(
+            serde_json::from_value(
+                serde_json::json!({"UID": "m1", "StartTimestamp": "2026-08-22T09:00:00Z"}),
+            )
+            .unwrap(),
+        );
         assert!(matches!(
             decide(&facts(Some(&v), Some(&d), LauncherState::Ready)),
             Action::Ignore("migration in progress")

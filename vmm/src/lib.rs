@@ -49,7 +49,9 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use lifecycle::{VmExit, VmState};
-pub use migration::{MigrationError, MigrationOptions, MigrationProgress, MigrationReport};
+pub use migration::{
+    DEFAULT_MAX_DOWNTIME, MigrationError, MigrationOptions, MigrationProgress, MigrationReport,
+};
 pub use sandbox::{Credentials, SandboxConfig, SeccompMode};
 pub use stats::VmStats;
 pub use vm::{Vm, VmHandle};

@@ -561,13 +561,40 @@ pub struct KubeVirtMetadata {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period: Option<GracePeriodMetadata>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub migration: Option<serde_json::Value>,
+    pub migration: Option<MigrationMetadata>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_credential: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_dump: Option<serde_json::Value>,
+}
+
+/// A live migration's progress as the launcher reports it
+/// (`pkg/virt-launcher/virtwrap/api/schema.go:MigrationMetadata`): Go field names, every
+/// field always present (times `null` until set). Absent until this launcher started or
+/// prepared a migration; then it describes the last one.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct MigrationMetadata {
+    /// The `VirtualMachineInstanceMigration`'s UID.
+    #[serde(rename = "UID", default)]
+    pub uid: String,
+    #[serde(default)]
+    pub start_timestamp: Option<Time>,
+    /// The source: the migration ended, either way; the target: the VM runs here.
+    #[serde(default)]
+    pub end_timestamp: Option<Time>,
+    #[serde(default)]
+    pub failed: bool,
+    #[serde(default)]
+    pub failure_reason: String,
+    /// `""`, `Aborting`, `Succeeded` or `Failed`.
+    #[serde(default)]
+    pub abort_status: String,
+    /// `PreCopy` (the only mode here), `PostCopy` or `Paused`.
+    #[serde(default)]
+    pub mode: String,
 }
 
 /// The graceful-shutdown state machine's state (see the contract, §3.5).

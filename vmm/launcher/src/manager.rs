@@ -19,6 +19,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use vmm::{Vm, VmConfig, VmExit, VmHandle, VmState};
 
+mod migration;
+
 /// A domain event for the handler (`DomainEventRequest`).
 #[derive(Clone, Debug)]
 pub(crate) struct DomainEvent {
@@ -72,10 +74,20 @@ pub(crate) enum Notification {
 pub(crate) enum Stage {
     /// No domain yet (waiting for SyncVirtualMachine, within --qemu-timeout).
     Waiting,
+    /// The target of a live migration: the VM comes from the source (which also stops
+    /// the --qemu-timeout wait).
+    Incoming,
     /// A domain is defined (running, paused or stopped).
     Defined,
     /// The domain was deleted: the launcher may exit.
     Deleted,
+}
+
+/// A VM's configuration, ready to start or to receive (`Manager::prepare`).
+struct Prepared {
+    domain: Domain,
+    config: VmConfig,
+    dhcp: Option<DhcpHandle>,
 }
 
 /// Options that do not come from the VMI.
@@ -113,6 +125,8 @@ struct State {
     /// Copies the console into the serial log while the domain's VM runs
     /// (across reboots); dropped when the VM ends for good.
     console_log: Option<crate::console_log::ConsoleLog>,
+    /// The last live migration, as source or target.
+    migration: Option<migration::Migration>,
 }
 
 /// A failed request. Its text is the `Response.message` the handler shows (KubeVirt's
@@ -285,6 +299,75 @@ impl Manager {
             ));
         }
 
+        if state.migration.is_some() {
+            return fail(
+                "this launcher is the target of a migration: its VM comes from the source",
+            );
+        }
+        let Prepared {
+            mut domain,
+            config,
+            dhcp,
+        } = self.prepare(vmi, options)?;
+
+        let vm = match Vm::start(config.clone()) {
+            Ok(vm) => Arc::new(vm),
+            Err(vmm::Error::BootDisk { disk, source, .. }) => {
+                // Defined and ended: the handler sees why the VMI failed.
+                let message = self.boot_failed(&mut domain, disk, &source);
+                state.dhcp = None;
+                state.config = Some(config);
+                self.emit("ADDED", &domain);
+                state.domain = Some(domain);
+                drop(state);
+                self.stage.send_replace(Stage::Defined);
+                return fail(message);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.report_boot(&domain, &vm);
+        let console_log = start_console_log(&domain);
+        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
+        if paused {
+            vm.pause()?;
+        }
+        domain.status.status = if paused {
+            LifeCycle::Paused
+        } else {
+            LifeCycle::Running
+        };
+        domain.status.reason = if paused {
+            StateChangeReason::User
+        } else {
+            StateChangeReason::Unknown
+        };
+        state.generation += 1;
+        state.paused_by_user = paused;
+        state.shutdown_requested = false;
+        state.killed = false;
+        state.dhcp = dhcp;
+        state.console_log = console_log;
+        state.config = Some(config);
+        state.vm = Some(vm.clone());
+        tracing::info!(domain = %domain.spec.name, "domain defined and started");
+        self.emit("ADDED", &domain);
+        state.domain = Some(domain);
+        self.watch_exit(vm, state.generation);
+        drop(state);
+        self.stage.send_replace(Stage::Defined);
+        Ok(())
+    }
+
+    /// What a VM is started from (`sync`), or received into (a migration's target):
+    /// the VMI converted to a domain, its disks prepared (pod-local files created once:
+    /// a retry reuses them), the VMM configuration, the DHCP server of a masquerade
+    /// interface.
+    fn prepare(
+        &self,
+        vmi: &VirtualMachineInstance,
+        options: Option<&VirtualMachineOptions>,
+    ) -> Result<Prepared> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
         // What every process agrees this launcher runs, before a name becomes a path (the
         // disk plans below check their names again).
         proto::contract::runnable::check(vmi)?;
@@ -363,53 +446,11 @@ impl Manager {
         } else {
             None
         };
-
-        let vm = match Vm::start(config.clone()) {
-            Ok(vm) => Arc::new(vm),
-            Err(vmm::Error::BootDisk { disk, source, .. }) => {
-                // Defined and ended: the handler sees why the VMI failed.
-                let message = self.boot_failed(&mut domain, disk, &source);
-                state.dhcp = None;
-                state.config = Some(config);
-                self.emit("ADDED", &domain);
-                state.domain = Some(domain);
-                drop(state);
-                self.stage.send_replace(Stage::Defined);
-                return fail(message);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        self.report_boot(&domain, &vm);
-        let console_log = start_console_log(&domain);
-        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
-        if paused {
-            vm.pause()?;
-        }
-        domain.status.status = if paused {
-            LifeCycle::Paused
-        } else {
-            LifeCycle::Running
-        };
-        domain.status.reason = if paused {
-            StateChangeReason::User
-        } else {
-            StateChangeReason::Unknown
-        };
-        state.generation += 1;
-        state.paused_by_user = paused;
-        state.shutdown_requested = false;
-        state.killed = false;
-        state.dhcp = dhcp;
-        state.console_log = console_log;
-        state.config = Some(config);
-        state.vm = Some(vm.clone());
-        tracing::info!(domain = %domain.spec.name, "domain defined and started");
-        self.emit("ADDED", &domain);
-        state.domain = Some(domain);
-        self.watch_exit(vm, state.generation);
-        drop(state);
-        self.stage.send_replace(Stage::Defined);
-        Ok(())
+        Ok(Prepared {
+            domain,
+            config,
+            dhcp,
+        })
     }
 
     /// Waits for the VM to end on its own thread and records how it ended.

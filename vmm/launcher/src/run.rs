@@ -111,6 +111,21 @@ async fn run_inner(flags: Flags, sandbox: vmm::SandboxConfig) -> anyhow::Result<
         }
     };
 
+    // A migration's target waits for its VM (or to be let go, or a stop signal).
+    let defined = defined
+        && (*stage.borrow() != Stage::Incoming
+            || {
+                tokio::select! {
+                    biased;
+                    r = stage.wait_for(|s| *s != Stage::Incoming) => {
+                        r.is_ok_and(|s| *s == Stage::Defined)
+                    }
+                    s = &mut signals => {
+                        tracing::info!("{} while waiting for a migration: exiting", s.unwrap_or("signal"));
+                        false
+                    }
+                }
+            });
     if defined {
         monitor(&flags, &manager, &mut signals, standalone.is_some()).await;
         wait_for_final_notify(&manager, &mut progress).await;

@@ -103,7 +103,8 @@ impl MigrationProgress {
     pub fn remaining_disk_bytes(&self) -> u64 {
         self.remaining_disk_bytes.load(Ordering::Relaxed)
     }
-    fn is_cancelled(&self) -> bool {
+    /// Whether the migration was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
     }
 }

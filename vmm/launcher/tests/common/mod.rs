@@ -96,9 +96,15 @@ impl Pod {
     }
 
     pub fn start_launcher(&self, extra: &[&str]) -> Launcher {
+        self.start_launcher_with_env(extra, &[])
+    }
+
+    /// With environment variables set as the pod sets them (`POD_NAME`).
+    pub fn start_launcher_with_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Launcher {
         let child = Command::new(env!("CARGO_BIN_EXE_virt-launcher"))
             .args(self.flags(extra))
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .spawn()
             .expect("virt-launcher starts");
         let launcher = Launcher { child };
