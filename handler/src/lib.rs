@@ -29,6 +29,7 @@ pub mod domains;
 pub mod healthz;
 pub mod launchers;
 pub mod metrics;
+pub mod migration;
 pub mod node;
 pub(crate) mod podfs;
 pub(crate) mod podside;

@@ -225,7 +225,7 @@ impl FrontProxy {
         let front_proxy = self.clone();
         Arc::new(handler_api::ClientVerifier::new(
             move || front_proxy.verifier(),
-            None,
+            &[],
             false,
         ))
     }

@@ -36,6 +36,12 @@ pub const PORT: u16 = 8186;
 pub const SERVER_COMMON_NAME: &str = "kubevirt.io:system:node:virt-handler";
 /// The client certificate's common name (the one handlers and virt-api present).
 pub const CLIENT_COMMON_NAME: &str = "kubevirt.io:system:client:virt-handler";
+/// The common names a handler accepts on its migration proxies' TLS (v1.9.0's
+/// `--migration-cn-types` default, `virt-handler` and `migration`, as
+/// `kubevirt.io:system:client:<type>`): the handler client certificate, or a certificate
+/// made for migrations.
+pub const MIGRATION_CLIENT_COMMON_NAMES: &[&str] =
+    &[CLIENT_COMMON_NAME, "kubevirt.io:system:client:migration"];
 /// The DNS name the serving certificate carries and the client asks for.
 pub const SERVER_NAME: &str = "virt-handler";
 /// The Secrets (`kubernetes.io/tls`) of the two certificates.
@@ -127,21 +133,53 @@ pub fn roots(ca_pem: &str) -> Result<Arc<rustls::RootCertStore>> {
 /// The handler's TLS: its certificate, and a client certificate of the CA with
 /// [`CLIENT_COMMON_NAME`] required of every client.
 pub fn server_config(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<rustls::ServerConfig> {
+    let mut config = mutual_server_config(cert_pem, key_pem, ca_pem, &[CLIENT_COMMON_NAME])?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The TLS of a handler's migration proxy towards the source's handler: its serving
+/// certificate, and a client certificate of the CA with one of
+/// [`MIGRATION_CLIENT_COMMON_NAMES`] required. A byte stream: no ALPN.
+pub fn migration_server_config(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+) -> Result<rustls::ServerConfig> {
+    mutual_server_config(cert_pem, key_pem, ca_pem, MIGRATION_CLIENT_COMMON_NAMES)
+}
+
+/// The source handler's side of a migration proxy: as virt-api's towards handlers, without
+/// ALPN.
+pub fn migration_client_config(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+) -> Result<rustls::ClientConfig> {
+    let mut config = client_config(cert_pem, key_pem, ca_pem)?;
+    config.alpn_protocols.clear();
+    Ok(config)
+}
+
+fn mutual_server_config(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+    common_names: &'static [&'static str],
+) -> Result<rustls::ServerConfig> {
     let chain = chain_verifier(roots(ca_pem)?)?;
     let verifier = Arc::new(ClientVerifier::new(
         move || Some(chain.clone()),
-        Some(CLIENT_COMMON_NAME),
+        common_names,
         true,
     ));
     let key =
         PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("the serving key is not PEM")?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+    rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_single_cert(certificates(cert_pem, "the serving certificate")?, key)
-        .context("the serving certificate and key")?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+        .context("the serving certificate and key")
 }
 
 /// virt-api's TLS towards handlers: its client certificate, and a server certificate of the
@@ -159,12 +197,12 @@ pub fn client_config(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<rust
 }
 
 /// A client-certificate verifier that judges each handshake's chain by the verifier `current`
-/// gives at that moment (none: every certificate is refused), then, if `common_name` is set,
-/// the leaf's common name (v1.9.0 `verifyPeerCert`: "common name is invalid").
+/// gives at that moment (none: every certificate is refused), then, if `common_names` is not
+/// empty, the leaf's common name (v1.9.0 `verifyPeerCert`: "common name is invalid").
 /// `mandatory: false` asks for a certificate but lets a client without one in.
 pub struct ClientVerifier {
     current: Box<dyn Fn() -> Option<Arc<dyn ClientCertVerifier>> + Send + Sync>,
-    common_name: Option<&'static str>,
+    common_names: &'static [&'static str],
     mandatory: bool,
     algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
@@ -172,7 +210,7 @@ pub struct ClientVerifier {
 impl std::fmt::Debug for ClientVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientVerifier")
-            .field("common_name", &self.common_name)
+            .field("common_names", &self.common_names)
             .field("mandatory", &self.mandatory)
             .finish()
     }
@@ -181,12 +219,12 @@ impl std::fmt::Debug for ClientVerifier {
 impl ClientVerifier {
     pub fn new(
         current: impl Fn() -> Option<Arc<dyn ClientCertVerifier>> + Send + Sync + 'static,
-        common_name: Option<&'static str>,
+        common_names: &'static [&'static str],
         mandatory: bool,
     ) -> Self {
         ClientVerifier {
             current: Box::new(current),
-            common_name,
+            common_names,
             mandatory,
             algorithms: provider().signature_verification_algorithms,
         }
@@ -217,10 +255,12 @@ impl ClientCertVerifier for ClientVerifier {
             return Err(rustls::Error::General("no client CA known yet".into()));
         };
         let verified = chain.verify_client_cert(end_entity, intermediates, now)?;
-        match (self.common_name, common_name(end_entity)) {
-            (None, _) => Ok(verified),
-            (Some(wanted), Some(name)) if name == wanted => Ok(verified),
-            (Some(_), other) => Err(rustls::Error::General(format!(
+        if self.common_names.is_empty() {
+            return Ok(verified);
+        }
+        match common_name(end_entity) {
+            Some(name) if self.common_names.contains(&name.as_str()) => Ok(verified),
+            other => Err(rustls::Error::General(format!(
                 "common name is invalid, got {}",
                 other.unwrap_or_default()
             ))),
