@@ -54,6 +54,10 @@ pub enum Error {
     /// A live migration is moving the VM: it cannot be paused, resumed or sent input.
     #[error("the VM is being migrated")]
     Migrating,
+    /// A live migration's answer was lost after the VM's state went out: the target may
+    /// run it, so this copy stays paused (`MigrationError::OutcomeUnknown`).
+    #[error("the VM may run on its migration's target (the answer was lost): it stays paused here")]
+    MaybeMigrated,
     /// A live migration's target could not take the VM (`crate::migration`).
     #[error("incoming migration: {0}")]
     Migration(#[from] crate::migration::MigrationError),

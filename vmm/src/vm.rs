@@ -68,7 +68,18 @@ impl Vm {
     /// end): its memory, devices and vCPUs, checked as untrusted input. Returns the VM
     /// running here; on failure the source is told why (and keeps its VM).
     pub fn receive<S: Read + Write>(config: VmConfig, stream: &mut S) -> Result<VmHandle> {
-        let result = Self::receive_inner(config, stream);
+        Self::receive_gated(config, stream, &|| Ok(()))
+    }
+
+    /// [`Vm::receive`], asking `gate` once the whole state is here and before any vCPU
+    /// runs whether the VM may run here: its `Err` (the target's owner let go of the
+    /// migration meanwhile) refuses it, and the source, told why, keeps its VM.
+    pub fn receive_gated<S: Read + Write>(
+        config: VmConfig,
+        stream: &mut S,
+        gate: &dyn Fn() -> std::result::Result<(), String>,
+    ) -> Result<VmHandle> {
+        let result = Self::receive_inner(config, stream, gate);
         let reply = match &result {
             Ok(_) => Reply::Running {
                 released_at_ns: migration::monotonic_ns(),
@@ -88,19 +99,27 @@ impl Vm {
         }
     }
 
-    fn receive_inner<S: Read>(config: VmConfig, stream: &mut S) -> Result<VmHandle> {
+    fn receive_inner<S: Read>(
+        config: VmConfig,
+        stream: &mut S,
+        gate: &dyn Fn() -> std::result::Result<(), String>,
+    ) -> Result<VmHandle> {
         let layout = layout(&config)?;
         migration::receive_header(stream, &layout)?;
         let (built, starting) = build(config, Boot::Incoming)?;
         let disks = built.platform.virtio.disks.clone();
-        let incoming = match migration::receive(stream, &built.memory, &layout, &disks) {
-            Ok(incoming) => incoming,
-            Err(e) => {
-                built.control.finish(VmExit::InternalError(e.to_string()));
-                starting.abort();
-                return Err(Error::Migration(e));
-            }
-        };
+        let incoming =
+            match migration::receive(stream, &built.memory, &layout, &disks).and_then(|incoming| {
+                gate().map_err(|why| MigrationError::State(format!("the target let go: {why}")))?;
+                Ok(incoming)
+            }) {
+                Ok(incoming) => incoming,
+                Err(e) => {
+                    built.control.finish(VmExit::InternalError(e.to_string()));
+                    starting.abort();
+                    return Err(Error::Migration(e));
+                }
+            };
         let devices = built.platform.devices();
         let vm = built.vm.clone();
         let control = built.control.clone();
@@ -163,6 +182,7 @@ impl Built {
             vcpu_tids: self.vcpu_tids,
             layout: self.layout,
             migrating: AtomicBool::new(false),
+            handed_off: AtomicBool::new(false),
             threads: Mutex::new(threads),
             resources: Resources {
                 _buses: platform.buses,
@@ -615,6 +635,9 @@ pub struct VmHandle {
     layout: wire::Layout,
     /// A migration runs: no second one, no pause, resume or guest input meanwhile.
     migrating: AtomicBool,
+    /// A migration's answer was lost after the state went out: the target may run the
+    /// VM, so this one stays paused for good (it can still be killed).
+    handed_off: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     resources: Resources,
 }
@@ -679,6 +702,12 @@ impl VmHandle {
         progress: &MigrationProgress,
     ) -> std::result::Result<MigrationReport, MigrationError> {
         virtio_state::migratable(&self.virtio).map_err(MigrationError::NotMigratable)?;
+        migration::disks::check_shared(&self.devices.disks, &options.shared_disks)?;
+        if self.handed_off.load(Ordering::SeqCst) {
+            return Err(MigrationError::OutcomeUnknown(
+                "an earlier migration's answer was lost".into(),
+            ));
+        }
         if self
             .migrating
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -687,6 +716,10 @@ impl VmHandle {
             return Err(MigrationError::InProgress);
         }
         let result = self.migrate_now(stream, options, progress);
+        if matches!(result, Err(MigrationError::OutcomeUnknown(_))) {
+            // The target may run the VM: this copy never runs again.
+            self.handed_off.store(true, Ordering::SeqCst);
+        }
         self.migrating.store(false, Ordering::SeqCst);
         result
     }
@@ -706,6 +739,7 @@ impl VmHandle {
             save_devices: &|e| devices.save(e),
             pause_devices: &|pause| devices.pause_virtio(pause),
             disks: &devices.disks,
+            shared_disks: &options.shared_disks,
             was_paused: self.control.state() == VmState::Paused,
         };
         migration::send(&source, stream, options, progress)
@@ -785,6 +819,9 @@ impl VmHandle {
         }
         if self.migrating.load(Ordering::SeqCst) {
             return Err(Error::Migrating);
+        }
+        if self.handed_off.load(Ordering::SeqCst) {
+            return Err(Error::MaybeMigrated);
         }
         Ok(())
     }

@@ -268,7 +268,7 @@ fn a_target_that_dies_mid_way_fails_the_migration_and_the_source_runs_on() {
 }
 
 #[test]
-fn a_target_gone_after_the_state_leaves_the_source_paused_for_its_owner_to_decide() {
+fn a_target_gone_after_the_state_leaves_the_source_paused_for_good() {
     let (source, source_out, _) = start_source(8);
     let (a, mut b) = UnixStream::pair().unwrap();
     // A target that reads the whole stream, then vanishes without an answer: it may
@@ -296,9 +296,81 @@ fn a_target_gone_after_the_state_leaves_the_source_paused_for_its_owner_to_decid
     let frozen = dots(&source_out);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(dots(&source_out), frozen, "the source ran on");
-    // Its owner knows the target is gone: it resumes it.
-    source.resume().unwrap();
+    // It never runs here again: no resume, no second migration, no guest input; a
+    // kill ends it.
+    let refused = source.resume().expect_err("resumed");
+    assert!(matches!(refused, vmm::Error::MaybeMigrated), "{refused}");
+    assert!(source.request_shutdown().is_err());
+    let (mut again, _other) = UnixStream::pair().unwrap();
+    let err = source
+        .migrate(&mut again, &defaults(), &MigrationProgress::default())
+        .expect_err("migrated twice");
+    assert!(matches!(err, MigrationError::OutcomeUnknown(_)), "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(dots(&source_out), frozen, "the source ran on");
+    source.kill();
+    assert_eq!(source.wait_timeout(BOOT), Some(VmExit::Killed));
+}
+
+#[test]
+fn a_target_let_go_before_its_vm_runs_gives_it_back_to_the_source() {
+    let (source, source_out, cmdline) = start_source(8);
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let target_out = SerialCapture::new();
+    let target_config = config(&cmdline, &target_out);
+    // The whole state arrives, then the target's owner has let go (a delete).
+    let target = std::thread::spawn(move || {
+        Vm::receive_gated(target_config, &mut b, &|| Err("deleted".to_string()))
+    });
+    let mut a = a;
+    let err = source
+        .migrate(&mut a, &defaults(), &MigrationProgress::default())
+        .expect_err("the target let go");
+    assert!(
+        matches!(&err, MigrationError::TargetFailed(why) if why.contains("deleted")),
+        "{err}"
+    );
+    assert!(target.join().unwrap().is_err());
+    assert!(
+        !target_out.text().contains('.'),
+        "the target's guest ran: {}",
+        target_out.text()
+    );
     still_runs(&source, &source_out);
+}
+
+#[test]
+fn a_vm_with_a_writable_shared_disk_is_refused_before_anything_is_sent() {
+    common::require_kvm();
+    let capture = SerialCapture::new();
+    let mut config = config("checks=serial exit=halt wait=60", &capture);
+    let dir = common::tempdir();
+    let disk = dir.path().join("disk.raw");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    config
+        .disks
+        .push(vmm::DiskConfig::new(disk, vmm::DiskFormat::Raw));
+    let vm = Vm::start(config).expect("start");
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    // A volume both sides open (a ReadWriteMany PVC): copying it onto itself would
+    // revert the guest's writes; handing its lock over is not built.
+    let options = MigrationOptions {
+        shared_disks: vec![0],
+        ..defaults()
+    };
+    let err = vm
+        .migrate(&mut a, &options, &MigrationProgress::default())
+        .expect_err("a shared writable disk");
+    assert!(
+        matches!(&err, MigrationError::NotMigratable(why) if why.contains("disk 0 is writable and shared")),
+        "{err}"
+    );
+    drop(a);
+    let mut sent = Vec::new();
+    b.read_to_end(&mut sent).unwrap();
+    assert!(sent.is_empty(), "{} bytes sent", sent.len());
+    assert_eq!(vm.exit(), None);
+    vm.resume().expect("the VM is untouched");
 }
 
 #[test]

@@ -11,15 +11,17 @@
 //! - [`SourceListener`]: on the source node, a unix socket created in the source pod; each
 //!   connection the launcher opens is joined to the target node's port over TLS.
 //!
-//! Each connection carries bytes both ways until both directions have ended (a direction
-//! that ends is shut down on the other leg). `disableTLS` (plain TCP) is `None` for the
-//! TLS configuration. A proxy stops when its handle is dropped; established connections
-//! are cut with it.
+//! Each connection carries bytes both ways and ends, both legs closed, as soon as either
+//! direction ends (as v1.9.0's proxy does: the migration stream needs no half-close). A
+//! TLS handshake must finish within [`HANDSHAKE_TIMEOUT`]. `disableTLS` (plain TCP) is
+//! `None` for the TLS configuration. A proxy stops when its handle is dropped;
+//! established connections are cut with it.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -30,13 +32,25 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 /// certificate carries it; v1.9.0 checks the common name instead).
 const SERVER_NAME: &str = handler_api::SERVER_NAME;
 
-/// Joins the two legs of one connection.
-async fn join<A, B>(mut a: A, mut b: B)
+/// How long a peer has to finish its TLS handshake (a stalled one holds nothing).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed accept (out of descriptors): a pause, not a spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Joins the two legs of one connection until either direction ends; both legs are
+/// dropped (closed) then.
+async fn join<A, B>(a: A, b: B)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    if let Err(e) = tokio::io::copy_bidirectional(&mut a, &mut b).await {
+    let (mut a_read, mut a_write) = tokio::io::split(a);
+    let (mut b_read, mut b_write) = tokio::io::split(b);
+    let ended = tokio::select! {
+        r = tokio::io::copy(&mut a_read, &mut b_write) => r,
+        r = tokio::io::copy(&mut b_read, &mut a_write) => r,
+    };
+    if let Err(e) = ended {
         tracing::debug!("migration proxy connection ended: {e}");
     }
 }
@@ -79,6 +93,7 @@ impl TargetListener {
                     Ok(accepted) => accepted,
                     Err(e) => {
                         tracing::warn!("migration target listener: {e}");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                         continue;
                     }
                 };
@@ -87,13 +102,21 @@ impl TargetListener {
                     let _ = tcp.set_nodelay(true);
                     // The handshake first: nothing reaches the pod without it.
                     let remote: Box<dyn Stream> = match acceptor {
-                        Some(acceptor) => match acceptor.accept(tcp).await {
-                            Ok(tls) => Box::new(tls),
-                            Err(e) => {
-                                tracing::warn!(%peer, "migration connection refused: {e}");
-                                return;
+                        Some(acceptor) => {
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                                .await
+                            {
+                                Ok(Ok(tls)) => Box::new(tls),
+                                Ok(Err(e)) => {
+                                    tracing::warn!(%peer, "migration connection refused: {e}");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::warn!(%peer, "migration connection: no handshake");
+                                    return;
+                                }
                             }
-                        },
+                        }
                         None => Box::new(tcp),
                     };
                     match UnixStream::connect(&pod_socket).await {
@@ -144,6 +167,7 @@ impl SourceListener {
                     Ok((pod, _)) => pod,
                     Err(e) => {
                         tracing::warn!("migration source listener: {e}");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                         continue;
                     }
                 };
@@ -161,10 +185,18 @@ impl SourceListener {
                         Some(connector) => {
                             let name = rustls::pki_types::ServerName::try_from(SERVER_NAME)
                                 .expect("a valid DNS name");
-                            match connector.connect(name, tcp).await {
-                                Ok(tls) => join(pod, tls).await,
-                                Err(e) => {
+                            match tokio::time::timeout(
+                                HANDSHAKE_TIMEOUT,
+                                connector.connect(name, tcp),
+                            )
+                            .await
+                            {
+                                Ok(Ok(tls)) => join(pod, tls).await,
+                                Ok(Err(e)) => {
                                     tracing::warn!(%target, "migration: TLS to the target: {e}")
+                                }
+                                Err(_) => {
+                                    tracing::warn!(%target, "migration: TLS to the target: no handshake")
                                 }
                             }
                         }

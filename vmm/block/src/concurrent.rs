@@ -435,15 +435,22 @@ impl ConcurrentDisk {
 
     /// The ranges the top image defines (`SharedDisk::defined_ranges`): for a qcow2
     /// image its allocated and zero clusters, not what reads through to the backing
-    /// chain; for a raw file all of it. Looked up a run of like clusters at a time,
+    /// chain; for a raw file the ranges that hold data (its holes read as zeros: the
+    /// copy's target must start out empty, as a new image does). Looked up a run of like clusters at a time,
     /// with the lock taken per run (the guest's requests go on meanwhile).
     pub fn defined_ranges(&self) -> DiskResult<Vec<DefinedRange>> {
         if self.is_raw {
-            return Ok(vec![DefinedRange {
-                offset: 0,
-                len: self.size,
-                zero: false,
-            }]);
+            // A raw file's holes read as zeros, as a new empty image's do.
+            return Ok(self
+                .data
+                .data_extents(self.size)?
+                .into_iter()
+                .map(|(offset, len)| DefinedRange {
+                    offset,
+                    len,
+                    zero: false,
+                })
+                .collect());
         }
         let mut ranges: Vec<DefinedRange> = Vec::new();
         let mut pos = 0;

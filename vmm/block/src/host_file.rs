@@ -279,6 +279,50 @@ pub(crate) struct DataHandle {
 }
 
 impl DataHandle {
+    /// The ranges below `size` that hold data, as the file system reports them
+    /// (`SEEK_DATA`/`SEEK_HOLE`; positional I/O does not use the file offset these
+    /// move). All of it when the file system cannot tell.
+    pub fn data_extents(&self, size: u64) -> io::Result<Vec<(u64, u64)>> {
+        let file = match &self.io {
+            FileIo::Os { file, .. } => file,
+            #[cfg(feature = "testing")]
+            FileIo::Simulated(_) => return Ok(vec![(0, size)]),
+        };
+        let seek = |pos: u64, whence: libc::c_int| -> io::Result<Option<u64>> {
+            let pos =
+                libc::off_t::try_from(pos).map_err(|_| io::Error::other("offset too large"))?;
+            // SAFETY: lseek on a descriptor this handle owns; it only moves the offset.
+            let at = unsafe { libc::lseek(file.as_raw_fd(), pos, whence) };
+            if at < 0 {
+                let e = io::Error::last_os_error();
+                // ENXIO: no data (or hole) at or after `pos`.
+                return if e.raw_os_error() == Some(libc::ENXIO) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
+            Ok(Some(at.cast_unsigned()))
+        };
+        let mut extents = Vec::new();
+        let mut pos = 0;
+        while pos < size {
+            let data = match seek(pos, libc::SEEK_DATA) {
+                Ok(Some(data)) if data < size => data,
+                Ok(_) => break,
+                Err(_) => return Ok(vec![(0, size)]),
+            };
+            let hole = seek(data, libc::SEEK_HOLE)
+                .ok()
+                .flatten()
+                .unwrap_or(size)
+                .min(size);
+            extents.push((data, hole - data));
+            pos = hole;
+        }
+        Ok(extents)
+    }
+
     pub fn read_data(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let (file, direct) = match &self.io {
             FileIo::Os { file, direct } => (file, direct),

@@ -88,6 +88,8 @@ struct Prepared {
     domain: Domain,
     config: VmConfig,
     dhcp: Option<DhcpHandle>,
+    /// The disks (indexes into `config.disks`) a migration must not copy.
+    shared_disks: Vec<usize>,
 }
 
 /// Options that do not come from the VMI.
@@ -127,6 +129,8 @@ struct State {
     console_log: Option<crate::console_log::ConsoleLog>,
     /// The last live migration, as source or target.
     migration: Option<migration::Migration>,
+    /// The disks a migration must not copy (`Prepared::shared_disks`).
+    shared_disks: Vec<usize>,
 }
 
 /// A failed request. Its text is the `Response.message` the handler shows (KubeVirt's
@@ -308,6 +312,7 @@ impl Manager {
             mut domain,
             config,
             dhcp,
+            shared_disks,
         } = self.prepare(vmi, options)?;
 
         let vm = match Vm::start(config.clone()) {
@@ -348,6 +353,7 @@ impl Manager {
         state.dhcp = dhcp;
         state.console_log = console_log;
         state.config = Some(config);
+        state.shared_disks = shared_disks;
         state.vm = Some(vm.clone());
         tracing::info!(domain = %domain.spec.name, "domain defined and started");
         self.emit("ADDED", &domain);
@@ -446,10 +452,29 @@ impl Manager {
         } else {
             None
         };
+        // Volumes both pods open as the same files (PVCs, DataVolumes, host disks): a
+        // migration does not copy them (and refuses a writable one). The others are the
+        // pod's own (overlays, empty disks, cloud-init images): copied.
+        let shared_disks = config
+            .disks
+            .iter()
+            .enumerate()
+            .filter(|(_, disk)| {
+                plans.iter().any(|plan| {
+                    plan.path == disk.path
+                        && matches!(
+                            plan.action,
+                            disks::Action::UseAsIs | disks::Action::CreateRawIfMissing(_)
+                        )
+                })
+            })
+            .map(|(index, _)| index)
+            .collect();
         Ok(Prepared {
             domain,
             config,
             dhcp,
+            shared_disks,
         })
     }
 
@@ -622,6 +647,8 @@ impl Manager {
     /// Removes the domain (libvirt's undefine): kills a VM still running,
     /// then reports the domain as gone.
     pub(crate) fn delete(&self) -> Result<()> {
+        // A migration's target deleted before its VM runs: it never will.
+        Self::let_go_of_incoming(&self.lock());
         self.kill()?;
         let mut state = self.lock();
         let Some(domain) = state.domain.take() else {

@@ -126,6 +126,8 @@ async fn run_inner(flags: Flags, sandbox: vmm::SandboxConfig) -> anyhow::Result<
                     }
                 }
             });
+    // Let go before any domain ran here (SignalTargetPodCleanup): nothing to watch.
+    let defined = defined && *stage.borrow() != Stage::Deleted;
     if defined {
         monitor(&flags, &manager, &mut signals, standalone.is_some()).await;
         wait_for_final_notify(&manager, &mut progress).await;

@@ -416,7 +416,7 @@ async fn migration_requests_without_what_they_need_are_refused_with_kubevirts_me
     require_root_and_kvm();
     let pod = Pod::new();
     let _notify = NotifyRecorder::start(&pod.paths.notify_socket());
-    let _launcher = pod.start_launcher(&[]);
+    let mut launcher = pod.start_launcher_with_env(&[], &[("POD_NAME", TARGET_POD)]);
     let mut cmd = cmd_client(&pod).await;
     let refused = |reply: proto::grpc::cmd::v1::Response| {
         assert!(!reply.success);
@@ -477,6 +477,17 @@ async fn migration_requests_without_what_they_need_are_refused_with_kubevirts_me
         "finalize",
     )
     .await;
-    ok(cmd.signal_target_pod_cleanup(vmi_request(vmi)), "cleanup").await;
+    let other_pod = String::from_utf8(vmi.clone())
+        .unwrap()
+        .replace(TARGET_POD, "virt-launcher-testvmi-other");
+    ok(
+        cmd.signal_target_pod_cleanup(vmi_request(other_pod.into_bytes())),
+        "cleanup of another pod",
+    )
+    .await;
     ok(cmd.ping(EmptyRequest {}), "still there").await;
+    // A cleanup for this pod, still waiting for a domain: it exits (KubeVirt's early
+    // exit signal).
+    ok(cmd.signal_target_pod_cleanup(vmi_request(vmi)), "cleanup").await;
+    assert_eq!(launcher.wait_exit(Duration::from_secs(30)), Some(0));
 }

@@ -3,8 +3,10 @@
 //! container-disk overlays, cloud-init images, empty disks) with QEMU's incremental
 //! block copy.
 //!
-//! Every writable disk is copied; a read-only disk stays where it is (both sides open
-//! the same image: readers share its lock). The target's copy is its own image over the
+//! Every writable disk is copied unless the caller says both sides share it
+//! (`MigrationOptions::shared_disks`: then the migration is refused, see below); a
+//! read-only disk stays where it is (both sides open the same image, or identical ones:
+//! readers share its lock). The target's copy is its own image over the
 //! same backing chain (a container-disk overlay over the same image), empty where the
 //! source's top image defines nothing: the source sends what its top image defines
 //! (`block::SharedDisk::defined_ranges`) in the first round, then in every round the
@@ -13,9 +15,9 @@
 //! runs, so that what the guest had flushed on the source is durable on the target.
 //!
 //! A writable disk shared by both sides (a ReadWriteMany volume) would need the image's
-//! lock handed over at the switch instead; that is not built: on one host the target
-//! cannot open such an image (the source holds its write lock) and the migration fails
-//! before anything runs there.
+//! lock handed over at the switch instead; that is not built, and such a VM is refused
+//! before anything is sent ([`check_shared`]): copying it onto itself would revert what
+//! the guest writes meanwhile.
 
 use std::io::Write;
 use std::sync::{Arc, Weak};
@@ -36,12 +38,28 @@ fn disk(disks: &DiskHandles, index: usize) -> Result<Arc<DirtyTracked>, Migratio
         .ok_or_else(|| MigrationError::Disk(format!("disk {index} is closed")))
 }
 
-/// The disks a migration copies: every writable one.
-fn copied(disks: &DiskHandles) -> Result<Vec<(u8, Arc<DirtyTracked>)>, MigrationError> {
+/// Refuses a VM with a writable disk both sides share.
+pub(crate) fn check_shared(disks: &DiskHandles, shared: &[usize]) -> Result<(), MigrationError> {
+    for &index in shared {
+        if !disk(disks, index)?.read_only() {
+            return Err(MigrationError::NotMigratable(format!(
+                "disk {index} is writable and shared by both sides: its image lock cannot be \
+                 handed over yet"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The disks a migration copies: every writable one not shared.
+fn copied(
+    disks: &DiskHandles,
+    shared: &[usize],
+) -> Result<Vec<(u8, Arc<DirtyTracked>)>, MigrationError> {
     let mut out = Vec::new();
     for index in 0..disks.len() {
         let d = disk(disks, index)?;
-        if !d.read_only() {
+        if !d.read_only() && !shared.contains(&index) {
             let index = u8::try_from(index)
                 .map_err(|_| MigrationError::NotMigratable("more than 255 disks".into()))?;
             out.push((index, d));
@@ -98,9 +116,12 @@ pub(crate) fn check_description(payload: &[u8], disks: &DiskHandles) -> Result<(
 
 /// Turns on the dirty log of the copied disks and returns what their top images define
 /// (taken after: a write in between is in both, never in neither).
-pub(crate) fn start(disks: &DiskHandles) -> Result<Vec<DiskRange>, MigrationError> {
+pub(crate) fn start(
+    disks: &DiskHandles,
+    shared: &[usize],
+) -> Result<Vec<DiskRange>, MigrationError> {
     let mut ranges = Vec::new();
-    for (index, d) in copied(disks)? {
+    for (index, d) in copied(disks, shared)? {
         d.start_tracking();
         let defined = d
             .defined_ranges()
@@ -122,9 +143,12 @@ pub(crate) fn stop(disks: &DiskHandles) {
 }
 
 /// What the guest wrote to the copied disks since the last call.
-pub(crate) fn take_dirty(disks: &DiskHandles) -> Result<Vec<DiskRange>, MigrationError> {
+pub(crate) fn take_dirty(
+    disks: &DiskHandles,
+    shared: &[usize],
+) -> Result<Vec<DiskRange>, MigrationError> {
     let mut ranges = Vec::new();
-    for (index, d) in copied(disks)? {
+    for (index, d) in copied(disks, shared)? {
         ranges.extend(
             d.take_dirty(MAX_DISK_DATA)
                 .into_iter()
@@ -162,7 +186,6 @@ pub(crate) fn send(
     let mut sent = 0;
     let mut buf = Vec::new();
     for r in ranges {
-        let d = disk(disks, usize::from(r.disk))?;
         let mut offset = r.range.offset;
         let end = r.range.offset + r.range.len;
         while offset < end {
@@ -171,6 +194,10 @@ pub(crate) fn send(
             e.u8(r.disk);
             e.u64(offset);
             let zero = r.range.zero || {
+                // Held for one read only, never across a write to the stream or the
+                // bandwidth limit's sleep: a guest reboot meanwhile closes and reopens
+                // the image, which must not find it still held.
+                let d = disk(disks, usize::from(r.disk))?;
                 buf.resize(int_cast::u64_to_usize(len), 0);
                 d.read_at(&mut buf, offset)
                     .map_err(|e| MigrationError::Disk(format!("disk {}: {e}", r.disk)))?;
@@ -223,10 +250,11 @@ pub(crate) fn receive(
         ))
         .into());
     }
-    let inside = offset
-        .checked_add(len)
-        .is_some_and(|end| end <= target.size());
-    if len == 0 || !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) || !inside {
+    let end = offset.checked_add(len);
+    let inside = end.is_some_and(|end| end <= target.size());
+    // Whole sectors, but for the tail of an image whose size is not a multiple of one.
+    let whole = len.is_multiple_of(SECTOR) || end == Some(target.size());
+    if len == 0 || !offset.is_multiple_of(SECTOR) || !whole || !inside {
         return Err(FormatError::Invalid(format!(
             "{len} bytes at {offset} of disk {index} ({} bytes) are not whole sectors inside it",
             target.size()
@@ -235,7 +263,9 @@ pub(crate) fn receive(
     }
     let written = match data {
         Some(data) => target.write_at(data, offset),
-        None => target.write_zeroes(offset, len, false),
+        // Unmapped where the format can (a raw image's hole, a qcow2 zero cluster): the
+        // range reads as zeros either way, and a sparse source stays sparse here.
+        None => target.write_zeroes(offset, len, true),
     };
     written.map_err(|e| MigrationError::Disk(format!("disk {index}: {e}")))?;
     Ok(index)

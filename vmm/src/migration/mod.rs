@@ -56,6 +56,11 @@ pub struct MigrationOptions {
     /// The stop-and-copy starts once what is left to send would take at most this long
     /// at the speed of the last round.
     pub max_downtime: Duration,
+    /// The disks (indexes into the configuration's) both sides open as the same image (a
+    /// shared volume): not copied. A writable one makes the VM unmovable (its image lock
+    /// would have to pass from source to target, which is not built). Every other
+    /// writable disk is copied (`disks`).
+    pub shared_disks: Vec<usize>,
 }
 
 impl MigrationOptions {
@@ -68,6 +73,7 @@ impl MigrationOptions {
             bandwidth: None,
             completion_timeout: Duration::from_secs(DEFAULT_COMPLETION_TIMEOUT_PER_GIB * giga),
             max_downtime: DEFAULT_MAX_DOWNTIME,
+            shared_disks: Vec::new(),
         }
     }
 }
@@ -187,8 +193,10 @@ pub(crate) struct Source<'a> {
     pub(crate) save_devices: &'a dyn Fn(&mut Encoder) -> Result<(), String>,
     /// Pauses (`true`) or resumes the devices' own threads (after the vCPUs).
     pub(crate) pause_devices: &'a dyn Fn(bool),
-    /// The disks, in the configuration's order (the writable ones are copied).
+    /// The disks, in the configuration's order, and which of them are shared (the
+    /// other writable ones are copied).
     pub(crate) disks: &'a disks::DiskHandles,
+    pub(crate) shared_disks: &'a [usize],
     /// The VM was paused before the migration: a failed one leaves it paused.
     pub(crate) was_paused: bool,
 }
@@ -222,7 +230,7 @@ fn send_logged<S: Read + Write>(
     progress: &MigrationProgress,
     start: Instant,
 ) -> Result<MigrationReport, MigrationError> {
-    let live = disks::start(source.disks)
+    let live = disks::start(source.disks, source.shared_disks)
         .and_then(|disk_ranges| pre_copy(source, stream, options, progress, start, disk_ranges));
     let dirty = match live {
         Ok(dirty) => dirty,
@@ -353,7 +361,7 @@ fn pre_copy<S: Write>(
         let elapsed = round_start.elapsed().max(Duration::from_micros(1));
         to_send =
             vm_state::take_dirty_pages(source.vm, source.memory).map_err(MigrationError::State)?;
-        disk_ranges = disks::take_dirty(source.disks)?;
+        disk_ranges = disks::take_dirty(source.disks, source.shared_disks)?;
         progress
             .remaining_pages
             .store(to_send.len() as u64, Ordering::Relaxed);
@@ -393,7 +401,7 @@ fn stop_and_copy<S: Write>(
     // The device threads are paused: every write the guest made is in the logs. A
     // chunk still waiting from the last round and written again goes twice (in order).
     let mut disk_ranges = disk_ranges.to_vec();
-    disk_ranges.extend(disks::take_dirty(source.disks)?);
+    disk_ranges.extend(disks::take_dirty(source.disks, source.shared_disks)?);
     let disk_bytes = disks::send(stream, source.disks, &disk_ranges, &mut |_| Ok(()))?;
     sent.bytes += disk_bytes;
     sent.disk_bytes += disk_bytes;

@@ -41,6 +41,10 @@ const ABORTED: &str = "Live migration has been aborted";
 const PROGRESS_POLL: Duration = Duration::from_millis(400);
 /// How often a waiting target looks whether it was let go.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// How long the source waits for the stream to take a write, or for the target's
+/// answer: a target node gone silent (the proxies' connections stay up) ends the
+/// migration instead of blocking it, paused in its stop-and-copy, for ever.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The last migration this launcher ran or prepared.
 pub(super) struct Migration {
@@ -53,6 +57,8 @@ enum Role {
         progress: Arc<MigrationProgress>,
         /// Cancelled by `CancelVirtualMachineMigration` or the progress watchdog.
         aborting: Arc<AtomicBool>,
+        /// The migration's thread has returned (nothing left to cancel).
+        done: Arc<AtomicBool>,
     },
     Target {
         /// Set by `SignalTargetPodCleanup`: stop waiting, cut the stream.
@@ -101,6 +107,7 @@ fn migration_state<'a>(vmi: &'a VirtualMachineInstance, key: &str) -> Option<&'a
 fn vmm_options(
     options: &KubevirtOptions,
     data: u64,
+    shared_disks: Vec<usize>,
 ) -> std::result::Result<vmm::MigrationOptions, String> {
     const MIB: u64 = 1 << 20;
     let bandwidth = match &options.bandwidth {
@@ -124,6 +131,7 @@ fn vmm_options(
         bandwidth,
         completion_timeout,
         max_downtime: vmm::DEFAULT_MAX_DOWNTIME,
+        shared_disks,
     })
 }
 
@@ -177,6 +185,16 @@ impl Manager {
             // The handler sends again before it saw the start: nothing to do.
             return Ok(());
         }
+        if let Some(running) = state
+            .migration
+            .as_ref()
+            .filter(|m| m.metadata.end_timestamp.is_none())
+        {
+            return fail(format!(
+                "migration job {} has not finished: one migration at a time",
+                running.metadata.uid
+            ));
+        }
         let vm = Self::running_vm(&state)?;
         let config = state
             .config
@@ -191,15 +209,21 @@ impl Manager {
             .filter_map(|d| std::fs::metadata(&d.path).ok())
             .map(|m| m.len())
             .sum();
-        let vmm_options = vmm_options(&options, (config.memory_mib << 20) + disks)
-            .map_err(|e| Failure::Refused(format!("migration options: {e}")))?;
+        let vmm_options = vmm_options(
+            &options,
+            (config.memory_mib << 20) + disks,
+            state.shared_disks.clone(),
+        )
+        .map_err(|e| Failure::Refused(format!("migration options: {e}")))?;
         let progress = Arc::new(MigrationProgress::default());
         let aborting = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
         state.migration = Some(Migration {
             metadata: MigrationMetadata::default(),
             role: Role::Source {
                 progress: progress.clone(),
                 aborting: aborting.clone(),
+                done: done.clone(),
             },
         });
         self.set_migration_metadata(
@@ -218,6 +242,7 @@ impl Manager {
         );
         let progress_timeout = u64::try_from(options.progress_timeout).unwrap_or(0);
         let manager = Arc::downgrade(self);
+        let uid = migration_uid.to_string();
         std::thread::Builder::new()
             .name("migration-source".into())
             .spawn(move || {
@@ -229,6 +254,11 @@ impl Manager {
                     )
                 });
                 let result = UnixStream::connect(&socket)
+                    .and_then(|stream| {
+                        stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
+                        stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
+                        Ok(stream)
+                    })
                     .map_err(|e| format!("connecting to {}: {e}", socket.display()))
                     .and_then(|mut stream| {
                         vm.migrate(&mut stream, &vmm_options, &progress)
@@ -248,17 +278,28 @@ impl Manager {
                     let _ = w.join();
                 }
                 if let Some(manager) = manager.upgrade() {
-                    manager.source_done(result, &aborting);
+                    manager.source_done(&uid, result, &aborting);
                 }
+                done.store(true, Ordering::SeqCst);
             })
             .map_err(|e| Failure::Refused(format!("cannot start the migration: {e}")))?;
         Ok(())
     }
 
     /// Records how the source's migration ended.
-    fn source_done(&self, result: std::result::Result<(), String>, aborting: &AtomicBool) {
+    fn source_done(
+        &self,
+        uid: &str,
+        result: std::result::Result<(), String>,
+        aborting: &AtomicBool,
+    ) {
         let mut state = self.lock();
-        let Some(mut metadata) = state.migration.as_ref().map(|m| m.metadata.clone()) else {
+        let Some(mut metadata) = state
+            .migration
+            .as_ref()
+            .map(|m| m.metadata.clone())
+            .filter(|m| m.uid == uid)
+        else {
             return;
         };
         let aborted = aborting.load(Ordering::SeqCst);
@@ -271,7 +312,10 @@ impl Manager {
             }
             Err(why) if why.starts_with("unknown:") => {
                 // The state went out and the answer was lost: the target may run the VM.
-                // It stays paused here, the migration open; never two copies.
+                // It stays paused here for good (the VMM refuses to resume it), the
+                // migration open: the target's handler hands the VMI over if the VM runs
+                // there; if it does not, the VMI has no running copy and only a delete
+                // of this domain ends it. Never two copies.
                 tracing::error!("{}", &why["unknown:".len()..]);
                 self.set_status(&mut state, LifeCycle::Paused, StateChangeReason::Migration);
                 return;
@@ -297,12 +341,18 @@ impl Manager {
         let mut state = self.lock();
         let Some(Migration {
             metadata,
-            role: Role::Source { progress, aborting },
+            role:
+                Role::Source {
+                    progress,
+                    aborting,
+                    done,
+                },
         }) = state.migration.as_ref()
         else {
             return Ok(());
         };
-        if metadata.start_timestamp.is_none()
+        if done.load(Ordering::SeqCst)
+            || metadata.start_timestamp.is_none()
             || metadata.end_timestamp.is_some()
             || matches!(metadata.abort_status.as_str(), "Aborting" | "Succeeded")
         {
@@ -338,6 +388,7 @@ impl Manager {
             domain,
             config,
             dhcp,
+            shared_disks,
         } = self.prepare(vmi, options)?;
         let socket = socket_path(
             &self.options.paths.share_dir,
@@ -348,6 +399,7 @@ impl Manager {
         let released = Arc::new(AtomicBool::new(false));
         let stream = Arc::new(std::sync::Mutex::new(None));
         state.dhcp = dhcp;
+        state.shared_disks = shared_disks;
         state.migration = Some(Migration {
             metadata: MigrationMetadata {
                 uid: migration_uid.to_string(),
@@ -377,7 +429,17 @@ impl Manager {
                 let Some(m) = manager.upgrade() else { return };
                 m.incoming_started(domain);
                 drop(m);
-                let received = Vm::receive(config.clone(), &mut incoming);
+                // Once the whole state is here, the VM runs only if the target was not
+                // let go meanwhile (a delete, SignalTargetPodCleanup): then the source,
+                // told so, keeps it.
+                let gate = || match manager.upgrade() {
+                    Some(m) if m.lock().domain.is_some() && !released.load(Ordering::SeqCst) => {
+                        Ok(())
+                    }
+                    _ => Err("the migration's target was let go".to_string()),
+                };
+                let received = Vm::receive_gated(config.clone(), &mut incoming, &gate);
+                *stream.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 if let Some(m) = manager.upgrade() {
                     m.incoming_done(received, config);
                 }
@@ -404,6 +466,11 @@ impl Manager {
     fn incoming_done(self: &Arc<Self>, received: vmm::Result<VmHandle>, config: vmm::VmConfig) {
         let mut state = self.lock();
         match received {
+            Ok(vm) if state.domain.is_none() => {
+                // Deleted between the gate and here: the delete stands.
+                tracing::warn!("the migrated VM arrived after its domain was deleted");
+                vm.kill();
+            }
             Ok(vm) => {
                 let vm = Arc::new(vm);
                 let paused = vm.state() == VmState::Paused;
@@ -454,22 +521,40 @@ impl Manager {
             return Ok(());
         }
         let state = self.lock();
+        if state.vm.is_some() {
+            return Ok(()); // the VM runs here: nothing to let go
+        }
+        let waiting = match state.migration.as_ref() {
+            Some(Migration {
+                role: Role::Target { .. },
+                ..
+            }) => true,
+            // No target prepared yet: a launcher still waiting for a domain exits.
+            None => state.domain.is_none(),
+            Some(_) => false,
+        };
+        if waiting {
+            Self::let_go_of_incoming(&state);
+            drop(state);
+            self.stage.send_replace(Stage::Deleted);
+        }
+        Ok(())
+    }
+
+    /// A target stops waiting for its VM: no connection is taken any more, a stream in
+    /// progress is cut, and a VM fully received is not started (the gate in
+    /// `prepare_migration_target`).
+    pub(super) fn let_go_of_incoming(state: &State) {
         if let Some(Migration {
             role: Role::Target { released, stream },
             ..
         }) = state.migration.as_ref()
         {
-            if state.vm.is_some() {
-                return Ok(()); // the VM runs here: nothing to let go
-            }
             released.store(true, Ordering::SeqCst);
             if let Some(s) = stream.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
-            drop(state);
-            self.stage.send_replace(Stage::Deleted);
         }
-        Ok(())
     }
 }
 
@@ -551,21 +636,27 @@ mod tests {
             "AllowPostCopy":false,"ParallelMigrationThreads":8,"AllowWorkloadDisruption":false,
             "StallDetectorOptions":null,"Compression":null}"#,
         );
-        let o = vmm_options(&typical, 2 << 30).unwrap();
+        let o = vmm_options(&typical, 2 << 30, vec![1]).unwrap();
+        assert_eq!(o.shared_disks, vec![1]);
         assert_eq!(o.bandwidth, None);
         // 2 GiB is 2.15 GB: three started units.
         assert_eq!(o.completion_timeout, Duration::from_secs(450));
         assert_eq!(o.max_downtime, Duration::from_millis(300));
         let mib = |q: &str| {
-            vmm_options(&options(&format!(r#"{{"Bandwidth":"{q}"}}"#)), 1)
-                .unwrap()
-                .bandwidth
+            vmm_options(
+                &options(&format!(r#"{{"Bandwidth":"{q}"}}"#)),
+                1,
+                Vec::new(),
+            )
+            .unwrap()
+            .bandwidth
         };
         assert_eq!(mib("64Mi"), Some(64 << 20));
         assert_eq!(mib("100k"), Some(1 << 20), "less than a MiB is one");
         assert_eq!(mib("1500Ki"), Some(1 << 20), "rounded to whole MiB");
-        assert!(vmm_options(&options(r#"{"Bandwidth":"lots"}"#), 1).is_err());
-        let unlimited = vmm_options(&options(r#"{"CompletionTimeoutPerGiB":0}"#), 1).unwrap();
+        assert!(vmm_options(&options(r#"{"Bandwidth":"lots"}"#), 1, Vec::new()).is_err());
+        let unlimited =
+            vmm_options(&options(r#"{"CompletionTimeoutPerGiB":0}"#), 1, Vec::new()).unwrap();
         assert!(unlimited.completion_timeout > Duration::from_secs(1 << 30));
     }
 
