@@ -4,6 +4,7 @@
 //! ranges the guest wrote while that copy ran, sent again in rounds
 //! ([`DirtyTracked`]), the last ones while the VM is paused.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{DiskResult, SharedDisk};
@@ -30,6 +31,9 @@ pub struct DirtyTracked {
     inner: Arc<dyn SharedDisk>,
     /// One bit per [`DIRTY_CHUNK`] while tracking; `None` otherwise.
     dirty: Mutex<Option<Vec<u64>>>,
+    /// Whether `dirty` is `Some`, read without the lock: a write that is not tracked (all
+    /// of them but during a migration) costs one atomic load.
+    tracking: AtomicBool,
 }
 
 impl DirtyTracked {
@@ -37,6 +41,7 @@ impl DirtyTracked {
         DirtyTracked {
             inner,
             dirty: Mutex::new(None),
+            tracking: AtomicBool::new(false),
         }
     }
 
@@ -52,12 +57,18 @@ impl DirtyTracked {
     /// Starts remembering writes (with nothing marked).
     pub fn start_tracking(&self) {
         let words = int_cast::u64_to_usize(self.chunks().div_ceil(64));
-        *self.log() = Some(vec![0; words]);
+        let mut log = self.log();
+        *log = Some(vec![0; words]);
+        // Set under the lock, after the bitmap: a write that sees it marks the bitmap. A
+        // write that completed before this is in what the caller reads next.
+        self.tracking.store(true, Ordering::SeqCst);
     }
 
     /// Stops remembering writes.
     pub fn stop_tracking(&self) {
-        *self.log() = None;
+        let mut log = self.log();
+        self.tracking.store(false, Ordering::SeqCst);
+        *log = None;
     }
 
     /// The chunks written since the last call (or the start), as byte ranges in
@@ -90,6 +101,9 @@ impl DirtyTracked {
 
     /// Marks the chunks `[offset, offset + len)` touches (if tracking).
     fn mark(&self, offset: u64, len: u64) {
+        if !self.tracking.load(Ordering::SeqCst) {
+            return;
+        }
         let mut log = self.log();
         let Some(bits) = log.as_mut() else {
             return;
