@@ -13,50 +13,7 @@ use std::time::Duration;
 use handler::migration::proxy::{SourceListener, TargetListener};
 use std::io::{Read, Write};
 
-struct Pair {
-    cert: String,
-    key: String,
-}
-
-fn ca() -> (Pair, rcgen::Issuer<'static, rcgen::KeyPair>) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kubevirt.io");
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let cert = params.self_signed(&key).unwrap();
-    let pair = Pair {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    };
-    (pair, rcgen::Issuer::new(params, key))
-}
-
-fn leaf(
-    issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
-    common_name: &str,
-    names: &[&str],
-    usage: rcgen::ExtendedKeyUsagePurpose,
-) -> Pair {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params =
-        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, common_name);
-    params.extended_key_usages = vec![usage];
-    let cert = params.signed_by(&key, issuer).unwrap();
-    Pair {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
+use handler_api::test_certs::{Pair, ca, leaf, rcgen};
 
 /// The install's certificates: the CA, the handlers' serving certificate, and a client
 /// certificate with `client_cn` (of this CA, or of `other_ca`'s).

@@ -10,7 +10,10 @@
 //!
 //! Cases: 64 MiB and 512 MiB guests, idle (`exit=halt`: wakes once a second) and
 //! dirtying (`exit=tick dirty=16`: rewrites a quarter of 16 MiB, one word per page, every
-//! 10 ms, a different quarter each time).
+//! 10 ms, a different quarter each time); and a 64 MiB guest with a container-disk-like
+//! disk (a qcow2 overlay over a 256 MiB raw base, 64 MiB of it written in the overlay
+//! before the start) that it keeps writing (`blk=tick`), copied in the stream (the block
+//! copy: the target's own overlay over the same base).
 //!
 //! Run: `cargo bench -p vmm --bench migration` (MIGRATION_BENCH_RUNS=N, default 5).
 
@@ -33,34 +36,81 @@ struct Case {
     cmdline: &'static str,
     /// What the serial console shows once the guest is where it should be measured.
     ready: &'static str,
+    /// MiB written in the disk's overlay before the start (`None`: no disk).
+    disk_written_mib: Option<u64>,
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 5] = [
     Case {
         name: "64 MiB idle",
         memory_mib: 64,
         cmdline: "checks=serial exit=halt wait=600",
         ready: "WAITING",
+        disk_written_mib: None,
     },
     Case {
         name: "64 MiB dirtying 4 of 16 MiB/10 ms",
         memory_mib: 64,
         cmdline: "checks=serial exit=tick wait=600 dirty=16",
         ready: "dirty ok pass=100",
+        disk_written_mib: None,
     },
     Case {
         name: "512 MiB idle",
         memory_mib: 512,
         cmdline: "checks=serial exit=halt wait=600",
         ready: "WAITING",
+        disk_written_mib: None,
     },
     Case {
         name: "512 MiB dirtying 4 of 16 MiB/10 ms",
         memory_mib: 512,
         cmdline: "checks=serial exit=tick wait=600 dirty=16",
         ready: "dirty ok pass=100",
+        disk_written_mib: None,
+    },
+    Case {
+        name: "64 MiB, 64 MiB of its disk's overlay copied, writing",
+        memory_mib: 64,
+        cmdline: "checks=serial exit=tick wait=600 blk=tick",
+        ready: "blk ok 2",
+        disk_written_mib: Some(64),
     },
 ];
+
+/// The base both overlays share.
+const DISK_BASE_MIB: u64 = 256;
+
+fn qemu(tool: &str, args: &[&str]) {
+    let out = std::process::Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool} (qemu-utils): {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A qcow2 overlay over `base` in `dir`, as the VM's disk.
+fn overlay(dir: &std::path::Path, name: &str, base: &std::path::Path) -> vmm::DiskConfig {
+    let path = dir.join(name);
+    let (path_text, base_text) = (path.to_str().unwrap(), base.to_str().unwrap());
+    qemu(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-b", base_text, "-F", "raw", path_text,
+        ],
+    );
+    vmm::DiskConfig {
+        backing: vmm::DiskBacking::Within {
+            dir: dir.to_path_buf(),
+            format: vmm::DiskFormat::Raw,
+        },
+        ..vmm::DiskConfig::new(path, vmm::DiskFormat::Qcow2)
+    }
+}
 
 fn config(case: &Case, capture: &SerialCapture) -> VmConfig {
     let mut config = VmConfig::new(KernelSource::Bytes(Arc::from(test_guest::ELF)));
@@ -72,8 +122,26 @@ fn config(case: &Case, capture: &SerialCapture) -> VmConfig {
 }
 
 fn run_once(case: &Case) -> MigrationReport {
+    let dir = tempfile::tempdir().expect("a directory for the disks");
+    let disks = case.disk_written_mib.map(|mib| {
+        let base = dir.path().join("base.raw");
+        std::fs::File::create(&base)
+            .and_then(|f| f.set_len(DISK_BASE_MIB << 20))
+            .expect("the base image");
+        let source = overlay(dir.path(), "source.qcow2", &base);
+        let written = format!("write -P 0x5a 0 {mib}M");
+        qemu(
+            "qemu-io",
+            &["-f", "qcow2", "-c", &written, source.path.to_str().unwrap()],
+        );
+        (source, overlay(dir.path(), "target.qcow2", &base))
+    });
     let source_out = SerialCapture::new();
-    let source = Vm::start(config(case, &source_out)).expect("start the source");
+    let mut source_config = config(case, &source_out);
+    source_config
+        .disks
+        .extend(disks.as_ref().map(|(s, _)| s.clone()));
+    let source = Vm::start(source_config).expect("start the source");
     assert!(
         source_out.wait_for(case.ready, READY),
         "{}: {}",
@@ -82,7 +150,10 @@ fn run_once(case: &Case) -> MigrationReport {
     );
     let (mut a, mut b) = UnixStream::pair().expect("socket pair");
     let target_out = SerialCapture::new();
-    let target_config = config(case, &target_out);
+    let mut target_config = config(case, &target_out);
+    target_config
+        .disks
+        .extend(disks.as_ref().map(|(_, t)| t.clone()));
     let target = std::thread::spawn(move || Vm::receive(target_config, &mut b));
     let options = MigrationOptions::kubevirt_defaults(case.memory_mib << 20);
     let report = source
@@ -112,9 +183,9 @@ fn main() {
         .unwrap_or(5)
         .max(1);
     println!(
-        "| case | runs | total ms | downtime ms | downtime / QEMU's 300 ms limit | rounds | stop-and-copy pages | MiB on the stream |"
+        "| case | runs | total ms | downtime ms | downtime / QEMU's 300 ms limit | rounds | stop-and-copy pages | MiB on the stream | of which disk MiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for case in &CASES {
         let started = Instant::now();
         let reports: Vec<MigrationReport> = (0..runs).map(|_| run_once(case)).collect();
@@ -126,7 +197,7 @@ fn main() {
         };
         let downtime = ms(&|r| r.downtime);
         println!(
-            "| {} | {runs} | {:.1} | {:.2} | {:.3} | {:.0} | {:.0} | {:.1} |",
+            "| {} | {runs} | {:.1} | {:.2} | {:.3} | {:.0} | {:.0} | {:.1} | {:.1} |",
             case.name,
             ms(&|r| r.total),
             downtime,
@@ -134,6 +205,7 @@ fn main() {
             num(&|r| r.rounds),
             num(&|r| r.final_pages),
             num(&|r| r.bytes) / f64::from(1 << 20),
+            num(&|r| r.disk_bytes) / f64::from(1 << 20),
         );
         eprintln!("{}: {:.1} s", case.name, started.elapsed().as_secs_f64());
     }

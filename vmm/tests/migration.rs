@@ -72,14 +72,20 @@ fn ticks_past(capture: &SerialCapture, than: usize) -> bool {
     false
 }
 
-/// The last `dirty ok pass=N` the guest printed.
-fn last_pass(capture: &SerialCapture) -> u64 {
+/// The number after the last `prefix` the guest printed (`dirty ok pass=`, `rng ok `,
+/// `blk ok `, `net tx `), 0 before the first.
+fn last_count(capture: &SerialCapture, prefix: &str) -> u64 {
     capture
         .text()
-        .rsplit("dirty ok pass=")
+        .rsplit(prefix)
         .next()
+        .filter(|_| capture.text().contains(prefix))
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+fn last_pass(capture: &SerialCapture) -> u64 {
+    last_count(capture, "dirty ok pass=")
 }
 
 fn assert_no_failure(capture: &SerialCapture) {
@@ -442,17 +448,6 @@ fn still_runs(source: &VmHandle, out: &SerialCapture) {
     );
 }
 
-/// The last `rng ok N` the guest printed.
-fn last_rng_answer(capture: &SerialCapture) -> u64 {
-    capture
-        .text()
-        .rsplit("rng ok ")
-        .next()
-        .filter(|_| capture.text().contains("rng ok "))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_running_virtio_pci_device_moves_with_its_queue() {
     a_running_virtio_device_moves_with_its_queue(vmm::VirtioTransportKind::Pci);
@@ -490,15 +485,15 @@ fn a_running_virtio_device_moves_with_its_queue(transport: vmm::VirtioTransportK
         .migrate(&mut a, &defaults(), &MigrationProgress::default())
         .expect("migrate");
     let target = target.join().unwrap().expect("the target runs the VM");
-    let before = last_rng_answer(&source_out);
+    let before = last_count(&source_out, "rng ok ");
     // The guest's RNG requests go on on the target: its transport and queue (rings,
     // indexes) came along, and the answers are counted on.
     let deadline = Instant::now() + BOOT;
-    while last_rng_answer(&target_out) < before + 3 && Instant::now() < deadline {
+    while last_count(&target_out, "rng ok ") < before + 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
-        last_rng_answer(&target_out) >= before + 3,
+        last_count(&target_out, "rng ok ") >= before + 3,
         "source stopped at {before}: {}",
         target_out.text()
     );
@@ -507,49 +502,17 @@ fn a_running_virtio_device_moves_with_its_queue(transport: vmm::VirtioTransportK
     target.kill();
 }
 
-fn qemu_img(args: &[&str]) -> String {
-    let out = std::process::Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img is required for this test (Debian package qemu-utils)");
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The last `blk ok N` the guest printed.
-fn last_blk_write(capture: &SerialCapture) -> u64 {
-    capture
-        .text()
-        .rsplit("blk ok ")
-        .next()
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// A qcow2 overlay over the raw `base`, as a container disk's.
+/// A qcow2 overlay over the raw `base`, as a container disk's, that may open its base.
 fn overlay(dir: &std::path::Path, name: &str, base: &std::path::Path) -> vmm::DiskConfig {
-    let path = dir.join(name);
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        base.to_str().unwrap(),
-        "-F",
-        "raw",
-        path.to_str().unwrap(),
-    ]);
     vmm::DiskConfig {
         backing: vmm::DiskBacking::Within {
             dir: dir.to_path_buf(),
             format: vmm::DiskFormat::Raw,
         },
-        ..vmm::DiskConfig::new(path, vmm::DiskFormat::Qcow2)
+        ..vmm::DiskConfig::new(
+            common::qcow2_overlay(dir, name, base),
+            vmm::DiskFormat::Qcow2,
+        )
     }
 }
 
@@ -613,7 +576,7 @@ fn a_guest_writing_its_disk_moves_with_the_disk_copied_into_the_targets_overlay(
         bandwidth: Some(1 << 20),
         ..defaults()
     };
-    let written_before = last_blk_write(&source_out);
+    let written_before = last_count(&source_out, "blk ok ");
     let report = source
         .migrate(&mut a, &options, &MigrationProgress::default())
         .expect("migrate");
@@ -621,17 +584,17 @@ fn a_guest_writing_its_disk_moves_with_the_disk_copied_into_the_targets_overlay(
     assert_eq!(source.wait_timeout(BOOT), Some(VmExit::Migrated));
     assert!(report.disk_bytes > 64 << 10, "{report:?}");
     assert!(
-        last_blk_write(&source_out) >= written_before + 2,
+        last_count(&source_out, "blk ok ") >= written_before + 2,
         "the guest wrote during the copy: {report:?}"
     );
-    let before = last_blk_write(&source_out);
+    let before = last_count(&source_out, "blk ok ");
     // On the target the guest goes on writing, and reads back what it wrote on the
     // source (write n checks write n / 2).
     let deadline = Instant::now() + BOOT;
-    while last_blk_write(&target_out) < 2 * before + 2 && Instant::now() < deadline {
+    while last_count(&target_out, "blk ok ") < 2 * before + 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let after = last_blk_write(&target_out);
+    let after = last_count(&target_out, "blk ok ");
     assert!(
         after >= 2 * before + 2,
         "source stopped at {before}: {}",
@@ -648,9 +611,9 @@ fn a_guest_writing_its_disk_moves_with_the_disk_copied_into_the_targets_overlay(
 
     // The target's overlay is sound and holds the whole disk: the source's own
     // clusters, every write on either side, and the base everywhere else.
-    qemu_img(&["check", "-q", "-f", "qcow2", target_path.to_str().unwrap()]);
+    common::qemu_img(&["check", "-q", "-f", "qcow2", target_path.to_str().unwrap()]);
     let flat = dir.path().join("target.raw");
-    qemu_img(&[
+    common::qemu_img(&[
         "convert",
         "-f",
         "qcow2",
@@ -681,16 +644,6 @@ fn a_guest_writing_its_disk_moves_with_the_disk_copied_into_the_targets_overlay(
         };
         assert_eq!(byte, expected, "byte {i} of the target's disk");
     }
-}
-
-/// The last `net tx N` the guest printed.
-fn last_net_tx(capture: &SerialCapture) -> u64 {
-    capture
-        .text()
-        .rsplit("net tx ")
-        .next()
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The `tick N` a frame from the guest carries.
@@ -741,7 +694,7 @@ fn a_guest_on_the_network_moves_to_a_vm_on_its_own_tap() {
             .migrate(&mut a, &defaults(), &MigrationProgress::default())
             .expect("migrate");
         let target = target.join().unwrap().expect("the target runs the VM");
-        let sent_on_source = last_net_tx(&source_out);
+        let sent_on_source = last_count(&source_out, "net tx ");
 
         // The guest's frames now leave through the target's tap, counted on from the
         // source's; frames for it arrive there, in buffers it had posted on the source.

@@ -14,18 +14,6 @@ use vmm::{
 
 const RUN: Duration = Duration::from_secs(180);
 
-fn qemu_img(args: &[&str]) {
-    let out = std::process::Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img is required for this test (Debian package qemu-utils)");
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn config(kernel: vmm::KernelSource, cmdline: &str, disk: DiskConfig) -> (VmConfig, SerialCapture) {
     let capture = SerialCapture::new();
     let mut config = VmConfig::new(kernel);
@@ -82,7 +70,7 @@ fn writes_before_an_unflushed_guest_reset_survive_the_restart_and_the_image_stay
     common::require_kvm();
     let dir = common::tempdir();
     let image = dir.path().join("disk.qcow2");
-    qemu_img(&[
+    common::qemu_img(&[
         "create",
         "-q",
         "-f",
@@ -141,18 +129,7 @@ fn a_vm_booting_from_its_disk_after_a_reset_reads_the_old_vms_writes() {
         .unwrap()
         .set_len(fill.end())
         .unwrap();
-    let overlay = dir.path().join("overlay.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        base.to_str().unwrap(),
-        "-F",
-        "raw",
-        overlay.to_str().unwrap(),
-    ]);
+    let overlay = common::qcow2_overlay(dir.path(), "overlay.qcow2", &base);
     let disk = DiskConfig {
         cache: DiskCache::None,
         backing: vmm::DiskBacking::Within {
@@ -173,7 +150,7 @@ fn a_second_vm_cannot_open_a_disk_another_vm_writes() {
     common::require_kvm();
     let dir = common::tempdir();
     let image = dir.path().join("disk.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", image.to_str().unwrap(), "1M"]);
+    common::qemu_img(&["create", "-q", "-f", "qcow2", image.to_str().unwrap(), "1M"]);
     let disk = DiskConfig::new(&image, DiskFormat::Qcow2);
     let (first, capture) = config(
         common::test_guest_kernel(),

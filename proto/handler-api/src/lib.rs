@@ -30,6 +30,9 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+#[cfg(feature = "testing")]
+pub mod test_certs;
+
 /// `--console-server-port`.
 pub const PORT: u16 = 8186;
 /// The handler's serving certificate's common name (`components.VirtHandlerServerCertSecretName`'s).

@@ -30,3 +30,38 @@ pub fn tempdir() -> tempfile::TempDir {
 pub fn test_guest_kernel() -> KernelSource {
     KernelSource::Bytes(Arc::from(test_guest::ELF))
 }
+
+/// Runs `qemu-img` (Debian's qemu-utils, a cross-check here) and returns its output.
+pub fn qemu_img(args: &[&str]) -> String {
+    let out = std::process::Command::new("qemu-img")
+        .args(args)
+        .output()
+        .expect("qemu-img is required for this test (Debian package qemu-utils)");
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A new qcow2 overlay `name` in `dir` over the raw `base` (a container disk's shape).
+pub fn qcow2_overlay(
+    dir: &std::path::Path,
+    name: &str,
+    base: &std::path::Path,
+) -> std::path::PathBuf {
+    let overlay = dir.join(name);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        base.to_str().unwrap(),
+        "-F",
+        "raw",
+        overlay.to_str().unwrap(),
+    ]);
+    overlay
+}
