@@ -271,6 +271,16 @@ pub(crate) fn receive(
     Ok(index)
 }
 
+/// [`flush`] on a thread of its own, while the stream goes on.
+pub(crate) fn flush_in_background(
+    disks: &DiskHandles,
+    written: &[bool],
+) -> std::thread::JoinHandle<Result<(), MigrationError>> {
+    let disks: Vec<Weak<DirtyTracked>> = disks.to_vec();
+    let written = written.to_vec();
+    std::thread::spawn(move || flush(&disks, &written))
+}
+
 /// Makes what was written into the copied disks durable (before the VM runs here).
 pub(crate) fn flush(disks: &DiskHandles, written: &[bool]) -> Result<(), MigrationError> {
     for (index, _) in written.iter().enumerate().filter(|(_, w)| **w) {

@@ -469,11 +469,22 @@ pub(crate) fn receive<S: Read>(
     let mut buf = Vec::new();
     let mut disks_checked = false;
     let mut disks_written = vec![false; disk_handles.len()];
+    let mut background_flushes = Vec::new();
     let mut platform: Option<(VmState, Vec<u8>)> = None;
     let mut vcpus: Vec<Option<VcpuState>> = (0..layout.vcpus).map(|_| None).collect();
     let mut paused = false;
     loop {
-        match pages::receive_until_state(stream, memory, &mut buf)? {
+        // A round's memory follows its disk chunks: what they wrote is flushed meanwhile,
+        // so that the flush before the VM runs here has only the last chunks left.
+        let mut flush_in_background = || {
+            if disks_written.iter().any(|w| *w) {
+                background_flushes.push(disks::flush_in_background(
+                    disk_handles,
+                    &std::mem::replace(&mut disks_written, vec![false; disk_handles.len()]),
+                ));
+            }
+        };
+        match pages::receive_until_state(stream, memory, &mut buf, &mut flush_in_background)? {
             Kind::Platform => {
                 if platform.is_some() {
                     return Err(FormatError::Invalid("a second platform frame".into()).into());
@@ -536,6 +547,11 @@ pub(crate) fn receive<S: Read>(
         })
         .collect::<Result<_, _>>()?;
     // What the guest had flushed on the source is durable here before it runs on.
+    for flush in background_flushes {
+        flush
+            .join()
+            .map_err(|_| MigrationError::Disk("a flush panicked".into()))??;
+    }
     disks::flush(disk_handles, &disks_written)?;
     Ok(Incoming {
         vm_state,

@@ -200,14 +200,22 @@ pub(crate) fn receive_zero_pages(
 }
 
 /// Reads frames until one that is not a page frame; page frames are written into
-/// `memory`. Returns the other frame's kind (its payload in `buf`).
+/// `memory`, and `first_page` is called before the first of them. Returns the other
+/// frame's kind (its payload in `buf`).
 pub(crate) fn receive_until_state(
     input: &mut impl Read,
     memory: &GuestMemoryMmap,
     buf: &mut Vec<u8>,
+    first_page: &mut dyn FnMut(),
 ) -> Result<Kind, WireError> {
+    let mut first = true;
     loop {
-        match wire::read_frame(input, buf)? {
+        let kind = wire::read_frame(input, buf)?;
+        if first && matches!(kind, Kind::Pages | Kind::ZeroPages) {
+            first = false;
+            first_page();
+        }
+        match kind {
             Kind::Pages => receive_pages(memory, buf)?,
             Kind::ZeroPages => receive_zero_pages(memory, buf)?,
             other => return Ok(other),
