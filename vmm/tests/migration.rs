@@ -75,12 +75,9 @@ fn ticks_past(capture: &SerialCapture, than: usize) -> bool {
 /// The number after the last `prefix` the guest printed (`dirty ok pass=`, `rng ok `,
 /// `blk ok `, `net tx `), 0 before the first.
 fn last_count(capture: &SerialCapture, prefix: &str) -> u64 {
-    capture
-        .text()
-        .rsplit(prefix)
-        .next()
-        .filter(|_| capture.text().contains(prefix))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+    let text = capture.text();
+    text.rsplit_once(prefix)
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
 

@@ -31,12 +31,9 @@ static mut TICKING: Option<Ticking> = None;
 /// Sets `dev` up and keeps it for [`tick`].
 pub fn keep(dev: &Device, r: &mut dyn Reporter) {
     let queue = Queue::new(1);
-    if let Err(e) = dev.initialize(0, &[&queue]) {
-        r.result("virtio-blk-tick", false, e);
-        dev.reset();
+    if !super::keep_device(dev, 0, &[&queue], "virtio-blk-tick", r) {
         return;
     }
-    r.result("virtio-blk-tick", true, "kept running");
     // SAFETY: see `TICKING`.
     unsafe {
         TICKING = Some(Ticking {

@@ -49,6 +49,28 @@ use crate::cmdline;
 use crate::report::{Detail, Reporter};
 use transport::{Device, ID_BLOCK, ID_NET, ID_RNG};
 
+/// Sets up a device that a `*=tick` mode keeps running (`rng`, `blk`, `net`), reported as
+/// `name`; `false` (reported failing, the device reset) when it does not start.
+fn keep_device(
+    dev: &Device,
+    features: u32,
+    queues: &[&queue::Queue],
+    name: &str,
+    r: &mut dyn Reporter,
+) -> bool {
+    match dev.initialize(features, queues) {
+        Ok(_) => {
+            r.result(name, true, "kept running");
+            true
+        }
+        Err(e) => {
+            r.result(name, false, e);
+            dev.reset();
+            false
+        }
+    }
+}
+
 /// The IOAPIC-free pin whose vector virtio-pci interrupts use here.
 const PCI_IRQ_PIN: u32 = 20;
 

@@ -47,9 +47,7 @@ static mut TICKING: Option<Ticking> = None;
 pub fn keep(dev: &Device, r: &mut dyn Reporter) {
     let mut rx = Queue::new(2);
     let tx = Queue::new(3);
-    if let Err(e) = dev.initialize(F_MAC, &[&rx, &tx]) {
-        r.result("virtio-net-tick", false, e);
-        dev.reset();
+    if !super::keep_device(dev, F_MAC, &[&rx, &tx], "virtio-net-tick", r) {
         return;
     }
     let mut mac = [0u8; 6];
@@ -61,7 +59,6 @@ pub fn keep(dev: &Device, r: &mut dyn Reporter) {
         post_rx(&mut rx, &mut rx_addr, rx_base() + i * u64::from(RX_BUF_LEN));
     }
     dev.notify(RX_QUEUE);
-    r.result("virtio-net-tick", true, "kept running");
     // SAFETY: see `TICKING`.
     unsafe {
         TICKING = Some(Ticking {

@@ -65,12 +65,9 @@ static mut TICKING: Option<Ticking> = None;
 /// Sets `dev` up and keeps it for [`tick`] instead of the check.
 pub fn keep(dev: &Device, r: &mut dyn Reporter) {
     let queue = Queue::new(0);
-    if let Err(e) = dev.initialize(0, &[&queue]) {
-        r.result("virtio-rng-tick", false, e);
-        dev.reset();
+    if !super::keep_device(dev, 0, &[&queue], "virtio-rng-tick", r) {
         return;
     }
-    r.result("virtio-rng-tick", true, "kept running");
     // SAFETY: see `TICKING`.
     unsafe {
         TICKING = Some(Ticking {
