@@ -10,8 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use handler::migration::proxy::{SourceListener, TargetListener};
+use handler::migration::proxy::{PodSocket, SourceListener, TargetListener};
 use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
 
 use handler_api::test_certs::{Pair, ca, leaf, rcgen};
 
@@ -95,17 +96,28 @@ async fn pods(
         .join("target/migrationproxy/uid-49152-source.sock");
     std::fs::create_dir_all(target_pod.parent().unwrap()).unwrap();
     let connections = target_launcher(&target_pod);
-    let target = TargetListener::start(LOOPBACK.parse().unwrap(), target_pod, tls_server)
+    let target_socket =
+        PodSocket::in_dir(target_pod.parent().unwrap(), "uid-49152-source.sock").unwrap();
+    let target = TargetListener::start(LOOPBACK.parse().unwrap(), target_socket, tls_server)
         .await
         .unwrap();
     let address: SocketAddr = format!("127.0.0.1:{}", target.port).parse().unwrap();
     let source_pod = dir
         .path()
         .join("source/migrationproxy/uid-49152-source.sock");
-    let source = SourceListener::start(source_pod, None, address, tls_client)
+    std::fs::create_dir_all(source_pod.parent().unwrap()).unwrap();
+    let source_socket =
+        PodSocket::in_dir(source_pod.parent().unwrap(), "uid-49152-source.sock").unwrap();
+    let source = SourceListener::start(source_socket, None, address, tls_client)
         .await
         .unwrap();
     (dir, source, target, connections)
+}
+
+/// The source pod's socket, as the launcher there dials it.
+fn source_socket(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path()
+        .join("source/migrationproxy/uid-49152-source.sock")
 }
 
 /// Sends 8 MiB through the source pod's socket while reading the answer; checks it.
@@ -132,10 +144,10 @@ fn round_trip(socket: &Path) -> std::io::Result<()> {
 async fn a_stream_crosses_both_handlers_over_mutual_tls_both_ways() {
     let (certs, issuer) = certs();
     let client = client_tls(&issuer, handler_api::CLIENT_COMMON_NAME, &certs.ca);
-    let (_dir, source, _target, connections) = pods(Some(server(&certs)), Some(client)).await;
+    let (dir, _source, _target, connections) = pods(Some(server(&certs)), Some(client)).await;
     // The target pod's socket is dialled only for a connection.
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
-    let socket = source.socket.clone();
+    let socket = source_socket(&dir);
     tokio::task::spawn_blocking(move || {
         round_trip(&socket).unwrap();
         round_trip(&socket).unwrap();
@@ -144,20 +156,20 @@ async fn a_stream_crosses_both_handlers_over_mutual_tls_both_ways() {
     .unwrap();
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
     // Only the owner may connect to the source pod's socket.
-    let mode = std::fs::metadata(&source.socket).unwrap();
+    let mode = std::fs::metadata(source_socket(&dir)).unwrap();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
         0o600
     );
     // A certificate made for migrations is accepted too.
     let migration = client_tls(&issuer, "kubevirt.io:system:client:migration", &certs.ca);
-    let (_dir, source, _target, _) = pods(Some(server(&certs)), Some(migration)).await;
-    let socket = source.socket.clone();
+    let (dir, source, _target, _) = pods(Some(server(&certs)), Some(migration)).await;
+    let socket = source_socket(&dir);
     tokio::task::spawn_blocking(move || round_trip(&socket).unwrap())
         .await
         .unwrap();
     // Dropped, the source's socket goes.
-    let gone = source.socket.clone();
+    let gone = source_socket(&dir);
     drop(source);
     assert!(!gone.exists());
 }
@@ -176,8 +188,8 @@ async fn peers_without_the_right_certificate_never_reach_the_target_pod() {
             client_tls(&other_issuer, handler_api::CLIENT_COMMON_NAME, &certs.ca),
         ),
     ] {
-        let (_dir, source, _target, connections) = pods(Some(server(&certs)), Some(client)).await;
-        let socket = source.socket.clone();
+        let (dir, _source, _target, connections) = pods(Some(server(&certs)), Some(client)).await;
+        let socket = source_socket(&dir);
         let result = tokio::task::spawn_blocking(move || round_trip(&socket))
             .await
             .unwrap();
@@ -190,8 +202,8 @@ async fn peers_without_the_right_certificate_never_reach_the_target_pod() {
     }
     drop(other_ca);
     // A plain TCP client (no TLS at all) is refused by a TLS target as well.
-    let (_dir, source, _target, connections) = pods(Some(server(&certs)), None).await;
-    let socket = source.socket.clone();
+    let (dir, _source, _target, connections) = pods(Some(server(&certs)), None).await;
+    let socket = source_socket(&dir);
     let result = tokio::task::spawn_blocking(move || round_trip(&socket))
         .await
         .unwrap();
@@ -202,10 +214,72 @@ async fn peers_without_the_right_certificate_never_reach_the_target_pod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tls_the_stream_goes_plain() {
     // KubeVirt's `migrations.disableTLS`.
-    let (_dir, source, _target, connections) = pods(None, None).await;
-    let socket = source.socket.clone();
+    let (dir, _source, _target, connections) = pods(None, None).await;
+    let socket = source_socket(&dir);
     tokio::task::spawn_blocking(move || round_trip(&socket).unwrap())
         .await
         .unwrap();
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// The pods own their `migrationproxy` directories: a link put where the target launcher's
+/// socket should be is not followed (it could lead to any socket on the node), and a link
+/// at the source socket's name is replaced, its target's mode and owner left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_in_the_pods_are_never_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    let host_socket = host.join("some-daemon.sock");
+    let reached = target_launcher(&host_socket);
+    let target_dir = dir.path().join("target/migrationproxy");
+    std::fs::create_dir_all(&target_dir).unwrap();
+    std::os::unix::fs::symlink(&host_socket, target_dir.join("uid-49152-source.sock")).unwrap();
+    let target = TargetListener::start(
+        LOOPBACK.parse().unwrap(),
+        PodSocket::in_dir(&target_dir, "uid-49152-source.sock").unwrap(),
+        None,
+    )
+    .await
+    .unwrap();
+    let source_dir = dir.path().join("source/migrationproxy");
+    std::fs::create_dir_all(&source_dir).unwrap();
+    let host_file = host.join("precious");
+    std::fs::write(&host_file, b"x").unwrap();
+    std::fs::set_permissions(
+        &host_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&host_file, source_dir.join("uid-49152-source.sock")).unwrap();
+    let address: SocketAddr = format!("127.0.0.1:{}", target.port).parse().unwrap();
+    let source = SourceListener::start(
+        PodSocket::in_dir(&source_dir, "uid-49152-source.sock").unwrap(),
+        None,
+        address,
+        None,
+    )
+    .await
+    .unwrap();
+    let mode = std::fs::metadata(&host_file).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o644
+    );
+    let socket = source_socket(&dir);
+    assert!(
+        std::fs::symlink_metadata(&socket)
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    let result = tokio::task::spawn_blocking(move || round_trip(&socket))
+        .await
+        .unwrap();
+    assert!(
+        result.is_err(),
+        "the stream reached a socket through a link"
+    );
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+    drop(source);
 }

@@ -154,6 +154,11 @@ fn the_daemonset_runs_the_handler_as_kubevirts_does() {
             "configmap:kubevirt-ca",
             "[default: /etc/virt-handler/ca/ca-bundle]",
         ),
+        (
+            "/etc/virt-handler/clientcertificates",
+            "secret:kubevirt-virt-handler-certs",
+            "[default: /etc/virt-handler/clientcertificates]",
+        ),
     ] {
         assert_eq!(
             mounts.get(container).map(String::as_str),

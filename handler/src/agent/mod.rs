@@ -2,6 +2,7 @@
 //! periodic resync; each reconcile reads the facts afresh, asks [`crate::sync`] what to
 //! do, does it, and writes the status the facts imply.
 
+mod migration;
 pub mod queue;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -48,6 +49,9 @@ pub struct AgentConfig {
     /// Set up the pod network and device ownership before the first sync. Off only for
     /// tests that drive a launcher without a pod.
     pub prepare_pod: bool,
+    /// How this node takes part in live migrations; `None`: it does not (a migration
+    /// to or from it waits).
+    pub migration: Option<crate::migration::MigrationSettings>,
 }
 
 impl AgentConfig {
@@ -59,6 +63,7 @@ impl AgentConfig {
             workers: 10,
             private_dir,
             prepare_pod: true,
+            migration: None,
         }
     }
 }
@@ -105,6 +110,8 @@ pub struct Agent {
     domain_awaited: DomainAwaited,
     /// The last failed sync of each VMI, until its status leaves that error behind.
     last_sync_error: LastSyncError,
+    /// The migration proxies this node runs.
+    proxies: crate::migration::Proxies,
     /// Wakes a VMI when its launcher socket appears; `None` when inotify is unavailable
     /// (then only the looks of `launcher_polls` find it).
     arrivals: Option<Arc<SocketArrivals>>,
@@ -272,6 +279,7 @@ impl Agent {
             done_once: DoneOnce::default(),
             domain_awaited: DomainAwaited::default(),
             last_sync_error: LastSyncError::default(),
+            proxies: Default::default(),
             arrivals: match SocketArrivals::new() {
                 Ok(a) => Some(Arc::new(a)),
                 Err(e) => {
@@ -513,6 +521,13 @@ impl Agent {
 
         let client = lookup.as_ref().and_then(|l| l.client.clone());
         let process = lookup.as_ref().and_then(|l| l.process.clone());
+        if let Some(v) = &vmi
+            && let Some(after) = self
+                .migration_step(key, v, domain.as_ref(), client.as_ref(), process.as_ref())
+                .await?
+        {
+            return Ok(after);
+        }
         let outcome = self
             .act(key, &action, vmi.as_ref(), domain.as_ref(), client, process)
             .await;
@@ -532,7 +547,13 @@ impl Agent {
             self.last_sync_error.forget(key);
             return sync_error.map_or(Ok(after), Err);
         };
-        if !action.updates_status() {
+        // A domain that migrated away says nothing about the VMI any more: the target
+        // node reports it.
+        let migrated_away = domain.as_ref().is_some_and(|d| {
+            d.status.status == LifeCycle::Shutoff
+                && d.status.reason == proto::domain::StateChangeReason::Migrated
+        });
+        if !action.updates_status() || migrated_away {
             return sync_error.map_or(Ok(after), Err);
         }
         if let Some(err) = &sync_error {
@@ -782,6 +803,7 @@ impl Agent {
             return;
         }
         self.launchers.cleanup(uid);
+        self.proxies.forget(uid);
         self.pod_ifaces.remove(uid);
         self.cache.forget_uid(key, uid);
     }

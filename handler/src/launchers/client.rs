@@ -148,6 +148,26 @@ impl VmiCommand {
     }
 }
 
+/// The migration commands that take a VMI (`handler/docs/migration.md` says who sends which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationCommand {
+    SyncTarget,
+    Cancel,
+    Finalize,
+    SignalTargetPodCleanup,
+}
+
+impl MigrationCommand {
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationCommand::SyncTarget => "SyncMigrationTarget",
+            MigrationCommand::Cancel => "CancelVirtualMachineMigration",
+            MigrationCommand::Finalize => "FinalizeVirtualMachineMigration",
+            MigrationCommand::SignalTargetPodCleanup => "SignalTargetPodCleanup",
+        }
+    }
+}
+
 /// A connected, version-negotiated client of one launcher.
 #[derive(Clone, Debug)]
 pub struct LauncherClient {
@@ -335,6 +355,59 @@ impl LauncherClient {
             .map_err(|status| classify("FreezeVirtualMachine", status))?
             .into_inner();
         check_response("FreezeVirtualMachine", Some(&reply))
+    }
+
+    /// `MigrateVirtualMachine`: starts the migration described by `status.migrationState`
+    /// with `options` (KubeVirt's `MigrationOptions` JSON); the launcher answers at once and
+    /// reports the rest through its domain's migration metadata.
+    pub async fn migrate(
+        &self,
+        vmi: &VirtualMachineInstance,
+        options: &serde_json::Value,
+    ) -> Result<(), CmdError> {
+        const NAME: &str = "MigrateVirtualMachine";
+        let request = vmi_request(vmi, None)?;
+        let request = with_timeout(
+            cmdv1::MigrationRequest {
+                vmi: request.vmi,
+                options: serde_json::to_vec(options).map_err(CmdError::EncodeVmi)?,
+            },
+            LONG_TIMEOUT,
+        );
+        let reply = self
+            .cmd
+            .clone()
+            .migrate_virtual_machine(request)
+            .await
+            .map_err(|status| classify(NAME, status))?
+            .into_inner();
+        check_response(NAME, Some(&reply))
+    }
+
+    /// One of the migration RPCs that take a VMI: `SyncMigrationTarget` gets the options a
+    /// sync gets; the others none.
+    pub async fn migration_command(
+        &self,
+        command: MigrationCommand,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<(), CmdError> {
+        let name = command.name();
+        let options = match command {
+            MigrationCommand::SyncTarget => Some(sync_options(vmi)),
+            _ => None,
+        };
+        let request = with_timeout(vmi_request(vmi, options)?, LONG_TIMEOUT);
+        let mut cmd = self.cmd.clone();
+        let reply = match command {
+            MigrationCommand::SyncTarget => cmd.sync_migration_target(request).await,
+            MigrationCommand::Cancel => cmd.cancel_virtual_machine_migration(request).await,
+            MigrationCommand::Finalize => cmd.finalize_virtual_machine_migration(request).await,
+            MigrationCommand::SignalTargetPodCleanup => {
+                cmd.signal_target_pod_cleanup(request).await
+            }
+        };
+        let reply = reply.map_err(|status| classify(name, status))?.into_inner();
+        check_response(name, Some(&reply))
     }
 
     pub async fn ping(&self) -> Result<(), CmdError> {

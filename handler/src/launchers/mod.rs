@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use proto::kubevirt::{VirtualMachineInstance, well_known};
 
-pub use client::{CmdError, LauncherClient, VmiCommand};
+pub use client::{CmdError, LauncherClient, MigrationCommand, VmiCommand};
 pub use ghost::{GhostRecord, GhostRecords};
 pub use process::LauncherProcess;
 pub use socket::PodPaths;

@@ -11,6 +11,12 @@
 //! - [`SourceListener`]: on the source node, a unix socket created in the source pod; each
 //!   connection the launcher opens is joined to the target node's port over TLS.
 //!
+//! Both meet their launcher through a [`PodSocket`]: the pod's `migrationproxy` directory,
+//! held by a descriptor opened inside the pod's root, and a name in it. The pod owns that
+//! directory and may swap any entry for a link at any time, so the target dials only a
+//! socket it opened without following links, and the source creates, owns and removes
+//! its socket relative to the descriptor, never by a path walked again.
+//!
 //! Each connection carries bytes both ways and ends, both legs closed, as soon as either
 //! direction ends (as v1.9.0's proxy does: the migration stream needs no half-close). A
 //! TLS handshake must finish within [`HANDSHAKE_TIMEOUT`]. `disableTLS` (plain TCP) is
@@ -18,8 +24,8 @@
 //! established connections are cut with it.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +33,105 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::{FchmodatFlags, Mode, SFlag, fstat};
+use nix::unistd::{Gid, Uid, UnlinkatFlags};
+
+use crate::podfs;
+
+/// A socket name in a pod's `migrationproxy` directory, the directory held by a
+/// descriptor.
+pub struct PodSocket {
+    dir: OwnedFd,
+    name: String,
+}
+
+impl PodSocket {
+    /// `name` in the directory `dir` (an `O_PATH` descriptor of it). `name` must be one
+    /// plain path component.
+    pub fn new(dir: OwnedFd, name: &str) -> std::io::Result<Self> {
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.contains('/')
+            || name.contains('\0')
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{name:?} is no socket name"),
+            ));
+        }
+        Ok(PodSocket {
+            dir,
+            name: name.to_string(),
+        })
+    }
+
+    /// `name` in a directory the handler itself controls (tests, standalone set-ups).
+    pub fn in_dir(dir: &Path, name: &str) -> std::io::Result<Self> {
+        let dir = nix::fcntl::open(
+            dir,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(std::io::Error::from)?;
+        Self::new(dir, name)
+    }
+
+    /// The socket's path through the directory's descriptor (valid while `self` lives).
+    fn path(&self) -> std::path::PathBuf {
+        podfs::fd_path(&self.dir).join(&self.name)
+    }
+
+    /// Dials the socket: the entry is opened without following a link and must be a
+    /// socket; the connection goes to exactly what was opened.
+    async fn dial(&self) -> std::io::Result<UnixStream> {
+        let fd = podfs::open_beneath(
+            &podfs::fd_path(&self.dir),
+            Path::new(&self.name),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW,
+        )?;
+        let stat = fstat(&fd).map_err(std::io::Error::from)?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} in the pod is not a socket", self.name),
+            ));
+        }
+        UnixStream::connect(podfs::fd_path(&fd)).await
+    }
+
+    /// Creates the socket (a stale entry of the name is removed first), owned by `owner`
+    /// with mode 0600; ownership and mode are set without following a link.
+    fn bind(&self, owner: Option<(u32, u32)>) -> std::io::Result<UnixListener> {
+        match nix::unistd::unlinkat(&self.dir, self.name.as_str(), UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let listener = UnixListener::bind(self.path())?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::fchownat(
+                &self.dir,
+                self.name.as_str(),
+                Some(Uid::from_raw(uid)),
+                Some(Gid::from_raw(gid)),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )?;
+        }
+        nix::sys::stat::fchmodat(
+            &self.dir,
+            self.name.as_str(),
+            Mode::from_bits_truncate(0o600),
+            FchmodatFlags::NoFollowSymlink,
+        )?;
+        Ok(listener)
+    }
+
+    fn remove(&self) {
+        let _ = nix::unistd::unlinkat(&self.dir, self.name.as_str(), UnlinkatFlags::NoRemoveDir);
+    }
+}
 
 /// The name the source asks the target's certificate for (the handlers' serving
 /// certificate carries it; v1.9.0 checks the common name instead).
@@ -75,13 +180,14 @@ pub struct TargetListener {
 
 impl TargetListener {
     /// Listens on `address` (port 0: a random one) and joins each connection to
-    /// `pod_socket`, the target launcher's socket seen from the handler
-    /// (`/proc/<pid>/root/var/run/kubevirt/migrationproxy/<uid>-49152-source.sock`).
+    /// `pod_socket`, the target launcher's socket in its pod
+    /// (`/var/run/kubevirt/migrationproxy/<uid>-49152-source.sock`).
     pub async fn start(
         address: SocketAddr,
-        pod_socket: PathBuf,
+        pod_socket: PodSocket,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> std::io::Result<TargetListener> {
+        let pod_socket = Arc::new(pod_socket);
         let listener = TcpListener::bind(address).await?;
         let port = listener.local_addr()?.port();
         let acceptor = tls.map(TlsAcceptor::from);
@@ -97,7 +203,7 @@ impl TargetListener {
                         continue;
                     }
                 };
-                let (acceptor, pod_socket) = (acceptor.clone(), pod_socket.clone());
+                let (acceptor, pod_socket) = (acceptor.clone(), Arc::clone(&pod_socket));
                 connections.spawn(async move {
                     let _ = tcp.set_nodelay(true);
                     // The handshake first: nothing reaches the pod without it.
@@ -119,10 +225,13 @@ impl TargetListener {
                         }
                         None => Box::new(tcp),
                     };
-                    match UnixStream::connect(&pod_socket).await {
+                    match pod_socket.dial().await {
                         Ok(pod) => join(remote, pod).await,
                         Err(e) => {
-                            tracing::warn!("migration: cannot reach {}: {e}", pod_socket.display())
+                            tracing::warn!(
+                                "migration: cannot reach {} in the target pod: {e}",
+                                pod_socket.name
+                            )
                         }
                     }
                 });
@@ -139,7 +248,9 @@ impl TargetListener {
 
 /// The source node's end.
 pub struct SourceListener {
-    pub socket: PathBuf,
+    socket: PodSocket,
+    /// Where it sends to, to tell whether a later call names the same target.
+    pub target: SocketAddr,
     _proxy: Proxy,
 }
 
@@ -147,17 +258,12 @@ impl SourceListener {
     /// Creates `pod_socket` (in the source pod, owned by `owner` so that the launcher
     /// may connect; a stale file is replaced) and joins each connection to `target`.
     pub async fn start(
-        pod_socket: PathBuf,
+        pod_socket: PodSocket,
         owner: Option<(u32, u32)>,
         target: SocketAddr,
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> std::io::Result<SourceListener> {
-        if let Some(dir) = pod_socket.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let _ = std::fs::remove_file(&pod_socket);
-        let listener = UnixListener::bind(&pod_socket)?;
-        restrict(&pod_socket, owner)?;
+        let listener = pod_socket.bind(owner)?;
         let connector = tls.map(TlsConnector::from);
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {
@@ -208,6 +314,7 @@ impl SourceListener {
         });
         Ok(SourceListener {
             socket: pod_socket,
+            target,
             _proxy: Proxy { tasks },
         })
     }
@@ -215,16 +322,8 @@ impl SourceListener {
 
 impl Drop for SourceListener {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
+        self.socket.remove();
     }
-}
-
-/// Only the launcher's user (and root) may connect.
-fn restrict(socket: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(socket, Some(uid), Some(gid))?;
-    }
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
 }
 
 /// Either leg's stream.

@@ -59,6 +59,17 @@ pub trait StatusWriter: Send + Sync + 'static {
         status: &'a VirtualMachineInstanceStatus,
     ) -> BoxFuture<'a, Result<(), StatusWriteError>>;
 
+    /// Applies a migration step's change to the VMI as read in `vmi` (a JSON merge patch
+    /// of its `status` and of `metadata.labels`/`annotations`): refused with
+    /// [`StatusWriteError::Conflict`] when the VMI changed since. Migration state is
+    /// shared with the controller and the other node, so it is patched key by key rather
+    /// than written whole.
+    fn patch_vmi<'a>(
+        &'a self,
+        vmi: &'a VirtualMachineInstance,
+        patch: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), StatusWriteError>>;
+
     /// Records an event about the VMI (best effort).
     fn record_event(
         &self,

@@ -84,7 +84,7 @@ impl StateDirs {
         }
     }
 
-    fn create(&self) -> Result<()> {
+    pub fn create(&self) -> Result<()> {
         for d in [&self.pods, &self.share, &self.private, &self.vmis] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
@@ -228,7 +228,7 @@ async fn remove_pod(dirs: &StateDirs, record: &PodRecord) {
 }
 
 /// Creates the pod of `vmi` and starts its launcher.
-async fn start_pod(
+pub async fn start_pod(
     options: &StandaloneOptions,
     dirs: &StateDirs,
     vmi: &VirtualMachineInstance,

@@ -302,6 +302,34 @@ impl StatusWriter for StandaloneStore {
         })
     }
 
+    fn patch_vmi<'a>(
+        &'a self,
+        vmi: &'a VirtualMachineInstance,
+        patch: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), StatusWriteError>> {
+        Box::pin(async move {
+            let key = key_of(vmi);
+            let mut entries = self.lock();
+            let entry = entries.get_mut(&key).ok_or(StatusWriteError::Gone)?;
+            if entry.vmi.metadata.resource_version != vmi.metadata.resource_version {
+                return Err(StatusWriteError::Conflict);
+            }
+            let mut object = serde_json::to_value(&entry.vmi)
+                .map_err(|e| StatusWriteError::Other(e.to_string()))?;
+            json_patch::merge(&mut object, patch);
+            entry.vmi = serde_json::from_value(object)
+                .map_err(|e| StatusWriteError::Other(format!("the patched VMI: {e}")))?;
+            entry.status_writes += 1;
+            bump(&mut entry.vmi);
+            let snapshot = entry.vmi.clone();
+            self.show_status(&key, entry);
+            drop(entries);
+            self.persist(&key, &snapshot);
+            let _ = self.changes.send(key);
+            Ok(())
+        })
+    }
+
     fn record_event(
         &self,
         vmi: &VirtualMachineInstance,

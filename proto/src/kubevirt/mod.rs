@@ -6,6 +6,7 @@
 //! read-modify-write never drops what another writer put there.
 
 pub mod kv;
+pub mod migration;
 pub mod quantity;
 pub mod ready;
 mod schema;
@@ -15,6 +16,7 @@ pub mod vmi;
 pub mod well_known;
 
 pub use kv::{KubeVirt, KubeVirtConfiguration, KubeVirtSpec, KubeVirtStatus};
+pub use migration::MigrationState;
 pub use vm::{RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus};
 pub use vmi::*;
 

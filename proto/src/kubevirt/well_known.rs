@@ -66,3 +66,16 @@ pub const VM_CONTROLLER_FINALIZER: &str = "kubevirt.io/virtualMachineControllerF
 pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
 /// The launcher's user for non-root VMIs (`qemu` in KubeVirt images).
 pub const NON_ROOT_UID: u32 = 107;
+
+/// VMI label naming the target node of a running migration (set by the controller's
+/// hand-off, removed by the target handler at the end); the target handler watches it.
+pub const MIGRATION_TARGET_NODE_NAME_LABEL: &str = "kubevirt.io/migrationTargetNodeName";
+/// VMI annotation of an eviction that asked for this migration (`EvictionSourceAnnotation`).
+pub const EVICTION_SOURCE_ANNOTATION: &str = "kubevirt.io/eviction-source";
+/// VMI label of a launcher running an older image (`OutdatedLauncherImageLabel`).
+pub const OUTDATED_LAUNCHER_IMAGE_LABEL: &str = "kubevirt.io/outdatedLauncherImage";
+/// VMI annotation asking for a migration target (`CreateMigrationTarget`).
+pub const CREATE_MIGRATION_TARGET_ANNOTATION: &str = "kubevirt.io/create-migration-target";
+/// The port name of the migration stream (`LibvirtDirectMigrationPort`): the key of
+/// `targetDirectMigrationNodePorts`' value, and part of the proxy socket's name.
+pub const DIRECT_MIGRATION_PORT: u16 = 49152;

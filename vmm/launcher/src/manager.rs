@@ -83,6 +83,15 @@ pub(crate) enum Stage {
     Deleted,
 }
 
+/// How the VM of a [`Prepared`] comes to run here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// It boots here.
+    Boot,
+    /// It arrives from a migration's source.
+    Migration,
+}
+
 /// A VM's configuration, ready to start or to receive (`Manager::prepare`).
 struct Prepared {
     domain: Domain,
@@ -313,7 +322,7 @@ impl Manager {
             config,
             dhcp,
             shared_disks,
-        } = self.prepare(vmi, options)?;
+        } = self.prepare(vmi, options, Arrival::Boot)?;
 
         let vm = match Vm::start(config.clone()) {
             Ok(vm) => Arc::new(vm),
@@ -364,7 +373,7 @@ impl Manager {
         Ok(())
     }
 
-    /// What a VM is started from (`sync`), or received into (a migration's target):
+    /// What a VM is started from (`sync`, [`Arrival::Boot`]), or received into (a migration's target):
     /// the VMI converted to a domain, its disks prepared (pod-local files created once:
     /// a retry reuses them), the VMM configuration, the DHCP server of a masquerade
     /// interface.
@@ -372,6 +381,7 @@ impl Manager {
         &self,
         vmi: &VirtualMachineInstance,
         options: Option<&VirtualMachineOptions>,
+        arrival: Arrival,
     ) -> Result<Prepared> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         // What every process agrees this launcher runs, before a name becomes a path (the
@@ -393,6 +403,17 @@ impl Manager {
                     sku: s.sku.clone(),
                     family: s.family.clone(),
                 }),
+            // The guest's NICs keep the addresses it knows: a VM arriving here takes the
+            // MACs the source reported (the target pod's own interface has another).
+            guest_macs: match arrival {
+                Arrival::Boot => Default::default(),
+                Arrival::Migration => vmi
+                    .status
+                    .iter()
+                    .flat_map(|s| &s.interfaces)
+                    .filter_map(|i| Some((i.name.clone()?, i.mac.clone()?)))
+                    .collect(),
+            },
             ..Default::default()
         };
         let mut plans = Vec::new();

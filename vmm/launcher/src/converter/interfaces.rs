@@ -71,7 +71,11 @@ pub(crate) fn configure(
                 format!("model {model:?} is not supported: only virtio"),
             ));
         }
-        let mac = match &iface.mac_address {
+        let mac = match iface
+            .mac_address
+            .as_ref()
+            .or(ctx.guest_macs.get(&iface.name))
+        {
             Some(mac) => {
                 if vmm::config::parse_mac(mac).is_none() {
                     return Err(ConvertError::new(
@@ -178,6 +182,34 @@ mod tests {
         );
         let err = configure(&vmi(&reserved), &ctx(), &mut Devices::default()).unwrap_err();
         assert_eq!(err.field, "spec.domain.devices.interfaces[0].macAddress");
+    }
+
+    #[test]
+    fn a_migrating_guest_keeps_its_mac_unless_the_vmi_names_one() {
+        let mut arriving = ctx();
+        arriving
+            .guest_macs
+            .insert("default".into(), "8E:F0:0D:9D:3E:86".into());
+        let mut d = Devices::default();
+        configure(&vmi(MASQ), &arriving, &mut d).unwrap();
+        assert_eq!(
+            d.interfaces[0].mac.as_ref().unwrap().mac,
+            "8e:f0:0d:9d:3e:86"
+        );
+        let with_mac = MASQ.replace(
+            "masquerade: {}",
+            "masquerade: {}\n      macAddress: DE:AD:00:00:BE:AF",
+        );
+        let mut d = Devices::default();
+        configure(&vmi(&with_mac), &arriving, &mut d).unwrap();
+        assert_eq!(
+            d.interfaces[0].mac.as_ref().unwrap().mac,
+            "de:ad:00:00:be:af"
+        );
+        arriving
+            .guest_macs
+            .insert("default".into(), "not a mac".into());
+        assert!(configure(&vmi(MASQ), &arriving, &mut Devices::default()).is_err());
     }
 
     #[test]

@@ -64,6 +64,9 @@ pub struct Context {
     pub interface_attachment: BTreeMap<String, String>,
     /// The cluster's SMBIOS settings, from `VirtualMachineOptions` (none without options).
     pub smbios: Option<SmbiosSettings>,
+    /// Interface name → the MAC the guest already has (a migration's target: the
+    /// source's, from `status.interfaces`); wins over the pod interface's MAC.
+    pub guest_macs: BTreeMap<String, String>,
 }
 
 /// Converts a VMI into the domain the launcher will run.

@@ -389,7 +389,7 @@ impl Manager {
             config,
             dhcp,
             shared_disks,
-        } = self.prepare(vmi, options)?;
+        } = self.prepare(vmi, options, super::Arrival::Migration)?;
         let socket = socket_path(
             &self.options.paths.share_dir,
             vmi.metadata.uid.as_deref().unwrap_or_default(),
