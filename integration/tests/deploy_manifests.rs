@@ -45,6 +45,7 @@ async fn every_deploy_manifest_is_accepted_in_kubectl_order() {
         "CustomResourceDefinition/kubevirts.kubevirt.io",
         "CustomResourceDefinition/virtualmachineinstances.kubevirt.io",
         "CustomResourceDefinition/virtualmachines.kubevirt.io",
+        "CustomResourceDefinition/virtualmachineinstancemigrations.kubevirt.io",
         "ServiceAccount/kubevirt/virt-controller",
         "ClusterRole/kubevirt-rs-virt-controller",
         "ClusterRoleBinding/kubevirt-rs-virt-controller",

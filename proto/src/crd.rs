@@ -4,7 +4,9 @@
 //! Every CRD gets the status subresource, so status is written through
 //! `/status` and a spec writer can never clobber it (and the other way round).
 
-use crate::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
+use crate::kubevirt::{
+    KubeVirt, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
@@ -17,6 +19,10 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
             VirtualMachineInstance::crd(),
         ),
         ("kubevirt.io_virtualmachines.yaml", VirtualMachine::crd()),
+        (
+            "kubevirt.io_virtualmachineinstancemigrations.yaml",
+            VirtualMachineInstanceMigration::crd(),
+        ),
     ]
 }
 

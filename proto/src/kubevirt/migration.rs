@@ -1,12 +1,109 @@
-//! `status.migrationState` of a VMI (`VirtualMachineInstanceMigrationState` in KubeVirt
-//! v1.9.0's `staging/src/kubevirt.io/api/core/v1/types.go`): written by the migration
-//! controller (the hand-off) and by both nodes' handlers. Every key is optional and left
-//! out when empty, as Go's `omitempty` has it; keys this type does not know are kept.
+//! Live migration's API objects (KubeVirt v1.9.0's
+//! `staging/src/kubevirt.io/api/core/v1/types.go`):
+//!
+//! - `status.migrationState` of a VMI ([`MigrationState`], Go's
+//!   `VirtualMachineInstanceMigrationState`): written by the migration controller (the
+//!   hand-off) and by both nodes' handlers. Every key is optional and left out when empty,
+//!   as Go's `omitempty` has it; keys this type does not know are kept.
+//! - [`VirtualMachineInstanceMigration`] (`vmim`): the request to move one VMI, and how far
+//!   it got.
 
+use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 
-use super::{Extra, Time, VirtualMachineInstance};
+use super::{Condition, Extra, Time, VirtualMachineInstance};
+
+/// `spec` of a `VirtualMachineInstanceMigration`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "kubevirt.io",
+    version = "v1",
+    kind = "VirtualMachineInstanceMigration",
+    plural = "virtualmachineinstancemigrations",
+    singular = "virtualmachineinstancemigration",
+    shortname = "vmim",
+    shortname = "vmims",
+    category = "all",
+    namespaced,
+    status = "VirtualMachineInstanceMigrationStatus",
+    schema = "manual",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"The current phase of VM instance migration"}"#,
+    printcolumn = r#"{"name":"VMI","type":"string","jsonPath":".spec.vmiName","description":"The name of the VMI to perform the migration on"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineInstanceMigrationSpec {
+    /// The VMI to move, in the migration's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmi_name: Option<String>,
+    /// Restricts the target nodes further (the VMI's own selector wins on a clash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_node_selector: Option<BTreeMap<String, String>>,
+    /// `system-critical`, `user-triggered` or `system-maintenance`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+    /// The decentralized kind's (`sendTo`, `receive`): kept, not served.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `VirtualMachineInstanceMigrationPhase`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MigrationPhase {
+    #[default]
+    #[serde(rename = "")]
+    Unset,
+    Pending,
+    Scheduling,
+    Scheduled,
+    PreparingTarget,
+    TargetReady,
+    Running,
+    Succeeded,
+    Failed,
+    WaitingForSync,
+    Synchronizing,
+}
+
+impl MigrationPhase {
+    pub fn is_final(self) -> bool {
+        matches!(self, MigrationPhase::Succeeded | MigrationPhase::Failed)
+    }
+}
+
+/// `status` of a `VirtualMachineInstanceMigration`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineInstanceMigrationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<MigrationPhase>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_transition_timestamps: Vec<MigrationPhaseTransition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The VMI's migration state, copied once the migration is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_state: Option<MigrationState>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationPhaseTransition {
+    pub phase: MigrationPhase,
+    pub phase_transition_timestamp: Time,
+}
+
+impl VirtualMachineInstanceMigration {
+    pub fn phase(&self) -> MigrationPhase {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or_default()
+    }
+}
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -16,7 +16,10 @@ pub mod vmi;
 pub mod well_known;
 
 pub use kv::{KubeVirt, KubeVirtConfiguration, KubeVirtSpec, KubeVirtStatus};
-pub use migration::MigrationState;
+pub use migration::{
+    MigrationPhase, MigrationState, VirtualMachineInstanceMigration,
+    VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceMigrationStatus,
+};
 pub use vm::{RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus};
 pub use vmi::*;
 

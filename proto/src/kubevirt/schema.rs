@@ -55,3 +55,8 @@ open_resource_schema!(
     "KubeVirt",
     "KubeVirt is the one install of KubeVirt in a cluster: its configuration (spec.configuration) and the install's progress (status)."
 );
+open_resource_schema!(
+    super::VirtualMachineInstanceMigration,
+    "VirtualMachineInstanceMigration",
+    "VirtualMachineInstanceMigration asks to move a running VirtualMachineInstance to another node (spec.vmiName), and reports how far it got (status)."
+);
