@@ -49,6 +49,9 @@ pub struct Context {
     pub vmi_versions: Mutex<HashMap<String, (String, Instant)>>,
     /// Readiness-gate values written to pods but maybe not yet in the cache, by pod UID.
     pub pod_gates: Mutex<HashMap<String, (bool, Instant)>>,
+    pub migrations: Store<proto::kubevirt::VirtualMachineInstanceMigration>,
+    /// Migrations whose target pod was created but may not be cached yet, by migration UID.
+    pub created_target_pods: Mutex<HashMap<String, Instant>>,
     pub(crate) recorder: Recorder,
 }
 
@@ -182,16 +185,24 @@ pub(crate) fn first_metadata_patch(
     Some(metadata)
 }
 
-/// A JSON merge patch turning the object `old` into `new`, top-level keys only: changed keys
-/// get their new value, vanished keys `null` (a merge patch replaces lists wholesale).
+/// A JSON merge patch turning the object `old` into `new`: changed keys get their new
+/// value, vanished keys `null`, objects in both are diffed key by key (a merge patch
+/// merges objects, so a key gone from a map such as `activePods` must be named `null`;
+/// lists are replaced wholesale).
 pub(crate) fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
     let empty = serde_json::Map::new();
     let old = old.as_object().unwrap_or(&empty);
     let new = new.as_object().unwrap_or(&empty);
     let mut patch = serde_json::Map::new();
     for (key, value) in new {
-        if old.get(key) != Some(value) {
-            patch.insert(key.clone(), value.clone());
+        match old.get(key) {
+            Some(before) if before == value => {}
+            Some(before) if before.is_object() && value.is_object() => {
+                patch.insert(key.clone(), merge_diff(before, value));
+            }
+            _ => {
+                patch.insert(key.clone(), value.clone());
+            }
         }
     }
     for key in old.keys() {
@@ -268,5 +279,16 @@ mod tests {
             json!({"b": [1], "c": null, "d": true})
         );
         assert_eq!(merge_diff(&new, &new), json!({}));
+        // Maps are diffed key by key: a pod gone from `activePods` is removed.
+        let old = json!({"activePods": {"p1": "n1", "p2": "n2"}, "m": {"x": {"y": 1, "z": 2}}});
+        let new = json!({"activePods": {"p2": "n2"}, "m": {"x": {"y": 1}}});
+        let patch = merge_diff(&old, &new);
+        assert_eq!(
+            patch,
+            json!({"activePods": {"p1": null}, "m": {"x": {"z": null}}})
+        );
+        let mut applied = old.clone();
+        json_patch::merge(&mut applied, &patch);
+        assert_eq!(applied, new);
     }
 }

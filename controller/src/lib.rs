@@ -12,6 +12,7 @@ pub mod defaults;
 pub mod kubevirt_cr;
 pub mod leader;
 pub mod metrics;
+pub mod migration;
 pub mod quantity;
 pub mod run;
 pub mod template;

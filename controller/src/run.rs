@@ -13,7 +13,9 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use proto::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
+use proto::kubevirt::{
+    KubeVirt, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+};
 use std::sync::{Arc, Mutex};
 
 /// The controllers (of kind `kind`) of `object`, as references for a reconcile trigger.
@@ -84,12 +86,18 @@ pub async fn run(
     let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
+    let (migration_reader, migration_writer) =
+        reflector::store::<VirtualMachineInstanceMigration>();
     // Reconcile triggers, queued until the controllers run.
     let (vmi_tx, vmi_rx) = futures::channel::mpsc::unbounded::<VirtualMachineInstance>();
     let (vmi_ref_tx, vmi_ref_rx) =
         futures::channel::mpsc::unbounded::<ObjectRef<VirtualMachineInstance>>();
     let (vm_tx, vm_rx) = futures::channel::mpsc::unbounded::<VirtualMachine>();
     let (vm_ref_tx, vm_ref_rx) = futures::channel::mpsc::unbounded::<ObjectRef<VirtualMachine>>();
+    let (migration_tx, migration_rx) =
+        futures::channel::mpsc::unbounded::<VirtualMachineInstanceMigration>();
+    let (migration_ref_tx, migration_ref_rx) =
+        futures::channel::mpsc::unbounded::<ObjectRef<VirtualMachineInstanceMigration>>();
 
     let vmi_watch = reflector(
         vmi_writer,
@@ -101,12 +109,26 @@ pub async fn run(
     )
     .for_each({
         let vm_ref_tx = vm_ref_tx.clone();
+        let migration_ref_tx = migration_ref_tx.clone();
+        let migrations = migration_reader.clone();
         move |event| {
+            // Every change of a VMI wakes its migrations (the handlers report through it).
+            let wake_migrations = |vmi: &VirtualMachineInstance| {
+                let namespace = vmi.namespace().unwrap_or_default();
+                for m in crate::migration::controller::migrations_of(
+                    &migrations,
+                    &namespace,
+                    &vmi.name_any(),
+                ) {
+                    let _ = migration_ref_tx.unbounded_send(m);
+                }
+            };
             match event {
                 Ok(watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi)) => {
                     for owner in owners_of_kind(&vmi, "VirtualMachine") {
                         let _ = vm_ref_tx.unbounded_send(owner);
                     }
+                    wake_migrations(&vmi);
                     let _ = vmi_tx.unbounded_send(vmi);
                 }
                 // A deleted VMI wakes its VM (which may start the next one).
@@ -114,6 +136,7 @@ pub async fn run(
                     for owner in owners_of_kind(&vmi, "VirtualMachine") {
                         let _ = vm_ref_tx.unbounded_send(owner);
                     }
+                    wake_migrations(&vmi);
                 }
                 _ => {}
             }
@@ -128,17 +151,46 @@ pub async fn run(
         )
         .default_backoff(),
     )
-    .for_each(move |event| {
-        // Every change of a launcher pod, its deletion included, wakes its VMI.
-        if let Ok(
-            watcher::Event::Apply(pod)
-            | watcher::Event::InitApply(pod)
-            | watcher::Event::Delete(pod),
-        ) = &event
-        {
-            for owner in owners_of_kind(pod, "VirtualMachineInstance") {
-                let _ = vmi_ref_tx.unbounded_send(owner);
+    .for_each({
+        let migrations = migration_reader.clone();
+        let migration_ref_tx = migration_ref_tx.clone();
+        move |event| {
+            // Every change of a launcher pod, its deletion included, wakes its VMI (and the
+            // migration a target pod is for).
+            if let Ok(
+                watcher::Event::Apply(pod)
+                | watcher::Event::InitApply(pod)
+                | watcher::Event::Delete(pod),
+            ) = &event
+            {
+                for owner in owners_of_kind(pod, "VirtualMachineInstance") {
+                    let _ = vmi_ref_tx.unbounded_send(owner);
+                }
+                if let Some(m) = crate::migration::controller::migration_of_pod(&migrations, pod) {
+                    let _ = migration_ref_tx.unbounded_send(m);
+                }
             }
+            async {}
+        }
+    });
+    let migration_watch = reflector(
+        migration_writer,
+        watcher(
+            api_all::<VirtualMachineInstanceMigration>(&client, &options.namespace),
+            watch_config.clone(),
+        )
+        .default_backoff(),
+    )
+    .for_each(move |event| {
+        match event {
+            Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
+                let _ = migration_tx.unbounded_send(m);
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "watching VirtualMachineInstanceMigrations (is their CRD installed?)"
+            ),
+            _ => {}
         }
         async {}
     });
@@ -259,6 +311,8 @@ pub async fn run(
         created_pods: Mutex::default(),
         vmi_versions: Mutex::default(),
         pod_gates: Mutex::default(),
+        migrations: migration_reader.clone(),
+        created_target_pods: Mutex::default(),
         recorder,
     });
 
@@ -275,13 +329,19 @@ pub async fn run(
                 Ok(())
             }
         };
-        let (vmis, pods, vms, kubevirts) = futures::join!(
+        let (vmis, pods, vms, kubevirts, migrations) = futures::join!(
             vmi_reader.wait_until_ready(),
             pod_reader.wait_until_ready(),
             vm_reader.wait_until_ready(),
             kubevirts,
+            migration_reader.wait_until_ready(),
         );
-        if vmis.is_err() || pods.is_err() || vms.is_err() || kubevirts.is_err() {
+        if vmis.is_err()
+            || pods.is_err()
+            || vms.is_err()
+            || kubevirts.is_err()
+            || migrations.is_err()
+        {
             return; // a watch ended before its first list; `watches` reports it
         }
         tracing::info!("caches synced: starting the VM and VMI controllers");
@@ -309,6 +369,31 @@ pub async fn run(
                     error_policy,
                     context.clone(),
                 );
+        let migration_controller = crate::migration::controller::controller(
+            migration_rx.map(Ok),
+            migration_reader,
+            migration_ref_rx,
+        )
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(
+            |m, ctx: Arc<Context>| async move {
+                let key = format!("{}/{}", m.namespace().unwrap_or_default(), m.name_any());
+                let metrics = Arc::clone(&ctx.metrics);
+                metrics
+                    .reconcile(
+                        "migration",
+                        &key,
+                        crate::migration::controller::reconcile(m, ctx),
+                        |e| match e {
+                            crate::migration::controller::Error::Kube(e) => kube_reason(e),
+                            crate::migration::controller::Error::Render(_) => "Render".into(),
+                        },
+                    )
+                    .await
+            },
+            error_policy,
+            context.clone(),
+        );
         let vm_controller = crate::vm::controller::controller(vm_rx.map(Ok), vm_reader, vm_ref_rx)
             .graceful_shutdown_on(stopped(stop_rx))
             .run(
@@ -338,11 +423,18 @@ pub async fn run(
         futures::join!(
             vmi_controller.for_each(|_| async {}),
             vm_controller.for_each(|_| async {}),
+            migration_controller.for_each(|_| async {}),
             status,
         );
     };
     let watches = async {
-        futures::join!(vmi_watch, pod_watch, vm_watch, install_watches);
+        futures::join!(
+            vmi_watch,
+            pod_watch,
+            vm_watch,
+            migration_watch,
+            install_watches
+        );
     };
     let shutdown = async move {
         shutdown.await;

@@ -20,9 +20,11 @@ pub enum Write {
     Event,
     /// The `KubeVirt` CR's status (phase and conditions).
     KubeVirtStatusPatch,
+    /// A `VirtualMachineInstanceMigration`'s status or finalizers.
+    MigrationPatch,
 }
 
-const KINDS: usize = 13;
+const KINDS: usize = 14;
 
 impl Write {
     /// Every kind, in declaration order.
@@ -40,6 +42,7 @@ impl Write {
         Write::RevisionDelete,
         Write::Event,
         Write::KubeVirtStatusPatch,
+        Write::MigrationPatch,
     ];
 }
 

@@ -17,7 +17,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Binding, Namespace, Node, ObjectReference, Pod};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use proto::kubevirt::{Phase, VirtualMachine, VirtualMachineInstance};
+use proto::kubevirt::{
+    MigrationPhase, Phase, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -179,6 +181,34 @@ async fn fake_kubelet(
             .and_then(|s| s.node_name.as_ref())
             .is_none()
         {
+            // A migration's target pod goes to the other node, as its anti-affinity asks
+            // (no pod of the same VMI there).
+            let labels = pod.metadata.labels.clone().unwrap_or_default();
+            let node = match (
+                labels.contains_key("kubevirt.io/migrationJobUID"),
+                labels.get("kubevirt.io/created-by"),
+            ) {
+                (true, Some(vmi)) => {
+                    let siblings = pods
+                        .list(
+                            &ListParams::default().labels(&format!("kubevirt.io/created-by={vmi}")),
+                        )
+                        .await
+                        .map(|l| l.items)
+                        .unwrap_or_default();
+                    let taken = |n: &str| {
+                        siblings.iter().any(|p| {
+                            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n)
+                        })
+                    };
+                    if taken(&node) {
+                        target_node(&node)
+                    } else {
+                        node.clone()
+                    }
+                }
+                _ => node.clone(),
+            };
             let binding = Binding {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -231,6 +261,11 @@ async fn fake_kubelet(
             }
         }
     }
+}
+
+/// The second node of a test: where migration target pods are bound.
+fn target_node(node: &str) -> String {
+    format!("{node}-target")
 }
 
 /// Reports pod `name` Running and Ready with a running `compute` container.
@@ -1769,4 +1804,273 @@ async fn the_kubevirt_cr_is_the_configuration_and_applies_without_a_restart() {
         .await
         .expect("VMI");
     pod_of(&pods, "hd3").await;
+}
+
+/// Plays both nodes' handlers by writing what they write into the VMI's migration state.
+async fn handler_reports(vmis: &Api<VirtualMachineInstance>, name: &str, state: serde_json::Value) {
+    let patch = json!({"status": {"migrationState": state}});
+    vmis.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("migration state patch");
+}
+
+fn vmim(name: &str, vmi: &str) -> VirtualMachineInstanceMigration {
+    serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+        // virt-api's mutator puts the finalizer on (no virt-api here).
+        "metadata": {"name": name, "finalizers": ["kubevirt.io/migrationJobFinalize"]},
+        "spec": {"vmiName": vmi},
+    }))
+    .expect("valid migration")
+}
+
+async fn migration_phase(
+    api: &Api<VirtualMachineInstanceMigration>,
+    name: &str,
+) -> Option<MigrationPhase> {
+    get(api, name).await.map(|m| m.phase())
+}
+
+/// The migration controller on a real API server: the target pod (labelled, kept off the
+/// VMI's node, owned by the VMI), the hand-off to the target node, the phases as the
+/// handlers report, the final state and finalizer; then a second migration cancelled by
+/// deleting it, which asks the source to abort and removes its target pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_hands_off_follows_the_handlers_and_a_deletion_cancels_it() {
+    let setup = Setup::new("ctl-migrate", true).await;
+    let vms: Api<VirtualMachine> = setup.api();
+    let vmis: Api<VirtualMachineInstance> = setup.api();
+    let pods: Api<Pod> = setup.api();
+    let migrations: Api<VirtualMachineInstanceMigration> = setup.api();
+    let target = target_node(&setup.node);
+    vms.create(&PostParams::default(), &vm("mover", "Always"))
+        .await
+        .expect("VM");
+    wait_for("the VMI to be Scheduled", || async {
+        get(&vmis, "mover")
+            .await
+            .filter(|v| scheduled_on(v).is_some())
+    })
+    .await;
+    set_phase(&vmis, "mover", &["Running"]).await;
+
+    let created = migrations
+        .create(&PostParams::default(), &vmim("move-1", "mover"))
+        .await
+        .expect("migration");
+    let uid = created.metadata.uid.clone().unwrap();
+    let vmi = wait_for("the hand-off", || async {
+        get(&vmis, "mover").await.filter(|v| {
+            v.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubevirt.io/migrationTargetNodeName"))
+                .is_some()
+        })
+    })
+    .await;
+    let vmi_uid = vmi.metadata.uid.clone().unwrap();
+    let target_pods = pods
+        .list(&ListParams::default().labels(&format!("kubevirt.io/migrationJobUID={uid}")))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(target_pods.len(), 1);
+    let target_pod = &target_pods[0];
+    let target_name = target_pod.metadata.name.clone().unwrap();
+    assert_eq!(
+        target_pod.metadata.annotations.as_ref().unwrap()["kubevirt.io/migrationJobName"],
+        "move-1"
+    );
+    assert_eq!(
+        target_pod.metadata.owner_references.as_ref().unwrap()[0].uid,
+        vmi_uid
+    );
+    let anti = serde_json::to_value(&target_pod.spec.as_ref().unwrap().affinity).unwrap();
+    assert_eq!(
+        anti["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]
+            ["matchExpressions"][0]["values"],
+        json!([vmi_uid])
+    );
+    let source_pod = pods
+        .list(&ListParams::default().labels("kubevirt.io=virt-launcher"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() != Some(target_name.as_str()))
+        .and_then(|p| p.metadata.name)
+        .unwrap();
+    let labels = vmi.metadata.labels.clone().unwrap();
+    assert_eq!(labels["kubevirt.io/migrationTargetNodeName"], target);
+    let state = serde_json::to_value(vmi.migration_state().unwrap().unwrap()).unwrap();
+    assert_eq!(state["migrationUid"], uid);
+    assert_eq!(state["sourceNode"], setup.node);
+    assert_eq!(state["targetNode"], target);
+    assert_eq!(state["targetPod"], target_name);
+    assert_eq!(state["sourcePod"], source_pod);
+    assert_eq!(
+        state["migrationConfiguration"]["completionTimeoutPerGiB"],
+        150
+    );
+    // Both pods are the VMI's: activePods lists both, the VMI stays Running on its node.
+    let vmi = wait_for("both pods listed", || async {
+        get(&vmis, "mover").await.filter(|v| {
+            v.status
+                .as_ref()
+                .and_then(|s| s.active_pods.as_ref())
+                .is_some_and(|p| p.len() == 2)
+        })
+    })
+    .await;
+    assert_eq!(vmi.phase(), Phase::Running);
+    assert_eq!(
+        vmi.status.as_ref().unwrap().node_name.as_deref(),
+        Some(setup.node.as_str())
+    );
+
+    // The handlers report; the phases follow.
+    for (report, phase) in [
+        (json!({}), MigrationPhase::PreparingTarget),
+        (
+            json!({"targetNodeAddress": "10.0.0.2", "targetDirectMigrationNodePorts": {"41000": 49152}}),
+            MigrationPhase::TargetReady,
+        ),
+        (
+            json!({"startTimestamp": "2026-12-05T10:00:00Z", "mode": "PreCopy"}),
+            MigrationPhase::Running,
+        ),
+    ] {
+        handler_reports(&vmis, "mover", report).await;
+        wait_for(&format!("phase {phase:?}"), || async {
+            (migration_phase(&migrations, "move-1").await == Some(phase)).then_some(())
+        })
+        .await;
+    }
+    // The target hands over, then finalizes.
+    handler_reports(
+        &vmis,
+        "mover",
+        json!({"endTimestamp": "2026-12-05T10:00:01Z", "completed": true}),
+    )
+    .await;
+    let done = wait_for("Succeeded, state kept, finalizer gone", || async {
+        get(&migrations, "move-1").await.filter(|m| {
+            m.phase() == MigrationPhase::Succeeded
+                && m.status
+                    .as_ref()
+                    .and_then(|s| s.migration_state.as_ref())
+                    .is_some_and(|s| s.is_completed())
+                && m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+        })
+    })
+    .await;
+    let phases: Vec<MigrationPhase> = done
+        .status
+        .as_ref()
+        .unwrap()
+        .phase_transition_timestamps
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            MigrationPhase::Pending,
+            MigrationPhase::Scheduling,
+            MigrationPhase::Scheduled,
+            MigrationPhase::PreparingTarget,
+            MigrationPhase::TargetReady,
+            MigrationPhase::Running,
+            MigrationPhase::Succeeded,
+        ]
+    );
+    // The handlers' hand-over: the VMI is the target node's; the target pod is its pod now.
+    let moved = json!({"metadata": {"labels": {"kubevirt.io/nodeName": target, "kubevirt.io/migrationTargetNodeName": null}}});
+    vmis.patch("mover", &PatchParams::default(), &Patch::Merge(&moved))
+        .await
+        .unwrap();
+    vmis.patch_status(
+        "mover",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"nodeName": target}})),
+    )
+    .await
+    .unwrap();
+    pods.delete(&source_pod, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the VMI runs on on the target pod alone", || async {
+        get(&vmis, "mover").await.filter(|v| {
+            v.status
+                .as_ref()
+                .and_then(|s| s.active_pods.as_ref())
+                .is_some_and(|p| p.len() == 1)
+        })
+    })
+    .await;
+    assert_eq!(get(&vmis, "mover").await.unwrap().phase(), Phase::Running);
+
+    // A second migration, cancelled by deleting it after the hand-off.
+    migrations
+        .create(&PostParams::default(), &vmim("move-2", "mover"))
+        .await
+        .expect("migration");
+    wait_for("the second hand-off", || async {
+        (migration_phase(&migrations, "move-2").await == Some(MigrationPhase::PreparingTarget))
+            .then_some(())
+    })
+    .await;
+    let second_target = get(&vmis, "mover")
+        .await
+        .unwrap()
+        .migration_state()
+        .unwrap()
+        .unwrap();
+    assert_eq!(second_target.source_node.as_deref(), Some(target.as_str()));
+    assert_eq!(
+        second_target.target_node.as_deref(),
+        Some(setup.node.as_str())
+    );
+    assert!(
+        second_target.completed.is_none(),
+        "the first migration's state is gone: {second_target:?}"
+    );
+    migrations
+        .delete("move-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the abort request", || async {
+        get(&vmis, "mover")
+            .await
+            .and_then(|v| v.migration_state().ok().flatten())
+            .filter(|s| s.abort_requested == Some(true))
+    })
+    .await;
+    // The source handler reports the abort.
+    handler_reports(
+        &vmis,
+        "mover",
+        json!({"failed": true, "completed": true, "abortStatus": "Succeeded", "endTimestamp": "2026-12-05T10:01:00Z", "failureReason": "Live migration has been aborted"}),
+    )
+    .await;
+    wait_for(
+        "the cancelled migration is gone with its target pod",
+        || async {
+            let gone = get(&migrations, "move-2").await.is_none();
+            let targets = pods
+                .list(&ListParams::default().labels("kubevirt.io/migrationJobUID"))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|p| {
+                    p.metadata.labels.as_ref().unwrap()["kubevirt.io/migrationJobUID"] != uid
+                })
+                .count();
+            (gone && targets == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(get(&vmis, "mover").await.unwrap().phase(), Phase::Running);
 }

@@ -218,6 +218,19 @@ pub fn build(base: &TemplateConfig, kv: &KubeVirt) -> Result<TemplateConfig, Ref
         config.ovmf_path_s390x = ovmf;
     }
 
+    // Fields the CR sets win; the handlers read the result (`migrationConfiguration`).
+    if let Some(migrations) = conf.extra.get("migrations") {
+        let Some(fields) = migrations.as_object() else {
+            return refuse("spec.configuration.migrations", "must be an object");
+        };
+        let merged = config
+            .migrations
+            .as_object_mut()
+            .expect("the defaults are an object");
+        for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
+            merged.insert(key.clone(), value.clone());
+        }
+    }
     if let Some(strategy) = text(&conf.eviction_strategy) {
         if !EVICTION_STRATEGIES.contains(&strategy.as_str()) {
             return refuse(

@@ -134,6 +134,10 @@ pub struct TemplateConfig {
     /// `cpuRequest`: the CPU request the webhook gives VMIs without one, unless it is
     /// KubeVirt's default (`100m`, which changes nothing).
     pub cpu_request: Option<proto::kubevirt::Quantity>,
+    /// `migrations`: KubeVirt's `MigrationConfiguration` (camelCase keys), its defaults
+    /// with the CR's fields laid over them; copied into a migrating VMI's
+    /// `status.migrationState.migrationConfiguration`.
+    pub migrations: serde_json::Value,
     /// Which estimate sizes the compute container's memory overhead and the console
     /// sidecar's request: KubeVirt's (the default here, as in v1.9.0) or this launcher's
     /// (as deployed: virt-controller's `--memory-overhead`, the CR's annotation).
@@ -206,9 +210,27 @@ impl Default for TemplateConfig {
             additional_guest_memory_overhead_ratio: None,
             cpu_request: None,
             vmi_seccomp_profile: None,
+            migrations: default_migrations(),
             memory_overhead_model: OverheadModel::KubeVirt,
         }
     }
+}
+
+/// KubeVirt v1.9.0's default `MigrationConfiguration` (`pkg/virt-config/configuration.go`).
+pub fn default_migrations() -> serde_json::Value {
+    serde_json::json!({
+        "parallelMigrationsPerCluster": 5,
+        "parallelOutboundMigrationsPerNode": 2,
+        "nodeDrainTaintKey": "kubevirt.io/drain",
+        "bandwidthPerMigration": "0Mi",
+        "progressTimeout": 150,
+        "completionTimeoutPerGiB": 150,
+        "maxDowntimeMs": 900,
+        "utilityVolumesTimeout": 150,
+        "unsafeMigrationOverride": false,
+        "allowAutoConverge": false,
+        "allowPostCopy": false,
+    })
 }
 
 /// Inputs that are not part of the VMI: what the caller looked up or drew.

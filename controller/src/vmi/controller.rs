@@ -488,7 +488,7 @@ fn status_patch(
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let current = created
         .map(PodView::from_pod)
-        .or_else(|| super::decide::current_pod(pods).cloned());
+        .or_else(|| super::decide::current_pod(vmi, pods).cloned());
 
     // The runtime user: the one the pod runs as, else the one the pod will run as, decided
     // as KubeVirt's webhook decides it. Never what the VMI's creator wrote.

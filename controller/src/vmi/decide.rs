@@ -198,12 +198,12 @@ impl PodView {
             .unwrap_or_default()
     }
 
-    fn is_final(&self) -> bool {
+    pub(crate) fn is_final(&self) -> bool {
         matches!(self.phase.as_str(), "Succeeded" | "Failed")
     }
 
     /// `IsPodDownOrGoingDown`.
-    fn is_down_or_going_down(&self) -> bool {
+    pub(crate) fn is_down_or_going_down(&self) -> bool {
         self.is_final() || self.deleting || self.compute_terminated
     }
 }
@@ -273,10 +273,21 @@ pub fn ready_condition(phase: Phase, pod: Option<&PodView>) -> (String, String, 
 }
 
 /// The pod that counts: the newest one controlled by the VMI, but never a pod the kubelet
-/// rejected while another exists (its replacement may be as old, to the second).
-pub(crate) fn current_pod(pods: &[PodView]) -> Option<&PodView> {
-    pods.iter()
-        .max_by_key(|p| (!p.rejected_at_admission, p.created))
+/// rejected while another exists (its replacement may be as old, to the second). Once the
+/// VMI has a node, the pods there come first: during a migration the target pod (newer,
+/// on another node) is not the one running the VM.
+pub(crate) fn current_pod<'a>(
+    vmi: &VirtualMachineInstance,
+    pods: &'a [PodView],
+) -> Option<&'a PodView> {
+    let node = vmi.status.as_ref().and_then(|s| s.node_name.as_deref());
+    pods.iter().max_by_key(|p| {
+        (
+            node.is_some() && p.node_name.as_deref() == node,
+            !p.rejected_at_admission,
+            p.created,
+        )
+    })
 }
 
 /// Decides one reconcile. `pods` are the pods controlled by the VMI (including one created but
@@ -302,7 +313,7 @@ pub fn decide_at(
     let finalizers = vmi.metadata.finalizers.clone().unwrap_or_default();
     let has = |f: &str| finalizers.iter().any(|x| x == f);
     let phase = vmi.phase();
-    let pod = current_pod(pods);
+    let pod = current_pod(vmi, pods);
 
     // A pod the kubelet rejected stays only until its replacement exists (a failed write after
     // the replacement's creation must not leave it behind).
@@ -807,7 +818,12 @@ mod tests {
             vec![rejected.clone(), replacement.clone()],
             vec![replacement.clone(), rejected.clone()],
         ] {
-            assert_eq!(current_pod(&pods).unwrap().name, replacement.name);
+            assert_eq!(
+                current_pod(&vmi("Scheduling", false, &[FG]), &pods)
+                    .unwrap()
+                    .name,
+                replacement.name
+            );
             let plan = decide(&vmi("Scheduling", false, &[FG]), &pods, true);
             assert!(!plan.create_pod && plan.failure.is_none(), "{plan:?}");
             // The rejected pod goes, even if the write after the replacement's creation
@@ -972,6 +988,27 @@ mod tests {
         v.status.as_mut().unwrap().node_name = Some("n1".into());
         let plan = decide(&v, &[pod("Running", true, Some("n1"))], true);
         assert_eq!(plan.node_name.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn during_a_migration_the_pod_on_the_vmis_node_counts() {
+        let mut running = vmi("Running", false, &[FG]);
+        running.status.as_mut().unwrap().node_name = Some("n1".into());
+        let mut source = pod("Running", true, Some("n1"));
+        source.name = "source".into();
+        source.created = Some(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
+        let mut target = pod("Running", false, Some("n2"));
+        target.name = "target".into();
+        target.created = Some(k8s_openapi::jiff::Timestamp::from_second(200).unwrap());
+        let pods = [source.clone(), target.clone()];
+        assert_eq!(current_pod(&running, &pods).unwrap().name, "source");
+        // The readiness gate goes on the pod running the VM, and nothing fails.
+        let plan = decide(&running, &pods, true);
+        assert_eq!(plan.set_unpaused, Some(("source".into(), true)), "{plan:?}");
+        assert!(plan.failure.is_none() && plan.phase.is_none(), "{plan:?}");
+        // Handed over: the target's node is the VMI's now.
+        running.status.as_mut().unwrap().node_name = Some("n2".into());
+        assert_eq!(current_pod(&running, &pods).unwrap().name, "target");
     }
 
     #[test]

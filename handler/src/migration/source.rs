@@ -159,7 +159,7 @@ pub fn migration_options(vmi: &VirtualMachineInstance, state: &MigrationState) -
         "Bandwidth": bandwidth,
         "ProgressTimeout": int("progressTimeout", 150),
         "CompletionTimeoutPerGiB": int("completionTimeoutPerGiB", 150),
-        "MaxDowntimeMs": 900,
+        "MaxDowntimeMs": config.get("maxDowntimeMs").and_then(Value::as_u64).unwrap_or(900),
         "UnsafeMigration": flag("unsafeMigrationOverride").unwrap_or(false),
         "AllowAutoConverge": flag("allowAutoConverge").unwrap_or(false),
         "AllowPostCopy": post_copy,
