@@ -510,6 +510,20 @@ async fn the_periodic_resync_asks_every_launcher_for_its_domain() {
     let (store, agent) = node.agent_with(|c| c.resync_period = Duration::from_millis(200), None);
     let key = store.admit(node.vmi(30));
     wait_phase(&store, &key, Phase::Running).await;
+    // The start's one write carries the VMI-wide migration facts (no interface, no disk:
+    // migratable without copying anything).
+    let status = store.get(&key).and_then(|v| v.status).expect("status");
+    let condition = |kind: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.condition_type == kind)
+            .map(|c| c.status.clone())
+    };
+    assert_eq!(condition("LiveMigratable").as_deref(), Some("True"));
+    assert_eq!(condition("StorageLiveMigratable").as_deref(), Some("True"));
+    assert_eq!(status.migration_method.as_deref(), Some("LiveMigration"));
+    assert_eq!(status.selinux_context.as_deref(), Some("none"));
     let count = || {
         node.fake
             .calls()

@@ -223,6 +223,22 @@ async fn handler_runs_a_scheduled_vmi_and_stops_it_on_delete() {
         status.machine.as_ref().map(|m| m.machine_type.as_str()),
         Some("q35")
     );
+    // The VMI-wide migration facts, through the API server: the handler's conditions after
+    // the controller's (which stays first), without times, and the handler's two fields.
+    let types: Vec<&str> = status
+        .conditions
+        .iter()
+        .map(|c| c.condition_type.as_str())
+        .collect();
+    assert_eq!(
+        types,
+        ["Ready", "LiveMigratable", "StorageLiveMigratable"],
+        "{status:?}"
+    );
+    assert_eq!(status.conditions[1].status, "True", "{status:?}");
+    assert!(status.conditions[1].last_transition_time.is_none());
+    assert_eq!(status.migration_method.as_deref(), Some("BlockMigration"));
+    assert_eq!(status.selinux_context.as_deref(), Some("none"));
     assert_eq!(
         api.get("theirs")
             .await

@@ -214,6 +214,33 @@ async fn a_running_vmi_moves_to_the_other_node_and_its_guest_goes_on() {
         store.get(&key).filter(|v| v.phase() == Phase::Running)
     })
     .await;
+    // What migration admission reads: the source says the VMI can migrate (no CPU model,
+    // masquerade), copying its container disk.
+    let running_status = store.get(&key).and_then(|v| v.status).unwrap();
+    let migratable = |status: &proto::kubevirt::VirtualMachineInstanceStatus| {
+        let condition = |kind: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.condition_type == kind)
+                .map(|c| c.status.clone())
+        };
+        (
+            condition("LiveMigratable"),
+            condition("StorageLiveMigratable"),
+            status.migration_method.clone(),
+        )
+    };
+    let says_migratable = (
+        Some("True".to_string()),
+        Some("True".to_string()),
+        Some("BlockMigration".to_string()),
+    );
+    assert_eq!(
+        migratable(&running_status),
+        says_migratable,
+        "{running_status:?}"
+    );
     let before = wait_until("the guest writes its disk", || {
         let log = serial_log(&node_a.dirs, &source);
         (last_blk(&log) >= 3).then_some(log)
@@ -271,6 +298,7 @@ async fn a_running_vmi_moves_to_the_other_node_and_its_guest_goes_on() {
     );
     assert_eq!(label(&moved, well_known::NODE_NAME_LABEL), Some("node-b"));
     assert_eq!(moved.phase(), Phase::Running);
+    assert_eq!(migratable(moved.status.as_ref().unwrap()), says_migratable);
     assert_eq!(state["targetNodeAddress"], "127.0.0.1");
     assert_eq!(state["mode"], "PreCopy");
     assert_eq!(state["targetNodeDomainDetected"], true);

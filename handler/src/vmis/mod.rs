@@ -5,6 +5,7 @@
 //! (the standalone mode).
 
 pub mod kube;
+pub(crate) mod migratable;
 pub mod status;
 
 use std::future::Future;

@@ -11,8 +11,14 @@ use proto::kubevirt::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::migratable;
+
 /// The status fields the handler writes; everything else belongs to other writers
 /// (`nodeName`, `activePods`, `Ready` is a condition the controller owns, ...).
+/// `conditions` is shared: the handler writes the list with its own conditions
+/// ([`HANDLER_CONDITIONS`]) changed and the others' kept. `migrationMethod` and
+/// `selinuxContext` only v1.9.0's handler writes (its synchronization controller too, for
+/// decentralized migrations, which this project does not have).
 pub const HANDLER_OWNED_FIELDS: &[&str] = &[
     "phase",
     "phaseTransitionTimestamps",
@@ -20,10 +26,26 @@ pub const HANDLER_OWNED_FIELDS: &[&str] = &[
     "conditions",
     "machine",
     "reason",
+    "migrationMethod",
+    "selinuxContext",
 ];
 
 /// Condition types the handler sets and removes; others' conditions are kept as they are.
-pub(crate) const HANDLER_CONDITIONS: &[&str] = &["Paused", "Synchronized", "AgentConnected"];
+pub(crate) const HANDLER_CONDITIONS: &[&str] = &[
+    migratable::LIVE_MIGRATABLE,
+    migratable::STORAGE_LIVE_MIGRATABLE,
+    "Paused",
+    "Synchronized",
+    "AgentConnected",
+];
+
+/// `status.selinuxContext` where SELinux is off: v1.9.0's handler writes `"none"` when
+/// `virt-chroot selinux getenforce` finds no `/sys/fs/selinux/enforce`, else the launcher's
+/// SELinux context. This project's launchers run without an SELinux context of their own
+/// (the controller's pod template sets none, the handler relabels nothing), so the handler
+/// always says `"none"`; v1.9.0's migration controller then matches no SELinux level for the
+/// target pod.
+pub(crate) const SELINUX_CONTEXT_NONE: &str = "none";
 
 /// What the pod side knows about a pod interface (KubeVirt's pod-interface cache entry).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,27 +80,45 @@ fn condition(kind: &str, status: &str, reason: &str, message: &str, now: Timesta
     }
 }
 
-/// Replaces the handler's conditions with `wanted`, keeping a condition's transition time
-/// when its status did not change.
+/// Replaces the handler's conditions with `wanted`: one the VMI has keeps its place in the
+/// list (and its transition time when its status, reason and message did not change), one it
+/// no longer wants goes, a new one is appended; the others' conditions stay where they are.
+/// Keeping places matters: the controller appends its own conditions after the handler's,
+/// and moving the handler's behind them would be a write that changes nothing.
 fn merge_conditions(current: &[Condition], wanted: Vec<Condition>) -> Vec<Condition> {
-    let mut out: Vec<Condition> = current
-        .iter()
-        .filter(|c| !HANDLER_CONDITIONS.contains(&c.condition_type.as_str()))
-        .cloned()
-        .collect();
-    for mut w in wanted {
-        if let Some(old) = current
-            .iter()
-            .find(|c| c.condition_type == w.condition_type)
-            && old.status == w.status
-            && old.reason == w.reason
-            && old.message == w.message
-        {
+    let mut wanted: Vec<Option<Condition>> = wanted.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(current.len() + wanted.len());
+    for old in current {
+        if !HANDLER_CONDITIONS.contains(&old.condition_type.as_str()) {
+            out.push(old.clone());
+            continue;
+        }
+        let Some(mut w) = wanted
+            .iter_mut()
+            .find(|w| {
+                w.as_ref()
+                    .is_some_and(|w| w.condition_type == old.condition_type)
+            })
+            .and_then(Option::take)
+        else {
+            continue;
+        };
+        if old.status == w.status && old.reason == w.reason && old.message == w.message {
             w.last_transition_time = old.last_transition_time.clone();
         }
         out.push(w);
     }
+    out.extend(wanted.into_iter().flatten());
     out
+}
+
+/// `StorageLiveMigratable` as v1.9.0's `UpdateCondition` writes it: the VMI's own stays
+/// (message included) while its status and reason are the same.
+fn storage_condition(current: &[Condition], computed: Condition) -> Condition {
+    match Condition::find(current, migratable::STORAGE_LIVE_MIGRATABLE) {
+        Some(old) if old.status == computed.status && old.reason == computed.reason => old.clone(),
+        _ => computed,
+    }
 }
 
 fn domain_interfaces(
@@ -199,6 +239,20 @@ pub(crate) fn compute_status(
     }
 
     let mut wanted = Vec::new();
+    // The VMI-wide migration facts (`updateLiveMigrationConditions`, `updateSELinuxContext`),
+    // once the VMI has a domain (or carries them already): v1.9.0 writes them from the first
+    // sync on, but a VMI still waiting for its launcher or domain cannot migrate anyway, and
+    // leaving them for the write that says `Running` keeps that write the only one of the
+    // start (`handler/docs/migration.md`).
+    if domain.is_some()
+        || Condition::find(&current.conditions, migratable::LIVE_MIGRATABLE).is_some()
+    {
+        let m = migratable::migratability(vmi, migratable::NODE_HOST_CPU_MODEL);
+        wanted.push(m.live);
+        wanted.push(storage_condition(&current.conditions, m.storage));
+        status.migration_method = Some(m.method.to_string());
+        status.selinux_context = Some(SELINUX_CONTEXT_NONE.to_string());
+    }
     if let Some(d) = domain
         && d.status.status == LifeCycle::Paused
     {
@@ -344,7 +398,18 @@ mod tests {
         assert_eq!(s.phase_transition_timestamps.len(), 1);
         assert_eq!(s.node_name.as_deref(), Some("n1"));
         assert!(s.active_pods.is_some());
-        assert_eq!(s.conditions.len(), 1, "Ready kept, nothing added");
+        let types: Vec<&str> = s
+            .conditions
+            .iter()
+            .map(|c| c.condition_type.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            ["Ready", "LiveMigratable", "StorageLiveMigratable"],
+            "Ready kept, the migration conditions added"
+        );
+        assert_eq!(s.migration_method.as_deref(), Some("LiveMigration"));
+        assert_eq!(s.selinux_context.as_deref(), Some("none"));
         let i = &s.interfaces[0];
         assert_eq!(i.ip_address.as_deref(), Some("10.244.0.5"));
         assert_eq!(i.mac.as_deref(), Some("02:00:00:aa:bb:cc"));
@@ -434,8 +499,17 @@ mod tests {
             .iter()
             .map(|c| c.condition_type.as_str())
             .collect();
-        assert_eq!(types, vec!["Ready", "Paused", "Synchronized"]);
-        let sync = &s.conditions[2];
+        assert_eq!(
+            types,
+            vec![
+                "Ready",
+                "LiveMigratable",
+                "StorageLiveMigratable",
+                "Paused",
+                "Synchronized"
+            ]
+        );
+        let sync = &s.conditions[4];
         assert_eq!(sync.status, "False");
         assert_eq!(sync.message.as_deref(), Some("boom"));
         let mut paused = v.clone();
@@ -455,7 +529,10 @@ mod tests {
             .iter()
             .map(|c| c.condition_type.as_str())
             .collect();
-        assert_eq!(types, vec!["Ready"]);
+        assert_eq!(
+            types,
+            vec!["Ready", "LiveMigratable", "StorageLiveMigratable"]
+        );
     }
 
     #[test]
@@ -477,5 +554,147 @@ mod tests {
         assert!(patch["status"].get("nodeName").is_none());
         assert!(patch["status"].get("activePods").is_none());
         assert!(patch["status"]["reason"].is_null());
+        assert_eq!(patch["status"]["migrationMethod"], "LiveMigration");
+        assert_eq!(patch["status"]["selinuxContext"], "none");
+    }
+
+    fn condition_of<'a>(s: &'a VirtualMachineInstanceStatus, kind: &str) -> Option<&'a Condition> {
+        Condition::find(&s.conditions, kind)
+    }
+
+    /// The golden files' VMI (`images/examples/vm-testguest.yaml` as virt-api stores it):
+    /// host-model CPU, masquerade, a container disk.
+    fn testguest(phase: Phase) -> VirtualMachineInstance {
+        let mut v = proto::kubevirt::parse_vmi(
+            r#"{"metadata":{"name":"testguest","namespace":"d","uid":"u","resourceVersion":"7"},
+                "spec":{"domain":{"cpu":{"cores":1,"model":"host-model"},
+                                  "devices":{"disks":[{"name":"rootdisk","disk":{"bus":"virtio"}}],
+                                             "interfaces":[{"name":"default","masquerade":{}}]}},
+                        "networks":[{"name":"default","pod":{}}],
+                        "volumes":[{"name":"rootdisk","containerDisk":{"image":"test-disk"}}]},
+                "status":{"nodeName":"kubevirt-rs-node","volumeStatus":[{"name":"rootdisk","target":""}],
+                          "conditions":[{"type":"Ready","status":"False"}]}}"#,
+        )
+        .expect("vmi");
+        if let Some(s) = v.status.as_mut() {
+            s.phase = Some(phase);
+        }
+        v
+    }
+
+    #[test]
+    fn the_migration_facts_come_with_the_domain_and_are_kept_true() {
+        let running = StatusInputs {
+            phase: Phase::Running,
+            ..Default::default()
+        };
+        let scheduled = StatusInputs {
+            phase: Phase::Scheduled,
+            ..Default::default()
+        };
+        // Waiting for the launcher: nothing to write yet (the start's one write is Running's).
+        let v = testguest(Phase::Scheduled);
+        let s = compute_status(&v, None, &scheduled, now()).expect("status");
+        assert!(!owned_fields_differ(v.status.as_ref().expect("status"), &s));
+        assert!(condition_of(&s, "LiveMigratable").is_none());
+        assert_eq!(s.migration_method, None);
+
+        // The domain is there: one write with the phase and the migration facts.
+        let s = compute_status(&v, Some(&running_domain()), &running, now()).expect("status");
+        let live = condition_of(&s, "LiveMigratable").expect("LiveMigratable");
+        assert_eq!(
+            serde_json::to_value(live).expect("json"),
+            serde_json::json!({"type": "LiveMigratable", "status": "False",
+                "reason": "CPUModeLiveMigratable",
+                "message": "the node \"kubevirt-rs-node\" does not allow migration with host-model"})
+        );
+        let storage = condition_of(&s, "StorageLiveMigratable").expect("StorageLiveMigratable");
+        assert_eq!(
+            serde_json::to_value(storage).expect("json"),
+            serde_json::json!({"type": "StorageLiveMigratable", "status": "False",
+                "reason": "NotMigratable",
+                "message": "CPUModeLiveMigratable: the node \"kubevirt-rs-node\" does not allow migration with host-model"})
+        );
+        assert_eq!(s.migration_method.as_deref(), Some("BlockMigration"));
+        assert_eq!(s.selinux_context.as_deref(), Some("none"));
+
+        // Written once: recomputing changes nothing, with or without the domain.
+        let mut written = v.clone();
+        written.status = Some(s.clone());
+        for domain in [Some(running_domain()), None] {
+            let again = compute_status(&written, domain.as_ref(), &running, now()).expect("status");
+            assert!(!owned_fields_differ(&s, &again), "{domain:?}");
+        }
+
+        // Every computation checks again: the same VMI with host-passthrough migrates.
+        if let Some(cpu) = written.spec.domain.cpu.as_mut() {
+            cpu.model = Some("host-passthrough".into());
+        }
+        let s2 = compute_status(&written, None, &running, now()).expect("status");
+        assert_eq!(
+            condition_of(&s2, "LiveMigratable").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert_eq!(
+            condition_of(&s2, "StorageLiveMigratable").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert!(owned_fields_differ(&s, &s2));
+    }
+
+    #[test]
+    fn conditions_keep_their_places_and_storage_keeps_its_message_while_its_reason_holds() {
+        let mut v = testguest(Phase::Running);
+        let first = compute_status(
+            &v,
+            Some(&running_domain()),
+            &StatusInputs {
+                phase: Phase::Running,
+                ..Default::default()
+            },
+            now(),
+        )
+        .expect("status");
+        // The controller appends a condition after the handler's.
+        let mut status = first.clone();
+        status.conditions.push(Condition {
+            condition_type: "PodScheduled".into(),
+            status: "True".into(),
+            ..Default::default()
+        });
+        v.status = Some(status.clone());
+        let inputs = StatusInputs {
+            phase: Phase::Running,
+            ..Default::default()
+        };
+        let again = compute_status(&v, Some(&running_domain()), &inputs, now()).expect("status");
+        assert!(!owned_fields_differ(&status, &again), "no write to reorder");
+
+        // A bridge on the pod network: LiveMigratable now fails on the interface (its
+        // message changes with it), StorageLiveMigratable is still False/NotMigratable and
+        // keeps its message, as v1.9.0's UpdateCondition does.
+        v.spec.domain.devices.interfaces[0].masquerade = None;
+        v.spec.domain.devices.interfaces[0].bridge = Some(Default::default());
+        let changed = compute_status(&v, Some(&running_domain()), &inputs, now()).expect("status");
+        let live = condition_of(&changed, "LiveMigratable").expect("LiveMigratable");
+        assert_eq!(live.reason.as_deref(), Some("InterfaceNotLiveMigratable"));
+        assert_eq!(
+            condition_of(&changed, "StorageLiveMigratable"),
+            condition_of(&status, "StorageLiveMigratable")
+        );
+        let types: Vec<&str> = changed
+            .conditions
+            .iter()
+            .map(|c| c.condition_type.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "Ready",
+                "LiveMigratable",
+                "StorageLiveMigratable",
+                "PodScheduled"
+            ]
+        );
     }
 }
