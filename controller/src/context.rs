@@ -52,6 +52,8 @@ pub struct Context {
     pub migrations: Store<proto::kubevirt::VirtualMachineInstanceMigration>,
     /// Migrations whose target pod was created but may not be cached yet, by migration UID.
     pub created_target_pods: Mutex<HashMap<String, Instant>>,
+    /// VMIs whose evacuation migration was created but may not be cached yet, by VMI UID.
+    pub evacuations: Mutex<HashMap<String, Instant>>,
     pub(crate) recorder: Recorder,
 }
 

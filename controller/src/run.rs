@@ -313,6 +313,7 @@ pub async fn run(
         pod_gates: Mutex::default(),
         migrations: migration_reader.clone(),
         created_target_pods: Mutex::default(),
+        evacuations: Mutex::default(),
         recorder,
     });
 

@@ -2073,4 +2073,62 @@ async fn a_migration_hands_off_follows_the_handlers_and_a_deletion_cancels_it() 
     )
     .await;
     assert_eq!(get(&vmis, "mover").await.unwrap().phase(), Phase::Running);
+
+    // A drain's eviction marks the VMI (virt-api's webhook): the controller migrates it.
+    let node = get(&vmis, "mover")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .node_name
+        .unwrap();
+    let mark = json!({"status": {
+        "evacuationNodeName": node,
+        "conditions": [{"type": "LiveMigratable", "status": "True"}, {"type": "Ready", "status": "True"}],
+    }});
+    vmis.patch_status("mover", &PatchParams::default(), &Patch::Merge(&mark))
+        .await
+        .unwrap();
+    let evacuation = wait_for("the evacuation's migration", || async {
+        migrations
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|m| {
+                m.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("kubevirt-evacuation-"))
+            })
+    })
+    .await;
+    assert_eq!(evacuation.spec.vmi_name.as_deref(), Some("mover"));
+    assert_eq!(
+        evacuation.metadata.annotations.as_ref().unwrap()["kubevirt.io/evacuationMigration"],
+        node
+    );
+    wait_for("the evacuation hands off", || async {
+        (migration_phase(&migrations, evacuation.metadata.name.as_deref().unwrap()).await
+            == Some(MigrationPhase::PreparingTarget))
+        .then_some(())
+    })
+    .await;
+    // One migration per evacuation, however often the VMI is reconciled.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let count = migrations
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|m| {
+            m.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("kubevirt-evacuation-"))
+        })
+        .count();
+    assert_eq!(count, 1);
 }

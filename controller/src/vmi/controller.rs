@@ -273,6 +273,9 @@ pub async fn reconcile(
         }
     }
 
+    // A drain's eviction marked the VMI: a migration moves it off its node.
+    crate::migration::evacuation::reconcile(&ctx, &current).await?;
+
     if !plan.remove_finalizers.is_empty() {
         let finalizers: Vec<String> = current
             .finalizers()
