@@ -52,11 +52,11 @@ pub struct Context<'a> {
     pub service_accounts: &'a BTreeSet<String>,
     pub now: Time,
     /// A new random UUID (a VM's firmware UUID and serial).
-    pub new_uuid: &'a dyn Fn() -> String,
+    pub new_uuid: &'a (dyn Fn() -> String + Sync),
 }
 
 impl Context<'_> {
-    fn is_kubevirt(&self, request: &Request) -> bool {
+    pub(crate) fn is_kubevirt(&self, request: &Request) -> bool {
         self.service_accounts.contains(&request.user_info.username)
     }
 }
@@ -363,7 +363,7 @@ pub fn validate_vm(request: &Request, ctx: &Context) -> Response {
 /// The operation setting the top-level `key` of `object` (the request's object): `replace`
 /// as KubeVirt writes it where the key is there, `add` where it is not (RFC 6902's
 /// `replace` needs its target; a new VMI has no `status`).
-fn set(object: Option<&Value>, key: &str, value: impl serde::Serialize) -> Value {
+pub(crate) fn set(object: Option<&Value>, key: &str, value: impl serde::Serialize) -> Value {
     let op = if object.and_then(|o| o.get(key)).is_some() {
         "replace"
     } else {

@@ -1,15 +1,16 @@
 //! The webhook configurations virt-api serves, as KubeVirt v1.9.0's operator writes them
 //! (`components.NewVirtAPIValidatingWebhookConfiguration`, `NewVirtAPIMutatingWebhookConfiguration`),
 //! for the webhooks served here: names, paths, rules, `failurePolicy: Fail`, 10 s timeouts,
-//! `sideEffects: None`, `admissionReviewVersions: [v1]`. How the API server reaches virt-api
+//! `sideEffects: None` (`NoneOnDryRun` for the pod-eviction interceptors, which mark VMIs),
+//! `admissionReviewVersions: [v1]`, the interceptors' `matchConditions`. How the API server reaches virt-api
 //! is the caller's (`client`: KubeVirt's Service `virt-api` of the install namespace, or a
 //! URL); the `caBundle` is left for virt-api to write.
 
 use crate::server;
 use crate::{MUTATING_WEBHOOK, VALIDATING_WEBHOOK};
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
     APIService, APIServiceSpec, ServiceReference as ApiServiceReference,
@@ -43,6 +44,7 @@ pub fn url(address: &str) -> impl Fn(&str) -> WebhookClientConfig {
     }
 }
 
+/// A rule for `resource` of kubevirt.io in KubeVirt's webhook versions.
 fn rule(operations: &[&str], resource: &str) -> Vec<RuleWithOperations> {
     vec![RuleWithOperations {
         operations: Some(operations.iter().map(|o| o.to_string()).collect()),
@@ -54,6 +56,18 @@ fn rule(operations: &[&str], resource: &str) -> Vec<RuleWithOperations> {
                 .collect(),
         ),
         resources: Some(vec![resource.into()]),
+        scope: None,
+    }]
+}
+
+/// v1.9.0's rule of the pod-eviction interceptors: every operation on `pods/eviction` (core
+/// group, v1); the API server only ever creates an Eviction.
+fn eviction_rule() -> Vec<RuleWithOperations> {
+    vec![RuleWithOperations {
+        operations: Some(vec!["*".into()]),
+        api_groups: Some(vec!["".into()]),
+        api_versions: Some(vec!["v1".into()]),
+        resources: Some(vec!["pods/eviction".into()]),
         scope: None,
     }]
 }
@@ -72,7 +86,9 @@ fn metadata(name: &str) -> ObjectMeta {
     }
 }
 
-/// `virt-api-validator`: VMI create, VMI update, VM create and update.
+/// `virt-api-validator`, in v1.9.0's order: the pod-eviction interceptors (launcher pods,
+/// hotplug-volume pods; both `/pod-eviction-validate`), VMI create, VMI update, VM create and
+/// update, migration create, migration update.
 pub fn validating(client: impl Fn(&str) -> WebhookClientConfig) -> ValidatingWebhookConfiguration {
     let webhook = |name: &str, operations: &[&str], resource: &str, path: &str| ValidatingWebhook {
         name: name.into(),
@@ -84,9 +100,39 @@ pub fn validating(client: impl Fn(&str) -> WebhookClientConfig) -> ValidatingWeb
         client_config: client(path),
         ..Default::default()
     };
+    // The eviction interceptors mark VMIs (not on a dry run: `NoneOnDryRun`). `Fail` as
+    // v1.9.0 sets it (its comment speaks of not blocking evictions, its code fails closed):
+    // while no replica answers, a pod the condition names cannot be evicted.
+    let interceptor =
+        |name: &str, versions: &[&str], condition: &str, expression: &str| ValidatingWebhook {
+            name: name.into(),
+            admission_review_versions: versions.iter().map(|v| v.to_string()).collect(),
+            failure_policy: Some("Fail".into()),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            side_effects: "NoneOnDryRun".into(),
+            rules: Some(eviction_rule()),
+            client_config: client(server::POD_EVICTION_VALIDATE),
+            match_conditions: Some(vec![MatchCondition {
+                name: condition.into(),
+                expression: expression.into(),
+            }]),
+            ..Default::default()
+        };
     ValidatingWebhookConfiguration {
         metadata: metadata(VALIDATING_WEBHOOK),
         webhooks: Some(vec![
+            interceptor(
+                "virt-launcher-eviction-interceptor.kubevirt.io",
+                &["v1"],
+                "only-vms",
+                r#"object.metadata.name.startsWith("virt-launcher")"#,
+            ),
+            interceptor(
+                "hotplug-pod-eviction-interceptor.kubevirt.io",
+                &["v1", "v1beta1"],
+                "only-hotplug-pods",
+                r#"object.metadata.name.startsWith("hp-volume-")"#,
+            ),
             webhook(
                 "virtualmachineinstances-create-validator.kubevirt.io",
                 &["CREATE"],
@@ -105,19 +151,31 @@ pub fn validating(client: impl Fn(&str) -> WebhookClientConfig) -> ValidatingWeb
                 crate::admit::VMS,
                 server::VM_VALIDATE,
             ),
+            webhook(
+                "migration-create-validator.kubevirt.io",
+                &["CREATE"],
+                crate::migration::MIGRATIONS,
+                server::MIGRATION_CREATE_VALIDATE,
+            ),
+            webhook(
+                "migration-update-validator.kubevirt.io",
+                &["UPDATE"],
+                crate::migration::MIGRATIONS,
+                server::MIGRATION_UPDATE_VALIDATE,
+            ),
         ]),
     }
 }
 
-/// `virt-api-mutator`: VMs and VMIs, create and update.
+/// `virt-api-mutator`: VMs and VMIs on create and update, migrations on create.
 pub fn mutating(client: impl Fn(&str) -> WebhookClientConfig) -> MutatingWebhookConfiguration {
-    let webhook = |name: &str, resource: &str, path: &str| MutatingWebhook {
+    let webhook = |name: &str, operations: &[&str], resource: &str, path: &str| MutatingWebhook {
         name: name.into(),
         admission_review_versions: vec!["v1".into()],
         failure_policy: Some("Fail".into()),
         timeout_seconds: Some(TIMEOUT_SECONDS),
         side_effects: "None".into(),
-        rules: Some(rule(&["CREATE", "UPDATE"], resource)),
+        rules: Some(rule(operations, resource)),
         client_config: client(path),
         ..Default::default()
     };
@@ -126,13 +184,21 @@ pub fn mutating(client: impl Fn(&str) -> WebhookClientConfig) -> MutatingWebhook
         webhooks: Some(vec![
             webhook(
                 "virtualmachines-mutator.kubevirt.io",
+                &["CREATE", "UPDATE"],
                 crate::admit::VMS,
                 server::VM_MUTATE,
             ),
             webhook(
                 "virtualmachineinstances-mutator.kubevirt.io",
+                &["CREATE", "UPDATE"],
                 crate::admit::VMIS,
                 server::VMI_MUTATE,
+            ),
+            webhook(
+                "migrations-mutator.kubevirt.io",
+                &["CREATE"],
+                crate::migration::MIGRATIONS,
+                server::MIGRATION_MUTATE,
             ),
         ]),
     }

@@ -1,9 +1,13 @@
-//! virt-api: KubeVirt v1.9.0's admission webhooks for VMs and VMIs, served over HTTPS at
-//! v1.9.0's paths, with the configuration of the `KubeVirt` CR.
+//! virt-api: KubeVirt v1.9.0's admission webhooks for VMs, VMIs, migrations and pod
+//! evictions, served over HTTPS at v1.9.0's paths, with the configuration of the `KubeVirt` CR.
 //!
-//! - [`admit`]: the webhooks as pure functions (validating: what the feature gates forbid,
-//!   what the launcher cannot run, KubeVirt's update and label rules; mutating: the defaults
-//!   KubeVirt stores, `proto::contract::defaults`).
+//! - [`admit`]: the VM and VMI webhooks as pure functions (validating: what the feature gates
+//!   forbid, what the launcher cannot run, KubeVirt's update and label rules; mutating: the
+//!   defaults KubeVirt stores, `proto::contract::defaults`).
+//! - [`migration`]: the `VirtualMachineInstanceMigration` webhooks (label and finalizer;
+//!   create and update rules); [`eviction`]: evictions of launcher pods turned into
+//!   evacuations. Both read (and the eviction webhook writes) the cluster through
+//!   [`cluster::Cluster`], as v1.9.0 does with direct API calls.
 //! - [`review`]: `AdmissionReview` v1 and KubeVirt's answers (causes, JSON patches).
 //! - [`certs`]: the CA and serving certificate in Secrets, the webhooks' `caBundle`.
 //! - [`configurations`]: the Validating/MutatingWebhookConfigurations, as v1.9.0 names them.
@@ -17,9 +21,12 @@
 pub mod admit;
 pub mod authorize;
 pub mod certs;
+pub mod cluster;
 pub mod configurations;
 pub mod discovery;
+pub mod eviction;
 pub mod frontproxy;
+pub mod migration;
 pub mod review;
 pub mod server;
 pub mod subresources;

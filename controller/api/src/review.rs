@@ -129,6 +129,8 @@ pub const FIELD_VALUE_INVALID: &str = "FieldValueInvalid";
 pub const FIELD_VALUE_NOT_SUPPORTED: &str = "FieldValueNotSupported";
 /// `metav1.CauseTypeFieldValueRequired`.
 pub const FIELD_VALUE_REQUIRED: &str = "FieldValueRequired";
+/// `metav1.CauseTypeForbidden`.
+pub const FIELD_VALUE_FORBIDDEN: &str = "FieldValueForbidden";
 
 impl Cause {
     pub fn new(kind: &str, message: impl Into<String>, field: impl Into<String>) -> Self {
@@ -202,6 +204,22 @@ impl Response {
                 metadata: json!({}),
                 message: message.into(),
                 code: 400,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Refused with `message` and code 429 Too Many Requests, no reason and no causes: the
+    /// pod-eviction webhook's answer (`pod-eviction-admitter.go`'s `denied`), which the API
+    /// server passes on as a 429 that `kubectl drain` retries.
+    pub fn denied(message: impl Into<String>) -> Self {
+        Response {
+            allowed: false,
+            result: Some(Status {
+                metadata: json!({}),
+                message: message.into(),
+                code: 429,
                 ..Default::default()
             }),
             ..Default::default()

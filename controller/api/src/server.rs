@@ -3,7 +3,9 @@
 //! (`pkg/virt-api/api.go`, `pkg/healthz`), over rustls, HTTP/1.1.
 
 use crate::admit::{self, Context};
+use crate::cluster::Kube;
 use crate::review::{AdmissionReview, Response, answer};
+use crate::{eviction, migration};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -29,6 +31,14 @@ pub const VM_VALIDATE: &str = "/virtualmachines-validate";
 pub const VMI_MUTATE: &str = "/virtualmachineinstances-mutate";
 /// `VMMutatePath`.
 pub const VM_MUTATE: &str = "/virtualmachines-mutate";
+/// `MigrationCreateValidatePath`.
+pub const MIGRATION_CREATE_VALIDATE: &str = "/migration-validate-create";
+/// `MigrationUpdateValidatePath`.
+pub const MIGRATION_UPDATE_VALIDATE: &str = "/migration-validate-update";
+/// `MigrationMutatePath`.
+pub const MIGRATION_MUTATE: &str = "/migration-mutate-create";
+/// `PodEvictionValidatePath`.
+pub const POD_EVICTION_VALIDATE: &str = "/pod-eviction-validate";
 /// The subresource API's versions (`v1.SubresourceGroupVersions`).
 pub const SUBRESOURCE_VERSIONS: &[&str] = &["v1", "v1alpha3"];
 /// What `version` reports as the server's version.
@@ -64,6 +74,16 @@ pub fn handle(
     ctx: &Context,
     webhook: Webhook,
 ) -> Result<AdmissionReview, String> {
+    let review = read_review(content_type, body)?;
+    let Some(request) = review.request.as_ref() else {
+        return Err("the AdmissionReview has no request".into());
+    };
+    let response = webhook(request, ctx);
+    Ok(finish(&review, response))
+}
+
+/// `GetAdmissionReview`: the body as an `AdmissionReview` that has a request, or why not.
+pub fn read_review(content_type: Option<&str>, body: &[u8]) -> Result<AdmissionReview, String> {
     if content_type != Some("application/json") {
         return Err(format!(
             "contentType={}, expect application/json",
@@ -72,11 +92,17 @@ pub fn handle(
     }
     let review: AdmissionReview = serde_json::from_slice(body)
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
-    let Some(request) = review.request.as_ref() else {
+    if review.request.is_none() {
         return Err("the AdmissionReview has no request".into());
-    };
-    let response = webhook(request, ctx);
-    if !response.allowed {
+    }
+    Ok(review)
+}
+
+/// `review` answered with `response`, a refusal logged.
+pub fn finish(review: &AdmissionReview, response: Response) -> AdmissionReview {
+    if let Some(request) = review.request.as_ref()
+        && !response.allowed
+    {
         tracing::info!(
             operation = %request.operation,
             resource = %request.resource.resource,
@@ -87,27 +113,12 @@ pub fn handle(
             "refused"
         );
     }
-    Ok(answer(&review, response))
+    answer(review, response)
 }
 
-fn review(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: &[u8],
-    webhook: Webhook,
-) -> axum::response::Response {
-    let config = state.config.current();
-    let new_uuid = || uuid::Uuid::new_v4().to_string();
-    let ctx = Context {
-        config: &config,
-        service_accounts: &state.service_accounts,
-        now: Time(k8s_openapi::jiff::Timestamp::now()),
-        new_uuid: &new_uuid,
-    };
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    match handle(content_type, body, &ctx, webhook) {
+/// The HTTP answer: the answered review, or 400 with why the body is not one.
+fn http_answer(answered: Result<AdmissionReview, String>) -> axum::response::Response {
+    match answered {
         Ok(answered) => (
             [(header::CONTENT_TYPE, "application/json")],
             serde_json::to_vec(&answered).unwrap_or_default(),
@@ -120,12 +131,66 @@ fn review(
     }
 }
 
+fn content_type(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+}
+
+fn new_uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn review(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    webhook: Webhook,
+) -> axum::response::Response {
+    let config = state.config.current();
+    let ctx = Context {
+        config: &config,
+        service_accounts: &state.service_accounts,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+        new_uuid: &new_uuid,
+    };
+    http_answer(handle(content_type(headers), body, &ctx, webhook))
+}
+
 fn route(webhook: Webhook) -> axum::routing::MethodRouter<Arc<AppState>> {
     post(
         move |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes| async move {
             review(&state, &headers, &body, webhook)
         },
     )
+}
+
+/// A webhook that reads or writes the cluster (`crate::cluster`), called with the request,
+/// the configuration in force and the API server as virt-api's ServiceAccount.
+macro_rules! cluster_route {
+    ($webhook:path) => {
+        post(
+            |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes| async move {
+                let review = match read_review(content_type(&headers), &body) {
+                    Ok(review) => review,
+                    Err(message) => return http_answer(Err(message)),
+                };
+                let Some(request) = review.request.as_ref() else {
+                    return http_answer(Err("the AdmissionReview has no request".into()));
+                };
+                let config = state.config.current();
+                let ctx = Context {
+                    config: &config,
+                    service_accounts: &state.service_accounts,
+                    now: Time(k8s_openapi::jiff::Timestamp::now()),
+                    new_uuid: &new_uuid,
+                };
+                let cluster = Kube(state.client.clone());
+                let response = $webhook(request, &ctx, &cluster).await;
+                http_answer(Ok(finish(&review, response)))
+            },
+        )
+    };
 }
 
 /// KubeVirt's `healthz`: the API server reachable (its version, read once), the
@@ -209,6 +274,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(VM_VALIDATE, route(admit::validate_vm))
         .route(VMI_MUTATE, route(admit::mutate_vmi))
         .route(VM_MUTATE, route(admit::mutate_vm))
+        .route(MIGRATION_MUTATE, route(migration::mutate_create))
+        .route(
+            MIGRATION_CREATE_VALIDATE,
+            cluster_route!(migration::validate_create),
+        )
+        .route(MIGRATION_UPDATE_VALIDATE, route(migration::validate_update))
+        .route(POD_EVICTION_VALIDATE, cluster_route!(eviction::validate))
         .route("/healthz", get(healthz));
     for version_name in SUBRESOURCE_VERSIONS {
         let base = format!("/apis/subresources.kubevirt.io/{version_name}");
@@ -307,5 +379,62 @@ mod tests {
                 let _ = call(Some("application/json"), &changed);
             }
         }
+    }
+
+    /// The migration and eviction webhooks on every prefix of their reviews and every byte
+    /// flipped: an answer or an error, no panic.
+    #[test]
+    fn no_migration_or_eviction_body_panics() {
+        use crate::cluster::fake::Fake;
+        let config = TemplateConfig::default();
+        let accounts = BTreeSet::new();
+        let uuid = || "u".to_string();
+        let ctx = Context {
+            config: &config,
+            service_accounts: &accounts,
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            new_uuid: &uuid,
+        };
+        let vmi: proto::kubevirt::VirtualMachineInstance = serde_json::from_str(
+            r#"{"metadata":{"name":"v","namespace":"ns"},"spec":{"domain":{"devices":{}},"evictionStrategy":"LiveMigrate"},"status":{"phase":"Running","nodeName":"n","conditions":[{"type":"LiveMigratable","status":"True"}]}}"#,
+        )
+        .unwrap();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_str(
+            r#"{"metadata":{"name":"virt-launcher-v-x","namespace":"ns","labels":{"kubevirt.io":"virt-launcher"},"annotations":{"kubevirt.io/domain":"v"}},"spec":{"nodeName":"n","containers":[]}}"#,
+        )
+        .unwrap();
+        let cluster = Fake {
+            vmis: vec![vmi],
+            pods: vec![pod],
+            ..Default::default()
+        };
+        const MIGRATION: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-8","operation":"UPDATE","namespace":"ns","resource":{"group":"kubevirt.io","version":"v1","resource":"virtualmachineinstancemigrations"},"object":{"metadata":{"name":"m","namespace":"ns","labels":{"kubevirt.io/vmi-name":"v"}},"spec":{"vmiName":"v","priority":"x","sendTo":{"migrationID":"a"}},"status":{"phase":"Running"}},"oldObject":{"metadata":{"name":"m","labels":{"kubevirt.io/vmi-name":"v"}},"spec":{"vmiName":"v"}}}}"#;
+        const EVICTION: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-9","operation":"CREATE","namespace":"ns","name":"virt-launcher-v-x","dryRun":true,"resource":{"group":"","version":"v1","resource":"pods"},"object":{"metadata":{"name":"virt-launcher-v-x","annotations":{"requested-by":"sigs.k8s.io/descheduler"}},"deleteOptions":{"dryRun":["All"]}}}}"#;
+        let judge = |body: &[u8]| {
+            let Ok(review) = read_review(Some("application/json"), body) else {
+                return;
+            };
+            let request = review.request.as_ref().unwrap();
+            let _ = finish(&review, migration::mutate_create(request, &ctx));
+            let _ = migration::validate_update(request, &ctx);
+            let _ =
+                futures::executor::block_on(migration::validate_create(request, &ctx, &cluster));
+            let _ = futures::executor::block_on(eviction::validate(request, &ctx, &cluster));
+        };
+        for review in [MIGRATION, EVICTION] {
+            let bytes = review.as_bytes();
+            for end in 0..bytes.len() {
+                judge(&bytes[..end]);
+            }
+            for i in 0..bytes.len() {
+                for flip in [0x01u8, 0x20, 0x80] {
+                    let mut changed = bytes.to_vec();
+                    changed[i] ^= flip;
+                    judge(&changed);
+                }
+            }
+        }
+        // The unchanged eviction marks the VMI in a dry run, for the descheduler.
+        assert!(cluster.marks().iter().any(|m| m.dry_run && m.descheduler));
     }
 }

@@ -1,19 +1,23 @@
 //! virt-api's webhooks called by a real kube-apiserver (the `integration` crate's control
 //! plane; no controller runs, so what is stored is what the API server and virt-api made
-//! of a request). The virt-api binary runs on 127.0.0.1; its webhook configurations, as
-//! KubeVirt v1.9.0 names them but scoped to the test's namespace, call it by URL, and
-//! virt-api writes their `caBundle` itself. One test, one control plane: the configurations
-//! are cluster-wide and the control plane is this binary's alone.
+//! of a request). The virt-api binary runs on 127.0.0.1 as its ServiceAccount
+//! `kubevirt/kubevirt-apiserver` with exactly the rights `images/deploy/20-virt-api.yaml`
+//! gives it (a right missing there fails the test); its webhook configurations, as KubeVirt
+//! v1.9.0 names them but scoped to the test's namespace, call it by URL, and virt-api writes
+//! their `caBundle` itself. One test, one control plane: the configurations, the namespace
+//! `kubevirt` and the RBAC are cluster-wide and the control plane is this binary's alone.
 //! Fails (never skips) when the control plane cannot be built or started.
 
 use integration::{controlplane, wait_for};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use proto::kubevirt::{KubeVirt, VirtualMachine, VirtualMachineInstance};
+use proto::kubevirt::{
+    KubeVirt, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -66,6 +70,50 @@ fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) 
     }
 }
 
+/// virt-api's install namespace, as deployed.
+const INSTALL: &str = "kubevirt";
+/// virt-api's ServiceAccount there, as an API user.
+const ACCOUNT: &str = "system:serviceaccount:kubevirt:kubevirt-apiserver";
+
+/// The namespace `kubevirt` and virt-api's ServiceAccount and RBAC, from `images/deploy/` as
+/// they are there; a kubeconfig (in `dir`) of the control plane's acting as that account.
+async fn virt_api_identity(
+    client: &kube::Client,
+    cp: &controlplane::ControlPlane,
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../images/deploy");
+    let rbac = [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ];
+    for (file, kinds) in [
+        ("00-namespace.yaml", &["Namespace"][..]),
+        ("20-virt-api.yaml", &rbac[..]),
+    ] {
+        let text = std::fs::read_to_string(format!("{deploy}/{file}")).expect("manifest");
+        for object in integration::manifests::parse(&text).expect(file) {
+            let kind = object.types.as_ref().map(|t| t.kind.as_str());
+            if kind.is_some_and(|k| kinds.contains(&k)) {
+                integration::manifests::apply(client, &object, None, false)
+                    .await
+                    .unwrap_or_else(|e| panic!("{file}: {e:#}"));
+            }
+        }
+    }
+    let mut kubeconfig: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(cp.kubeconfig_path()).unwrap()).unwrap();
+    for user in kubeconfig["users"].as_sequence_mut().expect("users") {
+        user["user"]["as"] = ACCOUNT.into();
+    }
+    let path = dir.join("kubeconfig-virt-api");
+    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    path
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
     // Logs with RUST_LOG=virt_api=debug.
@@ -83,18 +131,19 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
     let namespace = cp.create_namespace("virt-api").await.expect("namespace");
     let client = cp.client().expect("client");
 
-    // The virt-api binary, and the webhook configurations calling it by URL (no caBundle:
-    // virt-api writes it), for this namespace only.
+    // The virt-api binary as its ServiceAccount, and the webhook configurations calling it by
+    // URL (no caBundle: virt-api writes it), for this namespace only.
     let address = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         probe.local_addr().unwrap().to_string()
     };
     let logs = tempfile::tempdir().expect("log directory");
+    let kubeconfig = virt_api_identity(&client, cp, logs.path()).await;
     let log = logs.path().join("virt-api.log");
     let mut virt_api = std::process::Command::new(env!("CARGO_BIN_EXE_virt-api"))
-        .args(["--namespace", &namespace, "--listen", &address])
+        .args(["--namespace", INSTALL, "--listen", &address])
         .args(["--extra-name", "127.0.0.1"])
-        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"))
@@ -128,7 +177,7 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
         .expect("MutatingWebhookConfiguration");
 
     // The KubeVirt CR, without HostDisk.
-    let kubevirts: Api<KubeVirt> = Api::namespaced(client.clone(), &namespace);
+    let kubevirts: Api<KubeVirt> = Api::namespaced(client.clone(), INSTALL);
     let cr: KubeVirt = serde_json::from_value(json!({
         "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
         "metadata": {"name": "kubevirt"},
@@ -172,7 +221,7 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
 
     // healthz and version over TLS, the certificate verified by the CA in `kubevirt-ca`
     // for 127.0.0.1.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), INSTALL);
     let ca = secrets.get("kubevirt-ca").await.expect("the CA's Secret");
     let ca = ca.data.unwrap()["tls.crt"].0.clone();
     let (code, body) = https_get(&address, &ca, "/healthz").await;
@@ -301,6 +350,260 @@ async fn the_api_server_calls_virt_api_for_vmis_and_vms() {
     assert!(
         template["domain"]["firmware"]["uuid"].is_string(),
         "{stored}"
+    );
+
+    // Migrations (v1.9.0's messages). A migration of a VMI that does not exist: refused.
+    let vmims: Api<VirtualMachineInstanceMigration> = Api::namespaced(client.clone(), &namespace);
+    let migration = |name: &str, spec: Value| -> VirtualMachineInstanceMigration {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap()
+    };
+    let (code, message) = refusal(
+        vmims
+            .create(&create, &migration("nowhere", json!({"vmiName": "nope"})))
+            .await,
+    );
+    assert_eq!(
+        (code, message),
+        (
+            400,
+            format!(
+                "admission webhook \"migration-create-validator.kubevirt.io\" denied the request: the VMI \"{namespace}/nope\" does not exist"
+            )
+        )
+    );
+    // Of `plain` (no LiveMigratable condition, not final): stored with the selector label and
+    // the finalizer the mutating webhook adds.
+    let first = vmims
+        .create(&create, &migration("first", json!({"vmiName": "plain"})))
+        .await
+        .expect("a migration virt-api admits");
+    let stored = vmims.get("first").await.unwrap();
+    assert_eq!(
+        stored.metadata.labels.as_ref().unwrap()["kubevirt.io/vmi-name"],
+        "plain"
+    );
+    assert_eq!(
+        stored.metadata.finalizers,
+        Some(vec!["kubevirt.io/migrationJobFinalize".to_string()])
+    );
+    // A second one while the first is not final: refused, naming the first.
+    let (code, message) = refusal(
+        vmims
+            .create(&create, &migration("second", json!({"vmiName": "plain"})))
+            .await,
+    );
+    assert_eq!(code, 400, "{message}");
+    assert!(
+        message.ends_with(&format!(
+            "in-flight migration detected. Active migration job ({}) is currently already in progress for VMI plain.",
+            first.metadata.uid.as_deref().unwrap()
+        )),
+        "{message}"
+    );
+    // Its spec never changes; its selector label stays while it is in flight.
+    let (code, message) = refusal(
+        vmims
+            .patch(
+                "first",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"vmiName": "other"}})),
+            )
+            .await,
+    );
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            422,
+            "admission webhook \"migration-update-validator.kubevirt.io\" denied the request: update of Migration object's spec is restricted"
+        )
+    );
+    let (code, message) = refusal(
+        vmims
+            .patch(
+                "first",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"kubevirt.io/vmi-name": "other"}}})),
+            )
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.ends_with("selector label can't be modified on an in-flight migration"),
+        "{message}"
+    );
+    // A priority, from anyone but KubeVirt's controller: refused.
+    let (code, message) = refusal(
+        vmims
+            .create(
+                &create,
+                &migration(
+                    "urgent",
+                    json!({"vmiName": "plain", "priority": "system-critical"}),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.ends_with(
+            "Migration priority queue, only virt-controller is allowed to set priority field"
+        ),
+        "{message}"
+    );
+    // The first one over, the VMI not migratable: refused with the condition's reason.
+    vmims
+        .patch_status(
+            "first",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .expect("the migration's phase");
+    vmis.patch_status(
+        "plain",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "conditions": [{
+            "type": "LiveMigratable", "status": "False", "reason": "InterfaceNotLiveMigratable",
+            "message": "cannot migrate VMI which does not use masquerade to connect to the pod network or bridge with kubevirt.io/allow-pod-bridge-network-live-migration VM annotation"}]}})),
+    )
+    .await
+    .expect("the VMI's condition");
+    let (code, message) = refusal(
+        vmims
+            .create(&create, &migration("third", json!({"vmiName": "plain"})))
+            .await,
+    );
+    assert_eq!(code, 400, "{message}");
+    assert!(
+        message.ends_with("Cannot migrate VMI, Reason: InterfaceNotLiveMigratable, Message: cannot migrate VMI which does not use masquerade to connect to the pod network or bridge with kubevirt.io/allow-pod-bridge-network-live-migration VM annotation"),
+        "{message}"
+    );
+
+    // Evictions of launcher pods (no kubelet: the pods stay Pending on a node that does not
+    // exist, which the webhook does not look at).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let launcher_pod = |vmi: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("virt-launcher-{vmi}-abcde"),
+                         "labels": {"kubevirt.io": "virt-launcher"},
+                         "annotations": {"kubevirt.io/domain": vmi}},
+            "spec": {"nodeName": "node-a", "automountServiceAccountToken": false,
+                     "containers": [{"name": "compute", "image": "localhost/kubevirt-rs/virt-launcher:devel"}]},
+        }))
+        .unwrap()
+    };
+    // A running VMI on node-a with `strategy`, migratable.
+    let evacuee = |name: &str, strategy: &str| {
+        let mut spec = vmi_spec(None, None);
+        spec["evictionStrategy"] = json!(strategy);
+        vmi(name, spec)
+    };
+    for (name, strategy) in [
+        ("evac", "LiveMigrate"),
+        ("desched", "External"),
+        ("stays", "None"),
+    ] {
+        vmis.create(&create, &evacuee(name, strategy))
+            .await
+            .expect("a VMI virt-api admits");
+        vmis.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "nodeName": "node-a",
+                "conditions": [{"type": "LiveMigratable", "status": "True"}]}})),
+        )
+        .await
+        .expect("the VMI's status");
+        let pod = launcher_pod(name);
+        wait_for("the launcher pod created", || async {
+            match pods.create(&create, &pod).await {
+                Ok(_) => Some(()),
+                // The namespace's default ServiceAccount may not be there yet.
+                Err(e) => {
+                    eprintln!("not yet: {e}");
+                    None
+                }
+            }
+        })
+        .await;
+    }
+    // Evictions by a client that does not retry a 429 (kube's default client does: each retry
+    // would be another eviction, the second finding the evacuation in progress).
+    let mut config = cp.config().clone();
+    config.default_retry = false;
+    let evictions: Api<Pod> =
+        Api::namespaced(kube::Client::try_from(config).expect("client"), &namespace);
+    let evict = |pod: String, annotations: Value, dry_run: bool| {
+        let pods = evictions.clone();
+        async move {
+            let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                                  "metadata": {"name": pod, "annotations": annotations}});
+            let params = PostParams {
+                dry_run,
+                ..Default::default()
+            };
+            pods.create_subresource::<_, Value>("eviction", &pod, &params, &eviction)
+                .await
+        }
+    };
+    let evacuation_node = |vmi: VirtualMachineInstance| {
+        vmi.status
+            .and_then(|s| s.extra.get("evacuationNodeName").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let interceptor =
+        "admission webhook \"virt-launcher-eviction-interceptor.kubevirt.io\" denied the request: ";
+    let triggered = format!("Eviction triggered evacuation of VMI \"{namespace}/evac\"");
+    // A dry run: denied as a real one, nothing marked.
+    let (code, message) = refusal(evict("virt-launcher-evac-abcde".into(), json!({}), true).await);
+    assert_eq!((code, message), (429, format!("{interceptor}{triggered}")));
+    assert_eq!(
+        evacuation_node(vmis.get("evac").await.unwrap()),
+        Value::Null
+    );
+    // LiveMigrate: the VMI marked with the pod's node (virt-api's own write, as its account),
+    // the eviction denied; a second one finds it in progress.
+    let (code, message) = refusal(evict("virt-launcher-evac-abcde".into(), json!({}), false).await);
+    assert_eq!((code, message), (429, format!("{interceptor}{triggered}")));
+    assert_eq!(
+        evacuation_node(vmis.get("evac").await.unwrap()),
+        json!("node-a")
+    );
+    let (code, message) = refusal(evict("virt-launcher-evac-abcde".into(), json!({}), false).await);
+    assert_eq!(
+        (code, message),
+        (
+            429,
+            format!("{interceptor}Evacuation in progress: {triggered}")
+        )
+    );
+    // The descheduler's eviction: the VMI also gets the eviction source.
+    let (code, message) = refusal(
+        evict(
+            "virt-launcher-desched-abcde".into(),
+            json!({"requested-by": "sigs.k8s.io/descheduler"}),
+            false,
+        )
+        .await,
+    );
+    assert_eq!(code, 429, "{message}");
+    let marked = vmis.get("desched").await.unwrap();
+    assert_eq!(
+        marked.metadata.annotations.as_ref().unwrap()["kubevirt.io/eviction-source"],
+        "descheduler"
+    );
+    assert_eq!(evacuation_node(marked), json!("node-a"));
+    // No eviction strategy: the eviction goes through (no disruption budget here).
+    evict("virt-launcher-stays-abcde".into(), json!({}), false)
+        .await
+        .expect("the eviction of a pod whose VMI has no eviction strategy");
+    assert_eq!(
+        evacuation_node(vmis.get("stays").await.unwrap()),
+        Value::Null
     );
 
     // The CR enables HostDisk: the same VMI is admitted, without a restart of virt-api.
