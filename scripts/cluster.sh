@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster on this machine, for the tests and the demo: etcd,
-# kube-apiserver, kube-controller-manager, kube-scheduler, containerd (with Debian's runc),
-# kubelet and kube-proxy (nftables mode), all built from Go modules by
-# integration/controlplane/build.sh; pod networking by Debian's CNI bridge plugin.
+# A real Kubernetes cluster on this machine, for the tests and the demo: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd (with Debian's runc), kubelet and
+# kube-proxy (nftables mode), all built from Go modules by integration/controlplane/build.sh;
+# pod networking by Debian's CNI bridge plugin. One node by default; `--nodes 2` adds a second
+# node (its own network and mount namespaces, cgroup subtree, containerd, kubelet and
+# kube-proxy) for tests that need a pod really elsewhere (live migration).
 #
 # Usage (as root):
-#   scripts/cluster.sh up [--owner-pid PID]   start (or reuse) the cluster; prints
-#                                            KUBECONFIG=, KUBECTL= and VIRTCTL=<path> on stdout
-#   scripts/cluster.sh down                  remove everything `up` made
+#   scripts/cluster.sh up [--nodes 1|2] [--owner-pid PID]
+#                                            start (or reuse) the cluster; prints KUBECONFIG=,
+#                                            KUBECTL= and VIRTCTL=<path> on stdout
+#   scripts/cluster.sh down                  remove everything `up` made (both nodes)
 #   scripts/cluster.sh status                what runs (exit 0: up and Ready, 1: partly, 3: down)
-#   scripts/cluster.sh restart-kubelet       stop the kubelet (SIGTERM) and start it again, as
-#                                            a node's service manager would; pods keep running
+#   scripts/cluster.sh restart-kubelet       stop node 1's kubelet (SIGTERM) and start it again,
+#                                            as a node's service manager would; pods keep running
+#                                            (node 2's kubelet is left alone)
 #
 # `up --owner-pid PID` ties the cluster to process PID (a test binary): once every owner has
 # exited, a watchdog takes the cluster down. A cluster brought up without an owner stays until
 # `down`. `up` on a healthy cluster only prints those lines (and adds the owner, if the
 # cluster has owners); on a broken or half-started one it runs `down` first. A failed `up`
-# cleans up after itself.
+# cleans up after itself. `--nodes` is a minimum: `up --nodes 2` on a healthy one-node cluster
+# adds node 2 (node 1 and the control plane keep running; a failure removes node 2 alone),
+# and `up` on a two-node cluster keeps node 2.
 #
 # Environment (all optional):
 #   KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE  OCI archive of the sandbox image to import instead of
-#                                      building it with images/build.sh
+#                                      building it with images/build.sh (node 2 added to a
+#                                      running cluster without it gets node 1's copy)
 #   KUBEVIRT_RS_CLUSTER_READY_TIMEOUT  seconds to wait for each component (default 240)
 #
 # Progress goes to stderr, one line per step with the elapsed time. See integration/README.md
-# for the design (addresses, files, what `down` removes and why).
+# for the design (addresses, namespaces, files, what `down` removes and why).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,8 +62,48 @@ RUNC=/usr/sbin/runc
 CNI_BIN_DIR=/usr/lib/cni
 MARKER=.kubevirt-rs-cluster # in directories `up` created outside STATE
 
+# Node 2 (`up --nodes 2`): the host is node 1; node 2's containerd, kubelet and kube-proxy run
+# in a network namespace and a mount namespace of their own (held by bind mounts of their nsfs
+# files under NODE2_DIR/ns, as `ip netns` holds one under /run/netns), so its pods are really
+# elsewhere: other addresses, their own view of the node paths (KUBELET_ROOT, /run,
+# CONTAINER_LOGS_DIR, CNI_CACHE_DIR are bind mounts of node-2 directories there), their own
+# cgroup subtree. The PID namespace stays shared (virt-handler reads /proc/<pid>/root).
+NODE2_NAME=kubevirt-rs-node-2
+NODE2_DIR="$STATE/node-2" # every file of node 2
+NODE2_POD_CIDR=10.218.0.0/16
+NODE2_IP=10.218.0.1 # on node 2's bridge (also named $BRIDGE, in its netns): kubelet, gateway
+# The veth pair between the host (node 1) and node 2's netns. Routes go through it "via" the
+# other node's IP (onlink), with static neighbour entries, so it needs no addresses of its own
+# and no ARP (whatever arp_ignore the machine has).
+NODE2_VETH=kvrs0-node2 # the host's end
+NODE2_UPLINK=kvrs-uplink # node 2's end
+NODE2_VETH_MAC=02:6b:76:72:73:01
+NODE2_UPLINK_MAC=02:6b:76:72:73:02
+NODE2_CGROUP="$CGROUP_NAME/node-2" # node 2's kubelet cgroupRoot, parent of its daemons' cgroup
+
 # Daemons in start order; `down` stops them in reverse.
 DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+NODE2_DAEMONS=(node-2-containerd node-2-kubelet node-2-kube-proxy)
+
+# The node the per-node steps (containerd, kubelet, kube-proxy) work on; `use_node 1|2` sets:
+# N_NAME, N_IP, N_POD_CIDR, N_DIR (its files; node 1's are STATE itself, as always), N_PREFIX
+# (of its daemons' names), N_CGROUP (its kubelet's cgroupRoot) and N_ENTER (the command prefix
+# that runs a program in its namespaces; empty for node 1, the host).
+use_node() {
+    case $1 in
+    1)
+        N_NAME=$NODE_NAME N_IP=$NODE_IP N_POD_CIDR=$POD_CIDR N_DIR=$STATE N_PREFIX=""
+        N_CGROUP=$CGROUP_NAME N_ENTER=()
+        ;;
+    2)
+        N_NAME=$NODE2_NAME N_IP=$NODE2_IP N_POD_CIDR=$NODE2_POD_CIDR N_DIR=$NODE2_DIR
+        N_PREFIX=node-2- N_CGROUP=$NODE2_CGROUP
+        N_ENTER=(nsenter "--net=$NODE2_DIR/ns/net" "--mount=$NODE2_DIR/ns/mnt" --)
+        ;;
+    *) die "use_node: no node $1" ;;
+    esac
+}
+use_node 1
 
 STARTED_AT="$(date +%s%N)"
 log() {
@@ -72,6 +119,11 @@ die() {
 
 # ---- small helpers -----------------------------------------------------------------------
 
+# The cgroup (below a hierarchy's root) daemon $1 runs in: node 2's have their own.
+daemon_cgroup() {
+    if [[ "$1" == node-2-* ]]; then echo "/$NODE2_CGROUP/daemons"; else echo "/$CGROUP_NAME/daemons"; fi
+}
+
 # The recorded pid of daemon $1 (or of the watchdog), if that process still runs and is still
 # ours: a pid file that outlived its process must not make `down` signal whoever got the pid.
 pid_of() {
@@ -81,7 +133,7 @@ pid_of() {
     if [[ "$1" == watchdog ]]; then
         grep -aqs -- "__watch" "/proc/$pid/cmdline" || return 0
     else
-        grep -qsE ":/$CGROUP_NAME/daemons\$" "/proc/$pid/cgroup" || return 0
+        grep -qsE ":$(daemon_cgroup "$1")\$" "/proc/$pid/cgroup" || return 0
     fi
     echo "$pid"
 }
@@ -95,7 +147,8 @@ kubectl_admin() {
     "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig/admin.kubeconfig" \
         --cache-dir "$STATE/kubectl-cache" "$@"
 }
-ctr_k8s() { "$BIN/ctr" --address "$STATE/containerd.sock" --namespace k8s.io "$@"; }
+# ctr on the current node's containerd (use_node); its socket is reachable from the host.
+ctr_k8s() { "$BIN/ctr" --address "$N_DIR/containerd.sock" --namespace k8s.io "$@"; }
 
 # Polls `$2...` until it succeeds; fails naming $1 after READY_TIMEOUT seconds. Also fails as
 # soon as one of the daemons started so far has exited.
@@ -111,7 +164,7 @@ wait_for() {
 
 check_daemons_alive() {
     local name pid
-    for name in "${DAEMONS[@]}"; do
+    for name in "${DAEMONS[@]}" "${NODE2_DAEMONS[@]}"; do
         [[ -f "$STATE/pids/$name" ]] || continue
         pid="$(pid_of "$name")"
         if ! alive "$pid"; then
@@ -137,10 +190,11 @@ tracking_hierarchy() {
     fi
 }
 
-# Every process in the cluster's cgroup subtree.
+# Every process in the cluster's cgroup subtree (or in the subtree $1 below a hierarchy's root,
+# e.g. node 2's).
 cluster_pids() {
     local root
-    root="$(tracking_hierarchy)/$CGROUP_NAME"
+    root="$(tracking_hierarchy)/${1:-$CGROUP_NAME}"
     [[ -d "$root" ]] || return 0
     find "$root" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un
 }
@@ -200,20 +254,52 @@ cluster_state() {
     return 0
 }
 
+# Node 2 alone: 0: its daemons run and it is Ready; 1: something of it exists; 3: nothing.
+# Needs BIN (cluster_state sets it) for the Ready check.
+node2_state() {
+    local anything=0 name
+    [[ -d "$NODE2_DIR" ]] && anything=1
+    ip link show "$NODE2_VETH" >/dev/null 2>&1 && anything=1
+    [[ -n "$(cluster_pids "$NODE2_CGROUP")" ]] && anything=1
+    ((anything)) || return 3
+    for name in "${NODE2_DAEMONS[@]}"; do
+        alive "$(pid_of "$name")" || return 1
+    done
+    [[ -n "${BIN:-}" ]] || return 1
+    [[ "$(kubectl_admin get node "$NODE2_NAME" \
+        -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]] || return 1
+    return 0
+}
+
 cmd_status() {
-    local state=0 name pid
+    local state=0 node2=3 name pid names=("${DAEMONS[@]}")
     cluster_state || state=$?
+    if ((state != 3)); then
+        node2=0
+        node2_state || node2=$?
+    fi
+    # Node 2 half there makes the cluster partly up.
+    if ((state == 0 && node2 == 1)); then state=1; fi
+    if ((node2 != 3)); then names+=("${NODE2_DAEMONS[@]}"); fi
     case $state in
-    0) echo "cluster: up, node $NODE_NAME Ready" ;;
+    0) echo "cluster: up, node $NODE_NAME Ready$(if ((node2 == 0)); then echo ", node $NODE2_NAME Ready"; fi)" ;;
     1) echo "cluster: partly up (run \`$0 down\` or \`$0 up\`)" ;;
     3) echo "cluster: down" ;;
     esac
     if ((state != 3)); then
-        for name in "${DAEMONS[@]}" watchdog; do
+        for name in "${names[@]}" watchdog; do
             pid="$(pid_of "$name")"
             if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: not running"; fi
         done
         echo "processes in the cluster's cgroups: $(cluster_pids | wc -l)"
+        if ((node2 == 0)); then
+            echo "node $NODE2_NAME: Ready; network and mount namespaces $NODE2_DIR/ns/{net,mnt}"
+        elif ((node2 == 1)); then
+            echo "node $NODE2_NAME: partly up (\`$0 up\` removes it, \`$0 up --nodes 2\` replaces it)"
+        fi
+        if ((node2 != 3)); then
+            echo "processes in node 2's cgroups: $(cluster_pids "$NODE2_CGROUP" | wc -l)"
+        fi
         if [[ -f "$STATE/owners" ]]; then
             echo "owners: $(tr '\n' ' ' <"$STATE/owners")"
         else
@@ -242,7 +328,7 @@ teardown() {
     # every process left in the cluster's cgroups (daemons, containerd's shims, the containers:
     # nothing of them is worth a graceful stop) is killed.
     local deadline pids group
-    for group in "${DAEMONS[*]/etcd/}" etcd; do
+    for group in "${NODE2_DAEMONS[*]} ${DAEMONS[*]/etcd/}" etcd; do
         deadline=$((SECONDS + 10))
         for name in $group; do
             pid="$(pid_of "$name")"
@@ -256,7 +342,7 @@ teardown() {
         done
     done
     local lingering=()
-    for name in "${DAEMONS[@]}"; do
+    for name in "${NODE2_DAEMONS[@]}" "${DAEMONS[@]}"; do
         if alive "$(pid_of "$name")"; then lingering+=("$name"); fi
     done
     if ((${#lingering[@]})); then log "down: ${lingering[*]} did not exit in time; killing"; fi
@@ -267,6 +353,9 @@ teardown() {
         ((SECONDS < deadline)) || die "down: processes that do not die: ${pids//$'\n'/ }"
         sleep 0.2
     done
+
+    # Node 2's network (its uplink, with the host's route), namespaces, cgroups and files.
+    node2_remove
 
     # Mounts: container root filesystems, image volumes, sandbox /dev/shm, network namespaces
     # (under STATE), pod volumes and the shared bind mount of KUBELET_ROOT. Deepest first; a
@@ -339,12 +428,71 @@ teardown() {
     log "down: done"
 }
 
+# Removes node 2 alone, the rest of the cluster running on: its daemons and every process in
+# its cgroup subtree (its pods), its Node object, then what node2_remove removes. Used when
+# adding node 2 to a running cluster fails, and for a broken node 2 found by `up`.
+node2_down() {
+    log "node 2: stopping its daemons"
+    local name pid pids deadline=$((SECONDS + 10))
+    for name in "${NODE2_DAEMONS[@]}"; do
+        pid="$(pid_of "$name")"
+        if alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi
+    done
+    for name in "${NODE2_DAEMONS[@]}"; do
+        pid="$(pid_of "$name")"
+        while alive "$pid" && ((SECONDS < deadline)); do
+            sleep 0.2
+        done
+    done
+    deadline=$((SECONDS + 30))
+    while pids="$(cluster_pids "$NODE2_CGROUP")" && [[ -n "$pids" ]]; do
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+        ((SECONDS < deadline)) || die "node 2: processes that do not die: ${pids//$'\n'/ }"
+        sleep 0.2
+    done
+    # Its pods are deleted by the pod garbage collector once the node is gone.
+    if [[ -n "${BIN:-}" ]]; then
+        kubectl_admin delete node "$NODE2_NAME" --ignore-not-found --wait=false --request-timeout=10s \
+            >/dev/null 2>&1 || log "node 2: could not delete its Node object (the apiserver is down?)"
+    fi
+    node2_remove
+    log "node 2: removed"
+}
+
+# Node 2's traces once its processes are gone (node2_down, teardown): the veth pair (the host's
+# route goes with it), the bind mounts holding its namespaces (the last references: its
+# network namespace, with its bridge, routes and kube-proxy's nftables tables, and its mount
+# namespace, with every mount its containerd and kubelet made, go with them), its cgroups and
+# its directory. Safe when node 2 never existed.
+node2_remove() {
+    if ip link show "$NODE2_VETH" >/dev/null 2>&1; then
+        ip link delete "$NODE2_VETH"
+    fi
+    local mount_point
+    while read -r mount_point; do
+        [[ -n "$mount_point" ]] || continue
+        umount "$mount_point" 2>/dev/null || umount -l "$mount_point" ||
+            die "down: cannot unmount $mount_point"
+    done < <(mounts_under "$NODE2_DIR")
+    local hierarchy
+    while read -r hierarchy; do
+        [[ -d "$hierarchy/$NODE2_CGROUP" ]] || continue
+        find "$hierarchy/$NODE2_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        [[ ! -d "$hierarchy/$NODE2_CGROUP" ]] || die "down: cannot remove cgroup $hierarchy/$NODE2_CGROUP"
+    done < <(cgroup_mounts)
+    if [[ -d "$NODE2_DIR" ]]; then
+        rm -rf --one-file-system "$NODE2_DIR"
+    fi
+    rm -f "$STATE"/pids/node-2-*
+}
+
 # ---- up ------------------------------------------------------------------------------------
 
 preflight() {
     [[ "$(id -u)" == 0 ]] || die "must run as root"
     local tool
-    for tool in ip ss nft openssl unshare setsid flock mount umount; do
+    for tool in ip ss nft openssl unshare nsenter setsid flock mount umount; do
         command -v "$tool" >/dev/null || die "$tool is not installed (scripts/setup.sh installs it)"
     done
     [[ -x "$RUNC" ]] || die "$RUNC is missing: install Debian's runc (scripts/setup.sh does)"
@@ -391,8 +539,8 @@ pause_archive() {
     [[ -f "$PAUSE_ARCHIVE" ]] || die "images/build.sh wrote no $PAUSE_ARCHIVE"
 }
 
-# Starts "$2..." as daemon $1: own session, output to its log, in the cluster's cgroup (so
-# `down` finds it and everything it forks), pid recorded.
+# Starts "$2..." as daemon $1: own session, output to its log, in the cluster's cgroup (its
+# node's: daemon_cgroup; so `down` finds it and everything it forks), pid recorded.
 start_daemon() {
     local name="$1"
     shift
@@ -401,7 +549,7 @@ start_daemon() {
     # not fork: $! is the daemon's pid.
     # fd 9 (the lock) is closed: a daemon must not hold it for the rest of its life.
     # shellcheck disable=SC2016 # expanded by the inner bash
-    setsid bash -c 'echo $$ >"$0" && exec "$@"' "$DAEMON_CGROUP/cgroup.procs" "$@" \
+    setsid bash -c 'echo $$ >"$0" && exec "$@"' "$(tracking_hierarchy)$(daemon_cgroup "$name")/cgroup.procs" "$@" \
         </dev/null >>"$STATE/log/$name.log" 2>&1 9<&- &
     echo $! >"$STATE/pids/$name"
 }
@@ -570,20 +718,22 @@ start_control_plane() {
         --leader-elect=false --secure-port=0 --profiling=false
 }
 
+# The current node's containerd (use_node) with its CNI configuration; imports the sandbox image.
 start_containerd() {
     # containerd 2.x, configuration version 3. Its defaults point at /run/containerd,
     # /var/lib/containerd, /opt/containerd, /run/containerd/s and /var/run/netns; every one is
-    # moved under STATE, so nothing collides with a system containerd.
-    cat >"$STATE/config/containerd.toml" <<EOF
+    # moved under STATE (node 2's under NODE2_DIR), so nothing collides with a system
+    # containerd or with the other node's.
+    cat >"$N_DIR/config/containerd.toml" <<EOF
 version = 3
-root = "$STATE/containerd/root"
-state = "$STATE/containerd/state"
+root = "$N_DIR/containerd/root"
+state = "$N_DIR/containerd/state"
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [grpc]
-  address = "$STATE/containerd.sock"
+  address = "$N_DIR/containerd.sock"
 [ttrpc]
-  address = "$STATE/containerd.sock.ttrpc"
+  address = "$N_DIR/containerd.sock.ttrpc"
 [debug]
   address = ""
 [metrics]
@@ -591,9 +741,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [plugins]
   [plugins.'io.containerd.internal.v1.opt']
-    path = "$STATE/containerd/opt"
+    path = "$N_DIR/containerd/opt"
   [plugins.'io.containerd.shim.v1.manager']
-    socket_dir = "$STATE/s"
+    socket_dir = "$N_DIR/s"
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = "overlayfs"
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -613,17 +763,18 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         runtime_path = "$BIN/containerd-shim-runc-v2"
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = "$RUNC"
-          Root = "$STATE/runc"
+          Root = "$N_DIR/runc"
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ["$CNI_BIN_DIR"]
-      conf_dir = "$STATE/cni/net.d"
+      conf_dir = "$N_DIR/cni/net.d"
       max_conf_num = 1
 EOF
-    # The pods' network: Debian's bridge + host-local + loopback plugins on our bridge. No
-    # ipMasq (it needs iptables, and there is no outside network to reach) and no isGateway:
-    # `up` owns the bridge and its address, so the plugin changes no global sysctl.
-    cat >"$STATE/cni/net.d/10-$CNI_NETWORK.conflist" <<EOF
+    # The pods' network: Debian's bridge + host-local + loopback plugins on our bridge (node
+    # 2's in its netns). No ipMasq (it needs iptables, and there is no outside network to
+    # reach) and no isGateway: `up` owns the bridge and its address, so the plugin changes no
+    # global sysctl.
+    cat >"$N_DIR/cni/net.d/10-$CNI_NETWORK.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "$CNI_NETWORK",
@@ -636,8 +787,8 @@ EOF
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "dataDir": "$STATE/cni/ipam",
-        "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "${NODE_IP%.*}.10", "gateway": "$NODE_IP"}]],
+        "dataDir": "$N_DIR/cni/ipam",
+        "ranges": [[{"subnet": "$N_POD_CIDR", "rangeStart": "${N_IP%.*}.10", "gateway": "$N_IP"}]],
         "routes": [{"dst": "0.0.0.0/0"}]
       }
     },
@@ -645,11 +796,12 @@ EOF
   ]
 }
 EOF
-    start_daemon containerd env PATH="$BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin" \
-        "$BIN/containerd" --config "$STATE/config/containerd.toml"
-    wait_for "containerd" "$BIN/ctr" --address "$STATE/containerd.sock" version
+    start_daemon "${N_PREFIX}containerd" "${N_ENTER[@]}" \
+        env PATH="$BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin" \
+        "$BIN/containerd" --config "$N_DIR/config/containerd.toml"
+    wait_for "${N_PREFIX}containerd" "$BIN/ctr" --address "$N_DIR/containerd.sock" version
 
-    log "sandbox image: importing $PAUSE_ARCHIVE"
+    log "sandbox image: importing $PAUSE_ARCHIVE${N_PREFIX:+ into node 2}"
     import_archive "$PAUSE_ARCHIVE"
     # Not `ctr ... | grep -q`: grep's early exit can kill ctr with SIGPIPE, which fails the
     # pipeline under pipefail (seen: "holds no image named" with the name in the list).
@@ -659,24 +811,25 @@ EOF
         die "$PAUSE_ARCHIVE holds no image named $PAUSE_IMAGE (it has: $(tr '\n' ' ' <<<"$images"))"
 }
 
-# Imports an OCI (or Docker) archive into the k8s.io namespace, unpacked for the CRI's
-# snapshotter, so pods can use its images without pulling.
+# Imports an OCI (or Docker) archive into the k8s.io namespace of the current node's containerd,
+# unpacked for the CRI's snapshotter, so pods can use its images without pulling.
 import_archive() {
     ctr_k8s images import --snapshotter overlayfs "$1" >&2 ||
         die "ctr images import $1 failed"
 }
 
+# The current node's kubelet (use_node), waited for until its node is Ready.
 start_kubelet() {
-    cat >"$STATE/config/kubelet.yaml" <<EOF
+    cat >"$N_DIR/config/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # Measured here: cgroup v1 (hybrid), PID 1 is not systemd, no swap.
 cgroupDriver: cgroupfs
-cgroupRoot: /$CGROUP_NAME
+cgroupRoot: /$N_CGROUP
 failCgroupV1: false
 failSwapOn: false
-containerRuntimeEndpoint: unix://$STATE/containerd.sock
-address: $NODE_IP
+containerRuntimeEndpoint: unix://$N_DIR/containerd.sock
+address: $N_IP
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -692,8 +845,8 @@ authorization:
   mode: Webhook
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
-podLogsDir: $STATE/pod-logs
-volumePluginDir: $STATE/kubelet-plugins/volume/exec
+podLogsDir: $N_DIR/pod-logs
+volumePluginDir: $N_DIR/kubelet-plugins/volume/exec
 # A shared, busy disk: no evictions or image garbage collection because other users fill it
 # (pods are evicted only when the disk is all but full).
 evictionHard:
@@ -721,7 +874,7 @@ EOF
     # namespace of its own in which each differing /proc/sys file is covered by a read-only
     # file holding the wanted value, so it finds them set and writes nothing. Propagation is
     # left unchanged: KUBELET_ROOT is a shared mount, so pod volumes still appear on the host.
-    mkdir -p "$STATE/kubelet-sysctls" "$STATE/path"
+    mkdir -p "$N_DIR/kubelet-sysctls" "$STATE/path"
     # Without iptables on its PATH kubelet skips its KUBE-IPTABLES-HINT and KUBE-FIREWALL
     # chains (only iptables-mode kube-proxy needs them); kube-proxy gets `nft` alone.
     ln -sf "$(command -v nft)" "$STATE/path/nft"
@@ -732,36 +885,42 @@ EOF
         wanted="${setting#*=}"
         setting="${setting%=*}"
         [[ "$(cat "/proc/sys/$setting")" == "$wanted" ]] && continue
-        echo "$wanted" >"$STATE/kubelet-sysctls/${setting//\//.}"
-        masks+=("$STATE/kubelet-sysctls/${setting//\//.}" "/proc/sys/$setting")
+        echo "$wanted" >"$N_DIR/kubelet-sysctls/${setting//\//.}"
+        masks+=("$N_DIR/kubelet-sysctls/${setting//\//.}" "/proc/sys/$setting")
     done
     # Under a supervisor that starts it again when it dies, as a node's service manager does
     # (kubeadm's unit: Restart=always): the kubelet's device manager can panic when a device
     # plugin deregisters while a pod is being admitted (a virt-handler restart in a burst;
     # kubernetes/kubernetes#119560 and others), and a node whose kubelet stays dead is lost.
-    start_daemon kubelet bash "$SELF" __respawn kubelet -- env PATH=/usr/local/bin:/usr/bin:/bin \
+    # Node 2's enters node 2's namespaces first: its mask namespace is a child of node 2's
+    # mount namespace, where KUBELET_ROOT is node 2's (shared there, so its pod volumes reach
+    # node 2's containerd).
+    start_daemon "${N_PREFIX}kubelet" bash "$SELF" __respawn "${N_PREFIX}kubelet" -- "${N_ENTER[@]}" \
+        env PATH=/usr/local/bin:/usr/bin:/bin \
         unshare --mount --propagation unchanged \
         bash "$SELF" __exec-with-masks "${masks[@]}" -- \
-        "$BIN/kubelet" --config="$STATE/config/kubelet.yaml" \
-        --kubeconfig="$STATE/kubeconfig/kubelet.kubeconfig" \
-        --root-dir="$KUBELET_ROOT" --hostname-override="$NODE_NAME" --node-ip="$NODE_IP"
-    wait_for "node $NODE_NAME registered" kubectl_admin get node "$NODE_NAME"
-    wait_for "node $NODE_NAME Ready" kubectl_admin wait --for=condition=Ready \
-        "node/$NODE_NAME" --timeout=5s
+        "$BIN/kubelet" --config="$N_DIR/config/kubelet.yaml" \
+        --kubeconfig="$N_DIR/kubeconfig/kubelet.kubeconfig" \
+        --root-dir="$KUBELET_ROOT" --hostname-override="$N_NAME" --node-ip="$N_IP"
+    wait_for "node $N_NAME registered" kubectl_admin get node "$N_NAME"
+    wait_for "node $N_NAME Ready" kubectl_admin wait --for=condition=Ready \
+        "node/$N_NAME" --timeout=5s
 }
 
+# The current node's kube-proxy (use_node; node 2's in its netns, for its pods' Service
+# traffic), waited for until its rules for the `kubernetes` Service are in place.
 start_kube_proxy() {
-    cat >"$STATE/config/kube-proxy.yaml" <<EOF
+    cat >"$N_DIR/config/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
 clientConnection:
-  kubeconfig: $STATE/kubeconfig/kube-proxy.kubeconfig
-hostnameOverride: $NODE_NAME
-clusterCIDR: $POD_CIDR
+  kubeconfig: $N_DIR/kubeconfig/kube-proxy.kubeconfig
+hostnameOverride: $N_NAME
+clusterCIDR: $N_POD_CIDR
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-nodePortAddresses: ["$NODE_IP/32"]
+nodePortAddresses: ["$N_IP/32"]
 # Zero: leave the machine's conntrack sysctls as they are.
 conntrack:
   maxPerCore: 0
@@ -771,11 +930,175 @@ conntrack:
   udpTimeout: 0s
   udpStreamTimeout: 0s
 EOF
-    start_daemon kube-proxy env PATH="$STATE/path:/usr/bin:/bin" \
-        "$BIN/kube-proxy" --config="$STATE/config/kube-proxy.yaml"
+    start_daemon "${N_PREFIX}kube-proxy" "${N_ENTER[@]}" env PATH="$STATE/path:/usr/bin:/bin" \
+        "$BIN/kube-proxy" --config="$N_DIR/config/kube-proxy.yaml"
     local first_service_ip="${SERVICE_CIDR%.*/*}.1"
-    wait_for "kube-proxy rules for the kubernetes service" \
-        bash -c "nft list table ip kube-proxy | grep -qF '$first_service_ip'"
+    wait_for "${N_PREFIX}kube-proxy rules for the kubernetes service" \
+        kube_proxy_has_rule_for "$first_service_ip"
+}
+
+# Whether the current node's kube-proxy table names $1. Not `nft ... | grep -q`: grep's early
+# exit can kill nft with SIGPIPE, which fails the pipeline under pipefail.
+kube_proxy_has_rule_for() {
+    local table
+    table="$("${N_ENTER[@]}" nft list table ip kube-proxy 2>/dev/null)" || return 1
+    grep -qF "$1" <<<"$table"
+}
+
+# ---- node 2 --------------------------------------------------------------------------------
+
+# Node 2's directories, cgroups, namespaces and network. Runs after prepare_host (node 2's
+# mount points are the ones node 1 uses).
+prepare_node2() {
+    log "node 2: namespaces, mounts, cgroups; $NODE2_IP/${NODE2_POD_CIDR#*/} on its $BRIDGE, $NODE2_VETH to the host"
+    mkdir -p "$NODE2_DIR"/{ns,sys,config,pki,kubeconfig,cni/net.d,cni/ipam,pod-logs,s} \
+        "$NODE2_DIR"/{kubelet,run/lock,log-containers,cni-cache}
+    chmod 700 "$NODE2_DIR"
+    # Node 2's /run: what a machine's /run has that anything here might use.
+    chmod 1777 "$NODE2_DIR/run/lock"
+    ln -s /dev/shm "$NODE2_DIR/run/shm"
+
+    # Its own subtree below the cluster's (so `down` finds everything in it), in every
+    # hierarchy: its kubelet's cgroupRoot, and its daemons' cgroup in the tracking one.
+    local hierarchy
+    while read -r hierarchy; do
+        mkdir -p "$hierarchy/$NODE2_CGROUP"
+        if [[ -f "$hierarchy/cpuset.cpus" && ! -f "$hierarchy/cgroup.controllers" ]]; then
+            cat "$hierarchy/$CGROUP_NAME/cpuset.cpus" >"$hierarchy/$NODE2_CGROUP/cpuset.cpus"
+            cat "$hierarchy/$CGROUP_NAME/cpuset.mems" >"$hierarchy/$NODE2_CGROUP/cpuset.mems"
+        fi
+    done < <(cgroup_mounts)
+    mkdir -p "$(tracking_hierarchy)/$NODE2_CGROUP/daemons"
+
+    # The namespaces, held by bind mounts of their nsfs files. The directory is a private mount
+    # of its own: unshare refuses to bind a mount namespace below a shared mount (a loop), and
+    # nothing mounted there must propagate anywhere.
+    mount --bind "$NODE2_DIR/ns" "$NODE2_DIR/ns"
+    mount --make-private "$NODE2_DIR/ns"
+    touch "$NODE2_DIR/ns/net" "$NODE2_DIR/ns/mnt"
+    # Everything private in the new mount namespace: a mount there must not reach the host
+    # (node 1's KUBELET_ROOT is shared), nor one of the host's reach node 2.
+    unshare --net="$NODE2_DIR/ns/net" --mount="$NODE2_DIR/ns/mnt" --propagation private \
+        bash "$SELF" __node2-mounts
+
+    # The link: a veth pair, no addresses on it; each side routes to the other node "via" that
+    # node's IP (onlink), found by a static neighbour entry. Node 2's default route is the
+    # host, as node 1's pods' is: it reaches node 1, its pods and the apiserver, and Service
+    # addresses have a route (kube-proxy DNATs them in node 2's netns).
+    local n2=(nsenter "--net=$NODE2_DIR/ns/net" --)
+    ip link add "$NODE2_VETH" address "$NODE2_VETH_MAC" type veth \
+        peer name "$NODE2_UPLINK" address "$NODE2_UPLINK_MAC" netns "$NODE2_DIR/ns/net"
+    "${n2[@]}" ip link set lo up
+    "${n2[@]}" ip link add "$BRIDGE" type bridge
+    "${n2[@]}" ip addr add "$NODE2_IP/${NODE2_POD_CIDR#*/}" dev "$BRIDGE"
+    "${n2[@]}" ip link set "$BRIDGE" up
+    "${n2[@]}" ip link set "$NODE2_UPLINK" up
+    ip link set "$NODE2_VETH" up
+    ip neigh replace "$NODE2_IP" lladdr "$NODE2_UPLINK_MAC" dev "$NODE2_VETH" nud permanent
+    "${n2[@]}" ip neigh replace "$NODE_IP" lladdr "$NODE2_VETH_MAC" dev "$NODE2_UPLINK" nud permanent
+    ip route add "$NODE2_POD_CIDR" via "$NODE2_IP" dev "$NODE2_VETH" onlink src "$NODE_IP"
+    "${n2[@]}" ip route add default via "$NODE_IP" dev "$NODE2_UPLINK" onlink src "$NODE2_IP"
+    # Forwarding as on node 1: per interface, on the ones packets to be forwarded come in
+    # through (the host's end of the link; node 2's bridge and uplink, in its own netns).
+    echo 1 >"/proc/sys/net/ipv4/conf/$NODE2_VETH/forwarding"
+    echo 0 >"/proc/sys/net/ipv4/conf/$NODE2_VETH/send_redirects"
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    "${n2[@]}" bash -c 'for dev; do
+            echo 1 >"/proc/sys/net/ipv4/conf/$dev/forwarding"
+            echo 0 >"/proc/sys/net/ipv4/conf/$dev/send_redirects"
+        done' - "$BRIDGE" "$NODE2_UPLINK"
+}
+
+# Node 2's kubelet and kube-proxy credentials: client certificates from the cluster's CA (the
+# apiserver's static tokens are read once at its start, and node 2 may join a running
+# cluster), as the users the default RBAC bindings know.
+write_node2_credentials() {
+    local pki="$NODE2_DIR/pki" who subject
+    for who in kubelet kube-proxy; do
+        case $who in
+        kubelet) subject="/O=system:nodes/CN=system:node:$NODE2_NAME" ;;
+        kube-proxy) subject="/CN=system:kube-proxy" ;;
+        esac
+        openssl ecparam -name prime256v1 -genkey -noout -out "$pki/$who.key" 2>/dev/null
+        openssl req -new -key "$pki/$who.key" -subj "$subject" 2>/dev/null |
+            openssl x509 -req -CA "$STATE/pki/ca.crt" -CAkey "$STATE/pki/ca.key" -days 3650 \
+                -set_serial "0x$(openssl rand -hex 16)" -out "$pki/$who.crt" \
+                -extfile <(printf '%s\n' "extendedKeyUsage=clientAuth" "keyUsage=critical,digitalSignature") \
+                2>/dev/null
+        cat >"$NODE2_DIR/kubeconfig/$who.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kubevirt-rs
+  cluster:
+    server: https://$NODE_IP:$APISERVER_PORT
+    certificate-authority: $STATE/pki/ca.crt
+users:
+- name: $who
+  user:
+    client-certificate: $pki/$who.crt
+    client-key: $pki/$who.key
+contexts:
+- name: kubevirt-rs
+  context:
+    cluster: kubevirt-rs
+    user: $who
+current-context: kubevirt-rs
+EOF
+    done
+    chmod 600 "$pki"/*.key "$NODE2_DIR"/kubeconfig/*
+}
+
+# Brings node 2 up beside a running node 1 and control plane: Ready, kube-proxy's rules in place.
+up_node2() {
+    check_no_route_overlap "$NODE2_POD_CIDR"
+    prepare_node2
+    write_node2_credentials
+    # The sandbox image: the archive node 1 got, or (node 2 joining a running cluster without
+    # one) node 1's copy, rather than building it again.
+    if [[ -z "${PAUSE_ARCHIVE:-}" && -n "${KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE:-}" ]]; then
+        pause_archive
+    elif [[ -z "${PAUSE_ARCHIVE:-}" ]]; then
+        PAUSE_ARCHIVE="$NODE2_DIR/pause.tar"
+        ctr_k8s images export "$PAUSE_ARCHIVE" "$PAUSE_IMAGE" >&2 ||
+            die "exporting $PAUSE_IMAGE from node 1's containerd failed"
+    fi
+    use_node 2
+    start_containerd
+    start_kubelet
+    start_kube_proxy
+    use_node 1
+    log "node 2: $NODE2_NAME Ready"
+}
+
+# Internal: `__node2-mounts`, run by `unshare` in node 2's new network and mount namespaces
+# (every mount private): node 2's view of the machine.
+cmd_node2_mounts() {
+    # The copies of node 1's mounts (its pods' root file systems, network namespaces and
+    # volumes) would pin them until node 2 goes: dropped.
+    local prefix mount_point
+    for prefix in "$STATE" "$KUBELET_ROOT"; do
+        while read -r mount_point; do
+            [[ -n "$mount_point" ]] || continue
+            umount -l "$mount_point"
+        done < <(mounts_under "$prefix")
+    done
+    # A sysfs of this network namespace (/sys/class/net shows node 2's links, as `ip netns
+    # exec` arranges), with the cgroup hierarchies moved over.
+    mount -t sysfs sysfs "$NODE2_DIR/sys"
+    if [[ -n "$(mounts_under /sys/fs/cgroup)" ]]; then
+        mount --move /sys/fs/cgroup "$NODE2_DIR/sys/fs/cgroup"
+    fi
+    umount -l /sys
+    mount --move "$NODE2_DIR/sys" /sys
+    # Node 2's own node paths: the kubelet's root (shared here, for pods' mount propagation,
+    # as node 1's is on the host), /run (KubeVirt's /var/run/kubevirt and
+    # /var/run/kubevirt-private among it), pod-log links, libcni's cache.
+    mount --bind "$NODE2_DIR/kubelet" "$KUBELET_ROOT"
+    mount --make-rshared "$KUBELET_ROOT"
+    mount --bind "$NODE2_DIR/run" /run
+    mount --bind "$NODE2_DIR/log-containers" "$CONTAINER_LOGS_DIR"
+    mount --bind "$NODE2_DIR/cni-cache" "$CNI_CACHE_DIR"
 }
 
 # Pods need the `default` service account (ServiceAccount admission) in their namespace.
@@ -808,12 +1131,17 @@ print_environment() {
 }
 
 cmd_up() {
-    local owner=""
+    local owner="" nodes=1
     while (($#)); do
         case $1 in
         --owner-pid)
             owner="${2:-}"
             shift 2 || die "--owner-pid needs a pid"
+            ;;
+        --nodes)
+            nodes="${2:-}"
+            shift 2 || die "--nodes needs a number"
+            [[ "$nodes" == [12] ]] || die "--nodes $nodes: 1 or 2"
             ;;
         *) die "up: unknown argument $1" ;;
         esac
@@ -823,6 +1151,21 @@ cmd_up() {
     cluster_state || state=$?
     if ((state == 0)); then
         log "already up"
+        # Node 2: a half-started or broken one goes; asked for and missing, it is added (a
+        # failure removes it alone: node 1 keeps running for its owners).
+        local node2=0
+        node2_state || node2=$?
+        if ((node2 == 1)); then
+            log "node 2 is broken or half-started: removing it"
+            node2_down
+            node2=3
+        fi
+        if ((nodes == 2 && node2 == 3)); then
+            [[ "$(id -u)" == 0 ]] || die "must run as root"
+            trap 'rc=$?; if ((rc != 0)); then log "adding node 2 failed: removing it"; node2_down || true; fi' EXIT
+            up_node2
+            trap - EXIT
+        fi
         if [[ -n "$owner" && -f "$STATE/owners" ]]; then
             add_owner "$owner"
         elif [[ -z "$owner" ]]; then
@@ -850,11 +1193,14 @@ cmd_up() {
     start_kubelet
     start_kube_proxy
     wait_for_service_accounts
+    if ((nodes == 2)); then
+        up_node2
+    fi
     if [[ -n "$owner" ]]; then
         add_owner "$owner"
     fi
     trap - EXIT
-    log "up: node $NODE_NAME Ready"
+    log "up: node $NODE_NAME Ready$(if ((nodes == 2)); then echo ", node $NODE2_NAME Ready"; fi)"
     print_environment
 }
 
@@ -881,7 +1227,6 @@ cmd_restart_kubelet() {
         ((SECONDS < deadline)) || { kill -KILL "$pid" 2>/dev/null || true; break; }
         sleep 0.2
     done
-    DAEMON_CGROUP="$(tracking_hierarchy)/$CGROUP_NAME/daemons"
     start_kubelet
     log "restart-kubelet: node $NODE_NAME Ready"
 }
@@ -983,8 +1328,9 @@ __exec-with-masks)
     shift
     cmd_exec_with_masks "$@"
     ;;
+__node2-mounts) cmd_node2_mounts ;;
 *)
-    echo "usage: $0 up [--owner-pid PID] | down | status | restart-kubelet" >&2
+    echo "usage: $0 up [--nodes 1|2] [--owner-pid PID] | down | status | restart-kubelet (node 1's)" >&2
     exit 2
     ;;
 esac

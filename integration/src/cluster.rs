@@ -1,6 +1,8 @@
-//! A real single-node Kubernetes cluster for tests: `scripts/cluster.sh` runs etcd,
-//! kube-apiserver, kube-controller-manager, kube-scheduler, containerd, kubelet and kube-proxy
-//! on this machine (as root), and this module brings it up once per test binary.
+//! A real Kubernetes cluster for tests: `scripts/cluster.sh` runs etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler, containerd, kubelet and kube-proxy on this machine
+//! (as root), and this module brings it up once per test binary. One node by default;
+//! [`shared_with_nodes`]`(2)` adds a second node ([`NODE2_NAME`]) in network and mount
+//! namespaces of its own, for tests that need a pod really elsewhere (live migration).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -15,11 +17,14 @@
 //!
 //! The cluster outlives no test binary that brought it up: the script's watchdog takes it down
 //! once its owners (`up --owner-pid`) have all exited, however they exit (also SIGKILL). A
-//! cluster already up is reused (and kept if it was brought up by hand).
+//! cluster already up is reused (and kept if it was brought up by hand), node 2 included if it
+//! has one: the scheduler may then put a pod that names no node on either node, and images are
+//! imported into both.
 
 mod project_images;
 mod test_image;
 
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -42,8 +47,24 @@ pub const NODE_NAME: &str = "kubevirt-rs-node";
 pub const NODE_IP: &str = "10.217.0.1";
 /// The pods' network.
 pub const POD_CIDR: &str = "10.217.0.0/16";
+/// The second node's name (`cluster.sh up --nodes 2`, [`shared_with_nodes`]).
+pub const NODE2_NAME: &str = "kubevirt-rs-node-2";
+/// The second node's address, on its pods' bridge in its own network namespace: its kubelet
+/// listens there, and it is its pods' default gateway. Routed to and from [`NODE_IP`].
+pub const NODE2_IP: &str = "10.218.0.1";
+/// The second node's pods' network.
+pub const NODE2_POD_CIDR: &str = "10.218.0.0/16";
 /// Where the script keeps all of the cluster's state.
 pub const STATE_DIR: &str = "/var/lib/kubevirt-rs-cluster";
+/// Node 2's files, inside [`STATE_DIR`]: its containerd (`containerd.sock`), and the
+/// directories its mount namespace shows at the node paths: `kubelet` at `/var/lib/kubelet`,
+/// `run` at `/run` (so `/var/run/kubevirt` and `/var/run/kubevirt-private`), `log-containers`
+/// at `/var/log/containers`, `cni-cache` at `/var/lib/cni`.
+pub const NODE2_STATE_DIR: &str = "/var/lib/kubevirt-rs-cluster/node-2";
+/// Node 2's network namespace (a bind mount of its nsfs file), for `nsenter --net=`.
+pub const NODE2_NETNS: &str = "/var/lib/kubevirt-rs-cluster/node-2/ns/net";
+/// Node 2's mount namespace (a bind mount of its nsfs file), for `nsenter --mount=`.
+pub const NODE2_MOUNT_NS: &str = "/var/lib/kubevirt-rs-cluster/node-2/ns/mnt";
 /// The sandbox image the script imports (built by `images/build.sh pause`).
 pub const PAUSE_IMAGE: &str = "localhost/kubevirt-rs/pause:3.10";
 /// The label on namespaces made by [`Cluster::create_namespace`]: the test process's pid.
@@ -73,20 +94,49 @@ pub async fn shared() -> Result<&'static Cluster> {
     SHARED.get_or_try_init(Cluster::up).await
 }
 
+/// [`shared`] with at least `nodes` nodes (1 or 2). With 2, node 2 ([`NODE2_NAME`]) is added to
+/// the cluster if it has only node 1 (`cluster.sh up --nodes 2`: node 1 and the control plane
+/// keep running, so a cluster [`shared`] brought up goes on), and the images this process
+/// imported before are imported into node 2 too. Both nodes are Ready and schedulable: pin pods
+/// with a `kubernetes.io/hostname` node selector where it matters.
+pub async fn shared_with_nodes(nodes: usize) -> Result<&'static Cluster> {
+    static SHARED_TWO: tokio::sync::OnceCell<Cluster> = tokio::sync::OnceCell::const_new();
+    match nodes {
+        1 => shared().await,
+        2 => {
+            SHARED_TWO
+                .get_or_try_init(|| Cluster::up_with_nodes(2))
+                .await
+        }
+        _ => bail!("the test cluster has one or two nodes, not {nodes}"),
+    }
+}
+
 impl Cluster {
     /// Runs `cluster.sh up --owner-pid <this process>` and loads the admin kubeconfig. The
     /// script's progress goes to stderr; the first start builds the binaries (long, cached).
     /// The sandbox image comes from [`project_images`] (the tests' dev build; without it the
     /// script would make a release build of every program for that one image).
     pub async fn up() -> Result<Self> {
-        let output = tokio::task::spawn_blocking(|| {
+        Self::up_with_nodes(1).await
+    }
+
+    /// [`Self::up`] with at least `nodes` nodes (1 or 2: `cluster.sh up --nodes 2`); see
+    /// [`shared_with_nodes`]. With 2, the images this process imported before (into node 1
+    /// only, if node 2 was not there yet) are imported into node 2.
+    pub async fn up_with_nodes(nodes: usize) -> Result<Self> {
+        if !(1..=2).contains(&nodes) {
+            bail!("the test cluster has one or two nodes, not {nodes}");
+        }
+        let output = tokio::task::spawn_blocking(move || {
             let images = project_images()?;
+            let mut args = vec!["up".to_owned()];
+            if nodes > 1 {
+                args.extend(["--nodes".to_owned(), nodes.to_string()]);
+            }
+            args.extend(["--owner-pid".to_owned(), std::process::id().to_string()]);
             run_script_with(
-                &[
-                    "up".to_owned(),
-                    "--owner-pid".to_owned(),
-                    std::process::id().to_string(),
-                ],
+                &args,
                 &[(
                     "KUBEVIRT_RS_CLUSTER_PAUSE_ARCHIVE",
                     images.archive("pause").into_os_string(),
@@ -113,13 +163,39 @@ impl Cluster {
         let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
             .await
             .with_context(|| format!("loading {}", kubeconfig.display()))?;
-        Ok(Self {
+        let cluster = Self {
             kubeconfig,
             kubectl,
             virtctl,
             ctr,
             config,
+        };
+        if nodes < 2 {
+            return Ok(cluster);
+        }
+        tokio::task::spawn_blocking(move || {
+            cluster.import_earlier_images_into_node2()?;
+            Ok(cluster)
         })
+        .await
+        .context("the image import task panicked")?
+    }
+
+    /// Whether the cluster has node 2 now (its containerd's socket exists).
+    pub fn has_node2(&self) -> bool {
+        node2_containerd_socket().exists()
+    }
+
+    /// `nsenter --net=<node 2's netns> --mount=<node 2's mount namespace> -- <program>`: a
+    /// command that sees node 2's network and node paths (`/var/lib/kubelet`, `/run`, ...).
+    pub fn node2_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net={NODE2_NETNS}"))
+            .arg(format!("--mount={NODE2_MOUNT_NS}"))
+            .arg("--")
+            .arg(program);
+        command
     }
 
     /// A new cluster-admin client (one per call: a client belongs to the Tokio runtime it was
@@ -181,18 +257,44 @@ impl Cluster {
 
     /// Imports an OCI (or Docker) image archive into containerd's `k8s.io` namespace, unpacked
     /// for the CRI's snapshotter: pods can then use its images with `imagePullPolicy:
-    /// IfNotPresent` or `Never`, and image volumes can mount them.
+    /// IfNotPresent` or `Never`, and image volumes can mount them. Into every node's containerd
+    /// (node 2's too, when the cluster has it); remembered, so that node 2 added later by
+    /// [`shared_with_nodes`] gets it too (the archive must still be there then).
     pub fn import_image(&self, archive: &Path) -> Result<()> {
+        self.import_into_nodes(Imported::Archive(archive.to_owned()), archive)
+    }
+
+    /// Imports `archive` (the archive of `image`) into node 1's containerd and, if the cluster
+    /// has node 2, into node 2's; remembers `image` for [`Self::import_earlier_images_into_node2`].
+    fn import_into_nodes(&self, image: Imported, archive: &Path) -> Result<()> {
+        let node2 = self.has_node2();
+        lock_imported().push((image, node2));
+        self.import_archive_at(&Path::new(STATE_DIR).join("containerd.sock"), archive)?;
+        if node2 {
+            self.import_archive_at(&node2_containerd_socket(), archive)
+                .context("into node 2's containerd")?;
+        }
+        Ok(())
+    }
+
+    fn import_archive_at(&self, socket: &Path, archive: &Path) -> Result<()> {
         let output = Command::new(&self.ctr)
             .arg("--address")
-            .arg(Path::new(STATE_DIR).join("containerd.sock"))
+            .arg(socket)
             .args(["--namespace", "k8s.io", "images", "import"])
             .args(["--snapshotter", "overlayfs"])
             .arg(archive)
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("running {}", self.ctr.display()))?;
-        checked_stdout(&format!("ctr images import {}", archive.display()), output)?;
+        checked_stdout(
+            &format!(
+                "ctr --address {} images import {}",
+                socket.display(),
+                archive.display()
+            ),
+            output,
+        )?;
         Ok(())
     }
 
@@ -207,12 +309,39 @@ impl Cluster {
         Ok(images)
     }
 
+    /// Imports into node 2 what this process imported before while the cluster had node 1 alone.
+    fn import_earlier_images_into_node2(&self) -> Result<()> {
+        let socket = node2_containerd_socket();
+        let mut imported = lock_imported();
+        for (image, into_node2) in imported.iter_mut().filter(|(_, done)| !*done) {
+            match image {
+                Imported::Archive(archive) => {
+                    self.import_archive_at(&socket, archive).with_context(|| {
+                        format!(
+                            "importing {} (imported into node 1 before) into node 2",
+                            archive.display()
+                        )
+                    })?;
+                }
+                Imported::Test(image) => {
+                    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+                    let archive = dir.path().join("image.tar");
+                    image.write_archive(&archive)?;
+                    self.import_archive_at(&socket, &archive)
+                        .with_context(|| format!("importing {} into node 2", image.name()))?;
+                }
+            }
+            *into_node2 = true;
+        }
+        Ok(())
+    }
+
     /// Writes `image` to a temporary archive and imports it ([`Self::import_image`]).
     pub fn import_test_image(&self, image: &TestImage) -> Result<()> {
         let dir = tempfile::tempdir().context("creating a temporary directory")?;
         let archive = dir.path().join("image.tar");
         image.write_archive(&archive)?;
-        self.import_image(&archive)
+        self.import_into_nodes(Imported::Test(image.clone()), &archive)
             .with_context(|| format!("importing {}", image.name()))
     }
 
@@ -325,6 +454,26 @@ fn pod_phase(pod: Option<&Pod>) -> Option<&str> {
     pod?.status.as_ref()?.phase.as_deref()
 }
 
+fn node2_containerd_socket() -> PathBuf {
+    Path::new(NODE2_STATE_DIR).join("containerd.sock")
+}
+
+/// An image this process imported, to import into node 2 when node 2 comes later.
+#[derive(Debug, Clone)]
+enum Imported {
+    Archive(PathBuf),
+    Test(TestImage),
+}
+
+/// This process's imports, each with whether node 2 has it.
+static IMPORTED: Mutex<Vec<(Imported, bool)>> = Mutex::new(Vec::new());
+
+fn lock_imported() -> std::sync::MutexGuard<'static, Vec<(Imported, bool)>> {
+    IMPORTED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Runs `cluster.sh down`: removes everything the cluster made (see the script).
 pub fn down() -> Result<()> {
     run_script(&["down".to_owned()]).map(drop)
@@ -342,7 +491,7 @@ fn run_script(args: &[String]) -> Result<String> {
 }
 
 /// [`run_script`] with extra environment variables.
-fn run_script_with(args: &[String], env: &[(&str, std::ffi::OsString)]) -> Result<String> {
+fn run_script_with(args: &[String], env: &[(&str, OsString)]) -> Result<String> {
     let script = script();
     let hint = format!(
         "the test cluster could not be brought up; try `sudo bash {} up` (needs root, Go >= 1.26 \

@@ -1,8 +1,9 @@
-//! `scripts/cluster.sh` leaves nothing behind: not after `down`, not after an `up` that failed
-//! half-way, not when the process owning the cluster dies; and `up` on a running cluster
-//! changes nothing. "Nothing" is checked by name against everything the cluster makes:
-//! processes, mounts, links, nftables tables and chains, cgroups, files, and the kernel
-//! settings kubelet would change. Needs root. Takes down a cluster it finds running.
+//! `scripts/cluster.sh` leaves nothing behind: not after `down` (node 2 included), not after an
+//! `up` that failed half-way, not when the process owning the cluster dies; and `up` on a
+//! running cluster changes nothing of it (`up --nodes 2` adds node 2 beside it). "Nothing" is
+//! checked by name against everything the cluster makes: processes, mounts, links, nftables
+//! tables and chains, cgroups, files, and the kernel settings kubelet would change. Needs root.
+//! Takes down a cluster it finds running.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -324,17 +325,52 @@ fn cluster_sh_removes_everything_it_made() {
         "kubelet changed the machine's kernel settings"
     );
 
-    // `up` again: nothing restarts.
+    // `up --nodes 2` on it: node 2 joins (its sandbox image copied from node 1's containerd),
+    // nothing of node 1 restarts, and the checks see node 2's traces too.
     let again = Instant::now();
-    let (ok, stdout, _) = script(&["up", "--owner-pid", &std::process::id().to_string()], &[]);
+    let (ok, stdout, _) = script(
+        &[
+            "up",
+            "--nodes",
+            "2",
+            "--owner-pid",
+            &std::process::id().to_string(),
+        ],
+        &[],
+    );
     assert!(ok, "a second up succeeds");
     assert!(stdout.contains("KUBECONFIG="), "{stdout}");
     assert!(again.elapsed() < Duration::from_secs(60));
-    assert_eq!(daemon_pids().get("kubelet"), daemons.get("kubelet"));
-    assert_eq!(daemon_pids().get("containerd"), daemons.get("containerd"));
+    for daemon in ["kubelet", "containerd", "kube-apiserver"] {
+        assert_eq!(daemon_pids().get(daemon), daemons.get(daemon), "{daemon}");
+    }
+    let node2_daemons: Vec<u32> = daemon_pids()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("node-2-"))
+        .map(|(_, pid)| pid)
+        .collect();
+    assert_eq!(
+        node2_daemons.len(),
+        3,
+        "node 2's containerd, kubelet, kube-proxy"
+    );
+    seen_pids.extend(&node2_daemons);
+    let mut links = veths.clone();
+    links.push("kvrs0-node2".to_owned());
+    let running = leftovers(&seen_pids, &links).join("\n");
+    for expected in [
+        "link kvrs0-node2",
+        "mount /var/lib/kubevirt-rs-cluster/node-2/ns/net",
+        "mount /var/lib/kubevirt-rs-cluster/node-2/ns/mnt",
+    ] {
+        assert!(
+            running.contains(expected),
+            "with node 2, `{expected}` is seen:\n{running}"
+        );
+    }
 
     cluster::down().expect("cluster.sh down");
-    assert_nothing_left("after down", &before, &seen_pids, &veths);
+    assert_nothing_left("after down", &before, &seen_pids, &links);
     cluster::down().expect("cluster.sh down when nothing runs");
 
     // The owner dies (as a SIGKILLed test binary would): the watchdog takes the cluster down.
