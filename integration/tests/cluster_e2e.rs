@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::cluster::{self, Cluster, NODE_NAME, STATE_DIR};
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -56,7 +55,7 @@ async fn kubevirt() -> &'static Cluster {
     };
     DEPLOYED
         .get_or_init(|| async {
-            if let Err(e) = deploy(cluster).await {
+            if let Err(e) = cluster::kubevirt::deploy(cluster, &[NODE_NAME]).await {
                 panic!("cannot deploy kubevirt-rs on the test cluster: {e:#}");
             }
         })
@@ -64,119 +63,18 @@ async fn kubevirt() -> &'static Cluster {
     cluster
 }
 
-async fn deploy(cluster: &'static Cluster) -> anyhow::Result<()> {
-    let started = Instant::now();
-    tokio::task::spawn_blocking(|| cluster.import_project_images()).await??;
-    let client = cluster.client()?;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE);
-    // A cluster kept from an earlier run has pods of older images: restart them.
-    let redeploy = daemonsets.get_opt("virt-handler").await?.is_some();
-    let deploy_dir = repo().join("images/deploy");
-    cluster.kubectl_output(&["apply", "-f", &deploy_dir.to_string_lossy()])?;
-    // The KubeVirt CR once its CRD is served (kubectl cannot map it in the same apply).
-    cluster.kubectl_output(&[
-        "wait",
-        "crd/kubevirts.kubevirt.io",
-        "--for=condition=established",
-        "--timeout=60s",
-    ])?;
-    cluster.kubectl_output(&["apply", "-f", &deploy_dir.join("cr").to_string_lossy()])?;
-    if redeploy {
-        cluster.kubectl_output(&[
-            "-n",
-            KUBEVIRT_NAMESPACE,
-            "rollout",
-            "restart",
-            "deployment/virt-controller",
-            "deployment/virt-api",
-            "daemonset/virt-handler",
-        ])?;
-    }
-    for what in [
-        "deployment/virt-controller",
-        "deployment/virt-api",
-        "daemonset/virt-handler",
-    ] {
-        cluster.kubectl_output(&[
-            "-n",
-            KUBEVIRT_NAMESPACE,
-            "rollout",
-            "status",
-            what,
-            "--timeout=300s",
-        ])?;
-    }
-    // What tools wait on: the leader marks the install Deployed once virt-handler is ready.
-    cluster.kubectl_output(&[
-        "-n",
-        KUBEVIRT_NAMESPACE,
-        "wait",
-        "kv/kubevirt",
-        "--for=jsonpath={.status.phase}=Deployed",
-        "--timeout=300s",
-    ])?;
-    // virt-api's webhooks (failurePolicy Fail) refuse every VM and VMI until a replica is
-    // ready and the API server reaches it through the Service: the Deployment Available, then
-    // a server-side dry run of a VM answered by the webhooks.
-    cluster.kubectl_output(&[
-        "-n",
-        KUBEVIRT_NAMESPACE,
-        "wait",
-        "deployment/virt-api",
-        "--for=condition=Available",
-        "--timeout=300s",
-    ])?;
-    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait_for("virt-api's webhooks to answer", || {
-        let (vms, dry_run) = (vms.clone(), dry_run.clone());
-        async move {
-            vms.create(&dry_run, &test_vm("webhooks-ready", "Halted"))
-                .await
-                .ok()
-                .map(|_| ())
-        }
-    })
-    .await;
-    wait_node_ready_for_vms(
-        &client,
-        "the node to be schedulable with device-plugin resources",
-    )
-    .await;
-    eprintln!(
-        "kubevirt-rs deployed on the test cluster in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Waits (saying `what`) until [`node_ready_for_vms`].
+/// Waits (saying `what`) until the node is ready for VMs (`cluster::kubevirt::node_ready_for_vms`).
 async fn wait_node_ready_for_vms(client: &kube::Client, what: &str) {
     wait_for(what, || async {
-        node_ready_for_vms(client).await.then_some(())
+        cluster::kubevirt::node_ready_for_vms(client, NODE_NAME)
+            .await
+            .then_some(())
     })
     .await;
-}
-
-/// `kubevirt.io/schedulable=true` and kvm and tun allocatable.
-async fn node_ready_for_vms(client: &kube::Client) -> bool {
-    let Ok(node) = Api::<Node>::all(client.clone()).get(NODE_NAME).await else {
-        return false;
-    };
-    let labelled = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get("kubevirt.io/schedulable"))
-        .is_some_and(|v| v == "true");
-    labelled && allocatable(&node, RESOURCES[0]) > 0 && allocatable(&node, RESOURCES[1]) > 0
 }
 
 fn allocatable(node: &Node, resource: &str) -> i64 {

@@ -251,9 +251,23 @@ async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> R
     let mut config = AgentConfig::new(&node, cluster.kubevirt_private_dir.clone());
     config.resync_period = Duration::from_secs(common.domain_resync_period_seconds.max(1));
     config.watchdog_timeout = Duration::from_secs(common.watchdog_timeout.max(1));
-    config.migration = cluster
-        .pod_ip_address
-        .and_then(|address| migration_settings(address, &cluster));
+    // Live migration between handlers over mutual TLS: the serving certificate for the
+    // target side, the client certificate for the source side, both of the install's CA
+    // (read when a migration needs them).
+    config.migration =
+        cluster
+            .pod_ip_address
+            .map(|address| handler::migration::MigrationSettings {
+                address,
+                tls: handler::migration::MigrationTls::Files {
+                    server_dir: cluster.server_cert_dir.clone(),
+                    client_dir: cluster.client_cert_dir.clone(),
+                    ca_bundle: cluster.ca_bundle.clone(),
+                },
+            });
+    if config.migration.is_none() {
+        tracing::warn!("no --pod-ip-address: this node takes no part in live migrations");
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let rest = handler::rest::serve(
         handler::rest::RestConfig {
@@ -289,46 +303,6 @@ async fn run_cluster(common: Common, cluster: Cluster, node_side: NodeSide) -> R
         t.abort();
     }
     Ok(())
-}
-
-/// Live migration between handlers over mutual TLS: the serving certificate for the target
-/// side, the client certificate for the source side, both of the install's CA. Missing
-/// certificates leave this node out of migrations (said once, at start).
-fn migration_settings(
-    address: std::net::IpAddr,
-    cluster: &Cluster,
-) -> Option<handler::migration::MigrationSettings> {
-    let read = |path: PathBuf| {
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
-    };
-    let configs = (|| -> Result<_> {
-        let ca = read(cluster.ca_bundle.clone())?;
-        let server = handler_api::migration_server_config(
-            &read(cluster.server_cert_dir.join("tls.crt"))?,
-            &read(cluster.server_cert_dir.join("tls.key"))?,
-            &ca,
-        )?;
-        let client = handler_api::migration_client_config(
-            &read(cluster.client_cert_dir.join("tls.crt"))?,
-            &read(cluster.client_cert_dir.join("tls.key"))?,
-            &ca,
-        )?;
-        Ok((server, client))
-    })();
-    match configs {
-        Ok((server, client)) => Some(handler::migration::MigrationSettings {
-            address,
-            server_tls: Some(Arc::new(server)),
-            client_tls: Some(Arc::new(client)),
-        }),
-        Err(e) => {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "no migration certificates: this node takes no part in live migrations"
-            );
-            None
-        }
-    }
 }
 
 /// Device plugins, heartbeat and node labeller (see `handler::node`).

@@ -70,8 +70,7 @@ fn start_node(
     // The handlers talk over loopback; their mutual TLS is `migration_proxy`'s test.
     config.migration = Some(MigrationSettings {
         address: "127.0.0.1".parse().unwrap(),
-        server_tls: None,
-        client_tls: None,
+        tls: handler::migration::MigrationTls::Plain,
     });
     let agent = Agent::new(
         config,

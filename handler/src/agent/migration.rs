@@ -120,16 +120,20 @@ impl Agent {
                         reason: format!("the target pod's migration socket directory: {e}"),
                     }
                 })?;
-                let listener = TargetListener::start(
-                    SocketAddr::new(settings.address, 0),
-                    socket,
-                    settings.server_tls.clone(),
-                )
-                .await
-                .map_err(|e| ReconcileError::PodPreparation {
-                    key: key.to_string(),
-                    reason: format!("cannot listen for the migration: {e}"),
-                })?;
+                let tls = settings
+                    .tls
+                    .server()
+                    .map_err(|e| ReconcileError::PodPreparation {
+                        key: key.to_string(),
+                        reason: e.to_string(),
+                    })?;
+                let listener =
+                    TargetListener::start(SocketAddr::new(settings.address, 0), socket, tls)
+                        .await
+                        .map_err(|e| ReconcileError::PodPreparation {
+                            key: key.to_string(),
+                            reason: format!("cannot listen for the migration: {e}"),
+                        })?;
                 self.proxies.set_target(&uid, listener);
                 self.writer.record_event(
                     vmi,
@@ -289,17 +293,22 @@ impl Agent {
                         }
                     })?;
                     let owner = runtime_user(vmi);
-                    let listener = SourceListener::start(
-                        socket,
-                        Some((owner, owner)),
-                        target,
-                        settings.client_tls.clone(),
-                    )
-                    .await
-                    .map_err(|e| ReconcileError::PodPreparation {
-                        key: key.to_string(),
-                        reason: format!("cannot open the migration socket in the source pod: {e}"),
-                    })?;
+                    let tls =
+                        settings
+                            .tls
+                            .client()
+                            .map_err(|e| ReconcileError::PodPreparation {
+                                key: key.to_string(),
+                                reason: e.to_string(),
+                            })?;
+                    let listener = SourceListener::start(socket, Some((owner, owner)), target, tls)
+                        .await
+                        .map_err(|e| ReconcileError::PodPreparation {
+                            key: key.to_string(),
+                            reason: format!(
+                                "cannot open the migration socket in the source pod: {e}"
+                            ),
+                        })?;
                     self.proxies.set_source(&uid, listener);
                 }
                 client

@@ -9,6 +9,7 @@ pub mod target;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use proto::kubevirt::{MigrationState, VirtualMachineInstance, well_known};
@@ -21,9 +22,72 @@ pub struct MigrationSettings {
     /// The address target listeners bind and publish as `targetNodeAddress` (KubeVirt:
     /// the handler pod's IP, `--pod-ip-address`, or the migration network's).
     pub address: IpAddr,
-    /// Mutual TLS between the handlers; `None` for both is KubeVirt's `disableTLS`.
-    pub server_tls: Option<Arc<rustls::ServerConfig>>,
-    pub client_tls: Option<Arc<rustls::ClientConfig>>,
+    pub tls: MigrationTls,
+}
+
+/// The proxies' transport between the handlers.
+#[derive(Debug, Clone)]
+pub enum MigrationTls {
+    /// Plain TCP (KubeVirt's `disableTLS`; tests).
+    Plain,
+    /// Mutual TLS with the install's certificates, read when a migration needs them: they
+    /// are written by virt-api, which may come up after the handler, and rotate.
+    Files {
+        /// `tls.crt`/`tls.key`: the handlers' serving certificate (the target side).
+        server_dir: PathBuf,
+        /// `tls.crt`/`tls.key`: the handlers' client certificate (the source side).
+        client_dir: PathBuf,
+        ca_bundle: PathBuf,
+    },
+}
+
+/// Why the migration certificates cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("migration certificates: {0}")]
+pub struct TlsError(String);
+
+impl MigrationTls {
+    fn read(path: &std::path::Path) -> Result<String, TlsError> {
+        std::fs::read_to_string(path).map_err(|e| TlsError(format!("{}: {e}", path.display())))
+    }
+
+    /// The target listener's configuration (`None`: plain).
+    pub fn server(&self) -> Result<Option<Arc<rustls::ServerConfig>>, TlsError> {
+        let MigrationTls::Files {
+            server_dir,
+            ca_bundle,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let config = handler_api::migration_server_config(
+            &Self::read(&server_dir.join("tls.crt"))?,
+            &Self::read(&server_dir.join("tls.key"))?,
+            &Self::read(ca_bundle)?,
+        )
+        .map_err(|e| TlsError(e.to_string()))?;
+        Ok(Some(Arc::new(config)))
+    }
+
+    /// The source proxy's configuration (`None`: plain).
+    pub fn client(&self) -> Result<Option<Arc<rustls::ClientConfig>>, TlsError> {
+        let MigrationTls::Files {
+            client_dir,
+            ca_bundle,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let config = handler_api::migration_client_config(
+            &Self::read(&client_dir.join("tls.crt"))?,
+            &Self::read(&client_dir.join("tls.key"))?,
+            &Self::read(ca_bundle)?,
+        )
+        .map_err(|e| TlsError(e.to_string()))?;
+        Ok(Some(Arc::new(config)))
+    }
 }
 
 /// This node's part in a VMI's migration.
