@@ -171,6 +171,19 @@ pub fn decide(facts: &Facts<'_>) -> Action {
             return Action::Ignore("migration in progress");
         }
     }
+    // A migration the VMI reports started and not ended (`isMigrationInProgress` reads the
+    // VMI too): between the source's success and the target's hand-over the source's domain
+    // is gone while the VMI still names this node; it must not look crashed.
+    if let Some(vmi) = facts.vmi
+        && vmi.metadata.deletion_timestamp.is_none()
+        && vmi
+            .migration_state()
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.start_timestamp.is_some() && s.end_timestamp.is_none())
+    {
+        return Action::Ignore("migration in progress (VMI)");
+    }
     // §3.3 step 6: VMIs of other nodes are never touched.
     if let Some(vmi) = facts.vmi
         && !owned_by_node(vmi, facts.node)
@@ -705,6 +718,28 @@ mod tests {
             decide(&facts(Some(&v), Some(&d), LauncherState::Ready)),
             Action::Ignore("migration in progress")
         ));
+        // The source's domain is gone after a success, the target has not handed over yet:
+        // the VMI's started migration keeps it from looking crashed.
+        let mut migrating = vmi(Phase::Running);
+        migrating.status.as_mut().unwrap().migration_state = Some(serde_json::json!({
+            "migrationUid": "m1", "startTimestamp": "2026-08-22T09:00:00Z"
+        }));
+        assert_eq!(
+            decide(&facts(Some(&migrating), None, LauncherState::Unresponsive)),
+            Action::Ignore("migration in progress (VMI)")
+        );
+        assert_eq!(
+            calculate_phase(&facts(Some(&v), None, LauncherState::Unresponsive)),
+            Phase::Failed
+        );
+        // Ended: the VMI is judged again.
+        migrating.status.as_mut().unwrap().migration_state = Some(serde_json::json!({
+            "migrationUid": "m1", "startTimestamp": "2026-08-22T09:00:00Z", "endTimestamp": "2026-08-22T09:00:01Z"
+        }));
+        assert_ne!(
+            decide(&facts(Some(&migrating), None, LauncherState::Unresponsive)),
+            Action::Ignore("migration in progress (VMI)")
+        );
     }
 
     #[test]

@@ -25,6 +25,19 @@ const SHARE_DIR_IN_POD: &str = "var/run/kubevirt";
 /// The proxies' directory below it (`migrationproxy.SourceUnixFile`).
 const PROXY_DIR: &str = "migrationproxy";
 
+/// A failed step of a migration's pod side, as the reconcile's error: `what` failed with `e`.
+fn preparation<E: std::fmt::Display>(key: &str, what: &str) -> impl FnOnce(E) -> ReconcileError {
+    let (key, what) = (key.to_string(), what.to_string());
+    move |e| ReconcileError::PodPreparation {
+        key,
+        reason: if what.is_empty() {
+            e.to_string()
+        } else {
+            format!("{what}: {e}")
+        },
+    }
+}
+
 /// `<VMI UID>-49152-source.sock`: where the launchers' stream meets the proxies.
 fn stream_socket_name(vmi_uid: &str) -> String {
     format!(
@@ -114,26 +127,15 @@ impl Agent {
                 client
                     .migration_command(MigrationCommand::SyncTarget, vmi)
                     .await?;
-                let socket = proxy_socket(&process, &uid, false).map_err(|e| {
-                    ReconcileError::PodPreparation {
-                        key: key.to_string(),
-                        reason: format!("the target pod's migration socket directory: {e}"),
-                    }
-                })?;
-                let tls = settings
-                    .tls
-                    .server()
-                    .map_err(|e| ReconcileError::PodPreparation {
-                        key: key.to_string(),
-                        reason: e.to_string(),
-                    })?;
+                let socket = proxy_socket(&process, &uid, false).map_err(preparation(
+                    key,
+                    "the target pod's migration socket directory",
+                ))?;
+                let tls = settings.tls.server().map_err(preparation(key, ""))?;
                 let listener =
                     TargetListener::start(SocketAddr::new(settings.address, 0), socket, tls)
                         .await
-                        .map_err(|e| ReconcileError::PodPreparation {
-                            key: key.to_string(),
-                            reason: format!("cannot listen for the migration: {e}"),
-                        })?;
+                        .map_err(preparation(key, "cannot listen for the migration"))?;
                 self.proxies.set_target(&uid, listener);
                 self.writer.record_event(
                     vmi,
@@ -286,29 +288,18 @@ impl Agent {
                         key: key.to_string(),
                         reason: "the launcher's process is not known".into(),
                     })?;
-                    let socket = proxy_socket(process, &uid, true).map_err(|e| {
-                        ReconcileError::PodPreparation {
-                            key: key.to_string(),
-                            reason: format!("the source pod's migration socket directory: {e}"),
-                        }
-                    })?;
+                    let socket = proxy_socket(process, &uid, true).map_err(preparation(
+                        key,
+                        "the source pod's migration socket directory",
+                    ))?;
                     let owner = runtime_user(vmi);
-                    let tls =
-                        settings
-                            .tls
-                            .client()
-                            .map_err(|e| ReconcileError::PodPreparation {
-                                key: key.to_string(),
-                                reason: e.to_string(),
-                            })?;
+                    let tls = settings.tls.client().map_err(preparation(key, ""))?;
                     let listener = SourceListener::start(socket, Some((owner, owner)), target, tls)
                         .await
-                        .map_err(|e| ReconcileError::PodPreparation {
-                            key: key.to_string(),
-                            reason: format!(
-                                "cannot open the migration socket in the source pod: {e}"
-                            ),
-                        })?;
+                        .map_err(preparation(
+                            key,
+                            "cannot open the migration socket in the source pod",
+                        ))?;
                     self.proxies.set_source(&uid, listener);
                 }
                 client

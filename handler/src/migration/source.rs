@@ -46,17 +46,14 @@ pub fn decide(facts: &SourceFacts<'_>) -> SourceStep {
             SourceStep::Nothing("migration over")
         };
     }
-    if !crate::sync::domain_alive(facts.domain) {
-        return SourceStep::Nothing("no live domain here");
-    }
-    let domain = facts.domain.expect("alive means present");
     let uid = state.migration_uid.as_deref().unwrap_or_default();
-    let metadata = domain
-        .spec
-        .metadata
-        .kubevirt
-        .migration
-        .as_ref()
+    // The launcher's report is copied even from a domain that migrated away: a migration
+    // that ended before the start was copied must still show it started (until the target
+    // hands over, a started migration keeps the main loop off the VMI).
+    let metadata = facts
+        .domain
+        .filter(|d| !d.is_gone())
+        .and_then(|d| d.spec.metadata.kubevirt.migration.as_ref())
         .filter(|m| !uid.is_empty() && m.uid == uid);
     if let Some(m) = metadata {
         let mut copy = Map::new();
@@ -92,6 +89,10 @@ pub fn decide(facts: &SourceFacts<'_>) -> SourceStep {
             return SourceStep::Report(json!({"status": {"migrationState": copy}}));
         }
     }
+    if !crate::sync::domain_alive(facts.domain) {
+        return SourceStep::Nothing("no live domain here");
+    }
+    let domain = facts.domain.expect("alive means present");
     if state.abort_requested == Some(true) {
         let aborting = |s: &str| s == "Aborting" || s == "Succeeded";
         let already = state.abort_status.as_deref().is_some_and(aborting)
@@ -288,6 +289,38 @@ mod tests {
         );
         assert!(matches!(
             decide_with(&over, None, false),
+            SourceStep::Nothing(_)
+        ));
+    }
+
+    #[test]
+    fn a_migration_that_ended_before_its_start_was_copied_still_reports_the_start() {
+        let mut migrated = running(Some(MigrationMetadata {
+            uid: "m1".into(),
+            start_timestamp: at(100),
+            end_timestamp: at(101),
+            mode: "PreCopy".into(),
+            ..Default::default()
+        }));
+        migrated.status.status = LifeCycle::Shutoff;
+        migrated.status.reason = StateChangeReason::Migrated;
+        let ready = state(serde_json::from_str(READY).unwrap());
+        let SourceStep::Report(patch) = decide_with(&ready, Some(&migrated), true) else {
+            panic!("expected the start copied")
+        };
+        assert_eq!(
+            patch["status"]["migrationState"]["startTimestamp"],
+            "1970-01-01T00:01:40Z"
+        );
+        // Success is not the source's to report: no end, no completed.
+        assert!(
+            patch["status"]["migrationState"]
+                .get("endTimestamp")
+                .is_none()
+        );
+        let copied = state(json!({"startTimestamp": "1970-01-01T00:01:40Z", "mode": "PreCopy"}));
+        assert!(matches!(
+            decide_with(&copied, Some(&migrated), true),
             SourceStep::Nothing(_)
         ));
     }
