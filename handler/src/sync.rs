@@ -184,6 +184,19 @@ pub fn decide(facts: &Facts<'_>) -> Action {
     {
         return Action::Ignore("migration in progress (VMI)");
     }
+    // A migration from this node that ended well: the VMI is the target node's now, even
+    // where this node's copy still names this one (the hand-over's writes in flight).
+    if let Some(vmi) = facts.vmi
+        && vmi.migration_state().ok().flatten().is_some_and(|s| {
+            s.source_node.as_deref() == Some(facts.node)
+                && s.target_node.as_deref().is_some_and(|t| t != facts.node)
+                && s.end_timestamp.is_some()
+                && !s.is_failed()
+        })
+        && facts.domain.is_none_or(|d| d.is_gone())
+    {
+        return Action::Ignore("the VMI migrated to another node");
+    }
     // §3.3 step 6: VMIs of other nodes are never touched.
     if let Some(vmi) = facts.vmi
         && !owned_by_node(vmi, facts.node)
@@ -731,6 +744,15 @@ mod tests {
         assert_eq!(
             calculate_phase(&facts(Some(&v), None, LauncherState::Unresponsive)),
             Phase::Failed
+        );
+        // Ended well, to another node: not this node's to judge any more.
+        migrating.status.as_mut().unwrap().migration_state = Some(serde_json::json!({
+            "migrationUid": "m1", "sourceNode": NODE, "targetNode": "other",
+            "startTimestamp": "2026-08-22T09:00:00Z", "endTimestamp": "2026-08-22T09:00:01Z"
+        }));
+        assert_eq!(
+            decide(&facts(Some(&migrating), None, LauncherState::Unresponsive)),
+            Action::Ignore("the VMI migrated to another node")
         );
         // Ended: the VMI is judged again.
         migrating.status.as_mut().unwrap().migration_state = Some(serde_json::json!({

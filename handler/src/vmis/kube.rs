@@ -188,30 +188,33 @@ impl StatusWriter for KubeVmis {
                 kube::Error::Api(e) if e.code == 404 => StatusWriteError::Gone,
                 e => StatusWriteError::Other(e.to_string()),
             };
-            let rv = vmi.metadata.resource_version.clone();
-            let mut written_rv = rv.clone();
-            // Status and metadata are two writes where the CRD has a status subresource
-            // (ours); the first one carries the resource version read, the second the one
-            // the first produced, so neither lands on a VMI changed by someone else.
+            // Metadata and status are two writes where the CRD has a status subresource
+            // (ours); the first carries the resource version read, the second the one the
+            // first produced, so neither lands on a VMI changed by someone else. Metadata
+            // first: a hand-over's label moves the VMI to the target node while its
+            // migration still reads unfinished, so no node judges it in between as its own
+            // with its VM gone.
+            let mut rv = vmi.metadata.resource_version.clone();
+            if let Some(metadata) = patch.get("metadata") {
+                let mut metadata = metadata.clone();
+                metadata["resourceVersion"] = serde_json::json!(rv);
+                let body = serde_json::json!({ "metadata": metadata });
+                let written = api
+                    .patch(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&body),
+                    )
+                    .await
+                    .map_err(classify)?;
+                rv = written.metadata.resource_version;
+            }
             if let Some(status) = patch.get("status") {
                 let body =
                     serde_json::json!({"metadata": {"resourceVersion": rv}, "status": status});
-                let written = proto::kubevirt::status_write::patch_vmi_status(&api, name, &body)
+                proto::kubevirt::status_write::patch_vmi_status(&api, name, &body)
                     .await
                     .map_err(classify)?;
-                written_rv = written.metadata.resource_version;
-            }
-            if let Some(metadata) = patch.get("metadata") {
-                let mut metadata = metadata.clone();
-                metadata["resourceVersion"] = serde_json::json!(written_rv);
-                let body = serde_json::json!({ "metadata": metadata });
-                api.patch(
-                    name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&body),
-                )
-                .await
-                .map_err(classify)?;
             }
             Ok(())
         })
