@@ -7,7 +7,9 @@
 //! answers Ctrl-Alt-Del) and it boots once, there, afterwards.
 //!
 //! Needs root and /dev/kvm; fails (never skips) when the cluster or the deployment cannot
-//! be brought up.
+//! be brought up. Named to run after the single-node cluster binaries (cargo runs test
+//! binaries by name): they take over a cluster kept up between binaries, and a second node
+//! would break their single-node assumptions.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
