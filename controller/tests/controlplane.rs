@@ -2036,6 +2036,13 @@ async fn a_migration_hands_off_follows_the_handlers_and_a_deletion_cancels_it() 
         second_target.completed.is_none(),
         "the first migration's state is gone: {second_target:?}"
     );
+    // The source started (as its handler reports), then the migration is deleted.
+    handler_reports(
+        &vmis,
+        "mover",
+        json!({"startTimestamp": "2026-12-05T10:00:30Z", "mode": "PreCopy"}),
+    )
+    .await;
     migrations
         .delete("move-2", &DeleteParams::default())
         .await

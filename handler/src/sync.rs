@@ -166,8 +166,12 @@ pub fn decide(facts: &Facts<'_>) -> Action {
         if d.status.status == LifeCycle::Shutoff && d.status.reason == StateChangeReason::Migrated {
             return Action::Delete;
         }
-        // §3.3 step 5.
-        if migration_in_progress(d) {
+        // §3.3 step 5 (not for a VMI being deleted: it is shut down).
+        if migration_in_progress(d)
+            && facts
+                .vmi
+                .is_none_or(|v| v.metadata.deletion_timestamp.is_none())
+        {
             return Action::Ignore("migration in progress");
         }
     }

@@ -195,6 +195,17 @@ pub async fn reconcile(
     if let (Some(hand_off), Some(vmi)) = (&plan.hand_off, &vmi) {
         hand_off_vmi(&ctx, &vmi_api, vmi, &uid, hand_off).await?;
     }
+    if let (Some(target), Some(vmi)) = (&plan.relabel, &vmi) {
+        let labels = json!({"metadata": {
+            "resourceVersion": vmi.resource_version(),
+            "labels": {well_known::MIGRATION_TARGET_NODE_NAME_LABEL: target},
+        }});
+        let written = vmi_api
+            .patch(&vmi_name, &PatchParams::default(), &Patch::Merge(&labels))
+            .await?;
+        ctx.writes.record(Write::VmiPatch);
+        ctx.wrote_vmi(&written);
+    }
     if plan.request_abort
         && let Some(vmi) = &vmi
     {

@@ -51,6 +51,8 @@ pub struct Plan {
     pub hand_off: Option<HandOff>,
     /// Patch `status.migrationState.abortRequested` on the VMI.
     pub request_abort: bool,
+    /// Put the label `kubevirt.io/migrationTargetNodeName` (the hand-off's) on the VMI again.
+    pub relabel: Option<String>,
     /// Delete the target pod (a failed or cancelled migration).
     pub delete_target_pod: Option<String>,
     /// End the VMI's migration state as failed, with this reason (its target pod died
@@ -139,8 +141,30 @@ pub fn decide(facts: &Facts<'_>) -> Plan {
             plan.phase = Some(MigrationPhase::Succeeded);
             return plan;
         }
+        if deleting && state.start_timestamp.is_none() {
+            // Cancelled after the hand-off but before the source started: nothing to abort
+            // yet, so the VMI's migration ends here (both handlers clean up on that).
+            plan.fail_vmi_migration = Some("Migration was cancelled before it started".into());
+            fail(
+                &mut plan,
+                "Migration was cancelled before it started".into(),
+            );
+            return plan;
+        }
         if deleting && state.abort_requested != Some(true) {
             plan.request_abort = true;
+        }
+        // The hand-off's second write (the label that wakes the target) may have been lost.
+        let label = vmi
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(proto::kubevirt::well_known::MIGRATION_TARGET_NODE_NAME_LABEL));
+        if state.end_timestamp.is_none()
+            && let Some(target) = &state.target_node
+            && label != Some(target)
+        {
+            plan.relabel = Some(target.clone());
         }
         // A target pod that died before the guest started moving: nothing will come.
         if state.start_timestamp.is_none()
@@ -419,6 +443,34 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_hand_off_label_is_written_again() {
+        let target = pod("target", "Running", true, Some("node-b"));
+        let plan = decide_with(
+            &migration("PreparingTarget", false),
+            Some(&vmi("Running", Some(ours(json!({}))))),
+            Some(&target),
+        );
+        assert_eq!(plan.relabel.as_deref(), Some("node-b"));
+        let mut labelled = vmi("Running", Some(ours(json!({}))));
+        labelled.metadata.labels = Some(
+            [(
+                "kubevirt.io/migrationTargetNodeName".to_string(),
+                "node-b".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            decide_with(
+                &migration("PreparingTarget", false),
+                Some(&labelled),
+                Some(&target)
+            )
+            .relabel,
+            None
+        );
+    }
+
+    #[test]
     fn a_target_pod_that_dies_before_the_start_fails_the_vmis_migration() {
         let dead = pod("target", "Failed", false, Some("node-b"));
         let plan = decide_with(
@@ -456,7 +508,20 @@ mod tests {
         assert_eq!(plan.phase, Some(MigrationPhase::Failed));
         assert_eq!(plan.delete_target_pod.as_deref(), Some("target"));
         assert!(plan.abort_condition);
-        // After it: the source is asked to abort, once.
+        // After it, before the start: the VMI's migration ends as cancelled.
+        let handed = vmi("Running", Some(ours(json!({"targetNodeAddress": "x"}))));
+        let plan = decide_with(
+            &migration("TargetReady", true),
+            Some(&handed),
+            Some(&target),
+        );
+        assert_eq!(
+            plan.fail_vmi_migration.as_deref(),
+            Some("Migration was cancelled before it started")
+        );
+        assert_eq!(plan.phase, Some(MigrationPhase::Failed));
+        assert_eq!(plan.delete_target_pod.as_deref(), Some("target"));
+        // After the start: the source is asked to abort, once.
         let running = vmi(
             "Running",
             Some(ours(

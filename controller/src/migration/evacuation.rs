@@ -49,9 +49,50 @@ pub fn needs_evacuation(
     (migratable && !migrating && !unfinished).then(|| node.to_string())
 }
 
+/// How long after its last failed evacuation migration a VMI waits before the next one:
+/// 10 s, doubling per failure, at most 5 minutes (a failure that always recurs must not
+/// churn target pods).
+pub fn backoff_left(
+    vmi: &VirtualMachineInstance,
+    migrations: &[&VirtualMachineInstanceMigration],
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<std::time::Duration> {
+    let failed: Vec<k8s_openapi::jiff::Timestamp> = migrations
+        .iter()
+        .filter(|m| {
+            m.spec.vmi_name.as_deref() == vmi.metadata.name.as_deref()
+                && m.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(EVACUATION_ANNOTATION))
+                && m.phase() == proto::kubevirt::MigrationPhase::Failed
+        })
+        .filter_map(|m| {
+            m.status
+                .as_ref()?
+                .phase_transition_timestamps
+                .iter()
+                .map(|t| t.phase_transition_timestamp.0)
+                .max()
+        })
+        .collect();
+    let last = failed.iter().max()?;
+    let exponent = u32::try_from(failed.len().saturating_sub(1))
+        .unwrap_or(u32::MAX)
+        .min(5);
+    let wait =
+        std::time::Duration::from_secs(10u64 << exponent).min(std::time::Duration::from_secs(300));
+    let since = std::time::Duration::try_from(now.duration_since(*last)).unwrap_or_default();
+    wait.checked_sub(since).filter(|left| !left.is_zero())
+}
+
 /// Creates the evacuation's migration when [`needs_evacuation`] says so (at most one per
-/// VMI until the cache shows it).
-pub async fn reconcile(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<(), kube::Error> {
+/// VMI until the cache shows it, none during the back-off after failed ones); `Some` is
+/// when to look again.
+pub async fn reconcile(
+    ctx: &Context,
+    vmi: &VirtualMachineInstance,
+) -> Result<Option<std::time::Duration>, kube::Error> {
     let namespace = vmi.namespace().unwrap_or_default();
     let cached = ctx.migrations.state();
     let of_namespace: Vec<&VirtualMachineInstanceMigration> = cached
@@ -60,14 +101,17 @@ pub async fn reconcile(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<()
         .map(|m| m.as_ref())
         .collect();
     let Some(node) = needs_evacuation(vmi, &of_namespace) else {
-        return Ok(());
+        return Ok(None);
     };
+    if let Some(left) = backoff_left(vmi, &of_namespace, k8s_openapi::jiff::Timestamp::now()) {
+        return Ok(Some(left));
+    }
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     {
         let mut created = ctx.evacuations.lock().unwrap_or_else(|p| p.into_inner());
         created.retain(|_, at| at.elapsed() < CACHE_WAIT);
         if created.contains_key(&uid) {
-            return Ok(());
+            return Ok(None);
         }
     }
     let migration: VirtualMachineInstanceMigration = serde_json::from_value(json!({
@@ -99,7 +143,7 @@ pub async fn reconcile(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<()
         ),
     )
     .await;
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -140,5 +184,39 @@ mod tests {
         let mut failed = running.clone();
         failed.status.as_mut().unwrap().phase = Some(proto::kubevirt::MigrationPhase::Failed);
         assert!(needs_evacuation(&vmi(Some("n1"), "True"), &[&failed]).is_some());
+    }
+
+    #[test]
+    fn failed_evacuations_back_off() {
+        let failed_at = |name: &str, second: i64| -> VirtualMachineInstanceMigration {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "n", "annotations": {EVACUATION_ANNOTATION: "n1"}},
+                "spec": {"vmiName": "v"},
+                "status": {"phase": "Failed", "phaseTransitionTimestamps": [
+                    {"phase": "Failed", "phaseTransitionTimestamp": k8s_openapi::jiff::Timestamp::from_second(second).unwrap().to_string()}]}
+            }))
+            .unwrap()
+        };
+        let at = |s: i64| k8s_openapi::jiff::Timestamp::from_second(s).unwrap();
+        let v = vmi(Some("n1"), "True");
+        assert_eq!(backoff_left(&v, &[], at(1000)), None);
+        let one = failed_at("a", 1000);
+        assert_eq!(
+            backoff_left(&v, &[&one], at(1004)),
+            Some(std::time::Duration::from_secs(6))
+        );
+        assert_eq!(backoff_left(&v, &[&one], at(1010)), None);
+        let two = failed_at("b", 1010);
+        assert_eq!(
+            backoff_left(&v, &[&one, &two], at(1015)),
+            Some(std::time::Duration::from_secs(15))
+        );
+        let many: Vec<VirtualMachineInstanceMigration> =
+            (0..9).map(|i| failed_at(&format!("m{i}"), 2000)).collect();
+        let refs: Vec<&VirtualMachineInstanceMigration> = many.iter().collect();
+        assert_eq!(
+            backoff_left(&v, &refs, at(2000)),
+            Some(std::time::Duration::from_secs(300))
+        );
     }
 }

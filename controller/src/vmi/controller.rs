@@ -274,7 +274,7 @@ pub async fn reconcile(
     }
 
     // A drain's eviction marked the VMI: a migration moves it off its node.
-    crate::migration::evacuation::reconcile(&ctx, &current).await?;
+    let evacuation_wait = crate::migration::evacuation::reconcile(&ctx, &current).await?;
 
     if !plan.remove_finalizers.is_empty() {
         let finalizers: Vec<String> = current
@@ -286,8 +286,9 @@ pub async fn reconcile(
         patch_metadata(&ctx, &api, &current, json!({"finalizers": finalizers})).await?;
     }
 
+    let requeue = plan.requeue_after.unwrap_or(Duration::from_secs(300));
     Ok(Action::requeue(
-        plan.requeue_after.unwrap_or(Duration::from_secs(300)),
+        evacuation_wait.map_or(requeue, |w| w.min(requeue)),
     ))
 }
 

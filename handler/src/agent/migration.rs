@@ -58,6 +58,14 @@ impl Agent {
         client: Option<&LauncherClient>,
         process: Option<&std::sync::Arc<LauncherProcess>>,
     ) -> Result<Option<After>, ReconcileError> {
+        // A VMI being deleted or over is not migrated: its proxies go, the main decision
+        // shuts it down or cleans up (as v1.9.0, which ignores a migrating VMI only while it
+        // is not deleted).
+        if vmi.metadata.deletion_timestamp.is_some() || vmi.phase().is_final() {
+            self.proxies
+                .forget(key, vmi.metadata.uid.as_deref().unwrap_or_default());
+            return Ok(None);
+        }
         let role = match role(vmi, &self.config.node) {
             Ok(Some(role)) => role,
             Ok(None) => return Ok(None),
@@ -136,7 +144,7 @@ impl Agent {
                     TargetListener::start(SocketAddr::new(settings.address, 0), socket, tls)
                         .await
                         .map_err(preparation(key, "cannot listen for the migration"))?;
-                self.proxies.set_target(&uid, listener);
+                self.proxies.set_target(key, &uid, listener);
                 self.writer.record_event(
                     vmi,
                     EventKind::Normal,
@@ -300,7 +308,7 @@ impl Agent {
                             key,
                             "cannot open the migration socket in the source pod",
                         ))?;
-                    self.proxies.set_source(&uid, listener);
+                    self.proxies.set_source(key, &uid, listener);
                 }
                 client
                     .migrate(vmi, &source::migration_options(vmi, state))

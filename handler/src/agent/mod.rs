@@ -795,6 +795,7 @@ impl Agent {
         if let Some(a) = &self.arrivals {
             a.forget(key);
         }
+        self.proxies.forget(key, uid);
         self.takeovers.forget(key);
         self.done_once.forget(uid);
         self.domain_awaited.forget(uid);
@@ -803,7 +804,6 @@ impl Agent {
             return;
         }
         self.launchers.cleanup(uid);
-        self.proxies.forget(uid);
         self.pod_ifaces.remove(uid);
         self.cache.forget_uid(key, uid);
     }

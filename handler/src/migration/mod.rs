@@ -106,13 +106,16 @@ pub fn role(vmi: &VirtualMachineInstance, node: &str) -> Result<Option<Role>, St
         Ok(None) => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    let labelled_target = vmi
+    // Anyone who may create a VMI may write its status on KubeVirt's CRD, but the label
+    // only KubeVirt's service accounts may set (virt-api's restricted labels): both roles
+    // need it, so no user's status sends a guest to an address of their choosing.
+    let label = vmi
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(well_known::MIGRATION_TARGET_NODE_NAME_LABEL))
-        .is_some_and(|n| n == node);
-    if labelled_target && state.target_node.as_deref() == Some(node) {
+        .and_then(|l| l.get(well_known::MIGRATION_TARGET_NODE_NAME_LABEL));
+    let handed_off = label.is_some() && label.map(String::as_str) == state.target_node.as_deref();
+    if handed_off && state.target_node.as_deref() == Some(node) {
         return Ok(Some(Role::Target(state)));
     }
     let runs_here = vmi
@@ -120,7 +123,8 @@ pub fn role(vmi: &VirtualMachineInstance, node: &str) -> Result<Option<Role>, St
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| n == node);
-    if runs_here && state.source_node.as_deref() == Some(node) {
+    // Once over (the target took its label away), the source only stops its proxy.
+    if runs_here && state.source_node.as_deref() == Some(node) && (handed_off || state.is_done()) {
         return Ok(Some(Role::Source(state)));
     }
     Ok(None)
@@ -131,6 +135,9 @@ pub fn role(vmi: &VirtualMachineInstance, node: &str) -> Result<Option<Role>, St
 pub(crate) struct Proxies {
     targets: Mutex<HashMap<String, TargetListener>>,
     sources: Mutex<HashMap<String, SourceListener>>,
+    /// VMI key → UID of the proxies started, so that a clean-up that no longer knows the
+    /// VMI's UID (the VMI is gone, no domain was left) still stops them.
+    uids: Mutex<HashMap<String, String>>,
 }
 
 impl Proxies {
@@ -138,7 +145,8 @@ impl Proxies {
         lock(&self.targets).get(uid).map(|l| l.port)
     }
 
-    pub(crate) fn set_target(&self, uid: &str, listener: TargetListener) {
+    pub(crate) fn set_target(&self, key: &str, uid: &str, listener: TargetListener) {
+        lock(&self.uids).insert(key.to_string(), uid.to_string());
         lock(&self.targets).insert(uid.to_string(), listener);
     }
 
@@ -146,7 +154,8 @@ impl Proxies {
         lock(&self.sources).get(uid).map(|l| l.target)
     }
 
-    pub(crate) fn set_source(&self, uid: &str, listener: SourceListener) {
+    pub(crate) fn set_source(&self, key: &str, uid: &str, listener: SourceListener) {
+        lock(&self.uids).insert(key.to_string(), uid.to_string());
         lock(&self.sources).insert(uid.to_string(), listener);
     }
 
@@ -158,13 +167,64 @@ impl Proxies {
         lock(&self.sources).remove(uid);
     }
 
-    pub(crate) fn forget(&self, uid: &str) {
-        self.stop_target(uid);
-        self.stop_source(uid);
+    /// Stops whatever runs for `key`'s VMI (by `uid`, or the UID recorded for `key`).
+    pub(crate) fn forget(&self, key: &str, uid: &str) {
+        let recorded = lock(&self.uids).remove(key);
+        for uid in [Some(uid.to_string()), recorded].into_iter().flatten() {
+            self.stop_target(&uid);
+            self.stop_source(&uid);
+        }
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Single inserts and removals: a poisoned map is consistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(label: Option<&str>, state: serde_json::Value) -> VirtualMachineInstance {
+        let mut labels = serde_json::Map::new();
+        if let Some(node) = label {
+            labels.insert(
+                well_known::MIGRATION_TARGET_NODE_NAME_LABEL.into(),
+                json!(node),
+            );
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "v", "namespace": "n", "labels": labels},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"nodeName": "a", "migrationState": state},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn both_roles_need_the_label_only_kubevirt_may_set() {
+        let state = json!({"migrationUid": "m", "sourceNode": "a", "targetNode": "b",
+                           "targetNodeAddress": "10.9.9.9", "targetDirectMigrationNodePorts": {"1": 49152}});
+        assert!(matches!(
+            role(&vmi(Some("b"), state.clone()), "a"),
+            Ok(Some(Role::Source(_)))
+        ));
+        assert!(matches!(
+            role(&vmi(Some("b"), state.clone()), "b"),
+            Ok(Some(Role::Target(_)))
+        ));
+        // A status written by the VMI's owner alone moves nothing.
+        assert_eq!(role(&vmi(None, state.clone()), "a").unwrap(), None);
+        assert_eq!(role(&vmi(Some("c"), state.clone()), "a").unwrap(), None);
+        // Over: the source only stops its proxy, whatever the label.
+        let done = json!({"migrationUid": "m", "sourceNode": "a", "targetNode": "b",
+                          "endTimestamp": "2026-12-05T10:00:00Z", "failed": true});
+        assert!(matches!(
+            role(&vmi(None, done), "a"),
+            Ok(Some(Role::Source(_)))
+        ));
+        assert!(role(&vmi(None, json!({"completed": "no"})), "a").is_err());
+    }
 }

@@ -97,8 +97,15 @@ pub fn decide(facts: &SourceFacts<'_>) -> SourceStep {
         let aborting = |s: &str| s == "Aborting" || s == "Succeeded";
         let already = state.abort_status.as_deref().is_some_and(aborting)
             || metadata.is_some_and(|m| aborting(&m.abort_status));
-        if !already {
+        // Only a migration the launcher runs can be cancelled; one never started is not
+        // started now.
+        let running =
+            metadata.is_some_and(|m| m.start_timestamp.is_some() && m.end_timestamp.is_none());
+        if running && !already {
             return SourceStep::Cancel;
+        }
+        if !running {
+            return SourceStep::Nothing("abort requested: not migrating");
         }
     }
     if crate::sync::migration_in_progress(domain) {

@@ -77,11 +77,17 @@ pub fn decide(facts: &TargetFacts<'_>) -> TargetStep {
     if handed_over {
         return TargetStep::Finalize;
     }
-    let Some(port) = facts.listening else {
-        return TargetStep::Prepare;
-    };
     let uid = state.migration_uid.as_deref().unwrap_or_default();
     let domain = facts.domain.filter(|d| !d.is_gone());
+    // A domain of this migration is here already: the preparation is done, even if this
+    // handler restarted since and lost its listener (preparing again would be refused by
+    // the launcher, and the hand-over would never come).
+    let arrived = domain
+        .and_then(|d| d.spec.metadata.kubevirt.migration.as_ref())
+        .is_some_and(|m| !uid.is_empty() && m.uid == uid);
+    if facts.listening.is_none() && !arrived {
+        return TargetStep::Prepare;
+    }
     let mut migration_state = Map::new();
     if domain.is_some() && state.target_node_domain_detected != Some(true) {
         migration_state.insert("targetNodeDomainDetected".into(), json!(true));
@@ -89,15 +95,17 @@ pub fn decide(facts: &TargetFacts<'_>) -> TargetStep {
     if domain.is_some_and(domain_ready) && state.target_node_domain_ready_timestamp.is_none() {
         migration_state.insert("targetNodeDomainReadyTimestamp".into(), time(facts.now));
     }
-    let ports = std::collections::BTreeMap::from([(
-        port.to_string(),
-        i32::from(well_known::DIRECT_MIGRATION_PORT),
-    )]);
-    if state.target_node_address.as_deref() != Some(facts.address)
-        || state.target_direct_migration_node_ports.as_ref() != Some(&ports)
-    {
-        migration_state.insert("targetNodeAddress".into(), json!(facts.address));
-        migration_state.insert("targetDirectMigrationNodePorts".into(), json!(ports));
+    if let Some(port) = facts.listening {
+        let ports = std::collections::BTreeMap::from([(
+            port.to_string(),
+            i32::from(well_known::DIRECT_MIGRATION_PORT),
+        )]);
+        if state.target_node_address.as_deref() != Some(facts.address)
+            || state.target_direct_migration_node_ports.as_ref() != Some(&ports)
+        {
+            migration_state.insert("targetNodeAddress".into(), json!(facts.address));
+            migration_state.insert("targetDirectMigrationNodePorts".into(), json!(ports));
+        }
     }
     // The target launcher's metadata says the VM runs here: the success signal.
     let ended_here = domain
@@ -280,6 +288,32 @@ mod tests {
         };
         assert_eq!(patch["status"]["migrationState"]["failed"], true);
         assert!(patch.get("metadata").is_none());
+    }
+
+    #[test]
+    fn a_handler_restarted_after_the_vm_arrived_hands_over_without_preparing_again() {
+        let published = state(json!({
+            "targetNodeAddress": ADDRESS,
+            "targetDirectMigrationNodePorts": {"41000": 49152},
+            "startTimestamp": "2026-12-05T10:00:00Z",
+        }));
+        let running = domain(LifeCycle::Running, StateChangeReason::Unknown, true);
+        assert!(matches!(
+            decide_with(&published, Some(&running), None),
+            TargetStep::HandOver(_)
+        ));
+        let incoming = domain(LifeCycle::Paused, StateChangeReason::Migration, false);
+        assert!(matches!(
+            decide_with(&published, Some(&incoming), None),
+            TargetStep::Report(_) | TargetStep::Nothing(_)
+        ));
+        // Another migration's domain does not count.
+        let mut other = running.clone();
+        other.spec.metadata.kubevirt.migration.as_mut().unwrap().uid = "m0".into();
+        assert_eq!(
+            decide_with(&published, Some(&other), None),
+            TargetStep::Prepare
+        );
     }
 
     #[test]
