@@ -21,6 +21,7 @@
 //! has one: the scheduler may then put a pod that names no node on either node, and images are
 //! imported into both.
 
+pub mod box_pod;
 pub mod kubevirt;
 mod project_images;
 mod test_image;

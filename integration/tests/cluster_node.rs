@@ -50,46 +50,19 @@ async fn cluster() -> &'static Cluster {
 
 /// A pod running `script` in the box image (`restartPolicy: Never`), with extra spec fields.
 fn box_pod(name: &str, script: &str, extra_spec: serde_json::Value) -> Pod {
-    let mut pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": BOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/bin/busybox", "sh", "-c", script],
-            }],
-        },
-    });
-    merge(&mut pod["spec"], extra_spec);
-    serde_json::from_value(pod).expect("a valid pod")
-}
-
-fn merge(target: &mut serde_json::Value, extra: serde_json::Value) {
-    match (target, extra) {
-        (serde_json::Value::Object(target), serde_json::Value::Object(extra)) => {
-            for (key, value) in extra {
-                merge(target.entry(key).or_insert(serde_json::Value::Null), value);
-            }
-        }
-        (target, extra) => *target = extra,
-    }
+    cluster::box_pod::box_pod(BOX_IMAGE, name, script, extra_spec)
 }
 
 async fn create_pod(cluster: &Cluster, namespace: &str, pod: &Pod) {
-    let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), namespace);
-    api.create(&PostParams::default(), pod)
+    cluster
+        .create_pod(namespace, pod)
         .await
-        .unwrap_or_else(|e| panic!("creating pod {:?}: {e}", pod.metadata.name));
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 fn logs(cluster: &Cluster, namespace: &str, pod: &str) -> String {
     cluster
-        .kubectl_output(&["logs", "-n", namespace, pod])
+        .pod_logs(namespace, pod)
         .unwrap_or_else(|e| panic!("kubectl logs {namespace}/{pod}: {e:#}"))
 }
 

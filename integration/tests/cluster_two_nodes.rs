@@ -46,42 +46,20 @@ async fn cluster() -> &'static Cluster {
 /// A pod running `script` in the box image on `node` (a `kubernetes.io/hostname` node
 /// selector), `restartPolicy: Never`, with extra spec fields.
 fn pinned_pod(name: &str, node: &str, script: &str, extra_spec: serde_json::Value) -> Pod {
-    let mut pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": BOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/bin/busybox", "sh", "-c", script],
-            }],
-        },
-    });
-    merge(&mut pod["spec"], extra_spec);
-    serde_json::from_value(pod).expect("a valid pod")
-}
-
-fn merge(target: &mut serde_json::Value, extra: serde_json::Value) {
-    match (target, extra) {
-        (serde_json::Value::Object(target), serde_json::Value::Object(extra)) => {
-            for (key, value) in extra {
-                merge(target.entry(key).or_insert(serde_json::Value::Null), value);
-            }
-        }
-        (target, extra) => *target = extra,
-    }
+    let mut pod = cluster::box_pod::box_pod(BOX_IMAGE, name, script, extra_spec);
+    pod.spec
+        .get_or_insert_default()
+        .node_selector
+        .get_or_insert_default()
+        .insert("kubernetes.io/hostname".into(), node.into());
+    pod
 }
 
 async fn create_pod(cluster: &Cluster, namespace: &str, pod: &Pod) {
-    let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), namespace);
-    api.create(&PostParams::default(), pod)
+    cluster
+        .create_pod(namespace, pod)
         .await
-        .unwrap_or_else(|e| panic!("creating pod {:?}: {e}", pod.metadata.name));
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// A Service `name` (port 80) in front of the pod labelled `app: <pod>` (port 8080).
@@ -102,7 +80,7 @@ async fn create_service(cluster: &Cluster, namespace: &str, name: &str, pod: &st
 
 fn logs(cluster: &Cluster, namespace: &str, pod: &str) -> String {
     cluster
-        .kubectl_output(&["logs", "-n", namespace, pod])
+        .pod_logs(namespace, pod)
         .unwrap_or_else(|e| panic!("kubectl logs {namespace}/{pod}: {e:#}"))
 }
 

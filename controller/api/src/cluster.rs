@@ -238,6 +238,17 @@ pub(crate) mod fake {
         }
     }
 
+    /// The object `namespace/name` among `objects`.
+    fn named<K: kube::Resource + Clone>(objects: &[K], namespace: &str, name: &str) -> Option<K> {
+        objects
+            .iter()
+            .find(|o| {
+                o.meta().namespace.as_deref() == Some(namespace)
+                    && o.meta().name.as_deref() == Some(name)
+            })
+            .cloned()
+    }
+
     impl Cluster for Fake {
         async fn vmi(
             &self,
@@ -245,14 +256,7 @@ pub(crate) mod fake {
             name: &str,
         ) -> Result<Option<VirtualMachineInstance>, String> {
             self.call("vmi", namespace, name)?;
-            Ok(self
-                .vmis
-                .iter()
-                .find(|v| {
-                    v.metadata.namespace.as_deref() == Some(namespace)
-                        && v.metadata.name.as_deref() == Some(name)
-                })
-                .cloned())
+            Ok(named(&self.vmis, namespace, name))
         }
 
         async fn migrations_of(
@@ -271,14 +275,7 @@ pub(crate) mod fake {
 
         async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, String> {
             self.call("pod", namespace, name)?;
-            Ok(self
-                .pods
-                .iter()
-                .find(|p| {
-                    p.metadata.namespace.as_deref() == Some(namespace)
-                        && p.metadata.name.as_deref() == Some(name)
-                })
-                .cloned())
+            Ok(named(&self.pods, namespace, name))
         }
 
         async fn mark_for_evacuation(
