@@ -905,6 +905,16 @@ EOF
     wait_for "node $N_NAME registered" kubectl_admin get node "$N_NAME"
     wait_for "node $N_NAME Ready" kubectl_admin wait --for=condition=Ready \
         "node/$N_NAME" --timeout=5s
+    # Ready is not yet schedulable: the node lifecycle controller takes the
+    # `node.kubernetes.io/not-ready` taint off a moment later.
+    wait_for "node $N_NAME's not-ready taint gone" node_not_ready_taint_gone "$N_NAME"
+}
+
+node_not_ready_taint_gone() {
+    local taints
+    taints="$(kubectl_admin get node "$1" \
+        -o 'jsonpath={.spec.taints[?(@.key=="node.kubernetes.io/not-ready")].key}')" || return 1
+    [[ -z "$taints" ]]
 }
 
 # The current node's kube-proxy (use_node; node 2's in its netns, for its pods' Service
