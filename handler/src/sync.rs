@@ -58,6 +58,9 @@ pub enum Action {
     /// No domain and nothing more will happen to the VMI: local clean-up only
     /// (ghost record, client, notify pipe).
     Cleanup,
+    /// The VMI migrated to another node and its old launcher here is gone: local clean-up
+    /// only, and no status (the VMI is the other node's).
+    CleanupMigratedAway,
     /// `SyncVirtualMachine` (starts the VM the first time, idempotent afterwards).
     Update,
 }
@@ -81,7 +84,10 @@ impl Action {
     /// an early return of `execute` (ignored VMI, stale domain of an older VMI, whose
     /// state says nothing about this VMI).
     pub(crate) fn updates_status(&self) -> bool {
-        !matches!(self, Action::Ignore(_) | Action::CleanupStale { .. })
+        !matches!(
+            self,
+            Action::Ignore(_) | Action::CleanupStale { .. } | Action::CleanupMigratedAway
+        )
     }
 }
 
@@ -199,6 +205,12 @@ pub fn decide(facts: &Facts<'_>) -> Action {
         })
         && facts.domain.is_none_or(|d| d.is_gone())
     {
+        // A domain marked gone here (the watchdog found the old launcher's socket dead, a
+        // client the handler reopened while that launcher exited): its local records go,
+        // as v1.9.0 deletes a deleted domain before it asks who owns the VMI.
+        if facts.domain.is_some() {
+            return Action::CleanupMigratedAway;
+        }
         return Action::Ignore("the VMI migrated to another node");
     }
     // §3.3 step 6: VMIs of other nodes are never touched.
@@ -758,6 +770,18 @@ mod tests {
             decide(&facts(Some(&migrating), None, LauncherState::Unresponsive)),
             Action::Ignore("the VMI migrated to another node")
         );
+        // What the old launcher left here (a domain marked gone) is cleaned up.
+        let uid = migrating.metadata.uid.clone().unwrap();
+        let gone = Domain::gone("default", "vmi", &uid, Time(now()));
+        assert_eq!(
+            decide(&facts(
+                Some(&migrating),
+                Some(&gone),
+                LauncherState::Unresponsive
+            )),
+            Action::CleanupMigratedAway
+        );
+        assert!(!Action::CleanupMigratedAway.updates_status());
         // Ended: the VMI is judged again.
         migrating.status.as_mut().unwrap().migration_state = Some(serde_json::json!({
             "migrationUid": "m1", "startTimestamp": "2026-08-22T09:00:00Z", "endTimestamp": "2026-08-22T09:00:01Z"

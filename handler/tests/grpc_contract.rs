@@ -150,6 +150,11 @@ impl Served {
 async fn serve(behaviour: Behaviour) -> Served {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("launcher-sock");
+    serve_at(behaviour, dir, socket).await
+}
+
+/// A fake launcher listening on `socket` (whose directories exist); `dir` lives as long.
+async fn serve_at(behaviour: Behaviour, dir: tempfile::TempDir, socket: PathBuf) -> Served {
     let fake = FakeLauncher {
         behaviour: Arc::new(Mutex::new(behaviour)),
         ..Default::default()
@@ -368,6 +373,78 @@ async fn connecting_to_a_missing_socket_fails_fast() {
         .expect_err("no socket");
     assert!(matches!(err, CmdError::Connect { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// A VMI that migrated away from this node and comes back as a migration's target: its
+/// old pod (completed, still in `activePods`) lies beside the new one. The client of the
+/// old launcher, whose socket is gone, must give way to the new launcher's socket — the
+/// cluster's drain stalled for good on it (the target waited on the dead launcher).
+#[tokio::test]
+async fn a_vmi_back_on_this_node_reaches_its_new_launcher_not_the_old_one() {
+    use handler::launchers::{LauncherPaths, Launchers, PodPaths};
+    use handler::sync::LauncherState;
+    let root = tempfile::tempdir().expect("tempdir");
+    let pods_dir = root.path().join("pods");
+    let (cache, _changes) = DomainCache::new();
+    let sink = Arc::new(Sink {
+        vmi_uid: "u-1".into(),
+        recorded: Mutex::new(Vec::new()),
+    });
+    let hub = NotifyHub::new(Arc::new(cache), sink, Arc::new(Metrics::new()));
+    let launchers = Launchers::new(
+        LauncherPaths {
+            pods_dir: pods_dir.clone(),
+            share_dir: root.path().join("share"),
+            ghost_dir: root.path().join("ghosts"),
+        },
+        "n1",
+        hub,
+    )
+    .without_notify_pipes();
+    let launcher_in_pod = |pod: &str| {
+        let socket = PodPaths::new(&pods_dir, pod).launcher_socket();
+        std::fs::create_dir_all(socket.parent().unwrap()).expect("sockets dir");
+        socket
+    };
+    let with_pods = |pods: serde_json::Value| {
+        let mut v = serde_json::to_value(vmi()).unwrap();
+        v["status"] = serde_json::json!({"phase": "Running", "activePods": pods});
+        serde_json::from_value::<VirtualMachineInstance>(v).unwrap()
+    };
+
+    // The first stay: one pod, its launcher answers.
+    let old_socket = launcher_in_pod("pod-old");
+    let mut old = serve_at(v1(), tempfile::tempdir().unwrap(), old_socket.clone()).await;
+    let first = with_pods(serde_json::json!({"pod-old": "n1"}));
+    assert_eq!(launchers.lookup(&first).await.state, LauncherState::Ready);
+    // It migrated away: its launcher exits and takes its socket along.
+    old.kill();
+    std::fs::remove_file(&old_socket).expect("the old launcher's socket goes");
+    assert_eq!(
+        launchers.lookup(&first).await.state,
+        LauncherState::Unresponsive
+    );
+
+    // Back as a migration's target: the new pod's launcher is the one reached.
+    let back = with_pods(serde_json::json!({"pod-old": "n1", "pod-new": "n1"}));
+    let new = serve_at(
+        v1(),
+        tempfile::tempdir().unwrap(),
+        launcher_in_pod("pod-new"),
+    )
+    .await;
+    let found = launchers.lookup(&back).await;
+    assert_eq!(found.state, LauncherState::Ready);
+    found.client.expect("a client").ping().await.expect("ping");
+    assert!(
+        new.fake
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(name, _)| name == "Ping"),
+        "the new launcher answered"
+    );
 }
 
 // ---- notify server

@@ -760,7 +760,7 @@ impl Agent {
                 self.cleanup(key, &uid);
                 Ok(After::Done)
             }
-            Action::Cleanup => {
+            Action::Cleanup | Action::CleanupMigratedAway => {
                 self.cleanup(key, &uid);
                 Ok(After::Done)
             }

@@ -257,7 +257,18 @@ impl Launchers {
                     process: Some(process),
                 };
             }
-            return LauncherLookup::unresponsive();
+            // The launcher behind the client is gone. The VMI may have another launcher
+            // on this node since: it migrated away and came back (a migration target
+            // here, its old pod completed beside the new one). That launcher's socket
+            // replaces the old client; otherwise the VMI would wait on the dead one forever.
+            match socket::find_socket(vmi, &self.node, &self.paths.pods_dir) {
+                Ok(pod) if pod.launcher_socket() != socket => {
+                    tracing::info!(%key, old = %socket.display(), new = %pod.launcher_socket().display(),
+                        "the VMI has a new launcher on this node: the old one's client is dropped");
+                    self.connected().remove(&uid);
+                }
+                _ => return LauncherLookup::unresponsive(),
+            }
         }
         match socket::find_socket(vmi, &self.node, &self.paths.pods_dir) {
             Ok(pod) => {
@@ -275,7 +286,7 @@ impl Launchers {
                     },
                     Err(e) => {
                         tracing::info!(%key, error = %e, "launcher socket present but not answering yet");
-                        self.not_ready_or_timed_out(&uid)
+                        self.not_ready_or_timed_out(vmi, &uid)
                     }
                 }
             }
@@ -291,14 +302,20 @@ impl Launchers {
                 if pod_dirs_gone {
                     return LauncherLookup::unresponsive();
                 }
-                self.not_ready_or_timed_out(&uid)
+                self.not_ready_or_timed_out(vmi, &uid)
             }
         }
     }
 
-    fn not_ready_or_timed_out(&self, uid: &str) -> LauncherLookup {
+    /// Not ready, until the VMI's pods on this node have waited [`SOCKET_APPEAR_TIMEOUT`]
+    /// for a launcher socket. Counted per set of pods: a VMI that comes back to this node
+    /// (a migration's target pod beside its old, completed pod) waits afresh.
+    fn not_ready_or_timed_out(&self, vmi: &VirtualMachineInstance, uid: &str) -> LauncherLookup {
+        let mut pods = socket::active_pods_on_node(vmi, &self.node);
+        pods.sort_unstable();
+        let waiting = format!("{uid}/{}", pods.join(","));
         let mut looked = self.first_looked.lock().unwrap_or_else(|p| p.into_inner());
-        let first = *looked.entry(uid.to_string()).or_insert_with(Instant::now);
+        let first = *looked.entry(waiting).or_insert_with(Instant::now);
         if first.elapsed() > SOCKET_APPEAR_TIMEOUT {
             LauncherLookup::unresponsive()
         } else {
@@ -382,10 +399,11 @@ impl Launchers {
         if let Some(entry) = self.connected().remove(uid) {
             tracing::debug!(key = %entry.key, uid, "launcher client closed");
         }
+        let waiting = format!("{uid}/");
         self.first_looked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+            .retain(|k, _| !k.starts_with(&waiting));
         if let Err(e) = self.ghosts.remove(uid) {
             tracing::warn!(uid, error = %e, "cannot remove ghost record");
         }
