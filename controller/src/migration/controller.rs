@@ -150,6 +150,7 @@ pub async fn reconcile(
         source_pod: source.as_ref(),
         older_unfinished,
         target_pod_expected,
+        now: k8s_openapi::jiff::Timestamp::now(),
     });
     tracing::debug!(migration = %name, ?plan, "migration plan");
     let vmi_api: Api<VirtualMachineInstance> = ctx.api(&namespace);
@@ -221,6 +222,11 @@ pub async fn reconcile(
             Ok(_) => ctx.writes.record(Write::PodDelete),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
+        }
+        if let Some(why) = &plan.target_pod_timed_out {
+            tracing::info!(migration = %name, %pod, why, "deleted the pending migration target pod");
+            ctx.event(migration.as_ref(), false, "SuccessfulDelete", why.clone())
+                .await;
         }
     }
     write_status(&ctx, &migration, &plan).await?;

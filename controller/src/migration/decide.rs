@@ -32,6 +32,79 @@ pub struct Facts<'a> {
     pub older_unfinished: bool,
     /// The target pod was created by this controller recently and may not be cached yet.
     pub target_pod_expected: bool,
+    pub now: k8s_openapi::jiff::Timestamp,
+}
+
+/// How long a target pod may stay Pending while the scheduler finds no node for it
+/// (v1.9.0's default; the migration's `kubevirt.io/migrationUnschedulablePodTimeoutSeconds`
+/// annotation overrides it).
+pub const UNSCHEDULABLE_PENDING_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// How long a target pod may stay Pending for any reason (v1.9.0's default;
+/// `kubevirt.io/migrationPendingPodTimeoutSeconds` overrides it).
+pub const CATCH_ALL_PENDING_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+const UNSCHEDULABLE_TIMEOUT_ANNOTATION: &str =
+    "kubevirt.io/migrationUnschedulablePodTimeoutSeconds";
+const PENDING_TIMEOUT_ANNOTATION: &str = "kubevirt.io/migrationPendingPodTimeoutSeconds";
+
+/// A timeout from the migration's `annotation` (whole seconds), else `default`; a value that
+/// does not parse is ignored, as v1.9.0 does.
+fn timeout(
+    migration: &VirtualMachineInstanceMigration,
+    annotation: &str,
+    default: Duration,
+) -> Duration {
+    migration
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotation))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(default, Duration::from_secs)
+}
+
+/// v1.9.0's `handlePendingPodTimeout`: a target pod Pending past its timeout is deleted
+/// (the migration then fails on the pod going down); otherwise look again when it would
+/// expire. A drain must not wait for good on a target pod no node takes.
+fn pending_timeout(facts: &Facts<'_>, pod: &PodView, plan: &mut Plan) {
+    if pod.phase != "Pending" || pod.deleting || pod.created.is_none() {
+        return;
+    }
+    let migration = facts.migration;
+    let age = pod.age(facts.now);
+    let namespace = migration.metadata.namespace.as_deref().unwrap_or_default();
+    let unschedulable = pod
+        .unschedulable
+        .as_ref()
+        .is_some_and(|(reason, _)| reason == "Unschedulable");
+    let mut limits = vec![(
+        timeout(
+            migration,
+            PENDING_TIMEOUT_ANNOTATION,
+            CATCH_ALL_PENDING_TIMEOUT,
+        ),
+        "pending",
+    )];
+    if unschedulable {
+        limits.push((
+            timeout(
+                migration,
+                UNSCHEDULABLE_TIMEOUT_ANNOTATION,
+                UNSCHEDULABLE_PENDING_TIMEOUT,
+            ),
+            "unschedulable",
+        ));
+    }
+    limits.sort();
+    let (limit, kind) = limits[0];
+    if age >= limit {
+        plan.delete_target_pod = Some(pod.name.clone());
+        plan.target_pod_timed_out = Some(format!(
+            "{kind} pod {namespace}/{} timeout period exceeded",
+            pod.name
+        ));
+    } else {
+        plan.requeue_after = Some(limit - age);
+    }
 }
 
 /// The hand-off: the VMI's fresh migration state and the label that wakes the target node.
@@ -53,8 +126,10 @@ pub struct Plan {
     pub request_abort: bool,
     /// Put the label `kubevirt.io/migrationTargetNodeName` (the hand-off's) on the VMI again.
     pub relabel: Option<String>,
-    /// Delete the target pod (a failed or cancelled migration).
+    /// Delete the target pod (a failed or cancelled migration, or a pod Pending too long).
     pub delete_target_pod: Option<String>,
+    /// Why the target pod is deleted when it stayed Pending too long (an event).
+    pub target_pod_timed_out: Option<String>,
     /// End the VMI's migration state as failed, with this reason (its target pod died
     /// before the migration started).
     pub fail_vmi_migration: Option<String>,
@@ -267,6 +342,7 @@ pub fn decide(facts: &Facts<'_>) -> Plan {
                         if let Some((reason, message)) = &pod.unschedulable {
                             tracing::debug!(pod = %pod.name, %reason, %message, "target pod not scheduled yet");
                         }
+                        pending_timeout(facts, pod, &mut plan);
                     }
                 }
             }
@@ -337,6 +413,7 @@ mod tests {
             source_pod: Some(&source),
             older_unfinished: false,
             target_pod_expected: false,
+            now: k8s_openapi::jiff::Timestamp::now(),
         })
     }
 
@@ -579,6 +656,85 @@ mod tests {
         );
         assert_eq!(
             decide_with(&migration("Running", false), Some(&other), None).phase,
+            Some(MigrationPhase::Failed)
+        );
+    }
+
+    #[test]
+    fn a_target_pod_pending_too_long_is_deleted_and_the_migration_fails() {
+        let running = vmi("Running", None);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let pending = |age_secs: i64, unschedulable: bool| {
+            let mut p = pod("target", "Pending", false, None);
+            p.created = Some(now - k8s_openapi::jiff::SignedDuration::from_secs(age_secs));
+            if unschedulable {
+                p.unschedulable = Some(("Unschedulable".into(), "0/2 nodes are available".into()));
+            }
+            p
+        };
+        let decide_at = |m: &VirtualMachineInstanceMigration, target: &PodView| {
+            decide(&Facts {
+                migration: m,
+                vmi: Some(&running),
+                target_pod: Some(target),
+                source_pod: None,
+                older_unfinished: false,
+                target_pod_expected: false,
+                now,
+            })
+        };
+        let scheduling = migration("Scheduling", false);
+        // Unschedulable for 4 minutes: looked at again when the 5 are up.
+        let plan = decide_at(&scheduling, &pending(240, true));
+        assert_eq!(plan.delete_target_pod, None);
+        assert_eq!(plan.requeue_after, Some(Duration::from_secs(60)));
+        // Past 5 minutes: deleted, with v1.9.0's reason.
+        let plan = decide_at(&scheduling, &pending(300, true));
+        assert_eq!(plan.delete_target_pod.as_deref(), Some("target"));
+        assert_eq!(
+            plan.target_pod_timed_out.as_deref(),
+            Some("unschedulable pod n/target timeout period exceeded")
+        );
+        // Scheduled but Pending (pulling, say): only the catch-all 15 minutes count.
+        assert_eq!(
+            decide_at(&scheduling, &pending(600, false)).delete_target_pod,
+            None
+        );
+        let plan = decide_at(&scheduling, &pending(900, false));
+        assert_eq!(
+            plan.target_pod_timed_out.as_deref(),
+            Some("pending pod n/target timeout period exceeded")
+        );
+        // The migration's annotations set the limits; a value that does not parse is ignored.
+        let mut custom = scheduling.clone();
+        custom.metadata.annotations = Some(
+            [
+                (
+                    "kubevirt.io/migrationUnschedulablePodTimeoutSeconds".to_string(),
+                    "30".to_string(),
+                ),
+                (
+                    "kubevirt.io/migrationPendingPodTimeoutSeconds".to_string(),
+                    "soon".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        assert!(
+            decide_at(&custom, &pending(30, true))
+                .delete_target_pod
+                .is_some()
+        );
+        assert!(
+            decide_at(&custom, &pending(600, false))
+                .delete_target_pod
+                .is_none()
+        );
+        // The deleted pod is down: the migration fails on the next look.
+        let mut deleted = pending(900, true);
+        deleted.deleting = true;
+        assert_eq!(
+            decide_at(&scheduling, &deleted).phase,
             Some(MigrationPhase::Failed)
         );
     }

@@ -9,14 +9,13 @@ use kube::{Api, ResourceExt};
 use proto::kubevirt::{Condition, Phase, VirtualMachineInstance, VirtualMachineInstanceMigration};
 use serde_json::json;
 
-use super::decide::FINALIZER;
 use crate::context::{CACHE_WAIT, Context};
 use crate::writes::Write;
 
 /// The annotation on an evacuation's migration, naming the node being drained.
 pub const EVACUATION_ANNOTATION: &str = "kubevirt.io/evacuationMigration";
-/// The label virt-api's mutator puts on every migration.
-pub const VMI_NAME_LABEL: &str = "kubevirt.io/vmi-name";
+/// The annotation virt-api's eviction webhook puts on a VMI the descheduler evicts.
+pub const EVICTION_SOURCE_ANNOTATION: &str = "kubevirt.io/eviction-source";
 
 /// Whether `vmi` must be moved off its node now: marked for evacuation from the node it
 /// runs on, running, migratable, and no migration of it under way.
@@ -114,16 +113,25 @@ pub async fn reconcile(
             return Ok(None);
         }
     }
+    // As v1.9.0's `GenerateNewMigration`: virt-api's mutator adds the `kubevirt.io/vmi-name`
+    // label and the finalizer (adding them here too doubled the finalizer).
+    let descheduled = vmi
+        .annotations()
+        .get(EVICTION_SOURCE_ANNOTATION)
+        .is_some_and(|v| v == "descheduler");
+    let priority = if descheduled {
+        "system-maintenance"
+    } else {
+        "system-critical"
+    };
     let migration: VirtualMachineInstanceMigration = serde_json::from_value(json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstanceMigration",
         "metadata": {
             "generateName": "kubevirt-evacuation-",
             "annotations": {EVACUATION_ANNOTATION: node},
-            "labels": {VMI_NAME_LABEL: vmi.name_any()},
-            "finalizers": [FINALIZER],
         },
-        "spec": {"vmiName": vmi.name_any(), "priority": "system-critical"},
+        "spec": {"vmiName": vmi.name_any(), "priority": priority},
     }))
     .expect("a well-formed migration");
     let api: Api<VirtualMachineInstanceMigration> = ctx.api(&namespace);

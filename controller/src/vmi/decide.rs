@@ -192,7 +192,7 @@ impl PodView {
     }
 
     /// Time since the pod was created (zero without a creation time or in the future).
-    fn age(&self, now: k8s_openapi::jiff::Timestamp) -> std::time::Duration {
+    pub(crate) fn age(&self, now: k8s_openapi::jiff::Timestamp) -> std::time::Duration {
         self.created
             .and_then(|created| std::time::Duration::try_from(now.duration_since(created)).ok())
             .unwrap_or_default()
