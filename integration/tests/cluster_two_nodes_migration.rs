@@ -42,6 +42,58 @@ where
     }
 }
 
+/// Prints what a reader of a failed run needs — the migrations, the VMI, the pods and where
+/// they run, the namespace's events, the control plane's and both handlers' logs — when the
+/// test panics while this guard lives.
+struct DumpOnFailure<'a> {
+    cluster: &'a Cluster,
+    namespace: String,
+}
+
+impl Drop for DumpOnFailure<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let ns = self.namespace.as_str();
+        let kubevirt = cluster::kubevirt::NAMESPACE;
+        let dumps: [&[&str]; 8] = [
+            &["get", "nodes", "-o", "wide"],
+            &["-n", ns, "get", "vmim,vmi,pods", "-o", "wide"],
+            &["-n", ns, "get", "vmim", "-o", "yaml"],
+            &["-n", ns, "get", "vmi", "-o", "yaml"],
+            &["-n", ns, "get", "events", "--sort-by=.lastTimestamp"],
+            &["-n", kubevirt, "get", "pods", "-o", "wide"],
+            &[
+                "-n",
+                kubevirt,
+                "logs",
+                "-l",
+                "kubevirt.io=virt-controller",
+                "--prefix",
+                "--tail=400",
+            ],
+            &[
+                "-n",
+                kubevirt,
+                "logs",
+                "-l",
+                "kubevirt.io=virt-handler",
+                "--prefix",
+                "--tail=400",
+            ],
+        ];
+        for args in dumps {
+            let output = self.cluster.kubectl_output(args);
+            eprintln!(
+                "==== kubectl {}\n{}",
+                args.join(" "),
+                output.unwrap_or_else(|e| format!("{e:#}"))
+            );
+        }
+    }
+}
+
 /// `images/examples/vm-testguest.yaml` as a VM that may move: `host-passthrough` (this
 /// project publishes no host-model CPU identity, so host-model VMIs are not migratable) and
 /// `evictionStrategy: LiveMigrate`.
@@ -110,7 +162,6 @@ async fn moved_to(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky: the drain's evacuation stalls in 2 of 4 CI runs (cause not found yet); run with --ignored"]
 async fn a_vm_moves_to_the_other_node_and_a_drain_moves_it_back() {
     let cluster = match cluster::shared_with_nodes(2).await {
         Ok(cluster) => cluster,
@@ -123,6 +174,10 @@ async fn a_vm_moves_to_the_other_node_and_a_drain_moves_it_back() {
         .create_namespace("migrate")
         .await
         .expect("namespace");
+    let _dump = DumpOnFailure {
+        cluster,
+        namespace: ns.clone(),
+    };
     let client = cluster.client().expect("client");
     let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), &ns);
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &ns);
