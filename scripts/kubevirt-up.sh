@@ -8,7 +8,7 @@
 #   kubevirt_node     scripts/cluster.sh up (reused if up); sets KUBECONFIG_PATH, KUBECTL, VIRTCTL, CTR,
 #                     brought_up (1: this run brought the node up), deployed_before (1: the
 #                     components were deployed already) and defines `kubectl`
-#   kubevirt_deploy   imports $IMAGES into the node's containerd, applies images/deploy/ and
+#   kubevirt_deploy   imports $IMAGES into the nodes' containerds, applies images/deploy/ and
 #                     the KubeVirt CR, waits for the three components, virt-api's webhooks,
 #                     the CR's phase Deployed and the node's kubevirt.io/schedulable label
 
@@ -61,11 +61,15 @@ kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" --cache-dir "$STATE/kubec
 virtctl() { "$VIRTCTL" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 
 kubevirt_deploy() {
-    local image deadline
-    for image in "${IMAGES[@]}"; do
-        "$CTR" --address "$STATE/containerd.sock" --namespace k8s.io \
-            images import --snapshotter overlayfs "$IMAGES_DIR/$image.tar" >/dev/null 2>&1 ||
-            die "importing $IMAGES_DIR/$image.tar into the node's containerd failed"
+    local image socket deadline
+    # Every node's containerd: node 2's too when the cluster has it (`cluster.sh up --nodes 2`).
+    for socket in "$STATE/containerd.sock" "$STATE/node-2/containerd.sock"; do
+        [[ -S "$socket" ]] || continue
+        for image in "${IMAGES[@]}"; do
+            "$CTR" --address "$socket" --namespace k8s.io \
+                images import --snapshotter overlayfs "$IMAGES_DIR/$image.tar" >/dev/null 2>&1 ||
+                die "importing $IMAGES_DIR/$image.tar into the containerd at $socket failed"
+        done
     done
     kubectl apply -f images/deploy/ >&2
     # The KubeVirt CR once its CRD is served (kubectl cannot map it in the same apply).
