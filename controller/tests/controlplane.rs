@@ -1229,6 +1229,23 @@ async fn deploy_manifest_rights_and_arguments_are_enough() {
     })
     .await;
     assert!(vmi.spec.volumes.iter().any(|v| v.name == "data"));
+    // The claim behind the PVC volume is recorded in its volume status (virt-handler reads
+    // the access modes: a ReadWriteOnce claim is not shared, the VMI not migratable).
+    let info = wait_for("the data volume's claim info", || async {
+        get(&vmis, "rbacvm")
+            .await?
+            .status?
+            .volume_status
+            .into_iter()
+            .find(|s| s.name == "data")?
+            .persistent_volume_claim_info
+    })
+    .await;
+    assert_eq!(
+        info,
+        json!({"claimName": "data", "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+               "requests": {"storage": "1Gi"}, "filesystemOverhead": "0.055"})
+    );
     // The reconciles that got it there are on /metrics.
     let scrape = || {
         use std::io::{Read, Write};
