@@ -5,7 +5,8 @@
 //! `vmm/launcher/docs/migration-contract.md` §5.3 has it); everything after that is the
 //! handlers' own: the target pod's network, SyncMigrationTarget, the target listener and
 //! its published port, the source proxy in the source pod, MigrateVirtualMachine, the
-//! hand-over to the target node, Finalize, the clean-up, and the source launcher's end.
+//! hand-over to the target node, Finalize, the clean-up, and the source launcher's end; and
+//! a source launcher killed mid-migration, which the target side must end as failed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -154,65 +155,182 @@ fn reap(pod: &PodRecord) -> bool {
     !launcher_alive(pod)
 }
 
+/// The tests of this binary one at a time: each runs two launcher pods with a guest that
+/// keeps writing (two cores).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Two nodes, and a VMI running on node-a whose guest writes its disk and memory.
+struct TwoNodes {
+    _root: tempfile::TempDir,
+    _demo: common::Demo,
+    store: Arc<StandaloneStore>,
+    node_a: Node,
+    node_b: Node,
+    options_b: StandaloneOptions,
+    key: String,
+    source: PodRecord,
+    source_pod_uid: String,
+}
+
+impl TwoNodes {
+    async fn start(name: &str) -> TwoNodes {
+        let (monitor, _) = helper_binaries();
+        let demo = demo(name, 5);
+        let root = tempfile::tempdir().unwrap();
+        let (store, changes) = StandaloneStore::new(
+            &root.path().join("vmis"),
+            root.path(),
+            StatusOutput::StateDir,
+        );
+        let store = Arc::new(store);
+        let (to_a, to_b) = fan_out(changes);
+        let node_a = start_node("node-a", root.path(), &store, to_a);
+        let node_b = start_node("node-b", root.path(), &store, to_b);
+        let options = |node: &Node| StandaloneOptions {
+            manifests: Vec::new(),
+            images: vec![
+                ("localhost/test-guest:latest".into(), demo.guest.clone()),
+                ("localhost/test-disk:latest".into(), demo.disk.clone()),
+            ],
+            state_dir: node.dirs.root.clone(),
+            node: node.name.into(),
+            launcher: monitor.clone(),
+            status_output: StatusOutput::StateDir,
+            stop_after_console: None,
+            resync_period: Duration::from_secs(300),
+            watchdog_timeout: Duration::from_secs(5),
+            metrics: None,
+            feature_gates: Default::default(),
+        };
+        let text = std::fs::read_to_string(&demo.manifest)
+            .unwrap()
+            .replace("exit=halt wait=600", "exit=tick wait=600")
+            .replace(
+                "console=ttyS0 checks=serial,bootparams,idt,mem,smbios,rtc,virtio-blk,virtio-rng exit=tick wait=600",
+                KERNEL_ARGS,
+            );
+        assert!(
+            text.contains(KERNEL_ARGS),
+            "the example's kernel arguments changed"
+        );
+        let source_pod_uid = uuid::Uuid::new_v4().to_string();
+        let vmi = admit_vmi(
+            proto::kubevirt::parse_vmi(&text).unwrap(),
+            "node-a",
+            &source_pod_uid,
+        );
+        let key = handler::vmis::key_of(&vmi);
+        let source = start_pod(&options(&node_a), &node_a.dirs, &vmi, &source_pod_uid)
+            .await
+            .unwrap();
+        store.admit(vmi);
+        wait_until("the VMI runs on node-a", || {
+            store.get(&key).filter(|v| v.phase() == Phase::Running)
+        })
+        .await;
+        let options_b = options(&node_b);
+        TwoNodes {
+            _root: root,
+            _demo: demo,
+            store,
+            node_a,
+            node_b,
+            options_b,
+            key,
+            source,
+            source_pod_uid,
+        }
+    }
+
+    /// The controller's part: a target pod on node-b, then the hand-off with the
+    /// migration's `configuration`. Returns the target pod.
+    async fn migrate(&self, configuration: serde_json::Value) -> PodRecord {
+        let target_pod_uid = uuid::Uuid::new_v4().to_string();
+        let running = self.store.get(&self.key).unwrap();
+        let mut target_view = running.clone();
+        target_view.status.as_mut().unwrap().active_pods = Some(BTreeMap::from([(
+            target_pod_uid.clone(),
+            "node-b".to_string(),
+        )]));
+        let target = start_pod(
+            &self.options_b,
+            &self.node_b.dirs,
+            &target_view,
+            &target_pod_uid,
+        )
+        .await
+        .unwrap();
+        let name = running.metadata.name.clone().unwrap();
+        let source_pod_name = format!("virt-launcher-{name}-{}", &self.source_pod_uid[..5]);
+        let target_pod_name = format!("virt-launcher-{name}-{}", &target_pod_uid[..5]);
+        let hand_off = serde_json::json!({
+            "metadata": {"labels": {well_known::MIGRATION_TARGET_NODE_NAME_LABEL: "node-b"}},
+            "status": {
+                "activePods": {&self.source_pod_uid: "node-a", &target_pod_uid: "node-b"},
+                "migrationState": {
+                    "migrationUid": MIGRATION_UID,
+                    "sourceNode": "node-a",
+                    "targetNode": "node-b",
+                    "sourcePod": source_pod_name,
+                    "targetPod": target_pod_name,
+                    "migrationConfiguration": configuration,
+                }
+            }
+        });
+        self.store.patch_vmi(&running, &hand_off).await.unwrap();
+        target
+    }
+
+    async fn stop(self, pods: &[&PodRecord]) {
+        for node in [self.node_a, self.node_b] {
+            let _ = node.stop.send(true);
+            let _ = node.task.await;
+            let _ = node.notify.stop().await;
+        }
+        for pod in pods {
+            let _ = handler_standalone::netpod::delete_host_veth(&pod.host_veth).await;
+        }
+    }
+}
+
+/// SIGKILL for a pod's processes: the monitor and everything below it (as a container's
+/// end takes its whole process tree).
+fn kill_pod(pod: &PodRecord) {
+    fn descendants(pid: u32, into: &mut Vec<u32>) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                into.push(child);
+                descendants(child, into);
+            }
+        }
+    }
+    let mut pids = vec![pod.pid];
+    descendants(pod.pid, &mut pids);
+    for pid in pids
+        .into_iter()
+        .filter_map(|pid| libc::pid_t::try_from(pid).ok())
+        .filter(|pid| *pid > 1)
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_vmi_moves_to_the_other_node_and_its_guest_goes_on() {
     require_root_and_kvm();
-    let (monitor, _) = helper_binaries();
-    let demo = demo("migrating", 5);
-    let root = tempfile::tempdir().unwrap();
-    let (store, changes) = StandaloneStore::new(
-        &root.path().join("vmis"),
-        root.path(),
-        StatusOutput::StateDir,
-    );
-    let store = Arc::new(store);
-    let (to_a, to_b) = fan_out(changes);
-    let node_a = start_node("node-a", root.path(), &store, to_a);
-    let node_b = start_node("node-b", root.path(), &store, to_b);
-    let options = |node: &Node| StandaloneOptions {
-        manifests: Vec::new(),
-        images: vec![
-            ("localhost/test-guest:latest".into(), demo.guest.clone()),
-            ("localhost/test-disk:latest".into(), demo.disk.clone()),
-        ],
-        state_dir: node.dirs.root.clone(),
-        node: node.name.into(),
-        launcher: monitor.clone(),
-        status_output: StatusOutput::StateDir,
-        stop_after_console: None,
-        resync_period: Duration::from_secs(300),
-        watchdog_timeout: Duration::from_secs(5),
-        metrics: None,
-        feature_gates: Default::default(),
-    };
-
-    // The VMI runs on node-a.
-    let text = std::fs::read_to_string(&demo.manifest)
-        .unwrap()
-        .replace("exit=halt wait=600", "exit=tick wait=600")
-        .replace(
-            "console=ttyS0 checks=serial,bootparams,idt,mem,smbios,rtc,virtio-blk,virtio-rng exit=tick wait=600",
-            KERNEL_ARGS,
-        );
-    assert!(
-        text.contains(KERNEL_ARGS),
-        "the example's kernel arguments changed"
-    );
-    let source_pod_uid = uuid::Uuid::new_v4().to_string();
-    let vmi = admit_vmi(
-        proto::kubevirt::parse_vmi(&text).unwrap(),
-        "node-a",
-        &source_pod_uid,
-    );
-    let key = handler::vmis::key_of(&vmi);
-    let source = start_pod(&options(&node_a), &node_a.dirs, &vmi, &source_pod_uid)
-        .await
-        .unwrap();
-    store.admit(vmi);
-    wait_until("the VMI runs on node-a", || {
-        store.get(&key).filter(|v| v.phase() == Phase::Running)
-    })
-    .await;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let nodes = TwoNodes::start("migrating").await;
+    let (store, key, source) = (&nodes.store, nodes.key.clone(), &nodes.source);
+    let node_a = &nodes.node_a;
+    let node_b = &nodes.node_b;
     // What migration admission reads: the source says the VMI can migrate (no CPU model,
     // masquerade), copying its container disk.
     let running_status = store.get(&key).and_then(|v| v.status).unwrap();
@@ -241,45 +359,15 @@ async fn a_running_vmi_moves_to_the_other_node_and_its_guest_goes_on() {
         "{running_status:?}"
     );
     let before = wait_until("the guest writes its disk", || {
-        let log = serial_log(&node_a.dirs, &source);
+        let log = serial_log(&node_a.dirs, source);
         (last_blk(&log) >= 3).then_some(log)
     })
     .await;
     assert!(before.contains("TEST serial PASS"), "{before}");
 
     // The controller's part: a target pod on node-b, then the hand-off.
-    let target_pod_uid = uuid::Uuid::new_v4().to_string();
-    let running = store.get(&key).unwrap();
-    let mut target_view = running.clone();
-    target_view.status.as_mut().unwrap().active_pods = Some(BTreeMap::from([(
-        target_pod_uid.clone(),
-        "node-b".to_string(),
-    )]));
-    let target = start_pod(
-        &options(&node_b),
-        &node_b.dirs,
-        &target_view,
-        &target_pod_uid,
-    )
-    .await
-    .unwrap();
-    let source_pod_name = format!("virt-launcher-migrating-{}", &source_pod_uid[..5]);
-    let target_pod_name = format!("virt-launcher-migrating-{}", &target_pod_uid[..5]);
-    let hand_off = serde_json::json!({
-        "metadata": {"labels": {well_known::MIGRATION_TARGET_NODE_NAME_LABEL: "node-b"}},
-        "status": {
-            "activePods": {&source_pod_uid: "node-a", &target_pod_uid: "node-b"},
-            "migrationState": {
-                "migrationUid": MIGRATION_UID,
-                "sourceNode": "node-a",
-                "targetNode": "node-b",
-                "sourcePod": source_pod_name,
-                "targetPod": target_pod_name,
-            }
-        }
-    });
     let started = Instant::now();
-    store.patch_vmi(&running, &hand_off).await.unwrap();
+    let target = nodes.migrate(serde_json::json!({})).await;
 
     // The handlers' part, watched through the VMI.
     let moved = wait_until("the VMI is handed over to node-b and completed", || {
@@ -316,9 +404,9 @@ async fn a_running_vmi_moves_to_the_other_node_and_its_guest_goes_on() {
     );
 
     // The source launcher was told to go, and went; its proxy socket with it.
-    wait_until("the source launcher exits", || reap(&source).then_some(())).await;
+    wait_until("the source launcher exits", || reap(source).then_some(())).await;
     // The guest goes on on node-b: its disk counter continues, no boot.
-    let last_on_source = last_blk(&serial_log(&node_a.dirs, &source));
+    let last_on_source = last_blk(&serial_log(&node_a.dirs, source));
     let after = wait_until("the guest writes its disk on node-b", || {
         let log = serial_log(&node_b.dirs, &target);
         (last_blk(&log) > last_on_source + 2).then_some(log)
@@ -336,12 +424,60 @@ async fn a_running_vmi_moves_to_the_other_node_and_its_guest_goes_on() {
     // node-b owns it now: deleting the VMI stops the VM there.
     store.mark_deleted(&key);
     wait_until("the target launcher exits", || reap(&target).then_some(())).await;
-    for node in [node_a, node_b] {
-        let _ = node.stop.send(true);
-        let _ = node.task.await;
-        let _ = node.notify.stop().await;
-    }
-    for pod in [&source, &target] {
-        let _ = handler_standalone::netpod::delete_host_veth(&pod.host_veth).await;
-    }
+    let source = source.clone();
+    nodes.stop(&[&source, &target]).await;
+}
+
+/// The source launcher dies while the guest moves (a slow migration, 1 MiB/s): the target's
+/// incoming domain goes away, and the target handler ends the migration failed — nothing
+/// else could (the source cannot report, and the source node's main loop leaves a VMI
+/// alone while its migration has started and not ended). Then the source node finds its VM
+/// gone (the VMI fails, as any VM whose launcher died) and the target launcher is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_launcher_that_dies_mid_migration_ends_the_migration_failed() {
+    require_root_and_kvm();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let nodes = TwoNodes::start("dying-source").await;
+    let key = nodes.key.clone();
+    wait_until("the guest writes its disk", || {
+        (last_blk(&serial_log(&nodes.node_a.dirs, &nodes.source)) >= 2).then_some(())
+    })
+    .await;
+    let target = nodes
+        .migrate(serde_json::json!({"bandwidthPerMigration": "1Mi"}))
+        .await;
+    wait_until("the guest on its way (started, seen by the target)", || {
+        nodes.store.get(&key).filter(|v| {
+            let state = migration_state(v);
+            state["startTimestamp"].is_string() && state["targetNodeDomainDetected"] == true
+        })
+    })
+    .await;
+    kill_pod(&nodes.source);
+    let failed = wait_until("the migration ends failed", || {
+        nodes.store.get(&key).filter(|v| {
+            let state = migration_state(v);
+            state["failed"] == true && state["completed"] == true
+        })
+    })
+    .await;
+    let state = migration_state(&failed);
+    assert!(state["endTimestamp"].is_string(), "{state}");
+    assert_eq!(
+        failed.status.as_ref().unwrap().node_name.as_deref(),
+        Some("node-a"),
+        "never handed over"
+    );
+    assert_eq!(label(&failed, well_known::NODE_NAME_LABEL), Some("node-a"));
+    wait_until("the target launcher is let go and exits", || {
+        reap(&target).then_some(())
+    })
+    .await;
+    wait_until("the VMI fails on node-a (its VM died)", || {
+        nodes.store.get(&key).filter(|v| v.phase() == Phase::Failed)
+    })
+    .await;
+    let source = nodes.source.clone();
+    let _ = reap(&source);
+    nodes.stop(&[&source, &target]).await;
 }

@@ -77,6 +77,23 @@ pub fn decide(facts: &TargetFacts<'_>) -> TargetStep {
     if handed_over {
         return TargetStep::Finalize;
     }
+    // The incoming domain was seen here and is gone before the VM arrived: the stream broke
+    // (the source launcher died, or this launcher's receive failed) and nothing will come.
+    // A living source reports its failure itself; a dead one cannot, and without this the
+    // VMI would stay "migrating" for good, which the source node's main loop leaves alone.
+    if state.target_node_domain_detected == Some(true) && facts.domain.is_some_and(Domain::is_gone)
+    {
+        let mut failed = json!({
+            "failed": true,
+            "completed": true,
+            "endTimestamp": time(facts.now),
+            "failureReason": "the target's domain went away before the VM arrived",
+        });
+        if state.start_timestamp.is_none() {
+            failed["startTimestamp"] = time(facts.now);
+        }
+        return TargetStep::Report(json!({"status": {"migrationState": failed}}));
+    }
     let uid = state.migration_uid.as_deref().unwrap_or_default();
     let domain = facts.domain.filter(|d| !d.is_gone());
     // A domain of this migration is here already: the preparation is done, even if this
@@ -288,6 +305,42 @@ mod tests {
         };
         assert_eq!(patch["status"]["migrationState"]["failed"], true);
         assert!(patch.get("metadata").is_none());
+    }
+
+    #[test]
+    fn an_incoming_domain_that_goes_away_before_the_vm_arrived_ends_the_migration_failed() {
+        let started = json!({
+            "targetNodeAddress": ADDRESS,
+            "targetDirectMigrationNodePorts": {"41000": 49152},
+            "startTimestamp": "2026-12-05T10:00:00Z",
+        });
+        let gone = Domain::gone(
+            "default",
+            "v",
+            "vmi-uid",
+            Time(Timestamp::from_second(100).unwrap()),
+        );
+        // Not seen here yet: a gone domain (a stale one) says nothing about this migration.
+        assert!(!matches!(
+            decide_with(&state(started.clone()), Some(&gone), Some(41000)),
+            TargetStep::Report(ref p) if p["status"]["migrationState"]["failed"] == true
+        ));
+        // Seen, then gone: the migration ends failed (the source may be dead and cannot say).
+        let mut detected = started;
+        detected["targetNodeDomainDetected"] = json!(true);
+        let TargetStep::Report(patch) = decide_with(&state(detected), Some(&gone), Some(41000))
+        else {
+            panic!("expected a failure report")
+        };
+        let ms = &patch["status"]["migrationState"];
+        assert_eq!(ms["failed"], true);
+        assert_eq!(ms["completed"], true);
+        assert_eq!(ms["endTimestamp"], "1970-01-01T00:01:50Z");
+        assert!(
+            ms.get("startTimestamp").is_none(),
+            "the source's start is kept"
+        );
+        assert!(patch.get("metadata").is_none(), "nothing handed over");
     }
 
     #[test]
