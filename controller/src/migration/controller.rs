@@ -219,14 +219,17 @@ pub async fn reconcile(
     }
     if let Some(pod) = &plan.delete_target_pod {
         match pod_api.delete(pod, &DeleteParams::default()).await {
-            Ok(_) => ctx.writes.record(Write::PodDelete),
+            Ok(_) => {
+                ctx.writes.record(Write::PodDelete);
+                // Said once: a repeat (the cache not showing the deletion yet) finds no pod.
+                if let Some(why) = &plan.target_pod_timed_out {
+                    tracing::info!(migration = %name, %pod, why, "deleted the pending migration target pod");
+                    ctx.event(migration.as_ref(), false, "SuccessfulDelete", why.clone())
+                        .await;
+                }
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
-        }
-        if let Some(why) = &plan.target_pod_timed_out {
-            tracing::info!(migration = %name, %pod, why, "deleted the pending migration target pod");
-            ctx.event(migration.as_ref(), false, "SuccessfulDelete", why.clone())
-                .await;
         }
     }
     write_status(&ctx, &migration, &plan).await?;

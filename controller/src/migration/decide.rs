@@ -46,8 +46,9 @@ const UNSCHEDULABLE_TIMEOUT_ANNOTATION: &str =
     "kubevirt.io/migrationUnschedulablePodTimeoutSeconds";
 const PENDING_TIMEOUT_ANNOTATION: &str = "kubevirt.io/migrationPendingPodTimeoutSeconds";
 
-/// A timeout from the migration's `annotation` (whole seconds), else `default`; a value that
-/// does not parse is ignored, as v1.9.0 does.
+/// A timeout from the migration's `annotation` (whole seconds; a negative one is zero, as
+/// v1.9.0's comparison makes it), else `default`; a value that does not parse is ignored,
+/// as v1.9.0 does.
 fn timeout(
     migration: &VirtualMachineInstanceMigration,
     annotation: &str,
@@ -58,8 +59,10 @@ fn timeout(
         .annotations
         .as_ref()
         .and_then(|a| a.get(annotation))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(default, Duration::from_secs)
+        .and_then(|v| v.parse::<i64>().ok())
+        .map_or(default, |secs| {
+            Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+        })
 }
 
 /// v1.9.0's `handlePendingPodTimeout`: a target pod Pending past its timeout is deleted
@@ -94,7 +97,8 @@ fn pending_timeout(facts: &Facts<'_>, pod: &PodView, plan: &mut Plan) {
             "unschedulable",
         ));
     }
-    limits.sort();
+    // The shorter limit counts; on a tie, the unschedulable one (v1.9.0 checks it first).
+    limits.sort_by_key(|(limit, kind)| (*limit, *kind != "unschedulable"));
     let (limit, kind) = limits[0];
     if age >= limit {
         plan.delete_target_pod = Some(pod.name.clone());
@@ -729,6 +733,27 @@ mod tests {
             decide_at(&custom, &pending(600, false))
                 .delete_target_pod
                 .is_none()
+        );
+        // A negative timeout is up at once; equal limits name the pod unschedulable.
+        let mut now_please = scheduling.clone();
+        now_please.metadata.annotations = Some(
+            [
+                (
+                    "kubevirt.io/migrationUnschedulablePodTimeoutSeconds".to_string(),
+                    "-1".to_string(),
+                ),
+                (
+                    "kubevirt.io/migrationPendingPodTimeoutSeconds".to_string(),
+                    "-1".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            decide_at(&now_please, &pending(0, true))
+                .target_pod_timed_out
+                .as_deref(),
+            Some("unschedulable pod n/target timeout period exceeded")
         );
         // The deleted pod is down: the migration fails on the next look.
         let mut deleted = pending(900, true);

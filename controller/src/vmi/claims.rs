@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 const DEFAULT_FILESYSTEM_OVERHEAD: &str = "0.055";
 
 /// `PVCNameFromVirtVolume` for the volumes that get claim info: a DataVolume's name (its
-/// PVC has it), else a PVC's claim name.
+/// PVC has it), else a PVC's or a memory dump's claim name.
 fn claim_of(volume: &Volume) -> Option<String> {
     if let Some(data_volume) = &volume.data_volume {
         return data_volume
@@ -27,10 +27,15 @@ fn claim_of(volume: &Volume) -> Option<String> {
             .and_then(Value::as_str)
             .map(str::to_string);
     }
+    if let Some(pvc) = &volume.persistent_volume_claim {
+        return Some(pvc.claim_name.clone());
+    }
     volume
-        .persistent_volume_claim
-        .as_ref()
-        .map(|pvc| pvc.claim_name.clone())
+        .extra
+        .get("memoryDump")
+        .and_then(|m| m.get("claimName"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
 }
 
 /// The claims of volumes whose status entry exists and has no claim info yet.
@@ -126,15 +131,15 @@ pub(crate) async fn with_claim_info(
     api: &Api<PersistentVolumeClaim>,
     vmi: &VirtualMachineInstance,
     patch: Option<Value>,
-) -> Result<Option<Value>, kube::Error> {
+) -> Option<Value> {
     if vmi.phase().is_final() {
-        return Ok(patch);
+        return patch;
     }
     let written = patch.as_ref().and_then(|p| p.get("volumeStatus")).cloned();
     let mut statuses: Vec<VolumeStatus> = match written {
         Some(list) => match serde_json::from_value(list) {
             Ok(statuses) => statuses,
-            Err(_) => return Ok(patch),
+            Err(_) => return patch,
         },
         None => vmi
             .status
@@ -144,20 +149,28 @@ pub(crate) async fn with_claim_info(
     };
     let wanted = missing(&vmi.spec.volumes, &statuses);
     if wanted.is_empty() {
-        return Ok(patch);
+        return patch;
     }
     let mut claims = BTreeMap::new();
     for claim in wanted {
-        if let Some(pvc) = api.get_opt(&claim).await? {
-            claims.insert(claim, pvc);
+        // Best effort: a claim that cannot be read now must not hold the status write back
+        // (phase, conditions); a later reconcile fills its info in.
+        match api.get_opt(&claim).await {
+            Ok(Some(pvc)) => {
+                claims.insert(claim, pvc);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::info!(%claim, error = %e, "cannot read the claim of a volume yet");
+            }
         }
     }
     if !fill(&mut statuses, &vmi.spec.volumes, &claims) {
-        return Ok(patch);
+        return patch;
     }
     let mut patch = patch.unwrap_or_else(|| json!({}));
     patch["volumeStatus"] = serde_json::to_value(&statuses).unwrap_or(Value::Null);
-    Ok(Some(patch))
+    Some(patch)
 }
 
 #[cfg(test)]
@@ -169,6 +182,7 @@ mod tests {
             {"name": "root", "persistentVolumeClaim": {"claimName": "root-claim"}},
             {"name": "data", "dataVolume": {"name": "data-dv"}},
             {"name": "disk", "containerDisk": {"image": "x"}},
+            {"name": "dump", "memoryDump": {"claimName": "dump-claim"}},
         ]))
         .unwrap()
     }
@@ -186,14 +200,17 @@ mod tests {
     #[test]
     fn the_claim_behind_each_pvc_or_data_volume_is_recorded_once() {
         let volumes = volumes();
-        let mut statuses: Vec<VolumeStatus> = ["root", "data", "disk"]
+        let mut statuses: Vec<VolumeStatus> = ["root", "data", "disk", "dump"]
             .into_iter()
             .map(|name| VolumeStatus {
                 name: name.into(),
                 ..Default::default()
             })
             .collect();
-        assert_eq!(missing(&volumes, &statuses), ["root-claim", "data-dv"]);
+        assert_eq!(
+            missing(&volumes, &statuses),
+            ["root-claim", "data-dv", "dump-claim"]
+        );
         let claims: BTreeMap<String, PersistentVolumeClaim> = [
             ("root-claim".to_string(), pvc("root-claim", json!({}))),
             (
@@ -219,8 +236,8 @@ mod tests {
             true
         );
         assert_eq!(statuses[2].persistent_volume_claim_info, None);
-        // Recorded: nothing more to read or write.
-        assert!(missing(&volumes, &statuses).is_empty());
+        // Recorded: nothing more to read or write (but the dump's claim, not read here).
+        assert_eq!(missing(&volumes, &statuses), ["dump-claim"]);
         assert!(!fill(&mut statuses, &volumes, &claims));
     }
 

@@ -165,7 +165,7 @@ pub async fn reconcile(
     );
     // What the claims behind its volumes say, once the VMI has its volume statuses.
     let pvc_api: Api<PersistentVolumeClaim> = ctx.api(&namespace);
-    let patch_body = super::claims::with_claim_info(&pvc_api, &current, patch_body).await?;
+    let patch_body = super::claims::with_claim_info(&pvc_api, &current, patch_body).await;
     // A refusal is said once, when its condition first appears.
     let refusal_known = sync_failure.as_ref().is_some_and(|f| {
         current.status.as_ref().is_some_and(|s| {

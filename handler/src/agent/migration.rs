@@ -62,6 +62,17 @@ impl Agent {
         // shuts it down or cleans up (as v1.9.0, which ignores a migrating VMI only while it
         // is not deleted).
         if vmi.metadata.deletion_timestamp.is_some() || vmi.phase().is_final() {
+            // A target whose migration failed still ends its part (the launcher waiting for
+            // a VM that will not come is let go, the label goes): the VMI may be final
+            // already when the target looks again (its source died with its VM).
+            if let Ok(Some(Role::Target(state))) = role(vmi, &self.config.node)
+                && state.is_done()
+                && state.is_failed()
+            {
+                return self
+                    .target_step(key, vmi, &state, domain, client, process)
+                    .await;
+            }
             self.proxies
                 .forget(key, vmi.metadata.uid.as_deref().unwrap_or_default());
             return Ok(None);
@@ -118,6 +129,7 @@ impl Agent {
         };
         match step {
             TargetStep::Nothing(_) => Ok(Some(After::Done)),
+            TargetStep::LookAgain(after) => Ok(Some(After::Requeue(after))),
             TargetStep::Prepare => {
                 let Some(process) = process.cloned() else {
                     // The target pod's launcher is not up yet.

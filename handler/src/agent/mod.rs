@@ -369,7 +369,9 @@ impl Agent {
     pub(crate) async fn list_domains(&self) {
         for record in self.launchers.ghosts().list() {
             let key = record.key();
-            if !crate::podfs::entry_exists(&record.socket_file) {
+            if !crate::podfs::entry_exists(&record.socket_file)
+                && self.launchers.ghosts().is_current(&record)
+            {
                 self.cache.set(
                     &key,
                     Domain::gone(
@@ -441,6 +443,12 @@ impl Agent {
             if first.elapsed() >= self.config.watchdog_timeout {
                 since.remove(&record.uid);
                 drop(since);
+                // The VMI's launcher changed meanwhile (it came back to this node): the
+                // dead socket is not its launcher any more, and the new one must not be
+                // reported gone.
+                if !self.launchers.ghosts().is_current(&record) {
+                    continue;
+                }
                 self.launchers.mark_unresponsive(&socket);
                 tracing::warn!(key = %record.key(), uid = %record.uid, "launcher unresponsive (watchdog)");
                 self.cache.set(

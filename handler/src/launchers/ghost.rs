@@ -107,6 +107,18 @@ impl GhostRecords {
         records.sort_by(|a, b| a.uid.cmp(&b.uid));
         records
     }
+
+    /// Whether `record` is still the record of its UID (not replaced since it was read:
+    /// the VMI's launcher may have changed, a migration bringing it back to this node).
+    pub fn is_current(&self, record: &GhostRecord) -> bool {
+        let Ok(path) = self.path(&record.uid) else {
+            return false;
+        };
+        std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<GhostRecord>(&b).ok())
+            .is_some_and(|current| current.socket_file == record.socket_file)
+    }
 }
 
 #[cfg(test)]
@@ -130,6 +142,15 @@ mod tests {
         let text =
             std::fs::read_to_string(dir.path().join("ghost-records/1234-abcd")).expect("read");
         assert!(text.contains("\"socketFile\""), "{text}");
+        // A record read before its VMI's launcher changed is no longer current.
+        assert!(ghosts.is_current(&r));
+        let moved = GhostRecord {
+            socket_file: "/pods/q/sock".into(),
+            ..r.clone()
+        };
+        ghosts.add(&moved).expect("replace");
+        assert!(!ghosts.is_current(&r));
+        assert!(ghosts.is_current(&moved));
         ghosts.remove("1234-abcd").expect("remove");
         ghosts.remove("1234-abcd").expect("removing twice is fine");
         assert!(ghosts.list().is_empty());

@@ -257,10 +257,11 @@ impl Launchers {
                     process: Some(process),
                 };
             }
-            // The launcher behind the client is gone. The VMI may have another launcher
-            // on this node since: it migrated away and came back (a migration target
-            // here, its old pod completed beside the new one). That launcher's socket
-            // replaces the old client; otherwise the VMI would wait on the dead one forever.
+            // The launcher behind the client is gone or marked. The VMI may have another
+            // launcher on this node since: it migrated away and came back (a migration
+            // target here, its old pod completed beside the new one). When the old socket
+            // is gone, `find_socket` finds only the new one, which replaces the old client;
+            // otherwise the VMI would wait on the dead launcher forever.
             match socket::find_socket(vmi, &self.node, &self.paths.pods_dir) {
                 Ok(pod) if pod.launcher_socket() != socket => {
                     tracing::info!(%key, old = %socket.display(), new = %pod.launcher_socket().display(),

@@ -39,7 +39,14 @@ pub enum TargetStep {
     Cleanup { failed: bool },
     /// Nothing to do until something changes.
     Nothing(&'static str),
+    /// Look again after this long (the source's head start before the target reports a
+    /// broken stream).
+    LookAgain(std::time::Duration),
 }
+
+/// How long the target leaves the source to report a broken stream itself (with its
+/// launcher's reason and abort status) before it ends the migration failed on its own.
+pub const SOURCE_REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
 fn time(t: Timestamp) -> Value {
     serde_json::to_value(Time(t)).unwrap_or(Value::Null)
@@ -78,11 +85,26 @@ pub fn decide(facts: &TargetFacts<'_>) -> TargetStep {
         return TargetStep::Finalize;
     }
     // The incoming domain was seen here and is gone before the VM arrived: the stream broke
-    // (the source launcher died, or this launcher's receive failed) and nothing will come.
-    // A living source reports its failure itself; a dead one cannot, and without this the
+    // (the source launcher died, or this launcher's receive failed, a cancel included) and
+    // nothing will come. A living source reports its failure itself, with its launcher's
+    // reason and abort status, and gets a head start; a dead one cannot, and without this the
     // VMI would stay "migrating" for good, which the source node's main loop leaves alone.
-    if state.target_node_domain_detected == Some(true) && facts.domain.is_some_and(Domain::is_gone)
+    let gone_since = facts
+        .domain
+        .filter(|d| d.is_gone())
+        .and_then(|d| d.object_meta.deletion_timestamp.as_ref())
+        .map(|t| t.0);
+    if state.target_node_domain_detected == Some(true)
+        && let Some(since) = gone_since
     {
+        let waited =
+            std::time::Duration::try_from(facts.now.duration_since(since)).unwrap_or_default();
+        if let Some(left) = SOURCE_REPORT_GRACE
+            .checked_sub(waited)
+            .filter(|l| !l.is_zero())
+        {
+            return TargetStep::LookAgain(left);
+        }
         let mut failed = json!({
             "failed": true,
             "completed": true,
@@ -325,17 +347,29 @@ mod tests {
             decide_with(&state(started.clone()), Some(&gone), Some(41000)),
             TargetStep::Report(ref p) if p["status"]["migrationState"]["failed"] == true
         ));
-        // Seen, then gone: the migration ends failed (the source may be dead and cannot say).
+        // Seen, then gone: first the source's head start (a living source reports itself)...
         let mut detected = started;
         detected["targetNodeDomainDetected"] = json!(true);
-        let TargetStep::Report(patch) = decide_with(&state(detected), Some(&gone), Some(41000))
-        else {
+        let detected = state(detected);
+        assert_eq!(
+            decide_with(&detected, Some(&gone), Some(41000)),
+            TargetStep::LookAgain(SOURCE_REPORT_GRACE - std::time::Duration::from_secs(10))
+        );
+        // ...then the migration ends failed (the source may be dead and cannot say).
+        let TargetStep::Report(patch) = decide(&TargetFacts {
+            state: &detected,
+            domain: Some(&gone),
+            listening: Some(41000),
+            node: NODE,
+            address: ADDRESS,
+            now: Timestamp::from_second(130).unwrap(),
+        }) else {
             panic!("expected a failure report")
         };
         let ms = &patch["status"]["migrationState"];
         assert_eq!(ms["failed"], true);
         assert_eq!(ms["completed"], true);
-        assert_eq!(ms["endTimestamp"], "1970-01-01T00:01:50Z");
+        assert_eq!(ms["endTimestamp"], "1970-01-01T00:02:10Z");
         assert!(
             ms.get("startTimestamp").is_none(),
             "the source's start is kept"
