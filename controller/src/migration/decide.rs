@@ -710,20 +710,19 @@ mod tests {
             Some("pending pod n/target timeout period exceeded")
         );
         // The migration's annotations set the limits; a value that does not parse is ignored.
-        let mut custom = scheduling.clone();
-        custom.metadata.annotations = Some(
-            [
-                (
-                    "kubevirt.io/migrationUnschedulablePodTimeoutSeconds".to_string(),
-                    "30".to_string(),
-                ),
-                (
-                    "kubevirt.io/migrationPendingPodTimeoutSeconds".to_string(),
-                    "soon".to_string(),
-                ),
-            ]
-            .into(),
-        );
+        let with_timeouts = |unschedulable: &str, pending: &str| {
+            let mut m = scheduling.clone();
+            m.metadata.annotations = Some(
+                [
+                    (UNSCHEDULABLE_TIMEOUT_ANNOTATION, unschedulable),
+                    (PENDING_TIMEOUT_ANNOTATION, pending),
+                ]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+            );
+            m
+        };
+        let custom = with_timeouts("30", "soon");
         assert!(
             decide_at(&custom, &pending(30, true))
                 .delete_target_pod
@@ -735,20 +734,7 @@ mod tests {
                 .is_none()
         );
         // A negative timeout is up at once; equal limits name the pod unschedulable.
-        let mut now_please = scheduling.clone();
-        now_please.metadata.annotations = Some(
-            [
-                (
-                    "kubevirt.io/migrationUnschedulablePodTimeoutSeconds".to_string(),
-                    "-1".to_string(),
-                ),
-                (
-                    "kubevirt.io/migrationPendingPodTimeoutSeconds".to_string(),
-                    "-1".to_string(),
-                ),
-            ]
-            .into(),
-        );
+        let now_please = with_timeouts("-1", "-1");
         assert_eq!(
             decide_at(&now_please, &pending(0, true))
                 .target_pod_timed_out
