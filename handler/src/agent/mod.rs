@@ -451,15 +451,23 @@ impl Agent {
                 }
                 self.launchers.mark_unresponsive(&socket);
                 tracing::warn!(key = %record.key(), uid = %record.uid, "launcher unresponsive (watchdog)");
-                self.cache.set(
-                    &record.key(),
-                    Domain::gone(
-                        &record.namespace,
-                        &record.name,
-                        &record.uid,
-                        proto::kubevirt::Time(Timestamp::now()),
-                    ),
-                );
+                // A domain already gone keeps the time it went (a migration target waits a
+                // while from that time before it reports the stream broken).
+                let already_gone = self
+                    .cache
+                    .get(&record.key())
+                    .is_some_and(|d| d.is_gone() && d.spec.metadata.kubevirt.uid == record.uid);
+                if !already_gone {
+                    self.cache.set(
+                        &record.key(),
+                        Domain::gone(
+                            &record.namespace,
+                            &record.name,
+                            &record.uid,
+                            proto::kubevirt::Time(Timestamp::now()),
+                        ),
+                    );
+                }
             }
         }
     }
