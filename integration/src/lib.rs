@@ -20,17 +20,29 @@ pub const PATIENCE: Duration = Duration::from_secs(90);
 /// Calls `check` every 100 ms until it returns a value, and returns it; panics naming `what`
 /// once [`PATIENCE`] has passed (a test's wait for what the API server, a controller or a
 /// kubelet will write).
-pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + PATIENCE;
+    wait_for_within(what, PATIENCE, check).await
+}
+
+/// [`wait_for`] with its own limit (a VM's boot, a migration, a drain take longer).
+pub async fn wait_for_within<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(value) = check().await {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out ({limit:?}) waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::cluster::{self, Cluster, NODE_NAME, STATE_DIR};
+use integration::wait_for_within;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -122,24 +123,6 @@ where
     Fut: Future<Output = Option<T>>,
 {
     wait_for_within(what, TIMEOUT, check).await
-}
-
-async fn wait_for_within<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out ({limit:?}) waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 // ---- VMs -----------------------------------------------------------------------------------

@@ -24,22 +24,12 @@ use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(240);
 
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out ({TIMEOUT:?}) waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    integration::wait_for_within(what, TIMEOUT, check).await
 }
 
 /// Prints what a reader of a failed run needs — the migrations, the VMI, the pods and where

@@ -51,42 +51,43 @@ impl MigrationTls {
         std::fs::read_to_string(path).map_err(|e| TlsError(format!("{}: {e}", path.display())))
     }
 
-    /// The target listener's configuration (`None`: plain).
-    pub fn server(&self) -> Result<Option<Arc<rustls::ServerConfig>>, TlsError> {
+    /// The certificate, key (`tls.crt`, `tls.key` of the server or the client directory)
+    /// and CA bundle, read now; `None`: plain.
+    fn pems(&self, client: bool) -> Result<Option<[String; 3]>, TlsError> {
         let MigrationTls::Files {
             server_dir,
+            client_dir,
             ca_bundle,
-            ..
         } = self
         else {
             return Ok(None);
         };
-        let config = handler_api::migration_server_config(
-            &Self::read(&server_dir.join("tls.crt"))?,
-            &Self::read(&server_dir.join("tls.key"))?,
-            &Self::read(ca_bundle)?,
-        )
-        .map_err(|e| TlsError(e.to_string()))?;
-        Ok(Some(Arc::new(config)))
+        let dir = if client { client_dir } else { server_dir };
+        Ok(Some([
+            Self::read(&dir.join("tls.crt"))?,
+            Self::read(&dir.join("tls.key"))?,
+            Self::read(ca_bundle)?,
+        ]))
+    }
+
+    /// The target listener's configuration (`None`: plain).
+    pub fn server(&self) -> Result<Option<Arc<rustls::ServerConfig>>, TlsError> {
+        let Some([cert, key, ca]) = self.pems(false)? else {
+            return Ok(None);
+        };
+        handler_api::migration_server_config(&cert, &key, &ca)
+            .map(|config| Some(Arc::new(config)))
+            .map_err(|e| TlsError(e.to_string()))
     }
 
     /// The source proxy's configuration (`None`: plain).
     pub fn client(&self) -> Result<Option<Arc<rustls::ClientConfig>>, TlsError> {
-        let MigrationTls::Files {
-            client_dir,
-            ca_bundle,
-            ..
-        } = self
-        else {
+        let Some([cert, key, ca]) = self.pems(true)? else {
             return Ok(None);
         };
-        let config = handler_api::migration_client_config(
-            &Self::read(&client_dir.join("tls.crt"))?,
-            &Self::read(&client_dir.join("tls.key"))?,
-            &Self::read(ca_bundle)?,
-        )
-        .map_err(|e| TlsError(e.to_string()))?;
-        Ok(Some(Arc::new(config)))
+        handler_api::migration_client_config(&cert, &key, &ca)
+            .map(|config| Some(Arc::new(config)))
+            .map_err(|e| TlsError(e.to_string()))
     }
 }
 

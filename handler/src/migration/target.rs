@@ -223,6 +223,15 @@ mod tests {
         serde_json::from_value(base).unwrap()
     }
 
+    /// The state once the target published its port and the source started.
+    fn published() -> Value {
+        json!({
+            "targetNodeAddress": ADDRESS,
+            "targetDirectMigrationNodePorts": {"41000": 49152},
+            "startTimestamp": "2026-12-05T10:00:00Z",
+        })
+    }
+
     fn domain(status: LifeCycle, reason: StateChangeReason, end: bool) -> Domain {
         let mut d = Domain::new("default", "v", "vmi-uid");
         d.status.status = status;
@@ -283,11 +292,7 @@ mod tests {
 
     #[test]
     fn the_incoming_domain_is_reported_and_its_end_hands_the_vmi_over() {
-        let published = state(json!({
-            "targetNodeAddress": ADDRESS,
-            "targetDirectMigrationNodePorts": {"41000": 49152},
-            "startTimestamp": "2026-12-05T10:00:00Z",
-        }));
+        let published = state(published());
         let incoming = domain(LifeCycle::Paused, StateChangeReason::Migration, false);
         assert_eq!(
             decide_with(&published, Some(&incoming), Some(41000)),
@@ -331,11 +336,7 @@ mod tests {
 
     #[test]
     fn an_incoming_domain_that_goes_away_before_the_vm_arrived_ends_the_migration_failed() {
-        let started = json!({
-            "targetNodeAddress": ADDRESS,
-            "targetDirectMigrationNodePorts": {"41000": 49152},
-            "startTimestamp": "2026-12-05T10:00:00Z",
-        });
+        let started = published();
         let gone = Domain::gone(
             "default",
             "v",
@@ -379,11 +380,7 @@ mod tests {
 
     #[test]
     fn a_handler_restarted_after_the_vm_arrived_hands_over_without_preparing_again() {
-        let published = state(json!({
-            "targetNodeAddress": ADDRESS,
-            "targetDirectMigrationNodePorts": {"41000": 49152},
-            "startTimestamp": "2026-12-05T10:00:00Z",
-        }));
+        let published = state(published());
         let running = domain(LifeCycle::Running, StateChangeReason::Unknown, true);
         assert!(matches!(
             decide_with(&published, Some(&running), None),
