@@ -64,7 +64,8 @@ kubevirt_deploy() {
     local image socket deadline
     # Every node's containerd: node 2's too when the cluster has it (`cluster.sh up --nodes 2`).
     for socket in "$STATE/containerd.sock" "$STATE/node-2/containerd.sock"; do
-        [[ -S "$socket" ]] || continue
+        # Node 2 only when the cluster has it; node 1's containerd must be there.
+        [[ -S "$socket" || "$socket" == "$STATE/containerd.sock" ]] || continue
         for image in "${IMAGES[@]}"; do
             "$CTR" --address "$socket" --namespace k8s.io \
                 images import --snapshotter overlayfs "$IMAGES_DIR/$image.tar" >/dev/null 2>&1 ||
