@@ -142,6 +142,16 @@ alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
 # The end of a daemon's log, for error messages.
 log_tail() { tail -n "${2:-25}" "$STATE/log/$1.log" 2>/dev/null | sed "s/^/    $1| /" >&2 || true; }
 
+# A failed `up` removes its state directory: its daemons' logs are copied out first (a
+# daemon that died at once may have left nothing but its log to say why).
+keep_logs_of_failed_up() {
+    local kept
+    kept="/var/tmp/kubevirt-rs-cluster-failed-up.$(date +%Y%m%dT%H%M%S).$$"
+    [[ -d "$STATE/log" ]] && cp -r "$STATE/log" "$kept" 2>/dev/null &&
+        log "up failed: the daemons' logs are kept in $kept"
+    return 0
+}
+
 # --cache-dir: kubectl would otherwise create ~/.kube/cache.
 kubectl_admin() {
     "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig/admin.kubeconfig" \
@@ -1193,7 +1203,7 @@ cmd_up() {
     preflight
 
     # From here on, a failure takes down whatever was started.
-    trap 'rc=$?; if ((rc != 0)); then log "up failed: cleaning up"; teardown || true; fi' EXIT
+    trap 'rc=$?; if ((rc != 0)); then keep_logs_of_failed_up; log "up failed: cleaning up"; teardown || true; fi' EXIT
     prepare_host
     echo "$BIN" >"$STATE/bin-dir"
     pause_archive
