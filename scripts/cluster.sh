@@ -144,9 +144,10 @@ log_tail() { tail -n "${2:-25}" "$STATE/log/$1.log" 2>/dev/null | sed "s/^/    $
 
 # A failed `up` removes its state directory: its daemons' logs are copied out first (a
 # daemon that died at once may have left nothing but its log to say why).
+# Only the last failure's are kept (tests make `up` fail on purpose).
 keep_logs_of_failed_up() {
-    local kept
-    kept="/var/tmp/kubevirt-rs-cluster-failed-up.$(date +%Y%m%dT%H%M%S).$$"
+    local kept=/var/tmp/kubevirt-rs-cluster-failed-up
+    rm -rf --one-file-system "$kept"
     [[ -d "$STATE/log" ]] && cp -r "$STATE/log" "$kept" 2>/dev/null &&
         log "up failed: the daemons' logs are kept in $kept"
     return 0
